@@ -1,0 +1,33 @@
+# unmask developer commands. `make install` builds .venv; `make test` runs the suite.
+PYTHON ?= python3
+VENV := .venv
+PIP := $(VENV)/bin/pip
+PY := $(VENV)/bin/python
+TORCH_VERSION := 2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-fast bench clean
+
+install: $(STAMP)
+
+# Order matters: torch first (the CPU or CUDA build this machine needs), then deepspeed
+# without build isolation (its setup.py imports torch), then the project and dev tools.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip setuptools wheel
+	$(PIP) install torch==$(TORCH_VERSION)
+	$(PIP) install --no-build-isolation "deepspeed>=0.19.8,<0.20"
+	$(PIP) install -e ".[dev]"
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest
+
+test-fast: install
+	$(PY) -m pytest -m "not slow"
+
+bench: install
+	$(PY) bench/model_cpu.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

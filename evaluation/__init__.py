@@ -1,0 +1,1 @@
+"""Evaluation: zero-shot datasets and detokenizers, the bound estimator, sampling, reports."""

@@ -1,0 +1,43 @@
+"""The autoregressive baseline: exact next-token likelihood of a causal network.
+
+The same ``Transformer`` with ``causal=True`` reads ``[start, x_0, ..., x_{L-2}]`` and
+predicts ``x_0, ..., x_{L-1}``, so every token of a block is scored, as the diffusion bound
+scores every token: the two numbers are comparable on the same data and tokenizer. The
+start token is the id V, the row of the embedding that the diffusion model uses as mask.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from model.diffusion import Denoiser, check_token_ids
+
+__all__ = ["Autoregressive"]
+
+
+class Autoregressive:
+    """Next-token objective over ``vocab_size`` tokens with start id ``vocab_size``."""
+
+    def __init__(self, vocab_size: int, *, validate: bool = True) -> None:
+        if not (isinstance(vocab_size, int) and vocab_size >= 2):
+            raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
+        self.vocab_size = vocab_size
+        self.validate = validate
+
+    @property
+    def start_id(self) -> int:
+        return self.vocab_size
+
+    def nll(self, network: Denoiser, x0: Tensor) -> Tensor:
+        """Exact -log p(x0) per sequence in nats (float64) under a causal ``network``."""
+        check_token_ids(x0, "x0", self.vocab_size - 1, check_values=self.validate)
+        batch, length = x0.shape
+        start = x0.new_full((batch, 1), self.start_id)
+        logits = network(torch.cat([start, x0[:, :-1]], dim=1), None)
+        if tuple(logits.shape) != (batch, length, self.vocab_size):
+            raise ValueError(f"network returned logits of shape {tuple(logits.shape)}, "
+                             f"expected {(batch, length, self.vocab_size)}")
+        nll = F.cross_entropy(logits.float().flatten(0, 1), x0.flatten(), reduction="none")
+        return nll.view(batch, length).to(torch.float64).sum(-1)

@@ -1,0 +1,277 @@
+"""Masked (absorbing-state) diffusion: forward process, NELBO estimators, sampler entry point.
+
+Notation follows MATH.md: clean tokens 0..V-1, mask id m = V, alpha(t) from a guarded
+``Schedule``. The per-sequence continuous-time bound, in nats, is
+
+    NELBO(x) = E_t E_{z_t} [ w(t) * sum_{n: z_t^n = m} -log p_theta(x_n | z_t, t) ]   (diffusion)
+             + E_{z_0} [ sum_{n: z_0^n = m} -log p_theta(x_n | z_0, 0) ]             (reconstruction)
+             + L * alpha(1) * log V                                                   (prior)
+
+with w(t) = -alpha'(t) / (1 - alpha(t)). The prior term is KL(q(z_1 | x) || p(z_1)) for the
+prior p(z_1) = (1 - alpha(1)) * mask + alpha(1) * Uniform(V) per token. Every estimator
+here is a one-sample unbiased estimate of its bound, so averages of it are upper bounds on
+-log p(x) in expectation.
+
+A denoiser is any callable ``(z_t: LongTensor[B, L], t: FloatTensor[B]) -> logits[B, L, V]``
+over the V clean tokens (SUBS: no mask logit, so the mask is never predicted). A denoiser
+whose ``accepts_output_mask`` attribute is true may instead be called with
+``output_mask=BoolTensor[B, L]`` and return logits ``[N, V]`` for just the N selected
+positions, which skips the output projection everywhere else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from model.schedules import Schedule
+
+Denoiser = Callable[..., Tensor]
+Reconstruction = Literal["model", "uniform"]
+
+__all__ = ["Denoiser", "MaskedDiffusion", "NelboTerms", "check_token_ids", "low_discrepancy_times"]
+
+
+def check_token_ids(x: Tensor, name: str, max_id: int, *, check_values: bool = True) -> None:
+    """Raise ValueError naming ``name`` unless x is a LongTensor [B, L] with ids in [0, max_id]."""
+    if not isinstance(x, Tensor) or x.dtype != torch.long:
+        got = x.dtype if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be a LongTensor, got {got}")
+    if x.dim() != 2 or x.shape[0] < 1 or x.shape[1] < 1:
+        raise ValueError(f"{name} must have shape [batch, length], got {tuple(x.shape)}")
+    if check_values:
+        low, high = int(x.min()), int(x.max())
+        if low < 0 or high > max_id:
+            raise ValueError(f"{name} holds token ids in [{low}, {high}], outside [0, {max_id}]")
+
+
+def low_discrepancy_times(
+    batch_size: int,
+    generator: torch.Generator | None = None,
+    *,
+    offset: int = 0,
+    global_batch_size: int | None = None,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """Stratified times ``t_i = (u + (offset + i) / G) mod 1`` for i < batch_size (float64).
+
+    One uniform ``u`` is shared by the whole global batch of size ``G``; each slice of it
+    (a rank, a micro-batch) passes its ``offset`` into that batch. To stratify over the
+    global batch of a data-parallel step, seed ``generator`` identically on every rank
+    (for example from the step number) and give each micro-batch its own offset; draw the
+    masks from a per-rank generator. Each t_i is marginally U[0, 1), so estimates stay
+    unbiased, while the batch covers [0, 1) evenly (lower variance than i.i.d. times).
+    """
+    global_batch_size = batch_size if global_batch_size is None else global_batch_size
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not 0 <= offset <= global_batch_size - batch_size:
+        raise ValueError(f"offset={offset} with batch_size={batch_size} does not fit in "
+                         f"global_batch_size={global_batch_size}")
+    gen_device = generator.device if generator is not None else device
+    u = torch.rand((), generator=generator, dtype=torch.float64, device=gen_device)
+    index = torch.arange(offset, offset + batch_size, dtype=torch.float64, device=gen_device)
+    return torch.remainder(u + index / global_batch_size, 1.0).to(device or gen_device)
+
+
+@dataclass(frozen=True)
+class NelboTerms:
+    """The parts of a one-sample NELBO estimate, per sequence, in nats (float64)."""
+
+    t: Tensor               # [B] the diffusion times used
+    diffusion: Tensor       # [B] weighted masked cross-entropy at t
+    reconstruction: Tensor  # [B] endpoint term at t = 0
+    prior: Tensor           # [B] endpoint term at t = 1
+    num_masked: Tensor      # [B] masked positions at t
+
+    @property
+    def total(self) -> Tensor:
+        return self.diffusion + self.reconstruction + self.prior
+
+
+class MaskedDiffusion:
+    """The absorbing-state diffusion over ``vocab_size`` tokens with mask id ``vocab_size``.
+
+    ``validate`` checks token ranges and times on every call; each check synchronizes the
+    host with the device, so a GPU trainer fed by validated shards may turn it off.
+    """
+
+    def __init__(self, schedule: Schedule, vocab_size: int, *, validate: bool = True) -> None:
+        if not isinstance(schedule, Schedule):
+            raise ValueError(f"schedule must be a model.schedules.Schedule, got {schedule!r}")
+        if not (isinstance(vocab_size, int) and vocab_size >= 2):
+            raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
+        self.schedule = schedule
+        self.vocab_size = vocab_size
+        self.validate = validate
+
+    @property
+    def mask_id(self) -> int:
+        return self.vocab_size
+
+    # ---------------------------------------------------------------- forward process
+    def corrupt(self, x0: Tensor, t: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Sample z_t ~ q(z_t | x0): each token independently masked with prob 1 - alpha(t)."""
+        self._check_tokens(x0, "x0", allow_mask=False)
+        self._check_times(t, x0.shape[0])
+        return self._corrupt(x0, t, generator)[0]
+
+    def _corrupt(self, x0: Tensor, t: Tensor, generator: torch.Generator | None,
+                 ) -> tuple[Tensor, Tensor]:
+        masking_rate = self.schedule.masking_rate(t.to(torch.float64)).to(x0.device)
+        # float64 uniforms: masking rates near t = 0 are ~1e-4 and must not be quantized.
+        u = torch.rand(x0.shape, generator=generator, dtype=torch.float64, device=x0.device)
+        masked = u < masking_rate[:, None]
+        return torch.where(masked, self.mask_id, x0), masked
+
+    # ---------------------------------------------------------------- bounds
+    def nelbo(self, denoiser: Denoiser, x0: Tensor, t: Tensor | None = None,
+              generator: torch.Generator | None = None, *,
+              reconstruction: Reconstruction = "model") -> Tensor:
+        """One-sample unbiased estimate of the continuous-time NELBO per sequence, nats [B].
+
+        ``t=None`` draws low-discrepancy times over this batch (``low_discrepancy_times``
+        builds them over a global batch). ``reconstruction="model"`` scores the t = 0 term
+        with the denoiser (only on the sequences that have a masked token at t = 0, about
+        L * endpoint_eps of them); ``"uniform"`` uses a uniform decoder instead: its exact
+        expectation L * (1 - alpha(0)) * log V, no network call, a bound looser by at most
+        that much. Distributed training uses ``"uniform"`` so every rank makes the same calls.
+        """
+        return self.nelbo_terms(denoiser, x0, t, generator, reconstruction=reconstruction).total
+
+    def nelbo_terms(self, denoiser: Denoiser, x0: Tensor, t: Tensor | None = None,
+                    generator: torch.Generator | None = None, *,
+                    reconstruction: Reconstruction = "model") -> NelboTerms:
+        """``nelbo`` with its terms kept apart (evaluation plots the per-t contribution)."""
+        self._check_tokens(x0, "x0", allow_mask=False)
+        if t is None:
+            t = low_discrepancy_times(x0.shape[0], generator, device=x0.device)
+        self._check_times(t, x0.shape[0])
+        # Schedule math runs where t lives: CPU times keep a GPU step free of host syncs.
+        weight = self.schedule.weight(t.to(torch.float64)).to(x0.device)
+        cross_entropy, num_masked = self._masked_cross_entropy(denoiser, x0, t, generator)
+        return NelboTerms(
+            t=t,
+            diffusion=weight * cross_entropy,
+            reconstruction=self._reconstruction(denoiser, x0, generator, reconstruction),
+            prior=self._prior(x0),
+            num_masked=num_masked,
+        )
+
+    def nelbo_discrete(self, denoiser: Denoiser, x0: Tensor, steps: int,
+                       generator: torch.Generator | None = None) -> Tensor:
+        """One-sample unbiased estimate of the T-step discrete-time NELBO per sequence [B].
+
+        The grid is t(i) = i/T, s(i) = (i-1)/T. Step i is drawn uniformly (stratified over
+        the batch) and its KL, (alpha_s - alpha_t) / (1 - alpha_t) times the masked
+        cross-entropy, is scaled by T. Endpoint terms as in ``nelbo``.
+        """
+        self._check_tokens(x0, "x0", allow_mask=False)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+        u = low_discrepancy_times(x0.shape[0], generator, device=x0.device)
+        step = torch.floor(u * steps).clamp(max=steps - 1) + 1  # in {1, ..., T}
+        t, s = step / steps, (step - 1) / steps
+        alpha_t, alpha_s = self.schedule.alpha(t), self.schedule.alpha(s)
+        step_weight = steps * (alpha_s - alpha_t) / self.schedule.masking_rate(t)
+        cross_entropy, _ = self._masked_cross_entropy(denoiser, x0, t, generator)
+        return (step_weight * cross_entropy + self._reconstruction(denoiser, x0, generator, "model")
+                + self._prior(x0))
+
+    def _masked_cross_entropy(self, denoiser: Denoiser, x0: Tensor, t: Tensor,
+                              generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        """Sample z_t; return sum over masked n of -log p(x_n | z_t, t) per sequence (float64)
+        and the number of masked positions."""
+        z_t, masked = self._corrupt(x0, t, generator)
+        t = t.to(x0.device)
+        return self.masked_token_nll(denoiser, z_t, t, x0, masked), masked.sum(-1)
+
+    def masked_token_nll(self, denoiser: Denoiser, z_t: Tensor, t: Tensor, x0: Tensor,
+                         masked: Tensor) -> Tensor:
+        """Sum over masked positions of -log softmax(f(z_t, t))[x0], per sequence, float64.
+
+        The log-softmax runs in float32 even when the network returns bf16 logits.
+        """
+        batch, length = x0.shape
+        rows = masked.nonzero(as_tuple=True)[0]
+        if getattr(denoiser, "accepts_output_mask", False):
+            logits = denoiser(z_t, t, output_mask=masked)
+            self._check_logits(logits, (rows.numel(), self.vocab_size))
+        else:
+            logits = denoiser(z_t, t)
+            self._check_logits(logits, (batch, length, self.vocab_size))
+            logits = logits[masked]
+        nll = F.cross_entropy(logits.float(), x0[masked], reduction="none")
+        return torch.zeros(batch, dtype=torch.float64, device=x0.device).index_add_(
+            0, rows, nll.to(torch.float64))
+
+    def _reconstruction(self, denoiser: Denoiser, x0: Tensor, generator: torch.Generator | None,
+                        kind: Reconstruction) -> Tensor:
+        batch, length = x0.shape
+        if kind == "uniform":
+            rate = self._endpoint_masking_rate(0.0)
+            return x0.new_full((batch,), rate * length * math.log(self.vocab_size), dtype=torch.float64)
+        if kind != "model":
+            raise ValueError(f"reconstruction must be 'model' or 'uniform', got {kind!r}")
+        zero_time = torch.zeros(batch, dtype=torch.float64, device=x0.device)
+        z_0, masked = self._corrupt(x0, zero_time, generator)
+        needed = masked.any(-1)
+        out = torch.zeros(batch, dtype=torch.float64, device=x0.device)
+        if bool(needed.any()):
+            out[needed] = self.masked_token_nll(
+                denoiser, z_0[needed], zero_time[needed], x0[needed], masked[needed])
+        return out
+
+    def _prior(self, x0: Tensor) -> Tensor:
+        batch, length = x0.shape
+        alpha_one = 1.0 - self._endpoint_masking_rate(1.0)
+        return x0.new_full((batch,), alpha_one * length * math.log(self.vocab_size), dtype=torch.float64)
+
+    def _endpoint_masking_rate(self, t: float) -> float:
+        return float(self.schedule.masking_rate(torch.tensor([t], dtype=torch.float64)))
+
+    # ---------------------------------------------------------------- sampling
+    def sample(self, denoiser: Denoiser, num_samples: int, seq_len: int, steps: int,
+               generator: torch.Generator | None = None, grid: str = "uniform",
+               prompt: Tensor | None = None, *, top_p: float | None = None, cache: bool = True,
+               device: torch.device | str | None = None, return_stats: bool = False):
+        """Ancestral sampling from all-mask at t = 1 to t = 0; see ``model.sampling``.
+
+        Returns ``LongTensor[num_samples, seq_len]``, or ``(tokens, SamplingStats)`` with
+        ``return_stats=True`` (network calls made, sequences evaluated).
+        """
+        from model.sampling import ancestral_sample
+
+        tokens, stats = ancestral_sample(
+            self, denoiser, num_samples=num_samples, seq_len=seq_len, steps=steps,
+            generator=generator, grid=grid, prompt=prompt, top_p=top_p, cache=cache,
+            device=device)
+        return (tokens, stats) if return_stats else tokens
+
+    # ---------------------------------------------------------------- validation
+    def _check_tokens(self, x: Tensor, name: str, *, allow_mask: bool) -> None:
+        top = self.vocab_size if allow_mask else self.vocab_size - 1
+        check_token_ids(x, name, top, check_values=self.validate)
+        if self.validate and not allow_mask and bool((x == self.mask_id).any()):
+            raise ValueError(f"{name} holds the mask id {self.mask_id}, which is not a clean token")
+
+    def _check_times(self, t: Tensor, batch: int) -> None:
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            raise ValueError(f"t must be a floating-point tensor, got "
+                             f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}")
+        if t.shape != (batch,):
+            raise ValueError(f"t must have shape [{batch}] (one time per sequence), got {tuple(t.shape)}")
+        if self.validate and not bool(((t >= 0) & (t <= 1)).all()):
+            raise ValueError(f"t must lie in [0, 1], got values in [{float(t.min())}, {float(t.max())}]")
+
+    def _check_logits(self, logits: Tensor, expected: tuple[int, ...]) -> None:
+        if not isinstance(logits, Tensor) or not logits.is_floating_point():
+            raise ValueError(f"denoiser must return floating-point logits, got {type(logits).__name__}")
+        if tuple(logits.shape) != expected:
+            raise ValueError(f"denoiser returned logits of shape {tuple(logits.shape)}, expected "
+                             f"{expected} (logits over the {self.vocab_size} clean tokens, no mask logit)")

@@ -1,0 +1,301 @@
+"""The denoiser network: a pre-norm transformer with rotary embeddings (pure nn.Module).
+
+Bidirectional by default (a masked-diffusion denoiser sees the whole sequence); with
+``causal=True`` the same code is the autoregressive baseline (``model.autoregressive``).
+Optional time conditioning uses adaLN-zero as in the DiT backbone of SEDD and MDLM: each
+block's norms are shifted, scaled and gated by a projection of the time embedding,
+initialised to zero so that every block starts as the identity.
+
+Input ids range over V + 1 values (the V clean tokens and the mask id V, which the causal
+model uses as its start token); output logits range over the V clean tokens only, so the
+mask is never predicted (SUBS). Norms, rotary embeddings and the time embedding run in
+float32 under bf16 autocast or bf16 weights.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["TransformerConfig", "Transformer", "ParameterCounts", "PRESETS", "preset",
+           "parameter_counts", "count_parameters"]
+
+# Frequencies of the sinusoidal time features span periods from 1 to this many units of
+# t * TIME_SCALE (the DiT / transformer convention).
+MAX_TIME_PERIOD = 10_000.0
+# t in [0, 1] is stretched before the sinusoidal features so that their fast frequencies
+# resolve differences of 1e-3 in t (DiT embeds integer steps in [0, 1000)).
+TIME_SCALE = 1000.0
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Shape and options of the denoiser network."""
+
+    vocab_size: int                 # V clean tokens; the mask id is V
+    n_layers: int = 12
+    d_model: int = 768
+    n_heads: int = 12
+    max_seq_len: int = 1024         # rotary tables are built up to this length
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+    time_conditioning: bool = False
+    time_embed_dim: int = 128       # width of the time embedding fed to adaLN
+    tie_weights: bool = True        # output head shares the first V rows of the embedding
+    causal: bool = False            # True: the autoregressive baseline
+    rope_base: float = 10_000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02          # GPT-2's initialisation
+
+    def __post_init__(self) -> None:
+        checks = {
+            "vocab_size": self.vocab_size >= 2, "n_layers": self.n_layers >= 1,
+            "d_model": self.d_model >= 1, "n_heads": self.n_heads >= 1,
+            "max_seq_len": self.max_seq_len >= 1, "mlp_ratio": self.mlp_ratio >= 1,
+            "dropout": 0.0 <= self.dropout < 1.0, "time_embed_dim": self.time_embed_dim >= 2,
+        }
+        for field, ok in checks.items():
+            if not ok:
+                raise ValueError(f"TransformerConfig.{field} has an invalid value: {getattr(self, field)!r}")
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"TransformerConfig: d_model={self.d_model} must split into n_heads="
+                             f"{self.n_heads} heads of even size (rotary embeddings rotate pairs)")
+        if self.time_conditioning and self.causal:
+            raise ValueError("TransformerConfig: the causal baseline takes no time conditioning")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, dict] = {
+    # CPU-sized: trains in seconds to minutes on two cores.
+    "tiny": dict(n_layers=4, d_model=256, n_heads=4, max_seq_len=256),
+    # GPT-2 small shape.
+    "small": dict(n_layers=12, d_model=768, n_heads=12, max_seq_len=1024),
+    # GPT-2 medium shape.
+    "medium": dict(n_layers=24, d_model=1024, n_heads=16, max_seq_len=1024),
+}
+
+
+def preset(name: str, vocab_size: int, **overrides) -> TransformerConfig:
+    """A preset shape (``tiny``, ``small``, ``medium``) with any field overridden."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+    return replace(TransformerConfig(vocab_size=vocab_size, **PRESETS[name]), **overrides)
+
+
+# --------------------------------------------------------------------------- layers
+class LayerNorm(nn.Module):
+    """LayerNorm with a weight and no bias, computed in float32 whatever the input dtype."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x.float(), (x.shape[-1],), self.weight.float(), None, self.eps).type_as(x)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoPE), rotating pairs (i, i + head_dim/2) of each head."""
+
+    def __init__(self, head_dim: int, max_seq_len: int, base: float) -> None:
+        super().__init__()
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+        # Not saved in checkpoints: they are a function of the config.
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: [B, H, L, head_dim]."""
+        length = x.shape[-2]
+        if length > self.cos.shape[0]:
+            raise ValueError(f"sequence length {length} exceeds max_seq_len {self.cos.shape[0]}")
+        cos, sin = self.cos[:length], self.sin[:length]
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.n_heads, self.causal, self.dropout = config.n_heads, config.causal, config.dropout
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
+        self.out = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_seq_len, config.rope_base)
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.qkv(x).view(batch, length, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+        q, k = self.rotary(q), self.rotary(k)
+        # SDPA dispatches to flash / memory-efficient kernels on GPU.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(batch, length, width))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        hidden = config.mlp_ratio * config.d_model
+        self.up = nn.Linear(config.d_model, hidden, bias=False)
+        self.down = nn.Linear(hidden, config.d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """Pre-norm block; with time conditioning, adaLN-zero modulation of both sub-layers."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.attn_norm = LayerNorm(config.d_model, config.norm_eps)
+        self.attn = SelfAttention(config)
+        self.mlp_norm = LayerNorm(config.d_model, config.norm_eps)
+        self.mlp = MLP(config)
+        self.dropout = nn.Dropout(config.dropout)
+        # shift, scale, gate for attention and MLP
+        self.modulation = (nn.Linear(config.time_embed_dim, 6 * config.d_model)
+                           if config.time_conditioning else None)
+
+    def forward(self, x: Tensor, cond: Tensor | None) -> Tensor:
+        if self.modulation is None:
+            x = x + self.dropout(self.attn(self.attn_norm(x)))
+            return x + self.dropout(self.mlp(self.mlp_norm(x)))
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(cond)[:, None].chunk(6, dim=-1)
+        x = x + gate1 * self.dropout(self.attn(_modulate(self.attn_norm(x), shift1, scale1)))
+        return x + gate2 * self.dropout(self.mlp(_modulate(self.mlp_norm(x), shift2, scale2)))
+
+
+def _modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    return x * (1 + scale) + shift
+
+
+class TimeEmbedding(nn.Module):
+    """Sinusoidal features of t followed by a two-layer MLP (SiLU), output pre-activated."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+        self.mlp = nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, dim), nn.SiLU())
+
+    def forward(self, t: Tensor) -> Tensor:
+        half = self.dim // 2
+        freqs = torch.exp(-math.log(MAX_TIME_PERIOD) * torch.arange(half, device=t.device) / half)
+        angles = (TIME_SCALE * t.float())[:, None] * freqs[None]
+        features = torch.cat([angles.cos(), angles.sin()], dim=-1)
+        if self.dim % 2:
+            features = F.pad(features, (0, 1))
+        return self.mlp(features.to(self.mlp[0].weight.dtype))
+
+
+# --------------------------------------------------------------------------- network
+class Transformer(nn.Module):
+    """The denoiser: ``(z_t [B, L] ids in [0, V], t [B] or None) -> logits [B, L, V]``.
+
+    With ``output_mask`` (bool [B, L]) it returns logits only at the selected positions,
+    ``[N, V]``; the output projection is the largest matmul at GPT-2 sizes, so computing
+    it at masked positions only saves a sizeable share of the FLOPs.
+    """
+
+    accepts_output_mask = True
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        d = config.d_model
+        self.embed = nn.Embedding(config.vocab_size + 1, d)
+        self.time_embed = TimeEmbedding(config.time_embed_dim) if config.time_conditioning else None
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.final_norm = LayerNorm(d, config.norm_eps)
+        self.final_modulation = (nn.Linear(config.time_embed_dim, 2 * d)
+                                 if config.time_conditioning else None)
+        self.head = None if config.tie_weights else nn.Linear(d, config.vocab_size, bias=False)
+        self.reset_parameters()
+
+    @property
+    def time_conditioned(self) -> bool:
+        return self.time_embed is not None
+
+    def reset_parameters(self) -> None:
+        std = self.config.init_std
+        # GPT-2: residual projections scaled down by sqrt(2 * n_layers) (two per block).
+        residual_std = std / math.sqrt(2 * self.config.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                is_residual = name.endswith(("attn.out", "mlp.down"))
+                nn.init.normal_(module.weight, mean=0.0, std=residual_std if is_residual else std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, LayerNorm):
+                nn.init.ones_(module.weight)
+        # adaLN-zero: every block starts as the identity.
+        for modulation in [b.modulation for b in self.blocks] + [self.final_modulation]:
+            if modulation is not None:
+                nn.init.zeros_(modulation.weight)
+                nn.init.zeros_(modulation.bias)
+
+    def forward(self, z: Tensor, t: Tensor | None = None, output_mask: Tensor | None = None) -> Tensor:
+        if self.time_embed is not None and t is None:
+            raise ValueError("this Transformer is time-conditioned: pass t")
+        cond = self.time_embed(t) if self.time_embed is not None else None
+        x = self.embed(z)
+        for block in self.blocks:
+            x = block(x, cond)
+        x = self.final_norm(x)
+        if self.final_modulation is not None:
+            shift, scale = self.final_modulation(cond)[:, None].chunk(2, dim=-1)
+            x = _modulate(x, shift, scale)
+        if output_mask is not None:
+            x = x[output_mask]
+        return self.output_logits(x)
+
+    def output_logits(self, hidden: Tensor) -> Tensor:
+        """Project final hidden states [..., d] to logits over the V clean tokens."""
+        if self.head is not None:
+            return self.head(hidden)
+        return F.linear(hidden, self.embed.weight[: self.config.vocab_size])
+
+
+# --------------------------------------------------------------------------- counting
+@dataclass(frozen=True)
+class ParameterCounts:
+    """Parameter counts; non-embedding excludes the token embedding and an untied head."""
+
+    total: int
+    non_embedding: int
+
+
+def parameter_counts(config: TransformerConfig) -> ParameterCounts:
+    """Counts from the config alone (no allocation), e.g. for FLOPs per token."""
+    d, v = config.d_model, config.vocab_size
+    hidden = config.mlp_ratio * d
+    per_block = 4 * d * d + 2 * d * hidden + 2 * d  # qkv + out, up + down, two norms
+    extra = d  # final norm
+    if config.time_conditioning:
+        c = config.time_embed_dim
+        per_block += c * 6 * d + 6 * d
+        extra += 2 * (c * c + c) + c * 2 * d + 2 * d
+    embedding = (v + 1) * d + (0 if config.tie_weights else v * d)
+    non_embedding = config.n_layers * per_block + extra
+    return ParameterCounts(total=non_embedding + embedding, non_embedding=non_embedding)
+
+
+def count_parameters(model: Transformer) -> ParameterCounts:
+    """Counts of an instantiated model."""
+    total = sum(p.numel() for p in model.parameters())
+    embedding = model.embed.weight.numel() + (model.head.weight.numel() if model.head is not None else 0)
+    return ParameterCounts(total=total, non_embedding=total - embedding)

@@ -1,0 +1,1 @@
+"""Orchestration: Ray job submission and tracking, the Ray Train launcher, cluster runs."""

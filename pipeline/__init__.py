@@ -1,0 +1,1 @@
+"""Training pipeline: the DeepSpeed trainer, checkpoints, export and the ``unmask`` CLI."""

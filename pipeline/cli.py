@@ -1,0 +1,74 @@
+"""The ``unmask`` command line. Each stage adds its subcommand here."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from importlib import metadata
+
+DESCRIPTION = """\
+unmask: pretrain and evaluate masked diffusion language models (MDLM / MD4).
+
+Stages: tokenize and shard corpora, train with DeepSpeed ZeRO, export, evaluate
+zero-shot perplexity bounds. Run `unmask COMMAND --help` for each command.
+"""
+
+EPILOG = """\
+examples:
+  unmask version        print the versions of unmask and of its main dependencies
+"""
+
+# Reported by `unmask version`: the packages whose versions decide numerical results.
+REPORTED_PACKAGES = ("torch", "deepspeed", "ray", "mlflow", "webdataset", "sentencepiece")
+
+
+class UserError(Exception):
+    """A mistake the user can fix; the CLI prints the message without a traceback."""
+
+
+def _package_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(f"unmask {_package_version('unmask')}")
+    if args.all:
+        print(f"python {platform.python_version()}")
+        for name in REPORTED_PACKAGES:
+            print(f"{name} {_package_version(name)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="unmask", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    version = commands.add_parser(
+        "version", help="print the unmask version",
+        description="Print the unmask version (with --all, Python and dependency versions too).",
+        epilog="example:\n  unmask version --all", formatter_class=argparse.RawDescriptionHelpFormatter)
+    version.add_argument("--all", action="store_true", help="also print Python and dependency versions")
+    version.set_defaults(handler=_cmd_version)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return args.handler(args)
+    except UserError as err:
+        print(f"unmask {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
