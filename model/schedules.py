@@ -111,8 +111,9 @@ class LinearSchedule(Schedule):
 class CosineSchedule(Schedule):
     """MD4 / MaskGIT orientation: alpha_raw = 1 - cos(pi/2 (1 - t)).
 
-    Unguarded weight: (pi/2) tan(pi/2 (1 - t)). Few tokens are masked early (alpha stays
-    near 1 for small t) and many late.
+    Unguarded weight: (pi/2) tan(pi/2 (1 - t)). The masking rate cos(pi/2 (1 - t)) rises
+    fastest near t = 0 and lies above the linear rate t everywhere; w(1) = 0. (The other
+    orientation in circulation, alpha = cos(pi/2 t), masks less than linear.)
     """
 
     name = "cosine"
@@ -131,18 +132,16 @@ class PolynomialSchedule(Schedule):
 
     def __init__(self, power: float = 1.0, endpoint_eps: float = DEFAULT_ENDPOINT_EPS) -> None:
         super().__init__(endpoint_eps)
-        if not power > 0:
-            raise ValueError(f"power must be > 0, got {power}")
+        if not power >= 1:
+            # m'(t) = k t^(k-1) is infinite at t = 0 for k < 1: w(0) would be infinite
+            # even with the guard, and a draw of t = 0 would give an infinite loss.
+            raise ValueError(f"power must be >= 1 (w(0) is infinite below 1), got {power}")
         self.power = float(power)
 
     def masking_rate_raw(self, t: Tensor) -> Tensor:
         return t.pow(self.power)
 
     def masking_rate_raw_derivative(self, t: Tensor) -> Tensor:
-        if self.power == 1.0:
-            return torch.ones_like(t)
-        # t^(k-1) at t = 0 is inf for k < 1: the weight is then infinite at t = 0, and the
-        # guard alone cannot help; torch.pow returns inf, which the caller sees.
         return self.power * t.pow(self.power - 1.0)
 
     def __repr__(self) -> str:
@@ -183,8 +182,8 @@ def make_schedule(name: str, **kwargs: float) -> Schedule:
     """Build a schedule by name: ``linear``, ``cosine``, ``polynomial`` (``power=k``) or
     ``loglinear`` (``eps``). Every schedule also takes ``endpoint_eps`` (the MD4 guard).
 
-    >>> make_schedule("polynomial", power=2).weight(torch.tensor([0.5]))  # ~ 2 / 0.5
-    tensor([3.9996])
+    >>> make_schedule("polynomial", power=2).weight(torch.tensor([0.5], dtype=torch.float64))
+    tensor([3.9984], dtype=torch.float64)
     """
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; choose one of {sorted(SCHEDULES)}")

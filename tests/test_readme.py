@@ -1,0 +1,17 @@
+"""The README's Python examples run as written (the README must stay true)."""
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_python_examples_run():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    assert blocks, "the README lost its API example"
+    namespace: dict = {}  # later examples continue earlier ones
+    for block in blocks:
+        exec(compile(block, str(README), "exec"), namespace)
+    assert namespace["tokens"].shape == (2, 64)
+    assert namespace["stats"].network_calls <= 2 * 64
+    assert namespace["loss"].shape == (2,)
