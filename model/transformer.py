@@ -15,7 +15,7 @@ float32 under bf16 autocast or bf16 weights.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -70,9 +70,6 @@ class TransformerConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 PRESETS: dict[str, dict] = {
@@ -223,10 +220,6 @@ class Transformer(nn.Module):
                                  if config.time_conditioning else None)
         self.head = None if config.tie_weights else nn.Linear(d, config.vocab_size, bias=False)
         self.reset_parameters()
-
-    @property
-    def time_conditioned(self) -> bool:
-        return self.time_embed is not None
 
     def reset_parameters(self) -> None:
         std = self.config.init_std
