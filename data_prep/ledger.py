@@ -1,0 +1,51 @@
+"""A ledger of finished work: one small JSON file per finished item, written atomically.
+
+Work items (tokenized units, written shards) record themselves here only after their
+output is complete and renamed into place, so after a crash or a SIGKILL the ledger lists
+exactly the work that need not be redone. One file per entry lets Ray workers on several
+processes record concurrently without a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from data_prep.shards import atomic_write_bytes
+
+# Testing aid: a process that has recorded this many entries stalls (sleeps) instead of
+# going on, so a test can SIGKILL a prep at a known point midway. Unset in normal use.
+STALL_AFTER_ENV = "UNMASK_PREP_STALL_AFTER"
+STALL_POLL_SECONDS = 3600
+
+
+class Ledger:
+    """Entries ``key -> JSON object`` under ``directory``."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{key}.json"
+
+    def done(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def get(self, key: str) -> dict:
+        return json.loads(self._path(key).read_text())
+
+    def record(self, key: str, entry: dict) -> None:
+        atomic_write_bytes(self._path(key), json.dumps(entry, sort_keys=True).encode())
+        self._stall_if_asked()
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.directory.glob("*.json"))
+
+    def _stall_if_asked(self) -> None:
+        limit = os.environ.get(STALL_AFTER_ENV)
+        if limit is not None and len(self) >= int(limit):
+            while True:
+                time.sleep(STALL_POLL_SECONDS)

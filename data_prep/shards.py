@@ -1,0 +1,188 @@
+"""The shard format: WebDataset tar files of packed token sequences, and their manifest.
+
+A shard ``DIR/{split}/shard-NNNNNN.tar`` holds fixed-length sequences packed from documents
+separated by EOS. Sequences are grouped into chunks of ``chunk_sequences`` rows (the last
+chunk of a shard may be shorter); each chunk is one tar member ``SSSSSS-CCCCCC.tokens.npy``
+holding a ``[rows, seq_len]`` uint16 or uint32 array. A member per sequence would spend a
+512-byte tar header (and up to 511 bytes of padding) on every 2 KiB sequence; a chunk of
+about ``CHUNK_BYTES`` keeps the overhead near 0.1%.
+
+Tar headers carry no time, owner or host, so the same sequences always give the same
+bytes: shards are reproducible and their sha256 (in the manifest) identifies their content.
+This module owns the format: the writer, the chunk reader (WebDataset's tar iterator) and
+the manifest (``MANIFEST_NAME``, fields in ``Manifest``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+import numpy as np
+from webdataset.tariterators import tar_file_iterator
+
+from pipeline.errors import UserError
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+SPLITS = ("train", "val")
+# Target bytes of token data per tar member (see the module docstring).
+CHUNK_BYTES = 1 << 20
+# Token ids up to this bound fit in uint16.
+UINT16_LIMIT = 1 << 16
+
+__all__ = [
+    "FORMAT_VERSION", "MANIFEST_NAME", "SPLITS", "ShardInfo", "SplitInfo", "Manifest",
+    "token_dtype", "chunk_rows", "shard_path", "write_shard", "iter_chunks", "sha256_file",
+    "atomic_write_bytes",
+]
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest little-endian unsigned dtype that holds every token id."""
+    return np.dtype("<u2") if vocab_size <= UINT16_LIMIT else np.dtype("<u4")
+
+
+def chunk_rows(seq_len: int, dtype: np.dtype) -> int:
+    """Sequences per tar member: about CHUNK_BYTES of tokens, at least one sequence."""
+    return max(1, CHUNK_BYTES // (seq_len * np.dtype(dtype).itemsize))
+
+
+def shard_path(split: str, index: int) -> str:
+    """Path of a shard relative to the data directory."""
+    return f"{split}/shard-{index:06d}.tar"
+
+
+def sha256_file(path: str | Path, block: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while data := handle.read(block):
+            digest.update(data)
+    return digest.hexdigest()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write to a temporary name, fsync, then rename: readers never see a partial file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, np.ascontiguousarray(array), version=(1, 0), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _reproducible_member(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, 0, 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def write_shard(path: str | Path, sequences: np.ndarray, shard_index: int, rows_per_chunk: int) -> str:
+    """Write ``sequences`` [n, seq_len] as a shard at ``path`` atomically; return its sha256.
+
+    The tar is built under a temporary name and renamed, so a killed writer leaves either
+    no shard or a complete one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        with tarfile.open(fileobj=handle, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for chunk, start in enumerate(range(0, len(sequences), rows_per_chunk)):
+                data = _npy_bytes(sequences[start:start + rows_per_chunk])
+                member = _reproducible_member(f"{shard_index:06d}-{chunk:06d}.tokens.npy", len(data))
+                tar.addfile(member, io.BytesIO(data))
+        handle.flush()
+        os.fsync(handle.fileno())
+    digest = sha256_file(tmp)
+    os.replace(tmp, path)
+    return digest
+
+
+def iter_chunks(stream: BinaryIO, source: str = "<stream>") -> Iterator[np.ndarray]:
+    """Yield the chunk arrays of a shard stream in order, with WebDataset's tar iterator."""
+    for member in tar_file_iterator(stream):
+        name, data = member["fname"], member["data"]
+        if not name.endswith(".tokens.npy"):
+            raise UserError(f"{source}: unexpected member {name!r}; not an unmask shard")
+        yield np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+
+
+# ------------------------------------------------------------------------- manifest
+@dataclass
+class ShardInfo:
+    path: str            # relative to the data directory
+    sequences: int
+    tokens: int          # real tokens (sequences * seq_len minus padding)
+    utf8_bytes: int      # source bytes of the documents whose EOS lies in this shard
+    sha256: str
+    bytes: int           # size of the tar file
+
+
+@dataclass
+class SplitInfo:
+    documents: int = 0
+    tokens: int = 0              # sum over documents of (tokens + 1 EOS)
+    utf8_bytes: int = 0
+    sequences: int = 0
+    padding_tokens: int = 0      # pad ids at the end of the last sequence (0 if it is full)
+    shards: list[ShardInfo] = field(default_factory=list)
+
+
+@dataclass
+class Manifest:
+    """``DIR/manifest.json``: what a prep produced and from what."""
+
+    format_version: int
+    tokenizer: dict          # kind, path, sha256, vocab_size, eos_id, bos_id, pad_id
+    seq_len: int
+    dtype: str               # numpy dtype string of the token arrays, e.g. "<u2"
+    chunk_rows: int          # sequences per tar member (the last of a shard may hold fewer)
+    pad_id: int              # id filling the tail of a split's last sequence
+    prep_config: dict
+    prep_config_sha256: str
+    inputs: list[dict]       # uri and size of each input file
+    counts: dict             # documents kept, empty/bad UTF-8/bad JSON skipped or repaired
+    splits: dict[str, SplitInfo]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    def write(self, data_dir: str | Path) -> None:
+        atomic_write_bytes(Path(data_dir) / MANIFEST_NAME, self.to_json().encode())
+
+    @classmethod
+    def read(cls, data_dir: str | Path) -> "Manifest":
+        path = Path(data_dir) / MANIFEST_NAME
+        if not path.is_file():
+            raise UserError(f"{path}: no manifest; run `unmask prep --out {data_dir}` first")
+        try:
+            raw = json.loads(path.read_text())
+            raw["splits"] = {name: SplitInfo(**{**split, "shards": [ShardInfo(**s) for s in split["shards"]]})
+                             for name, split in raw["splits"].items()}
+            manifest = cls(**raw)
+        except (ValueError, TypeError, KeyError) as err:
+            raise UserError(f"{path}: not a valid unmask manifest ({err}); rerun `unmask prep`") from None
+        if manifest.format_version != FORMAT_VERSION:
+            raise UserError(f"{path}: shard format version {manifest.format_version}, this unmask "
+                            f"reads version {FORMAT_VERSION}; rerun `unmask prep` with this version")
+        return manifest
+
+    def sha256(self) -> str:
+        """Identity of the data (tags training runs)."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()

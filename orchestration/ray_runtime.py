@@ -1,0 +1,51 @@
+"""Connecting to Ray: a local instance pinned to 127.0.0.1, or a cluster by address."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Iterator
+
+from pipeline.errors import UserError
+
+LOCAL_NODE_IP = "127.0.0.1"
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[None]:
+    """Use the running Ray if this process already joined one; else start or join one.
+
+    ``address=None`` starts a local Ray bound to 127.0.0.1 (no dashboard) and shuts it down
+    afterwards; an address (``ray://host:10001``, ``host:6379`` or ``auto``) joins a cluster.
+    """
+    import ray  # lazily: `unmask version` and friends should not pay for importing Ray
+
+    if ray.is_initialized():
+        yield
+        return
+    # Ray Data logs its plan on every run; keep the user's console for our own progress.
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    kwargs = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    if address is None:
+        ray.init(num_cpus=num_cpus, _node_ip_address=LOCAL_NODE_IP, **kwargs)
+    else:
+        try:
+            ray.init(address=address, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            raise UserError(f"--ray-address {address}: cannot connect to Ray ({err})") from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def user_error_in(err: BaseException) -> UserError | None:
+    """The UserError a Ray worker raised, found through Ray's exception wrappers."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, UserError):
+            return err
+        cause = getattr(err, "cause", None)
+        err = cause if isinstance(cause, BaseException) else (err.__cause__ or err.__context__)
+    return None

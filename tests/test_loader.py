@@ -1,0 +1,113 @@
+"""The streaming loader: coverage, balance across ranks, determinism, exact resume."""
+
+import itertools
+
+import pytest
+import torch
+
+from data_prep.loader import StreamingLoader
+from pipeline.errors import UserError
+from tests.shard_fixtures import write_numbered_split
+
+SHARDS = [7, 5, 9, 3, 6]  # 30 sequences, uneven shards, chunks of 3 rows
+SEQ_LEN = 8
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("numbered")
+    write_numbered_split(directory, SHARDS, seq_len=SEQ_LEN)
+    return directory
+
+
+def _ids(batches):
+    """The sequence numbers in each batch (every row holds its own number)."""
+    return [batch[:, 0].tolist() for batch in batches]
+
+
+def test_batches_are_long_tensors_of_the_right_shape(data_dir):
+    batch = next(iter(StreamingLoader(data_dir, "train", 4)))
+    assert batch.dtype == torch.long and batch.shape == (4, SEQ_LEN)
+    assert bool((batch == batch[:, :1]).all())
+
+
+def test_ranks_get_equal_disjoint_batches_covering_the_data(data_dir):
+    world, size = 2, 4
+    loaders = [StreamingLoader(data_dir, "train", size, rank=r, world_size=world, seed=3) for r in range(world)]
+    per_rank = [_ids(list(loader)) for loader in loaders]
+    assert len(per_rank[0]) == len(per_rank[1]) == len(loaders[0]) == 30 // (world * size)
+    seen = [i for rank in per_rank for batch in rank for i in batch]
+    assert len(seen) == len(set(seen)) == 24 and set(seen) <= set(range(30))
+
+
+def test_one_rank_sees_every_sequence_once_per_epoch(data_dir):
+    loader = StreamingLoader(data_dir, "train", 5, seed=1)
+    first, second = _ids(list(loader)), _ids(list(loader))
+    assert sorted(itertools.chain(*first)) == list(range(30)) == sorted(itertools.chain(*second))
+    assert first != second, "each epoch has its own order"
+    assert _ids(list(StreamingLoader(data_dir, "train", 5, seed=1))) == first, "order is a function of the seed"
+    assert _ids(list(StreamingLoader(data_dir, "train", 5, seed=2))) != first
+
+
+def test_without_shuffle_the_order_is_the_corpus_order(data_dir):
+    assert list(itertools.chain(*_ids(StreamingLoader(data_dir, "train", 6, shuffle=False)))) == list(range(30))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_dataloader_workers_do_not_change_the_stream(data_dir, world):
+    for rank in range(world):
+        plain = _ids(StreamingLoader(data_dir, "train", 2, rank=rank, world_size=world, seed=5))
+        workers = _ids(StreamingLoader(data_dir, "train", 2, rank=rank, world_size=world, seed=5, num_workers=2))
+        assert workers == plain
+
+
+@pytest.mark.parametrize("num_workers,stop_after", [(0, 3), (0, 7), (2, 3), (2, 4), (0, 0)])
+def test_resume_yields_exactly_the_batches_an_uninterrupted_run_would(data_dir, num_workers, stop_after):
+    make = lambda: StreamingLoader(data_dir, "train", 2, rank=1, world_size=2, seed=9, num_workers=num_workers)
+    reference = make()
+    expected = [_ids(list(reference)), _ids(list(reference))]  # two epochs
+    interrupted = make()
+    consumed = _ids(itertools.islice(iter(interrupted), stop_after))
+    state = interrupted.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert consumed + _ids(list(resumed)) == expected[0]
+    assert _ids(list(resumed)) == expected[1], "the next epoch follows"
+
+
+def test_state_at_an_epoch_boundary_moves_to_the_next_epoch(data_dir):
+    loader = StreamingLoader(data_dir, "train", 3, seed=4)
+    first = _ids(list(loader))
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches"]) == (1, 0)
+    resumed = StreamingLoader(data_dir, "train", 3, seed=4)
+    resumed.load_state_dict(state)
+    assert _ids(list(resumed)) != first and len(_ids(list(resumed))) == len(first)
+
+
+def test_resume_with_a_different_setup_is_refused(data_dir):
+    state = StreamingLoader(data_dir, "train", 2, seed=1).state_dict()
+    other = StreamingLoader(data_dir, "train", 3, seed=2)
+    with pytest.raises(UserError, match=r"seed: checkpoint 1, now 2.*batch_size: checkpoint 2, now 3"):
+        other.load_state_dict(state)
+
+
+def test_padded_tail_is_left_out_for_training(tmp_path):
+    write_numbered_split(tmp_path, [4, 3], padding_tokens=5)
+    kept = list(itertools.chain(*_ids(StreamingLoader(tmp_path, "train", 1, shuffle=False))))
+    assert kept == list(range(6))
+    everything = StreamingLoader(tmp_path, "train", 1, shuffle=False, drop_padded_tail=False)
+    assert list(itertools.chain(*_ids(everything))) == list(range(7))
+
+
+def test_bad_requests_are_refused(data_dir, tmp_path):
+    with pytest.raises(UserError, match="split 'val' not in"):
+        StreamingLoader(data_dir, "val", 2)
+    with pytest.raises(UserError, match="too few"):
+        StreamingLoader(data_dir, "train", 16, world_size=2)
+    with pytest.raises(UserError, match="no manifest"):
+        StreamingLoader(tmp_path, "train", 2)
+    write_numbered_split(tmp_path, [4, 4])
+    (tmp_path / "train" / "shard-000001.tar").unlink()
+    with pytest.raises(UserError, match="shard-000001.tar: shard listed in the manifest is missing"):
+        list(StreamingLoader(tmp_path, "train", 2, shuffle=False))
