@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 import numpy as np
-from webdataset.tariterators import tar_file_iterator
 
 from pipeline.errors import UserError
 
@@ -116,6 +115,8 @@ def write_shard(path: str | Path, sequences: np.ndarray, shard_index: int, rows_
 
 def iter_chunks(stream: BinaryIO, source: str = "<stream>") -> Iterator[np.ndarray]:
     """Yield the chunk arrays of a shard stream in order, with WebDataset's tar iterator."""
+    from webdataset.tariterators import tar_file_iterator  # lazily: it imports torch
+
     for member in tar_file_iterator(stream):
         name, data = member["fname"], member["data"]
         if not name.endswith(".tokens.npy"):

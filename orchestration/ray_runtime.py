@@ -37,15 +37,3 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         yield
     finally:
         ray.shutdown()
-
-
-def user_error_in(err: BaseException) -> UserError | None:
-    """The UserError a Ray worker raised, found through Ray's exception wrappers."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, UserError):
-            return err
-        cause = getattr(err, "cause", None)
-        err = cause if isinstance(cause, BaseException) else (err.__cause__ or err.__context__)
-    return None

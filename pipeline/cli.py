@@ -7,6 +7,9 @@ import platform
 import sys
 from importlib import metadata
 
+from data_prep import commands as data_prep_commands
+from pipeline.errors import UserError
+
 DESCRIPTION = """\
 unmask: pretrain and evaluate masked diffusion language models (MDLM / MD4).
 
@@ -16,15 +19,13 @@ zero-shot perplexity bounds. Run `unmask COMMAND --help` for each command.
 
 EPILOG = """\
 examples:
-  unmask version        print the versions of unmask and of its main dependencies
+  unmask tokenizer train --input corpus/ --vocab-size 32000 --out tok/
+  unmask prep --input corpus/ --out shards/ --seq-len 1024 --tokenizer tok/ --workers 4
+  unmask version --all
 """
 
 # Reported by `unmask version`: the packages whose versions decide numerical results.
 REPORTED_PACKAGES = ("torch", "deepspeed", "ray", "mlflow", "webdataset", "sentencepiece")
-
-
-class UserError(Exception):
-    """A mistake the user can fix; the CLI prints the message without a traceback."""
 
 
 def _package_version(name: str) -> str:
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  unmask version --all", formatter_class=argparse.RawDescriptionHelpFormatter)
     version.add_argument("--all", action="store_true", help="also print Python and dependency versions")
     version.set_defaults(handler=_cmd_version)
+    data_prep_commands.register(commands)
     return parser
 
 

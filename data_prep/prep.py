@@ -1,0 +1,439 @@
+"""``unmask prep``: raw corpora -> tokenized, packed WebDataset shards and a manifest.
+
+Two Ray Data stages, each recorded in a ledger so that a killed prep resumes where it stopped:
+
+1. tokenize: work units (byte ranges of text, row groups of Parquet; ``data_prep.readers``)
+   go to actors that hold the tokenizer. Each actor reads its unit, encodes every document,
+   appends EOS, assigns the document to train or val by a keyed hash of its content, and
+   writes the unit's token stream per split to ``.prep-work/units``.
+2. shards: the corpus order is the order of the units, so once every unit is done the token
+   offset of each unit is known and every shard (a fixed range of sequences) can be cut and
+   written independently, in parallel: ``DIR/{train,val}/shard-NNNNNN.tar``.
+
+The shards therefore depend only on the inputs, the tokenizer and the config, never on the
+number of workers or on where a previous run was killed. Each split's token count is
+exactly the sum over its documents of (tokens + 1 EOS); its last sequence is padded with
+the tokenizer's pad id (EOS when it has none) and the padding is counted in the manifest.
+Finally ``manifest.json`` is written (atomically) and the work directory removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from data_prep.ledger import Ledger
+from data_prep.readers import (DEFAULT_UNIT_BYTES, InputFile, Piece, ReadCounters, ReadOptions,
+                               WorkUnit, plan_units, read_unit, resolve_inputs)
+from data_prep.shards import (FORMAT_VERSION, MANIFEST_NAME, SPLITS, Manifest, ShardInfo, SplitInfo,
+                              atomic_write_bytes, chunk_rows, shard_path, token_dtype, write_shard)
+from data_prep.tokenizer import Tokenizer
+from orchestration.ray_runtime import ray_session
+from pipeline.errors import UserError
+
+log = logging.getLogger(__name__)
+
+WORK_DIR = ".prep-work"
+IDENTITY_NAME = "identity.json"
+# Target size of a shard: large enough that a cluster streams few files, small enough that
+# every rank of a large job gets several (the loader balances at sequence granularity).
+DEFAULT_SHARD_BYTES = 128 << 20
+# Held-out share of documents: 0.5% of OpenWebText is ~40k documents, plenty for a bound.
+DEFAULT_VAL_FRACTION = 0.005
+# Pieces per tokenizer call: amortizes the per-call cost of the native batch encoder.
+ENCODE_BATCH_PIECES = 256
+HASH_SPACE = float(1 << 64)
+
+
+@dataclass(frozen=True)
+class PrepConfig:
+    """Everything that determines the shards (workers and Ray address do not)."""
+
+    inputs: tuple[str, ...]
+    seq_len: int
+    val_fraction: float = DEFAULT_VAL_FRACTION
+    seed: int = 0
+    read: ReadOptions = field(default_factory=ReadOptions)
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+    unit_bytes: int = DEFAULT_UNIT_BYTES
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise UserError("--input: give at least one file, directory or glob")
+        if self.seq_len < 2:
+            raise UserError(f"--seq-len must be >= 2, got {self.seq_len}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise UserError(f"--val-fraction must lie in [0, 1), got {self.val_fraction}")
+        if self.shard_bytes < 1 or self.unit_bytes < 1:
+            raise UserError("--shard-bytes and --unit-bytes must be positive")
+
+
+@dataclass
+class PrepResult:
+    manifest: Manifest
+    nothing_to_do: bool
+    units_resumed: int       # units found finished in the ledger at the start
+    units_run: int
+    shards_resumed: int
+    shards_written: int
+    tokens_run: int          # tokens produced by the units this run tokenized
+    seconds: float
+    tokenize_seconds: float = 0.0   # stage 1 alone (Ray startup and planning excluded)
+
+    def summary(self) -> str:
+        splits = self.manifest.splits
+        docs = sum(s.documents for s in splits.values())
+        tokens = sum(s.tokens for s in splits.values())
+        text_bytes = sum(s.utf8_bytes for s in splits.values())
+        shards = sum(len(s.shards) for s in splits.values())
+        if self.nothing_to_do:
+            return (f"nothing to do: the shards match this config ({docs:,} documents, {tokens:,} tokens, "
+                    f"{shards} shards)")
+        rate = self.tokens_run / self.tokenize_seconds if self.tokenize_seconds > 0 else 0.0
+        resumed = (f"; resumed {self.units_resumed} units and {self.shards_resumed} shards"
+                   if self.units_resumed or self.shards_resumed else "")
+        return (f"{docs:,} documents, {tokens:,} tokens, {text_bytes:,} bytes of text -> {shards} shards "
+                f"(train {splits['train'].sequences:,} / val {splits['val'].sequences:,} sequences) in "
+                f"{self.seconds:.1f} s, tokenizing at {rate:,.0f} tokens/s{resumed}")
+
+
+# ------------------------------------------------------------------------- stage 1
+class _SplitRule:
+    """Train or val by a keyed hash of the document's first piece: duplicates share a split."""
+
+    def __init__(self, seed: int, val_fraction: float) -> None:
+        self.key = seed.to_bytes(8, "little", signed=True)
+        self.threshold = val_fraction * HASH_SPACE
+
+    def split(self, text: str) -> str:
+        digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8, key=self.key)
+        return "val" if int.from_bytes(digest.digest(), "little") < self.threshold else "train"
+
+
+class _UnitOutput:
+    """A unit's token stream and per-document (tokens, bytes) table for one split."""
+
+    def __init__(self, prefix: Path, split: str, dtype: np.dtype) -> None:
+        self.tokens_path = prefix.with_name(f"{prefix.name}.{split}.tokens")
+        self.docs_path = prefix.with_name(f"{prefix.name}.{split}.docs.npy")
+        self._tmp = self.tokens_path.with_name(self.tokens_path.name + ".tmp")
+        self._handle = open(self._tmp, "wb")
+        self.dtype = dtype
+        self.docs: list[tuple[int, int]] = []
+        self.tokens = 0
+
+    def write(self, ids: list[list[int]]) -> None:
+        count = sum(map(len, ids))
+        array = np.fromiter(itertools.chain.from_iterable(ids), dtype=self.dtype, count=count)
+        self._handle.write(array.tobytes())
+        self.tokens += count
+
+    def close(self) -> None:
+        self._handle.close()
+        self._tmp.replace(self.tokens_path)
+        table = np.array(self.docs, dtype=np.int64).reshape(-1, 2)
+        tmp = self.docs_path.with_name(self.docs_path.name + ".tmp.npy")
+        np.save(tmp, table)
+        tmp.replace(self.docs_path)
+
+
+def _batched(pieces: Iterable[Piece], size: int) -> Iterator[list[Piece]]:
+    iterator = iter(pieces)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch
+
+
+def tokenize_unit(unit: WorkUnit, tokenizer: Tokenizer, options: ReadOptions, rule: _SplitRule,
+                  prefix: Path, dtype: np.dtype) -> dict:
+    """Tokenize one unit into ``prefix.{split}.tokens``; return its ledger entry."""
+    counters = ReadCounters()
+    outputs = {split: _UnitOutput(prefix, split, dtype) for split in SPLITS}
+    split, doc_tokens, doc_bytes = "train", 0, 0
+    for batch in _batched(read_unit(unit, options, counters), ENCODE_BATCH_PIECES):
+        encoded = tokenizer.encode_batch([piece.text for piece in batch])
+        pending: dict[str, list[list[int]]] = {name: [] for name in SPLITS}
+        for piece, ids in zip(batch, encoded):
+            if piece.first:
+                split, doc_tokens, doc_bytes = rule.split(piece.text), 0, 0
+            if piece.last:
+                ids = ids + [tokenizer.eos_id]
+            pending[split].append(ids)
+            doc_tokens += len(ids)
+            doc_bytes += len(piece.text.encode("utf-8"))
+            if piece.last:
+                outputs[split].docs.append((doc_tokens, doc_bytes))
+        for name, ids in pending.items():
+            outputs[name].write(ids)
+    for output in outputs.values():
+        output.close()
+    return {"index": unit.index, "counters": counters.to_dict(),
+            "splits": {name: {"tokens": out.tokens, "documents": len(out.docs),
+                              "utf8_bytes": int(sum(b for _, b in out.docs))}
+                       for name, out in outputs.items()}}
+
+
+class _UnitTokenizer:
+    """Ray Data actor: holds the tokenizer and tokenizes the units it is handed."""
+
+    def __init__(self, tokenizer: Tokenizer, units: list[WorkUnit], config: PrepConfig, work: str) -> None:
+        self.tokenizer, self.units, self.config = tokenizer, units, config
+        self.work = Path(work)
+        self.rule = _SplitRule(config.seed, config.val_fraction)
+        self.ledger = Ledger(self.work / "ledger")
+        self.dtype = token_dtype(tokenizer.vocab_size)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        tokens, errors = [], []
+        for index in batch["index"].tolist():
+            prefix = self.work / "units" / f"{index:06d}"
+            try:
+                entry = tokenize_unit(self.units[index], self.tokenizer, self.config.read, self.rule,
+                                      prefix, self.dtype)
+            except UserError as err:  # travels as data: Ray keeps only the text of exceptions
+                tokens.append(0)
+                errors.append(str(err))
+                continue
+            except OSError as err:  # e.g. a full disk
+                tokens.append(0)
+                errors.append(f"tokenizing {self.units[index].file.uri} into {prefix}: {err}")
+                continue
+            self.ledger.record(_unit_key(index), entry)
+            tokens.append(sum(s["tokens"] for s in entry["splits"].values()))
+            errors.append("")
+        return {"index": batch["index"], "tokens": np.array(tokens, dtype=np.int64),
+                "error": np.array(errors, dtype=object)}
+
+
+def _unit_key(index: int) -> str:
+    return f"unit-{index:06d}"
+
+
+# ------------------------------------------------------------------------- stage 2
+@dataclass(frozen=True)
+class _SplitLayout:
+    """Where each unit's tokens of one split start in the split's token stream."""
+
+    split: str
+    unit_indices: list[int]
+    unit_offsets: list[int]      # cumulative, len(units) + 1
+    seq_len: int
+    pad_id: int
+
+    @property
+    def tokens(self) -> int:
+        return self.unit_offsets[-1]
+
+    @property
+    def sequences(self) -> int:
+        return math.ceil(self.tokens / self.seq_len)
+
+
+def _shard_key(split: str, index: int) -> str:
+    return f"shard-{split}-{index:06d}"
+
+
+def _read_token_range(layout: _SplitLayout, work: Path, start: int, stop: int,
+                      dtype: np.dtype) -> tuple[np.ndarray, int]:
+    """Tokens [start, stop) of the split stream, and the UTF-8 bytes of the documents whose
+    EOS lies in that range."""
+    parts, text_bytes = [], 0
+    for unit, lo, hi in zip(layout.unit_indices, layout.unit_offsets, layout.unit_offsets[1:]):
+        if hi <= start or lo >= stop or hi == lo:
+            continue
+        prefix = work / "units" / f"{unit:06d}"
+        tokens = np.memmap(prefix.with_name(f"{prefix.name}.{layout.split}.tokens"), dtype=dtype, mode="r")
+        parts.append(np.asarray(tokens[max(start, lo) - lo:min(stop, hi) - lo]))
+        docs = np.load(prefix.with_name(f"{prefix.name}.{layout.split}.docs.npy"))
+        eos_at = lo + np.cumsum(docs[:, 0]) - 1
+        text_bytes += int(docs[(eos_at >= start) & (eos_at < stop), 1].sum())
+    return (np.concatenate(parts) if parts else np.empty(0, dtype)), text_bytes
+
+
+def write_one_shard(row: dict, layouts: dict[str, _SplitLayout], work: str, out: str,
+                    dtype: np.dtype, rows_per_chunk: int) -> dict:
+    """Ray Data task: cut sequences [first, first + count) of a split into a shard."""
+    layout = layouts[row["split"]]
+    try:
+        info = _cut_shard(layout, row["index"], row["first"], row["count"], Path(work), Path(out), dtype,
+                          rows_per_chunk)
+    except OSError as err:  # e.g. a full disk: travels as data (see _UnitTokenizer)
+        return {**row, "error": f"writing {Path(out) / shard_path(layout.split, row['index'])}: {err}"}
+    Ledger(Path(work) / "ledger").record(_shard_key(layout.split, row["index"]), asdict(info))
+    return {**row, "error": ""}
+
+
+def _cut_shard(layout: _SplitLayout, index: int, first: int, count: int, work: Path, out: Path,
+               dtype: np.dtype, rows_per_chunk: int) -> ShardInfo:
+    seq_len = layout.seq_len
+    start, stop = first * seq_len, (first + count) * seq_len
+    tokens, text_bytes = _read_token_range(layout, work, start, min(stop, layout.tokens), dtype)
+    padding = stop - start - len(tokens)
+    sequences = np.concatenate([tokens, np.full(padding, layout.pad_id, dtype)]).reshape(-1, seq_len)
+    relative = shard_path(layout.split, index)
+    digest = write_shard(out / relative, sequences, index, rows_per_chunk)
+    return ShardInfo(path=relative, sequences=count, tokens=len(tokens), utf8_bytes=text_bytes,
+                     sha256=digest, bytes=(out / relative).stat().st_size)
+
+
+def _plan_shards(layout: _SplitLayout, sequences_per_shard: int) -> list[dict]:
+    return [{"split": layout.split, "index": index, "first": first,
+             "count": min(sequences_per_shard, layout.sequences - first)}
+            for index, first in enumerate(range(0, layout.sequences, sequences_per_shard))]
+
+
+# ------------------------------------------------------------------------- driver
+def _identity(config: PrepConfig, tokenizer: Tokenizer, files: Sequence[InputFile]) -> dict:
+    identity = {"format_version": FORMAT_VERSION, "config": asdict(config),
+                "tokenizer_sha256": tokenizer.sha256,
+                "inputs": [{"uri": f.uri, "size": f.size} for f in files]}
+    identity["config"]["inputs"] = list(config.inputs)
+    identity["sha256"] = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    return identity
+
+
+def _shards_intact(out: Path, manifest: Manifest) -> bool:
+    return all((out / shard.path).is_file() and (out / shard.path).stat().st_size == shard.bytes
+               for split in manifest.splits.values() for shard in split.shards)
+
+
+def _prepare_output(out: Path, identity: dict, overwrite: bool) -> Manifest | None:
+    """Return the finished manifest when it matches; refuse or clear a different prep."""
+    work = out / WORK_DIR
+    manifest_path, identity_path = out / MANIFEST_NAME, work / IDENTITY_NAME
+    if manifest_path.is_file():
+        manifest = Manifest.read(out)
+        if manifest.prep_config_sha256 == identity["sha256"] and _shards_intact(out, manifest):
+            return manifest
+        what = "a different prep's manifest" if manifest.prep_config_sha256 != identity["sha256"] \
+            else "a manifest whose shards are missing or damaged"
+    elif identity_path.is_file() and json.loads(identity_path.read_text())["sha256"] != identity["sha256"]:
+        what = "unfinished work of a different prep"
+    else:
+        what = None
+    if what is not None:
+        if not overwrite:
+            raise UserError(f"{out} holds {what}; pass --overwrite to replace it, or choose another --out")
+        for name in (MANIFEST_NAME, WORK_DIR, *SPLITS):
+            target = out / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+    (work / "units").mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(identity_path, json.dumps(identity, sort_keys=True).encode())
+    return None
+
+
+def _run_stage(ds, description: str, total: int, progress: bool, weight_column: str | None = None) -> int:
+    """Drive a Ray Data pipeline to completion with a progress bar; sum ``weight_column``.
+
+    Workers report a user's mistake in an ``error`` column; the first one stops the prep
+    (finished items stay in the ledger, so nothing done is lost)."""
+    weight = 0
+    start = time.perf_counter()
+    with tqdm(total=total, desc=description, unit="item", disable=not progress) as bar:
+        for row in ds.iter_rows():
+            if row["error"]:
+                raise UserError(row["error"])
+            bar.update(1)
+            if weight_column is not None:
+                weight += int(row[weight_column])
+                bar.set_postfix_str(f"{weight / (time.perf_counter() - start):,.0f} tokens/s")
+    return weight
+
+
+def prep(config: PrepConfig, tokenizer: Tokenizer, out_dir: str | Path, *, workers: int = 1,
+         ray_address: str | None = None, overwrite: bool = False, progress: bool = True) -> PrepResult:
+    """Run (or resume, or skip) a prep; see the module docstring."""
+    if workers < 1:
+        raise UserError(f"--workers must be >= 1, got {workers}")
+    started = time.perf_counter()
+    out = Path(out_dir)
+    files = resolve_inputs(config.inputs)
+    identity = _identity(config, tokenizer, files)
+    out.mkdir(parents=True, exist_ok=True)
+    finished = _prepare_output(out, identity, overwrite)
+    if finished is not None:
+        return PrepResult(finished, True, 0, 0, 0, 0, 0, time.perf_counter() - started)
+    work = out / WORK_DIR
+    ledger = Ledger(work / "ledger")
+    units = plan_units(files, config.read, config.unit_bytes)
+    pending_units = [u.index for u in units if not ledger.done(_unit_key(u.index))]
+    dtype = token_dtype(tokenizer.vocab_size)
+    with ray_session(ray_address, num_cpus=workers + 1 if ray_address is None else None):
+        import ray.data
+
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        tokens_run, tokenize_started = 0, time.perf_counter()
+        if pending_units:
+            ds = ray.data.from_items([{"index": i} for i in pending_units]).map_batches(
+                _UnitTokenizer, batch_size=1, compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1,
+                fn_constructor_args=(tokenizer, units, config, str(work)))
+            tokens_run = _run_stage(ds, "tokenize", len(pending_units), progress, "tokens")
+        tokenize_seconds = time.perf_counter() - tokenize_started
+        layouts = _layouts(ledger, units, config.seq_len, tokenizer)
+        rows_per_chunk = chunk_rows(config.seq_len, dtype)
+        per_shard = max(rows_per_chunk,
+                        config.shard_bytes // (config.seq_len * dtype.itemsize) // rows_per_chunk * rows_per_chunk)
+        shards = [row for layout in layouts.values() for row in _plan_shards(layout, per_shard)]
+        pending_shards = [r for r in shards if not ledger.done(_shard_key(r["split"], r["index"]))]
+        if pending_shards:
+            ds = ray.data.from_items(pending_shards).map(
+                write_one_shard, compute=ray.data.TaskPoolStrategy(size=workers), num_cpus=1,
+                fn_kwargs=dict(layouts=layouts, work=str(work), out=str(out), dtype=dtype,
+                               rows_per_chunk=rows_per_chunk))
+            _run_stage(ds, "shards", len(pending_shards), progress)
+    manifest = _assemble_manifest(config, tokenizer, identity, ledger, units, layouts, shards, rows_per_chunk)
+    manifest.write(out)
+    shutil.rmtree(work)
+    return PrepResult(manifest, False, len(units) - len(pending_units), len(pending_units),
+                      len(shards) - len(pending_shards), len(pending_shards), tokens_run,
+                      time.perf_counter() - started, tokenize_seconds)
+
+
+def _pad_id(tokenizer: Tokenizer) -> int:
+    return tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.eos_id
+
+
+def _layouts(ledger: Ledger, units: Sequence[WorkUnit], seq_len: int, tokenizer: Tokenizer,
+             ) -> dict[str, _SplitLayout]:
+    entries = [ledger.get(_unit_key(u.index)) for u in units]
+    layouts = {}
+    for split in SPLITS:
+        counts = [e["splits"][split]["tokens"] for e in entries]
+        layouts[split] = _SplitLayout(split, [u.index for u in units],
+                                      [0, *itertools.accumulate(counts)], seq_len, _pad_id(tokenizer))
+    return layouts
+
+
+def _assemble_manifest(config: PrepConfig, tokenizer: Tokenizer, identity: dict, ledger: Ledger,
+                       units: Sequence[WorkUnit], layouts: dict[str, _SplitLayout], shards: list[dict],
+                       rows_per_chunk: int) -> Manifest:
+    entries = [ledger.get(_unit_key(u.index)) for u in units]
+    counters = ReadCounters()
+    for entry in entries:
+        counters = counters + ReadCounters(**entry["counters"])
+    splits = {}
+    for split, layout in layouts.items():
+        infos = [ShardInfo(**ledger.get(_shard_key(split, r["index"]))) for r in shards if r["split"] == split]
+        splits[split] = SplitInfo(
+            documents=sum(e["splits"][split]["documents"] for e in entries), tokens=layout.tokens,
+            utf8_bytes=sum(e["splits"][split]["utf8_bytes"] for e in entries),
+            sequences=layout.sequences, padding_tokens=layout.sequences * layout.seq_len - layout.tokens,
+            shards=infos)
+    return Manifest(
+        format_version=FORMAT_VERSION, tokenizer=tokenizer.describe(), seq_len=config.seq_len,
+        dtype=token_dtype(tokenizer.vocab_size).str, chunk_rows=rows_per_chunk, pad_id=_pad_id(tokenizer),
+        prep_config=identity["config"], prep_config_sha256=identity["sha256"], inputs=identity["inputs"],
+        counts=counters.to_dict(), splits=splits)

@@ -1,0 +1,522 @@
+"""Tokenizers: a trained SentencePiece model or GPT-2's byte-level BPE, behind one interface.
+
+Both are exact: ``decode(encode(text)) == text`` for every string. SentencePiece gets there
+by training with an identity normalizer and byte fallback (characters outside the vocabulary
+become UTF-8 byte pieces, never ``<unk>``); GPT-2's BPE works on bytes by construction.
+
+A tokenizer pickles with its model bytes rather than a path, so a Ray actor on another
+machine gets the same tokenizer without shared storage. ``sha256`` identifies the model
+files and goes into the data manifest with the rest of ``describe()``.
+
+Training reads its documents once, as a stream, and keeps a bounded reservoir sample of
+their lines, so the corpus may be far larger than memory. With the same documents and seed
+the trained ``tokenizer.model`` is byte-identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sentencepiece as spm
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers
+
+from pipeline.errors import UserError
+
+# Files written by ``train_sentencepiece``; ``SentencePieceTokenizer.save`` writes the model alone.
+SP_MODEL_FILE = "tokenizer.model"
+SP_VOCAB_FILE = "tokenizer.vocab"  # "piece<TAB>score" per id, for reading, never loaded
+SP_METADATA_FILE = "tokenizer.json"
+
+# GPT-2's files, as OpenAI published them.
+GPT2_ENCODER_FILE = "encoder.json"
+GPT2_MERGES_FILE = "vocab.bpe"
+GPT2_EOS_TOKEN = "<|endoftext|>"
+
+# Special ids of a trained SentencePiece model. SentencePiece's defaults for unk, bos and
+# eos, plus a pad id (SentencePiece disables pad by default) for fixed-length batches of
+# unpacked text. Putting all four first keeps the 256 byte pieces at the fixed ids 4..259.
+UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, 3
+NUM_SPECIAL_PIECES = 4
+NUM_BYTE_PIECES = 256  # byte fallback reserves one piece per byte value
+MIN_VOCAB_SIZE = NUM_SPECIAL_PIECES + NUM_BYTE_PIECES + 1  # + at least one learned piece
+
+MODEL_TYPES = ("bpe", "unigram")  # SentencePiece's two subword algorithms
+
+# SentencePiece's default sentence limit, in bytes. Its trainer skips longer sentences
+# (with a warning); the sampler cuts them instead, so no text is lost and the counts are exact.
+MAX_SENTENCE_BYTES = 4192
+# A chunk of this many characters is at most MAX_SENTENCE_BYTES bytes (UTF-8 takes at most
+# 4 bytes per character), so cutting needs no byte arithmetic.
+_MAX_CUT_CHARS = MAX_SENTENCE_BYTES // 4
+
+# The trainer holds the whole sample in memory. A million sentences (on the order of 100 MB
+# of text) is ample for vocabularies in the tens of thousands; BPE training on a million
+# news and Wikipedia lines peaked under 1 GB of memory.
+DEFAULT_SAMPLE_SENTENCES = 1_000_000
+
+# Characters covering this fraction of the sample get a piece of their own; rarer ones are
+# spelled in byte pieces rather than each taking a vocabulary slot. SentencePiece's default.
+CHARACTER_COVERAGE = 0.9995
+
+# The unigram trainer sums per-thread partial counts, so its pieces and scores depend on the
+# number of threads (BPE's do not), and the model file records the count either way. A fixed
+# count, not os.cpu_count(), makes the model bytes a function of the documents, seed and
+# options alone, whichever machine trains it.
+TRAIN_NUM_THREADS = 16
+
+# The trainer logs every EM/merge round at level 0 (INFO); keep warnings and errors.
+_TRAIN_LOG_LEVEL = 1
+
+_SP_TRAIN_OPTIONS: dict[str, Any] = {
+    # Exact round trip: no NFKC, no whitespace cleanup, no dummy leading space, and
+    # characters outside the vocabulary become byte pieces instead of <unk>.
+    "normalization_rule_name": "identity",
+    "remove_extra_whitespaces": False,
+    "add_dummy_prefix": False,
+    "byte_fallback": True,
+    # Runs of spaces (indentation, alignment) may become pieces of their own.
+    "allow_whitespace_only_pieces": True,
+    "character_coverage": CHARACTER_COVERAGE,
+    "unk_id": UNK_ID,
+    "bos_id": BOS_ID,
+    "eos_id": EOS_ID,
+    "pad_id": PAD_ID,
+    "max_sentence_length": MAX_SENTENCE_BYTES,
+    "input_sentence_size": 0,  # the sample is already drawn: train on all of it
+    "num_threads": TRAIN_NUM_THREADS,
+}
+
+# Batch encodes run on one thread: ``unmask prep`` runs one tokenizer per core in Ray
+# workers, and a library thread pool per worker would oversubscribe the cores.
+ENCODE_THREADS = 1
+HF_PARALLELISM_ENV = "TOKENIZERS_PARALLELISM"
+
+# SentencePiece writes a space as U+2581 and decodes every U+2581 back to a space, so a
+# literal U+2581 in the text would come back as a space. Text holding one is encoded
+# around it, with the character spelled in byte pieces, which decode to it unchanged.
+_META_SPACE = "\u2581"
+
+__all__ = [
+    "CHARACTER_COVERAGE",
+    "DEFAULT_SAMPLE_SENTENCES",
+    "GPT2BPETokenizer",
+    "MAX_SENTENCE_BYTES",
+    "MIN_VOCAB_SIZE",
+    "MODEL_TYPES",
+    "SentencePieceTokenizer",
+    "SentenceSample",
+    "Tokenizer",
+    "draw_sentence_sample",
+    "load_tokenizer",
+    "train_sentencepiece",
+]
+
+
+class Tokenizer(ABC):
+    """Text to token ids and back, exactly: ``decode(encode(text)) == text``.
+
+    ``encode`` adds no special tokens; callers add ``eos_id`` (and ``bos_id``) themselves.
+    """
+
+    kind: str             # "sentencepiece" or "gpt2-bpe"
+    path: str             # where the model was loaded from ("" if built from bytes)
+    sha256: str           # identity of the model files
+    vocab_size: int       # ids are 0..vocab_size-1
+    eos_id: int
+    bos_id: int | None
+    pad_id: int | None
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``."""
+
+    @abstractmethod
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """``[encode(t) for t in texts]`` through the library's native batch path."""
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``."""
+
+    @abstractmethod
+    def save(self, directory: str | Path) -> None:
+        """Write the model files into ``directory``; ``load_tokenizer(directory)`` then
+        gives a tokenizer with the same ``sha256``."""
+
+    def describe(self) -> dict[str, Any]:
+        """The JSON-able record of this tokenizer for the data manifest."""
+        return {"kind": self.kind, "path": self.path, "sha256": self.sha256,
+                "vocab_size": self.vocab_size, "eos_id": self.eos_id,
+                "bos_id": self.bos_id, "pad_id": self.pad_id}
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(path={self.path!r}, vocab_size={self.vocab_size}, "
+                f"sha256={self.sha256[:12]}...)")
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A SentencePiece model; ``sha256`` is the hash of the ``.model`` file's bytes.
+
+    Any model loads; only one trained with byte fallback (as ``train_sentencepiece``
+    trains) round-trips every string.
+    """
+
+    kind = "sentencepiece"
+
+    def __init__(self, model_proto: bytes, path: str | Path = "") -> None:
+        # Keep the bytes as read: re-serializing a parsed model need not reproduce them.
+        self._model_proto = bytes(model_proto)
+        self._sp = spm.SentencePieceProcessor(model_proto=self._model_proto)
+        self.path = str(path)
+        self.sha256 = hashlib.sha256(self._model_proto).hexdigest()
+        self.vocab_size = self._sp.get_piece_size()
+        if self._sp.eos_id() < 0:
+            raise UserError(f"SentencePiece model {self.path or '(from bytes)'} has no eos piece; "
+                            f"documents need one to mark their ends: train with an eos_id")
+        self.eos_id = self._sp.eos_id()
+        self.bos_id = _optional_id(self._sp.bos_id())
+        self.pad_id = _optional_id(self._sp.pad_id())
+        self._meta_space_ids = self._byte_piece_ids(_META_SPACE)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> SentencePieceTokenizer:
+        """Load a ``.model`` file."""
+        path = Path(path)
+        try:
+            return cls(path.read_bytes(), path)
+        except OSError as err:
+            raise UserError(f"cannot read tokenizer model {path}: {err.strerror}") from None
+        except RuntimeError:
+            raise UserError(
+                f"{path} is not a SentencePiece model; pass a .model file, a directory holding "
+                f"{SP_MODEL_FILE}, or a directory holding GPT-2's {GPT2_ENCODER_FILE} and "
+                f"{GPT2_MERGES_FILE}") from None
+
+    @property
+    def processor(self) -> spm.SentencePieceProcessor:
+        """The wrapped processor, for measuring the library without this wrapper."""
+        return self._sp
+
+    def _byte_piece_ids(self, char: str) -> list[int] | None:
+        """The byte-fallback ids spelling ``char``, or None if the model has no byte pieces."""
+        ids = [self._sp.piece_to_id(f"<0x{byte:02X}>") for byte in char.encode("utf-8")]
+        return ids if all(self._sp.is_byte(i) for i in ids) else None
+
+    def encode(self, text: str) -> list[int]:
+        if self._meta_space_ids and _META_SPACE in text:
+            return self._encode_around_meta_space(text)
+        return self._sp.encode(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        batch = self._sp.encode(texts, num_threads=ENCODE_THREADS)
+        if self._meta_space_ids:
+            for i, text in enumerate(texts):
+                if _META_SPACE in text:
+                    batch[i] = self._encode_around_meta_space(text)
+        return batch
+
+    def _encode_around_meta_space(self, text: str) -> list[int]:
+        """Encode the parts between literal U+2581s; spell each U+2581 in byte pieces."""
+        parts = self._sp.encode(text.split(_META_SPACE))
+        ids = parts[0]
+        for part in parts[1:]:
+            ids += self._meta_space_ids
+            ids += part
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._sp.decode(ids)
+
+    def vocab_listing(self) -> str:
+        """One "piece<TAB>score" line per id, as in SentencePiece's ``.vocab`` files."""
+        return "".join(f"{self._sp.id_to_piece(i)}\t{self._sp.get_score(i):g}\n"
+                       for i in range(self.vocab_size))
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        _write_atomic(directory / SP_MODEL_FILE, self._model_proto)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"model_proto": self._model_proto, "path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)
+
+
+class GPT2BPETokenizer(Tokenizer):
+    """GPT-2's byte-level BPE from OpenAI's ``encoder.json`` and ``vocab.bpe``.
+
+    ``sha256`` is the hash of the bytes of ``encoder.json`` followed by those of
+    ``vocab.bpe``. Following GPT-2, ``<|endoftext|>`` is both eos and bos, and there is no
+    pad. It is not registered as a special token: text that happens to contain the string
+    ``<|endoftext|>`` is encoded as ordinary text, so a document cannot forge a boundary.
+    """
+
+    kind = "gpt2-bpe"
+
+    def __init__(self, encoder_json: bytes, vocab_bpe: bytes, path: str | Path = "") -> None:
+        self._encoder_json = bytes(encoder_json)
+        self._vocab_bpe = bytes(vocab_bpe)
+        self.path = str(path)
+        self.sha256 = hashlib.sha256(self._encoder_json + self._vocab_bpe).hexdigest()
+        encoder = _parse_encoder(self._encoder_json, Path(self.path) / GPT2_ENCODER_FILE)
+        merges = _parse_merges(self._vocab_bpe, Path(self.path) / GPT2_MERGES_FILE)
+        # One thread per tokenizer (see ENCODE_THREADS): each prep worker is one core.
+        os.environ.setdefault(HF_PARALLELISM_ENV, "false")
+        self._tokenizer = HFTokenizer(models.BPE(vocab=encoder, merges=merges))
+        self._tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        self._tokenizer.decoder = decoders.ByteLevel()
+        self.vocab_size = self._tokenizer.get_vocab_size()
+        self.eos_id = encoder[GPT2_EOS_TOKEN]
+        self.bos_id = self.eos_id
+        self.pad_id = None
+
+    @classmethod
+    def from_directory(cls, directory: str | Path) -> GPT2BPETokenizer:
+        """Load ``encoder.json`` and ``vocab.bpe`` from ``directory``."""
+        directory = Path(directory)
+        return cls(_read_bytes(directory / GPT2_ENCODER_FILE),
+                   _read_bytes(directory / GPT2_MERGES_FILE), directory)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # The fast variant skips computing character offsets, which nothing here uses.
+        return [encoding.ids for encoding in self._tokenizer.encode_batch_fast(texts)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(ids)
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        _write_atomic(directory / GPT2_ENCODER_FILE, self._encoder_json)
+        _write_atomic(directory / GPT2_MERGES_FILE, self._vocab_bpe)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"encoder_json": self._encoder_json, "vocab_bpe": self._vocab_bpe,
+                "path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load a tokenizer from a SentencePiece ``.model`` file, a directory holding
+    ``tokenizer.model`` (``train_sentencepiece``'s output), or a directory holding GPT-2's
+    ``encoder.json`` and ``vocab.bpe``."""
+    path = Path(path)
+    if path.is_file():
+        return SentencePieceTokenizer.from_file(path)
+    if (path / SP_MODEL_FILE).is_file():
+        return SentencePieceTokenizer.from_file(path / SP_MODEL_FILE)
+    if (path / GPT2_ENCODER_FILE).is_file() and (path / GPT2_MERGES_FILE).is_file():
+        return GPT2BPETokenizer.from_directory(path)
+    problem = "is a directory without tokenizer files" if path.is_dir() else "does not exist"
+    raise UserError(
+        f"tokenizer path {path} {problem}: expected a SentencePiece .model file, a directory "
+        f"holding {SP_MODEL_FILE} (from train_sentencepiece), or a directory holding GPT-2's "
+        f"{GPT2_ENCODER_FILE} and {GPT2_MERGES_FILE}")
+
+
+@dataclass(frozen=True)
+class SentenceSample:
+    """A uniform sample of the lines of a stream of documents."""
+
+    sentences: list[str]
+    documents_seen: int
+    sentences_seen: int
+
+
+def draw_sentence_sample(documents: Iterable[str], size: int, seed: int = 0) -> SentenceSample:
+    """Reservoir-sample at most ``size`` sentences from the lines of ``documents``.
+
+    Reads the documents once and holds only the sample. Empty lines are skipped; lines
+    over ``MAX_SENTENCE_BYTES`` are cut into pieces that fit. Every sentence is kept with
+    the same probability, and the same documents and seed give the same sample.
+    """
+    if size < 1:
+        raise ValueError(f"the sample size must be >= 1, got {size}")
+    rng = random.Random(seed)
+    sample: list[str] = []
+    documents_seen = sentences_seen = 0
+    for document in documents:
+        documents_seen += 1
+        for sentence in _sentences(document):
+            # Algorithm R: the n-th sentence replaces a random slot with probability size / n.
+            if sentences_seen < size:
+                sample.append(sentence)
+            else:
+                slot = rng.randrange(sentences_seen + 1)
+                if slot < size:
+                    sample[slot] = sentence
+            sentences_seen += 1
+    return SentenceSample(sample, documents_seen, sentences_seen)
+
+
+def _sentences(document: str) -> Iterator[str]:
+    for line in document.splitlines():
+        # Measure bytes only for lines long enough to possibly exceed the limit.
+        if len(line) > _MAX_CUT_CHARS and len(line.encode("utf-8")) > MAX_SENTENCE_BYTES:
+            for start in range(0, len(line), _MAX_CUT_CHARS):
+                yield line[start:start + _MAX_CUT_CHARS]
+        elif line:
+            yield line
+
+
+def train_sentencepiece(
+    documents: Iterable[str],
+    out_dir: str | Path,
+    vocab_size: int,
+    model_type: str = "bpe",
+    *,
+    sample_sentences: int = DEFAULT_SAMPLE_SENTENCES,
+    seed: int = 0,
+) -> SentencePieceTokenizer:
+    """Train a SentencePiece model on a sample of the lines of ``documents``.
+
+    Writes ``tokenizer.model``, ``tokenizer.vocab`` and ``tokenizer.json`` (the options,
+    special ids, sha256 and sample counts) into ``out_dir``, each through a temporary file,
+    so a crash never leaves a partial file. ``tokenizer.json`` is written last: when it
+    exists, the model is complete.
+    """
+    if model_type not in MODEL_TYPES:
+        raise UserError(f"--model-type {model_type!r} is not supported; choose one of "
+                        f"{', '.join(MODEL_TYPES)}")
+    if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
+        raise UserError(
+            f"--vocab-size must be an integer >= {MIN_VOCAB_SIZE} ({NUM_SPECIAL_PIECES} special "
+            f"pieces, {NUM_BYTE_PIECES} byte pieces and at least one learned piece), "
+            f"got {vocab_size!r}")
+    sample = draw_sentence_sample(documents, sample_sentences, seed)
+    if not sample.sentences:
+        raise UserError(f"the corpus for tokenizer training has no text: "
+                        f"{sample.documents_seen} documents, none with a non-empty line")
+    options = {**_SP_TRAIN_OPTIONS, "model_type": model_type, "vocab_size": vocab_size}
+    model_proto = _train(sample, options)
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = SentencePieceTokenizer(model_proto, out_dir / SP_MODEL_FILE)
+    _write_atomic(out_dir / SP_MODEL_FILE, model_proto)
+    _write_atomic(out_dir / SP_VOCAB_FILE, tokenizer.vocab_listing().encode("utf-8"))
+    metadata = {
+        **tokenizer.describe(),
+        "model_type": model_type,
+        "unk_id": UNK_ID,
+        "seed": seed,
+        "documents_seen": sample.documents_seen,
+        "sentences_seen": sample.sentences_seen,
+        "sentences_sampled": len(sample.sentences),
+        "sample_sentences": sample_sentences,
+        "train_options": options,
+        "sentencepiece_version": spm.__version__,
+    }
+    _write_atomic(out_dir / SP_METADATA_FILE,
+                  (json.dumps(metadata, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    return tokenizer
+
+
+def _train(sample: SentenceSample, options: dict[str, Any]) -> bytes:
+    """Run the SentencePiece trainer; return the serialized model."""
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(sample.sentences),
+                                       model_writer=model, minloglevel=_TRAIN_LOG_LEVEL,
+                                       **options)
+    except RuntimeError as err:
+        user_error = _vocab_size_error(str(err), options, len(sample.sentences))
+        if user_error is None:
+            raise
+        raise user_error from None
+    return model.getvalue()
+
+
+_TOO_SMALL = re.compile(r"smaller than required_chars\. \d+ vs (\d+)")
+_TOO_LARGE = re.compile(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)")
+
+
+def _vocab_size_error(message: str, options: dict[str, Any],
+                      num_sentences: int) -> UserError | None:
+    """Translate SentencePiece's vocabulary-size failures; None for any other failure."""
+    vocab_size = options["vocab_size"]
+    if match := _TOO_SMALL.search(message):
+        needed = int(match.group(1))
+        return UserError(
+            f"--vocab-size {vocab_size} is too small for this corpus: it needs at least {needed} "
+            f"({NUM_SPECIAL_PIECES} special pieces, {NUM_BYTE_PIECES} byte pieces and one piece "
+            f"per character covering {CHARACTER_COVERAGE:.2%} of the sample); use a value "
+            f">= {needed}")
+    if match := _TOO_LARGE.search(message):
+        most = int(match.group(1))
+        return UserError(
+            f"--vocab-size {vocab_size} is too large for the {num_sentences} sampled sentences: "
+            f"{options['model_type']} training finds at most {most} pieces; use a value in "
+            f"[{MIN_VOCAB_SIZE}, {most}] or train on more text")
+    return None
+
+
+def _optional_id(token_id: int) -> int | None:
+    """SentencePiece reports a disabled special token as id -1."""
+    return token_id if token_id >= 0 else None
+
+
+def _parse_encoder(data: bytes, path: Path) -> dict[str, int]:
+    try:
+        encoder = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path} is not valid JSON ({err}); "
+                        f"expected GPT-2's token -> id map") from None
+    if not isinstance(encoder, dict) or GPT2_EOS_TOKEN not in encoder:
+        raise UserError(f"{path} is not GPT-2's encoder.json: expected a token -> id map "
+                        f"holding {GPT2_EOS_TOKEN}")
+    return encoder
+
+
+def _parse_merges(data: bytes, path: Path) -> list[tuple[str, str]]:
+    """The merge rules of ``vocab.bpe``: one "left right" pair a line after a version header."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path} is not UTF-8 text ({err}); expected GPT-2's merge rules") from None
+    merges = []
+    for line_number, line in enumerate(text.split("\n"), start=1):
+        if not line or line.startswith("#version"):
+            continue
+        left, space, right = line.partition(" ")
+        if not (left and space and right) or " " in right:
+            raise UserError(f"{path}:{line_number}: expected a merge rule 'left right', "
+                            f"got {line!r}")
+        merges.append((left, right))
+    return merges
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise UserError(f"cannot read tokenizer file {path}: {err.strerror}") from None
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write through a temporary file and rename it into place, so readers (and a crash)
+    see either the old file or the complete new one."""
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(temporary, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)

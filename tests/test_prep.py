@@ -1,0 +1,208 @@
+"""``unmask prep`` end to end on real text with a real local Ray: exact accounting,
+determinism across worker counts, idempotence, resume after SIGKILL, bad input."""
+
+import gzip
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_prep.ledger import STALL_AFTER_ENV
+from data_prep.prep import WORK_DIR, PrepConfig, prep
+from data_prep.readers import ReadCounters, ReadOptions, plan_units, read_unit, resolve_inputs
+from data_prep.shards import Manifest, iter_chunks
+from data_prep.tokenizer import load_tokenizer
+from pipeline.errors import UserError
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+TINY = SHARED / "corpora" / "tinyshakespeare" / "input.txt"
+PTB = SHARED / "ptb" / "ptb.test.txt"
+GPT2 = SHARED / "gpt2-bpe"
+UNMASK = str(Path(sys.executable).parent / "unmask")
+SMALL = dict(seq_len=128, val_fraction=0.05, shard_bytes=64 << 10, unit_bytes=64 << 10)
+POLL_SECONDS = 0.05
+KILL_DEADLINE_SECONDS = 300
+
+pytestmark = pytest.mark.skipif(not (TINY.is_file() and PTB.is_file() and GPT2.is_dir()),
+                                reason="real corpora not found in ../shared/data (see shared/data/SOURCES.md)")
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=3, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return load_tokenizer(GPT2)
+
+
+@pytest.fixture(scope="module")
+def reference(ray_local, gpt2, tmp_path_factory):
+    """An uninterrupted prep of tinyshakespeare + PTB test with one worker."""
+    out = tmp_path_factory.mktemp("reference")
+    config = PrepConfig(inputs=(str(TINY), str(PTB)), **SMALL)
+    return config, prep(config, gpt2, out, workers=1, progress=False), out
+
+
+def _documents(config: PrepConfig) -> list[str]:
+    """The documents, read independently of the prep pipeline, in corpus order."""
+    counters = ReadCounters()
+    return [p.text for unit in plan_units(resolve_inputs(config.inputs), config.read)
+            for p in read_unit(unit, config.read, counters)]
+
+
+def _split_tokens(out: Path, split: str) -> np.ndarray:
+    manifest = Manifest.read(out)
+    chunks = []
+    for shard in manifest.splits[split].shards:
+        with open(out / shard.path, "rb") as stream:
+            chunks.extend(iter_chunks(stream))
+    tokens = np.concatenate(chunks).reshape(-1) if chunks else np.empty(0, np.uint16)
+    padding = manifest.splits[split].padding_tokens
+    assert bool((tokens[len(tokens) - padding:] == manifest.pad_id).all())
+    return tokens[:len(tokens) - padding]
+
+
+def _tree(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_shards_hold_exactly_the_documents_with_eos(reference, gpt2):
+    config, result, out = reference
+    manifest = result.manifest
+    documents = _documents(config)
+    decoded = {}
+    for split in ("train", "val"):
+        tokens = _split_tokens(out, split)
+        info = manifest.splits[split]
+        assert len(tokens) == info.tokens and tokens[-1] == gpt2.eos_id
+        ends = np.flatnonzero(tokens == gpt2.eos_id)
+        starts = np.concatenate([[0], ends[:-1] + 1])
+        decoded[split] = [gpt2.decode(tokens[a:b].tolist()) for a, b in zip(starts, ends)]
+        assert len(decoded[split]) == info.documents
+        assert info.utf8_bytes == sum(len(d.encode()) for d in decoded[split])
+        assert info.utf8_bytes == sum(shard.utf8_bytes for shard in info.shards)
+        assert info.sequences * config.seq_len == info.tokens + info.padding_tokens
+    # Exact accounting: tokens == sum over documents of (tokens + 1 EOS).
+    assert sum(s.tokens for s in manifest.splits.values()) == sum(len(gpt2.encode(d)) + 1 for d in documents)
+    # Each document sits in exactly one split, in corpus order there.
+    train, val = decoded["train"], decoded["val"]
+    assert sorted(train + val) == sorted(documents)
+    assert not set(train) & set(val)
+    # Corpus order within each split (duplicates of a text share its split).
+    train_texts, val_texts = set(train), set(val)
+    assert train == [d for d in documents if d in train_texts]
+    assert val == [d for d in documents if d in val_texts]
+    assert 0.02 < len(val) / len(documents) < 0.08  # val_fraction 0.05
+    assert manifest.counts["documents"] == len(documents)
+    assert manifest.tokenizer["sha256"] == gpt2.sha256 and manifest.dtype == "<u2"
+
+
+def test_same_output_with_one_or_two_workers_and_rerun_does_nothing(reference, gpt2, tmp_path):
+    config, _, out = reference
+    two = prep(config, gpt2, tmp_path, workers=2, progress=False)
+    assert _tree(tmp_path) == _tree(out)
+    assert not (tmp_path / WORK_DIR).exists()
+    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    again = prep(config, gpt2, tmp_path, workers=2, progress=False)
+    assert again.nothing_to_do and not two.nothing_to_do
+    assert "nothing to do" in again.summary()
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == stamps
+
+
+def _cli_args(out: Path) -> list[str]:
+    return [UNMASK, "prep", "--input", str(TINY), str(PTB), "--out", str(out), "--tokenizer", str(GPT2),
+            "--seq-len", str(SMALL["seq_len"]), "--val-fraction", str(SMALL["val_fraction"]),
+            "--shard-bytes", str(SMALL["shard_bytes"]), "--unit-bytes", str(SMALL["unit_bytes"]),
+            "--workers", "1", "--no-progress", "--json"]
+
+
+def _kill_when_ledger_reaches(out: Path, entries: int) -> None:
+    env = {**os.environ, STALL_AFTER_ENV: str(entries)}
+    process = subprocess.Popen(_cli_args(out), env=env, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ledger = out / WORK_DIR / "ledger"
+    deadline = time.monotonic() + KILL_DEADLINE_SECONDS
+    while not (ledger.is_dir() and len(list(ledger.glob("*.json"))) >= entries):
+        assert process.poll() is None, "prep ended before reaching the kill point"
+        assert time.monotonic() < deadline, "prep did not reach the kill point"
+        time.sleep(POLL_SECONDS)  # waiting for a condition, not timing anything
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["tokenize", "shards"])
+def test_sigkilled_prep_resumes_to_identical_output_without_redoing_work(reference, tmp_path, stage):
+    config, result, out = reference
+    units = len(plan_units(resolve_inputs(config.inputs), config.read, config.unit_bytes))
+    kill_at = 3 if stage == "tokenize" else units + 2
+    killed = tmp_path / "killed"
+    _kill_when_ledger_reaches(killed, kill_at)
+    assert not (killed / "manifest.json").exists()
+    finished_shards = {p: p.stat().st_mtime_ns for p in killed.glob("*/shard-*.tar")}
+    rerun = subprocess.run(_cli_args(killed), capture_output=True, text=True, timeout=KILL_DEADLINE_SECONDS)
+    assert rerun.returncode == 0, rerun.stderr
+    figures = json.loads(rerun.stdout.strip().splitlines()[-1])
+    assert figures["units_resumed"] >= min(kill_at, units) and figures["units_run"] == units - figures["units_resumed"]
+    if stage == "shards":
+        assert figures["shards_resumed"] >= 2 and len(finished_shards) >= 2
+    assert {p: p.stat().st_mtime_ns for p in finished_shards} == finished_shards, "finished shards were rewritten"
+    assert _tree(killed) == _tree(out)
+
+
+def test_a_different_prep_in_the_output_is_refused_unless_overwrite(reference, gpt2, tmp_path):
+    config, _, out = reference
+    target = tmp_path / "out"
+    shutil.copytree(out, target)
+    other = PrepConfig(inputs=config.inputs, **{**SMALL, "seq_len": 64})
+    with pytest.raises(UserError, match="holds a different prep's manifest; pass --overwrite"):
+        prep(other, gpt2, target, progress=False)
+    assert _tree(target) == _tree(out), "a refusal must not touch the output"
+    result = prep(other, gpt2, target, overwrite=True, progress=False)
+    assert result.manifest.seq_len == 64 and not (target / "train" / "shard-000100.tar").exists()
+
+
+def test_bad_input_is_reported_by_file_and_line_through_ray(ray_local, gpt2, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "fine"}\n{"text": "also fine"}\nnot json\n')
+    config = PrepConfig(inputs=(str(corpus),), seq_len=16)
+    with pytest.raises(UserError, match=r"corpus.jsonl:3"):
+        prep(config, gpt2, tmp_path / "out", progress=False)
+    skipping = PrepConfig(inputs=(str(corpus),), seq_len=16, read=ReadOptions(bad_json="skip"))
+    manifest = prep(skipping, gpt2, tmp_path / "out2", progress=False).manifest
+    assert manifest.counts["bad_json_skipped"] == 1 and manifest.counts["documents"] == 2
+    with pytest.raises(UserError, match="missing.txt"):
+        prep(PrepConfig(inputs=(str(tmp_path / "missing.txt"),), seq_len=16), gpt2, tmp_path / "o3", progress=False)
+
+
+def test_repaired_skipped_and_empty_documents_are_counted(ray_local, gpt2, tmp_path):
+    raw = b"good one\n   \nbad \xff byte\nlast\n"  # lines: the second is whitespace only
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(raw))
+    for mode, kept, counter in (("replace", 3, "bad_utf8_repaired"), ("skip", 2, "bad_utf8_skipped")):
+        config = PrepConfig(inputs=(str(tmp_path / "a.txt.gz"),), seq_len=8, val_fraction=0.0,
+                            read=ReadOptions(text_format="lines", bad_utf8=mode))
+        manifest = prep(config, gpt2, tmp_path / mode, progress=False).manifest
+        assert manifest.counts["documents"] == kept and manifest.counts[counter] == 1
+        assert manifest.counts["empty_skipped"] == 1 and manifest.splits["val"].documents == 0
+
+
+def test_cli_prints_errors_without_a_traceback(tmp_path):
+    result = subprocess.run([UNMASK, "prep", "--input", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "o"),
+                             "--seq-len", "16", "--tokenizer", str(GPT2)], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "unmask prep: error:" in result.stderr and "nope.txt" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert subprocess.run([UNMASK, "prep", "--help"], capture_output=True).returncode == 0
