@@ -90,6 +90,7 @@ class PrepResult:
     tokens_run: int          # tokens produced by the units this run tokenized
     seconds: float
     tokenize_seconds: float = 0.0   # stage 1 alone (Ray startup and planning excluded)
+    worker_seconds: float = 0.0     # stage 1 busy time summed over workers
 
     def summary(self) -> str:
         splits = self.manifest.splits
@@ -194,25 +195,25 @@ class _UnitTokenizer:
         self.dtype = token_dtype(tokenizer.vocab_size)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        tokens, errors = [], []
+        tokens, errors, seconds = [], [], []
         for index in batch["index"].tolist():
             prefix = self.work / "units" / f"{index:06d}"
+            started = time.perf_counter()
             try:
                 entry = tokenize_unit(self.units[index], self.tokenizer, self.config.read, self.rule,
                                       prefix, self.dtype)
             except UserError as err:  # travels as data: Ray keeps only the text of exceptions
-                tokens.append(0)
-                errors.append(str(err))
-                continue
+                entry, error = None, str(err)
             except OSError as err:  # e.g. a full disk
-                tokens.append(0)
-                errors.append(f"tokenizing {self.units[index].file.uri} into {prefix}: {err}")
-                continue
-            self.ledger.record(_unit_key(index), entry)
-            tokens.append(sum(s["tokens"] for s in entry["splits"].values()))
-            errors.append("")
+                entry, error = None, f"tokenizing {self.units[index].file.uri} into {prefix}: {err}"
+            else:
+                self.ledger.record(_unit_key(index), entry)
+                error = ""
+            tokens.append(sum(s["tokens"] for s in entry["splits"].values()) if entry else 0)
+            errors.append(error)
+            seconds.append(time.perf_counter() - started)
         return {"index": batch["index"], "tokens": np.array(tokens, dtype=np.int64),
-                "error": np.array(errors, dtype=object)}
+                "seconds": np.array(seconds), "error": np.array(errors, dtype=object)}
 
 
 def _unit_key(index: int) -> str:
@@ -335,22 +336,23 @@ def _prepare_output(out: Path, identity: dict, overwrite: bool) -> Manifest | No
     return None
 
 
-def _run_stage(ds, description: str, total: int, progress: bool, weight_column: str | None = None) -> int:
-    """Drive a Ray Data pipeline to completion with a progress bar; sum ``weight_column``.
+def _run_stage(ds, description: str, total: int, progress: bool) -> tuple[int, float]:
+    """Drive a Ray Data pipeline to completion with a progress bar.
 
-    Workers report a user's mistake in an ``error`` column; the first one stops the prep
-    (finished items stay in the ledger, so nothing done is lost)."""
-    weight = 0
+    Returns the sums of the rows' ``tokens`` and ``seconds`` (worker busy time) where
+    present. Workers report a user's mistake in an ``error`` column; the first one stops
+    the prep (finished items stay in the ledger, so nothing done is lost)."""
+    tokens, busy = 0, 0.0
     start = time.perf_counter()
     with tqdm(total=total, desc=description, unit="item", disable=not progress) as bar:
         for row in ds.iter_rows():
             if row["error"]:
                 raise UserError(row["error"])
             bar.update(1)
-            if weight_column is not None:
-                weight += int(row[weight_column])
-                bar.set_postfix_str(f"{weight / (time.perf_counter() - start):,.0f} tokens/s")
-    return weight
+            if "tokens" in row:
+                tokens, busy = tokens + int(row["tokens"]), busy + float(row["seconds"])
+                bar.set_postfix_str(f"{tokens / (time.perf_counter() - start):,.0f} tokens/s")
+    return tokens, busy
 
 
 def prep(config: PrepConfig, tokenizer: Tokenizer, out_dir: str | Path, *, workers: int = 1,
@@ -375,12 +377,12 @@ def prep(config: PrepConfig, tokenizer: Tokenizer, out_dir: str | Path, *, worke
         import ray.data
 
         ray.data.DataContext.get_current().enable_progress_bars = False
-        tokens_run, tokenize_started = 0, time.perf_counter()
+        tokens_run, busy, tokenize_started = 0, 0.0, time.perf_counter()
         if pending_units:
             ds = ray.data.from_items([{"index": i} for i in pending_units]).map_batches(
                 _UnitTokenizer, batch_size=1, compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1,
                 fn_constructor_args=(tokenizer, units, config, str(work)))
-            tokens_run = _run_stage(ds, "tokenize", len(pending_units), progress, "tokens")
+            tokens_run, busy = _run_stage(ds, "tokenize", len(pending_units), progress)
         tokenize_seconds = time.perf_counter() - tokenize_started
         layouts = _layouts(ledger, units, config.seq_len, tokenizer)
         rows_per_chunk = chunk_rows(config.seq_len, dtype)
@@ -399,7 +401,7 @@ def prep(config: PrepConfig, tokenizer: Tokenizer, out_dir: str | Path, *, worke
     shutil.rmtree(work)
     return PrepResult(manifest, False, len(units) - len(pending_units), len(pending_units),
                       len(shards) - len(pending_shards), len(pending_shards), tokens_run,
-                      time.perf_counter() - started, tokenize_seconds)
+                      time.perf_counter() - started, tokenize_seconds, busy)
 
 
 def _pad_id(tokenizer: Tokenizer) -> int:

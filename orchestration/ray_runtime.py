@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import Iterator
 
 from pipeline.errors import UserError
 
 LOCAL_NODE_IP = "127.0.0.1"
+# Ray turns a loopback node IP into the machine's routable address unless this is "0"
+# (read when ray is imported). A local instance then stays on 127.0.0.1: no traffic
+# leaves the machine, and nothing depends on the machine's network setup.
+LOOPBACK_ONLY_ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+def pin_local_ray_to_loopback() -> None:
+    """Call before the first ``import ray`` of a process that starts a local Ray."""
+    os.environ.setdefault(*LOOPBACK_ONLY_ENV)
 
 
 @contextlib.contextmanager
@@ -18,6 +28,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     ``address=None`` starts a local Ray bound to 127.0.0.1 (no dashboard) and shuts it down
     afterwards; an address (``ray://host:10001``, ``host:6379`` or ``auto``) joins a cluster.
     """
+    if address is None:
+        pin_local_ray_to_loopback()
     import ray  # lazily: `unmask version` and friends should not pay for importing Ray
 
     if ray.is_initialized():

@@ -1,9 +1,13 @@
 """Shared test helpers."""
 
-import pytest
-import torch
+from orchestration.ray_runtime import pin_local_ray_to_loopback
 
-from model.oracle import EnumerableDistribution
+pin_local_ray_to_loopback()  # before anything imports ray: tests talk to 127.0.0.1 only
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from model.oracle import EnumerableDistribution  # noqa: E402
 
 
 class ConstantDenoiser:

@@ -43,6 +43,12 @@ def ray_local():
     ray.shutdown()
 
 
+def test_local_ray_is_pinned_to_loopback(ray_local):
+    import ray
+
+    assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
+
+
 @pytest.fixture(scope="module")
 def gpt2():
     return load_tokenizer(GPT2)

@@ -9,7 +9,7 @@
 The corpus is tinyshakespeare and PTB train from ../shared/data, repeated to ``--corpus-mb``
 and written as several files so that the workers share the units.
 
-    python bench/data_prep.py [--corpus-mb 40] [--vocab-size 8192] [--seq-len 1024]
+    python bench/prep_and_load.py [--corpus-mb 40] [--vocab-size 8192] [--seq-len 1024]
 """
 
 from __future__ import annotations
@@ -87,10 +87,13 @@ def main() -> None:
             config = PrepConfig(inputs=tuple(paths), seq_len=args.seq_len)
             result = prep(config, tokenizer, tmp / f"out-{workers}", workers=workers, progress=False)
             rates[workers] = result.tokens_run / result.tokenize_seconds
+            busy_rate = result.tokens_run / result.worker_seconds
             print(json.dumps({"bench": "prep", "workers": workers, "tokens": result.tokens_run,
                               "tokenize_seconds": round(result.tokenize_seconds, 2),
                               "total_seconds": round(result.seconds, 2), "tokens_per_s": round(rates[workers]),
-                              "per_worker_vs_raw": round(rates[workers] / workers / raw, 3)}))
+                              "per_worker_vs_raw": round(rates[workers] / workers / raw, 3),
+                              "busy_tokens_per_s_per_worker": round(busy_rate),
+                              "busy_vs_raw": round(busy_rate / raw, 3)}))
         print(json.dumps({"bench": "prep_scaling", "two_vs_one": round(rates[2] / rates[1], 3)}))
         out = tmp / "out-1"
         rate, tokens = loader_rate(out)

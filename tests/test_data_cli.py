@@ -1,0 +1,53 @@
+"""The data commands as users run them: `unmask tokenizer train` and `unmask prep --vocab-size`."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from data_prep.shards import Manifest
+from data_prep.tokenizer import load_tokenizer
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+TINY = SHARED / "corpora" / "tinyshakespeare" / "input.txt"
+PTB = SHARED / "ptb" / "ptb.test.txt"
+UNMASK = str(Path(sys.executable).parent / "unmask")
+
+pytestmark = pytest.mark.skipif(not (TINY.is_file() and PTB.is_file()),
+                                reason="real corpora not found in ../shared/data (see shared/data/SOURCES.md)")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([UNMASK, *args], capture_output=True, text=True, timeout=600)
+
+
+def test_tokenizer_train_writes_a_loadable_round_tripping_tokenizer(tmp_path):
+    result = _run("tokenizer", "train", "--input", str(TINY), "--vocab-size", "400", "--out", str(tmp_path / "tok"))
+    assert result.returncode == 0, result.stderr
+    tokenizer = load_tokenizer(tmp_path / "tok")
+    assert tokenizer.kind == "sentencepiece" and tokenizer.vocab_size == 400
+    assert tokenizer.sha256[:12] in result.stdout
+    text = "ROMEO:\n  But soft! what light through yonder window breaks?\t\u00e9\u4e2d\U0001f600\n"
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_tokenizer_train_refuses_a_bad_vocab_size_by_flag(tmp_path):
+    result = _run("tokenizer", "train", "--input", str(TINY), "--vocab-size", "10", "--out", str(tmp_path / "t"))
+    assert result.returncode == 2 and "--vocab-size" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_prep_with_a_vocab_size_trains_then_reuses_its_tokenizer(tmp_path):
+    out = tmp_path / "shards"
+    args = ("prep", "--input", str(PTB), "--text-format", "lines", "--out", str(out), "--seq-len", "64",
+            "--vocab-size", "500", "--no-progress", "--json")
+    first = _run(*args)
+    assert first.returncode == 0, first.stderr
+    manifest = Manifest.read(out)
+    assert manifest.tokenizer["kind"] == "sentencepiece" and manifest.tokenizer["vocab_size"] == 500
+    assert manifest.tokenizer["sha256"] == load_tokenizer(out / "tokenizer").sha256
+    assert manifest.counts["documents"] == 3761  # PTB test: one sentence per line
+    second = _run(*args)
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout.strip().splitlines()[-1])["nothing_to_do"] is True
