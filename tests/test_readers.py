@@ -250,6 +250,25 @@ def test_crlf_split_across_read_blocks(tmp_path):
     assert docs == [(f"{path}:1", long_line), (f"{path}:2", "next")]
 
 
+def test_paragraph_ends_cut_by_a_read_block_boundary(tmp_path):
+    # Read blocks end between any two bytes of a blank-line separator, in the same paragraph or
+    # the next, with paragraphs held whole or cut into pieces, in units split near the cut.
+    line, separator = b"a line of words\r\n", b"\r\n \t\r\n\r\n"
+    lines = line * (READ_BLOCK_BYTES // len(line) - 1)
+    for shift in range(-2, len(separator) + 3):  # where the block ends, from the separator
+        padding = b"y" * (READ_BLOCK_BYTES - shift - len(lines))
+        data = lines + padding + separator + b"next paragraph\r\n \r\n\tand its\r\nlines"
+        path = write(tmp_path, f"shift{shift}.txt", data)
+        expected = [(f"{path}:{n}", text)
+                    for n, text in reference_text_documents(data, "paragraphs")]
+        for max_piece_bytes in (4096, DEFAULT_PIECE_BYTES):
+            options = ReadOptions(max_piece_bytes=max_piece_bytes)
+            whole, counters = read_pieces([path], options)
+            assert documents(whole) == expected, (shift, max_piece_bytes)
+            target = READ_BLOCK_BYTES - shift + 1
+            assert read_pieces([path], options, target) == (whole, counters), shift
+
+
 @pytest.mark.parametrize("text_format", ["lines", "paragraphs"])
 @pytest.mark.parametrize("line_end", [b"\n", b"\r\n"])
 @pytest.mark.parametrize("max_piece_bytes", [8, DEFAULT_PIECE_BYTES])
@@ -394,6 +413,23 @@ def test_bad_json_lines_stop_with_the_line_or_are_skipped(tmp_path, line, proble
     docs, counters = read_documents([path], ReadOptions(bad_json="skip"), 7)
     assert [text for _, text in docs] == ["a", "b", "c"]
     assert counters.bad_json_skipped == 1
+
+
+def test_jsonl_lines_parse_as_json_loads_parses_them(tmp_path):
+    # Whitespace around the object is allowed; a second value, or a U+FEFF that starts a line
+    # (not the file), is an error that json.loads names.
+    good = '  {"text": "a"}\t \n'
+    bad = ['{"text": "b"} {"x": 1}', '\ufeff{"text": "c"}', '{"text": "d"']
+    path = write(tmp_path, "a.jsonl", good + "\n".join(bad) + "\n")
+    docs, counters = read_documents([path], ReadOptions(bad_json="skip"))
+    assert docs == [(f"{path}:1", "a")] and counters.bad_json_skipped == 3
+    for index, line in enumerate(bad):
+        path = write(tmp_path, f"{index}.jsonl", good + line + "\n")
+        with pytest.raises(json.JSONDecodeError) as error:
+            json.loads(line)
+        problem = f"{path}:2: not valid JSON ({error.value.msg} at column {error.value.colno})"
+        with pytest.raises(UserError, match=re.escape(problem)):
+            read_pieces([path], ReadOptions())
 
 
 def test_jsonl_bad_utf8_counts_only_in_the_text_field(tmp_path):
