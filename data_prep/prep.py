@@ -42,7 +42,6 @@ from data_prep.tokenizer import Tokenizer
 from orchestration.ray_runtime import ray_session
 from pipeline.errors import UserError
 
-log = logging.getLogger(__name__)
 
 WORK_DIR = ".prep-work"
 IDENTITY_NAME = "identity.json"
@@ -376,6 +375,9 @@ def prep(config: PrepConfig, tokenizer: Tokenizer, out_dir: str | Path, *, worke
     with ray_session(ray_address, num_cpus=workers + 1 if ray_address is None else None):
         import ray.data
 
+        # Ray Data logs its plan and progress on every run; the console is for our own
+        # progress bar and summary (set after the import, which configures its loggers).
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
         ray.data.DataContext.get_current().enable_progress_bars = False
         tokens_run, busy, tokenize_started = 0, 0.0, time.perf_counter()
         if pending_units:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from typing import Iterator
 
@@ -35,8 +34,6 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     if ray.is_initialized():
         yield
         return
-    # Ray Data logs its plan on every run; keep the user's console for our own progress.
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
     kwargs = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
     if address is None:
         ray.init(num_cpus=num_cpus, _node_ip_address=LOCAL_NODE_IP, **kwargs)
