@@ -36,8 +36,9 @@ from tqdm import tqdm
 from data_prep.ledger import Ledger
 from data_prep.readers import (DEFAULT_UNIT_BYTES, InputFile, Piece, ReadCounters, ReadOptions,
                                WorkUnit, plan_units, read_unit, resolve_inputs)
+from data_prep.atomic_files import atomic_write_bytes
 from data_prep.shards import (FORMAT_VERSION, MANIFEST_NAME, SPLITS, Manifest, ShardInfo, SplitInfo,
-                              atomic_write_bytes, chunk_rows, shard_path, token_dtype, write_shard)
+                              chunk_rows, shard_path, token_dtype, write_shard)
 from data_prep.tokenizer import Tokenizer
 from orchestration.ray_runtime import ray_session
 from pipeline.errors import UserError

@@ -26,6 +26,7 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 
+from data_prep.atomic_files import atomic_write_bytes
 from pipeline.errors import UserError
 
 FORMAT_VERSION = 1
@@ -39,7 +40,6 @@ UINT16_LIMIT = 1 << 16
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "SPLITS", "ShardInfo", "SplitInfo", "Manifest",
     "token_dtype", "chunk_rows", "shard_path", "write_shard", "iter_chunks", "sha256_file",
-    "atomic_write_bytes",
 ]
 
 
@@ -64,17 +64,6 @@ def sha256_file(path: str | Path, block: int = 1 << 22) -> str:
         while data := handle.read(block):
             digest.update(data)
     return digest.hexdigest()
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write to a temporary name, fsync, then rename: readers never see a partial file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:

@@ -31,6 +31,7 @@ import sentencepiece as spm
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
+from data_prep.atomic_files import atomic_write_bytes
 from pipeline.errors import UserError
 
 # Files written by ``train_sentencepiece``; ``SentencePieceTokenizer.save`` writes the model alone.
@@ -246,7 +247,7 @@ class SentencePieceTokenizer(Tokenizer):
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        _write_atomic(directory / SP_MODEL_FILE, self._model_proto)
+        atomic_write_bytes(directory / SP_MODEL_FILE, self._model_proto)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"model_proto": self._model_proto, "path": self.path}
@@ -303,8 +304,8 @@ class GPT2BPETokenizer(Tokenizer):
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        _write_atomic(directory / GPT2_ENCODER_FILE, self._encoder_json)
-        _write_atomic(directory / GPT2_MERGES_FILE, self._vocab_bpe)
+        atomic_write_bytes(directory / GPT2_ENCODER_FILE, self._encoder_json)
+        atomic_write_bytes(directory / GPT2_MERGES_FILE, self._vocab_bpe)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"encoder_json": self._encoder_json, "vocab_bpe": self._vocab_bpe,
@@ -411,8 +412,8 @@ def train_sentencepiece(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = SentencePieceTokenizer(model_proto, out_dir / SP_MODEL_FILE)
-    _write_atomic(out_dir / SP_MODEL_FILE, model_proto)
-    _write_atomic(out_dir / SP_VOCAB_FILE, tokenizer.vocab_listing().encode("utf-8"))
+    atomic_write_bytes(out_dir / SP_MODEL_FILE, model_proto)
+    atomic_write_bytes(out_dir / SP_VOCAB_FILE, tokenizer.vocab_listing().encode("utf-8"))
     metadata = {
         **tokenizer.describe(),
         "model_type": model_type,
@@ -425,7 +426,7 @@ def train_sentencepiece(
         "train_options": options,
         "sentencepiece_version": spm.__version__,
     }
-    _write_atomic(out_dir / SP_METADATA_FILE,
+    atomic_write_bytes(out_dir / SP_METADATA_FILE,
                   (json.dumps(metadata, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     return tokenizer
 
@@ -509,14 +510,3 @@ def _read_bytes(path: Path) -> bytes:
         return path.read_bytes()
     except OSError as err:
         raise UserError(f"cannot read tokenizer file {path}: {err.strerror}") from None
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write through a temporary file and rename it into place, so readers (and a crash)
-    see either the old file or the complete new one."""
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
