@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
 
+from data_prep.atomic_files import atomic_write_bytes
 from data_prep.prep import DEFAULT_SHARD_BYTES, DEFAULT_VAL_FRACTION, PrepConfig, prep
 from data_prep.readers import (DEFAULT_UNIT_BYTES, ReadCounters, ReadOptions, plan_units, read_unit,
                                resolve_inputs)
@@ -79,7 +80,7 @@ def _prep_tokenizer(args: argparse.Namespace, options: ReadOptions) -> Tokenizer
     if marker.is_file() and json.loads(marker.read_text()) == request:
         return load_tokenizer(directory)
     tokenizer = train_sentencepiece(_documents(args.input, options), directory, args.vocab_size, seed=args.seed)
-    marker.write_text(json.dumps(request, sort_keys=True))
+    atomic_write_bytes(marker, json.dumps(request, sort_keys=True).encode())
     return tokenizer
 
 

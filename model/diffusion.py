@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from model.sampling import ancestral_sample
 from model.schedules import Schedule
 
 Denoiser = Callable[..., Tensor]
@@ -245,8 +246,6 @@ class MaskedDiffusion:
         Returns ``LongTensor[num_samples, seq_len]``, or ``(tokens, SamplingStats)`` with
         ``return_stats=True`` (network calls made, sequences evaluated).
         """
-        from model.sampling import ancestral_sample
-
         tokens, stats = ancestral_sample(
             self, denoiser, num_samples=num_samples, seq_len=seq_len, steps=steps,
             generator=generator, grid=grid, prompt=prompt, top_p=top_p, cache=cache,

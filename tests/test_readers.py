@@ -471,7 +471,7 @@ def test_parquet_row_groups_make_units(tmp_path):
     path = write_parquet(tmp_path, values, row_group_size=10)
     options = ReadOptions(max_piece_bytes=16)
     units = plan_units(resolve_inputs([str(path)]), options, target_unit_bytes=1000)
-    assert 1 < len(units) < 10 and units[0].start == 0 and units[-1].end == 10
+    assert len(units) in range(2, 10) and units[0].start == 0 and units[-1].end == 10
     assert all(a.end == b.start for a, b in zip(units, units[1:]))
     whole, counters = read_pieces([path], options)
     assert read_pieces([path], options, 1000) == (whole, counters)
