@@ -8,6 +8,7 @@ import sys
 from importlib import metadata
 
 from data_prep import commands as data_prep_commands
+from pipeline import commands as pipeline_commands
 from pipeline.errors import UserError
 
 DESCRIPTION = """\
@@ -21,6 +22,8 @@ EPILOG = """\
 examples:
   unmask tokenizer train --input corpus/ --vocab-size 32000 --out tok/
   unmask prep --input corpus/ --out shards/ --seq-len 1024 --tokenizer tok/ --workers 4
+  unmask train --config configs/tiny.yaml --data shards/ --run-dir runs/tiny
+  unmask export runs/tiny
   unmask version --all
 """
 
@@ -56,12 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
     version.add_argument("--all", action="store_true", help="also print Python and dependency versions")
     version.set_defaults(handler=_cmd_version)
     data_prep_commands.register(commands)
+    pipeline_commands.register(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "accepts_overrides", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.overrides = extra
     if args.command is None:
         parser.print_help()
         return 0

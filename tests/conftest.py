@@ -4,6 +4,8 @@ from orchestration.ray_runtime import pin_local_ray_to_loopback
 
 pin_local_ray_to_loopback()  # before anything imports ray: tests talk to 127.0.0.1 only
 
+pytest_plugins = ["tests.mlflow_server"]
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

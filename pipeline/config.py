@@ -1,0 +1,326 @@
+"""The training configuration: typed sections, loaded from YAML, overridable from the CLI.
+
+A run's configuration is one ``Config`` of small frozen sections, each owned by the
+component that reads it. ``load_config`` reads a YAML file, applies ``--section.field
+value`` overrides, coerces every value to its declared type and validates the whole
+before any work starts; errors name the file and the field. ``Config.to_dict`` is what
+gets logged, checkpointed and compared on resume.
+
+Fields marked ``RESUME_SAFE`` (logging cadence, length of the run, where metrics go)
+may change when a run resumes; any other difference is refused unless overridden.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+from model.schedules import make_schedule
+from model.transformer import PRESETS
+from pipeline.errors import UserError
+
+__all__ = ["ModelSection", "DataSection", "OptimSection", "TrainSection", "EvalSection",
+           "CheckpointSection", "LoggingSection", "Config", "load_config", "parse_overrides",
+           "config_differences"]
+
+RESUME_SAFE = {"resume_safe": True}
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """The network shape and the objective it is trained on."""
+
+    preset: str = "tiny"                        # tiny | small | medium (model.transformer.PRESETS)
+    n_layers: int | None = None                 # None: the preset's value
+    d_model: int | None = None
+    n_heads: int | None = None
+    max_seq_len: int | None = None              # None: the data's sequence length
+    dropout: float = 0.0
+    time_conditioning: bool = False
+    objective: Literal["diffusion", "autoregressive"] = "diffusion"
+    schedule: str = "linear"                    # model.schedules.make_schedule name
+    schedule_args: dict = field(default_factory=dict)   # e.g. {power: 2}, {endpoint_eps: 1e-4}
+
+
+@dataclass(frozen=True)
+class DataSection:
+    """Where the shards are and how they are streamed."""
+
+    path: str | None = None                     # `unmask prep --out` directory (or --data)
+    train_split: str = "train"
+    val_split: str = "val"
+    num_workers: int = field(default=1, metadata=RESUME_SAFE)   # DataLoader processes per rank
+
+
+@dataclass(frozen=True)
+class OptimSection:
+    """AdamW with linear warmup, then a constant or cosine learning rate."""
+
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_steps: int = 2500
+    decay: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = 0.1                   # cosine decays to lr * min_lr_ratio at max_steps
+    grad_clip: float = 1.0                      # global norm; 0 disables clipping
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    """Batching, precision, parallelism, EMA and the run's length."""
+
+    max_steps: int = field(default=1_000_000, metadata=RESUME_SAFE)
+    global_batch_size: int = 512                # sequences per optimizer step, all ranks together
+    micro_batch_size: int | None = None         # per rank; None: global / world size (no accumulation)
+    seed: int = 0
+    precision: Literal["auto", "fp32", "bf16"] = "auto"   # auto: bf16 on GPU, fp32 on CPU
+    zero_stage: Literal["auto", 1, 2, 3] = "auto"         # auto: pipeline.engine.choose_zero_stage
+    activation_checkpointing: bool = False
+    ema_decay: float = 0.9999                   # 0 keeps a copy of the weights
+    ema_warmup: bool = True                     # decay min(ema_decay, (1 + n) / (10 + n)) after n updates
+    max_skipped_steps: int = 10                 # consecutive non-finite steps before aborting
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    """Periodic validation on the val split, with the EMA weights."""
+
+    every: int = field(default=1000, metadata=RESUME_SAFE)   # steps; 0: only at the end
+    batches: int | None = field(default=None, metadata=RESUME_SAFE)   # per rank; None: the whole split
+    micro_batch_size: int | None = field(default=None, metadata=RESUME_SAFE)  # None: train's
+    seed: int = 1234                            # fixes the times and masks of every validation
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    every: int = field(default=1000, metadata=RESUME_SAFE)   # steps; also at the end and on SIGTERM
+    keep_last: int = field(default=3, metadata=RESUME_SAFE)
+
+
+@dataclass(frozen=True)
+class LoggingSection:
+    every: int = field(default=10, metadata=RESUME_SAFE)     # steps between metric logs
+    mlflow_uri: str | None = field(default=None, metadata=RESUME_SAFE)  # None: sqlite in the run dir
+    experiment: str = field(default="unmask", metadata=RESUME_SAFE)
+    run_name: str | None = field(default=None, metadata=RESUME_SAFE)
+    progress: bool = field(default=True, metadata=RESUME_SAFE)
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain JSON-able values (tuples as lists), section by section."""
+        return {f.name: {k: list(v) if isinstance(v, tuple) else v
+                         for k, v in vars(getattr(self, f.name)).items()} for f in fields(self)}
+
+    def sha256(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+    def validate(self) -> "Config":
+        """Raise UserError naming the first invalid field; return self."""
+        for name, ok, why in _checks(self):
+            if not ok:
+                raise UserError(f"config field {name} = {_field_value(self, name)!r}: {why}")
+        try:
+            make_schedule(self.model.schedule, **self.model.schedule_args)
+        except ValueError as err:
+            raise UserError(f"config field model.schedule / model.schedule_args: {err}") from None
+        return self
+
+
+def _field_value(config: Config, dotted: str) -> Any:
+    section, key = dotted.split(".")
+    return getattr(getattr(config, section), key)
+
+
+def _checks(c: Config) -> list[tuple[str, bool, str]]:
+    positive = "must be >= 1"
+    m, o, t = c.model, c.optim, c.train
+    return [
+        ("model.preset", m.preset in PRESETS, f"choose one of {sorted(PRESETS)}"),
+        ("model.n_layers", m.n_layers is None or m.n_layers >= 1, positive),
+        ("model.d_model", m.d_model is None or m.d_model >= 1, positive),
+        ("model.n_heads", m.n_heads is None or m.n_heads >= 1, positive),
+        ("model.max_seq_len", m.max_seq_len is None or m.max_seq_len >= 1, positive),
+        ("model.dropout", 0.0 <= m.dropout < 1.0, "must lie in [0, 1)"),
+        ("model.time_conditioning", not (m.time_conditioning and m.objective == "autoregressive"),
+         "the autoregressive baseline takes no time conditioning"),
+        ("data.num_workers", c.data.num_workers >= 0, "must be >= 0"),
+        ("optim.lr", o.lr > 0 and math.isfinite(o.lr), "must be a positive number"),
+        ("optim.betas", all(0.0 <= b < 1.0 for b in o.betas), "both must lie in [0, 1)"),
+        ("optim.eps", o.eps > 0, "must be > 0"),
+        ("optim.weight_decay", o.weight_decay >= 0, "must be >= 0"),
+        ("optim.warmup_steps", o.warmup_steps >= 0, "must be >= 0"),
+        ("optim.min_lr_ratio", 0.0 <= o.min_lr_ratio <= 1.0, "must lie in [0, 1]"),
+        ("optim.grad_clip", o.grad_clip >= 0, "must be >= 0 (0 disables clipping)"),
+        ("train.max_steps", t.max_steps >= 1, positive),
+        ("train.global_batch_size", t.global_batch_size >= 1, positive),
+        ("train.micro_batch_size", t.micro_batch_size is None or t.micro_batch_size >= 1, positive),
+        ("train.micro_batch_size", t.micro_batch_size is None
+         or t.global_batch_size % t.micro_batch_size == 0,
+         f"must divide train.global_batch_size = {t.global_batch_size}"),
+        ("train.seed", t.seed >= 0, "must be >= 0"),
+        ("train.ema_decay", 0.0 <= t.ema_decay < 1.0, "must lie in [0, 1)"),
+        ("train.max_skipped_steps", t.max_skipped_steps >= 1, positive),
+        ("eval.every", c.eval.every >= 0, "must be >= 0 (0: only at the end)"),
+        ("eval.batches", c.eval.batches is None or c.eval.batches >= 1, positive),
+        ("eval.micro_batch_size", c.eval.micro_batch_size is None or c.eval.micro_batch_size >= 1, positive),
+        ("checkpoint.every", c.checkpoint.every >= 1, positive),
+        ("checkpoint.keep_last", c.checkpoint.keep_last >= 1, positive),
+        ("logging.every", c.logging.every >= 1, positive),
+    ]
+
+
+# --------------------------------------------------------------------------- loading
+def load_config(path: str | Path | None, overrides: dict[str, str] | None = None) -> Config:
+    """Read a YAML config (None: the defaults), apply ``{"section.field": "value"}``
+    overrides (as strings, coerced like YAML values), and validate."""
+    raw: dict[str, Any] = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise UserError(f"{path}: config file not found") from None
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            raise UserError(f"{path}: not a valid YAML file ({err})") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise UserError(f"{path}: the top level must be a mapping of sections")
+        raw = loaded or {}
+    config = _build(Config, raw, source, "")
+    for dotted, text in (overrides or {}).items():
+        config = _override(config, dotted, text)
+    return config.validate()
+
+
+def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise UserError(f"{source}: {prefix.rstrip('.') or 'config'} must be a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise UserError(f"{source}: unknown field {prefix}{unknown[0]}; {prefix.rstrip('.') or 'config'} "
+                        f"has {sorted(known)}")
+    values = {}
+    for name, value in raw.items():
+        if is_dataclass(hints[name]):
+            values[name] = _build(hints[name], value or {}, source, f"{prefix}{name}.")
+        else:
+            values[name] = _coerce(value, hints[name], f"{source}: field {prefix}{name}")
+    return cls(**values)
+
+
+def _override(config: Config, dotted: str, text: str) -> Config:
+    section_name, _, key = dotted.partition(".")
+    if not hasattr(config, section_name) or not key:
+        raise UserError(f"unknown config override --{dotted}; use --SECTION.FIELD with a section of "
+                        f"{[f.name for f in fields(config)]}")
+    section = getattr(config, section_name)
+    hints = typing.get_type_hints(type(section))
+    if key not in hints:
+        raise UserError(f"unknown config override --{dotted}; {section_name} has {sorted(hints)}")
+    value = _coerce(yaml.safe_load(text) if text != "" else "", hints[key], f"flag --{dotted}")
+    return replace(config, **{section_name: replace(section, **{key: value})})
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """Coerce a YAML value to the declared type or raise UserError naming ``where``."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], where)
+    if origin is Literal:
+        for choice in args:
+            if value == choice or (isinstance(value, str) and str(choice) == value):
+                return choice
+        raise UserError(f"{where} = {value!r}: choose one of {list(args)}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise UserError(f"{where} = {value!r}: expected a list of {len(args)} values")
+        return tuple(_coerce(v, a, where) for v, a in zip(value, args))
+    if hint is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"{where} = {value!r}: expected a mapping")
+        return dict(value)
+    return _scalar(value, hint, where)
+
+
+def _scalar(value: Any, hint: type, where: str) -> Any:
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise UserError(f"{where} = {value!r}: expected true or false")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise UserError(f"{where} = {value!r}: expected an integer")
+    if hint is float:
+        # YAML 1.1 reads "3e-4" (no dot) as a string; accept any numeric text.
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        except (TypeError, ValueError):
+            raise UserError(f"{where} = {value!r}: expected a number") from None
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise UserError(f"{where} = {value!r}: expected a string")
+    raise TypeError(f"unsupported config type {hint!r} at {where}")
+
+
+# --------------------------------------------------------------------------- CLI and resume
+def parse_overrides(args: list[str]) -> dict[str, str]:
+    """``["--optim.lr", "1e-4", "--train.seed=3"]`` -> ``{"optim.lr": "1e-4", "train.seed": "3"}``."""
+    overrides: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
+            raise UserError(f"unrecognized argument {arg!r}; config overrides look like --optim.lr 1e-4")
+        if "=" in arg:
+            key, value = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise UserError(f"config override {arg} needs a value")
+            key, value = arg[2:], args[i + 1]
+            i += 2
+        overrides[key] = value
+    return overrides
+
+
+def config_differences(saved: dict, current: dict) -> list[str]:
+    """Fields that differ between a checkpoint's config and this one, excluding RESUME_SAFE
+    fields, as ``"optim.lr: checkpoint 0.0003, now 0.0001"``."""
+    safe = {f"{s.name}.{f.name}" for s in fields(Config)
+            for f in fields(typing.get_type_hints(Config)[s.name]) if f.metadata.get("resume_safe")}
+    differ = []
+    for section, values in current.items():
+        for key, value in values.items():
+            name = f"{section}.{key}"
+            old = saved.get(section, {}).get(key)
+            if name not in safe and old != value:
+                differ.append(f"{name}: checkpoint {old!r}, now {value!r}")
+    return differ

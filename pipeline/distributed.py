@@ -1,0 +1,104 @@
+"""The process group: who we are (rank, world size, device) whatever launched us.
+
+``deepspeed``, ``torchrun`` and Ray Train all describe the process through the same
+environment variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); a plain
+``unmask train`` sets none and becomes a world of one, rendezvousing on 127.0.0.1. The
+training loop only ever sees a ``Distributed``, never a launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Distributed", "init_distributed", "free_port"]
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that is free right now."""
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Distributed:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Sum float64 values over all ranks (one collective)."""
+        if self.world_size == 1:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._collective_device)
+        dist.all_reduce(tensor)
+        return tensor.tolist()
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when any rank passes True."""
+        if self.world_size == 1:
+            return flag
+        tensor = torch.tensor([int(flag)], device=self._collective_device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return bool(tensor.item())
+
+    def broadcast(self, obj: object) -> object:
+        """Rank 0's ``obj`` on every rank."""
+        if self.world_size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, device=self._collective_device)
+        return box[0]
+
+    @property
+    def _collective_device(self) -> torch.device:
+        # NCCL moves only CUDA tensors; gloo only CPU ones.
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
+
+def init_distributed(timeout_minutes: float = 30.0) -> Distributed:
+    """Join (or, alone, create) the default process group through DeepSpeed.
+
+    Backend: NCCL with CUDA, gloo on CPU. A process that no launcher started gets
+    RANK=0, WORLD_SIZE=1 and a free loopback port.
+    """
+    import datetime
+
+    import deepspeed
+
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR=LOOPBACK,
+                          MASTER_PORT=str(free_port()))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    # DeepSpeed 0.19 calls all_gather_into_tensor, deprecated in torch 2.13, on every ZeRO-3
+    # gather: one warning per call would bury the training log.
+    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False,
+                                   timeout=datetime.timedelta(minutes=timeout_minutes))
+    return Distributed(rank=rank, world_size=world_size, local_rank=local_rank, device=device,
+                       backend=backend)

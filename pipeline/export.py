@@ -1,0 +1,135 @@
+"""Export: a checkpoint's EMA weights as one ``model.safetensors``, loadable without DeepSpeed.
+
+    RUN/export/model.safetensors   float32 EMA weights, gathered from any ZeRO stage
+    RUN/export/config.json         network shape, objective, schedule, provenance
+    RUN/export/tokenizer/          the tokenizer the model was trained with
+
+The EMA lives in our own per-rank files (``rank-NNNNN.pt``), so export reads them off line:
+under ZeRO-3 each holds one flat slice per parameter and the slices are concatenated;
+under ZeRO-1/2 every rank holds the whole EMA and rank 0's is used. ``weights="model"``
+exports the live weights instead, through DeepSpeed's own ZeRO-to-fp32 conversion.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from data_prep.atomic_files import atomic_write_bytes
+from data_prep.tokenizer import Tokenizer, load_tokenizer
+from model.transformer import Transformer, TransformerConfig
+from pipeline.checkpoint import rank_file, read_state, resolve_checkpoint
+from pipeline.ema import full_state
+from pipeline.errors import UserError
+from pipeline.run_setup import TOKENIZER_DIR
+
+__all__ = ["export", "load_export", "Exported", "EXPORT_DIR", "canonical_name"]
+
+EXPORT_DIR = "export"
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+EXPORT_FORMAT_VERSION = 1
+# Activation checkpointing wraps blocks; their parameter names gain this component.
+_WRAPPER_PREFIX = "_checkpoint_wrapped_module."
+
+
+def canonical_name(name: str) -> str:
+    """A parameter's name in the plain ``Transformer`` (without DeepSpeed or wrapper prefixes)."""
+    return name.replace(_WRAPPER_PREFIX, "")
+
+
+def _ema_weights(checkpoint: Path, world_size: int) -> dict[str, torch.Tensor]:
+    paths = [rank_file(checkpoint, rank) for rank in range(world_size)]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise UserError(f"{checkpoint}: EMA files missing: {missing}; the checkpoint is incomplete")
+    first = torch.load(paths[0], weights_only=False)["ema"]
+    states = [first] + [torch.load(p, weights_only=False)["ema"] for p in paths[1:]] if first["partitioned"] \
+        else [first]
+    return full_state(states)
+
+
+def _model_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.parent), tag=checkpoint.name)
+
+
+def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["ema", "model"] = "ema",
+           out_dir: str | Path | None = None) -> Path:
+    """Write the export of checkpoint ``step`` (latest: None); returns the export directory."""
+    run_dir = Path(run_dir)
+    checkpoint = resolve_checkpoint(run_dir, step)
+    state = read_state(checkpoint)
+    if weights not in ("ema", "model"):
+        raise UserError(f"--weights must be 'ema' or 'model', got {weights!r}")
+    raw = _ema_weights(checkpoint, state["world_size"]) if weights == "ema" else _model_weights(checkpoint)
+    network = TransformerConfig(**state["network"])
+    tensors = {canonical_name(name): t.float().contiguous() for name, t in raw.items()}
+    _check_complete(tensors, network, checkpoint)
+    out = Path(out_dir) if out_dir is not None else run_dir / EXPORT_DIR
+    staging = out.with_name(out.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt", "weights": weights})
+    tokenizer_src = run_dir / TOKENIZER_DIR
+    if not tokenizer_src.is_dir():
+        raise UserError(f"{run_dir}: no {TOKENIZER_DIR}/ directory (written when training starts)")
+    shutil.copytree(tokenizer_src, staging / TOKENIZER_DIR)
+    atomic_write_bytes(staging / CONFIG_FILE, json.dumps(_export_config(state, checkpoint, weights),
+                                                         indent=2, sort_keys=True).encode())
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)  # the export appears whole or not at all
+    return out
+
+
+def _check_complete(tensors: dict[str, torch.Tensor], network: TransformerConfig, checkpoint: Path) -> None:
+    expected = {name: tuple(p.shape) for name, p in Transformer(network).state_dict().items()}
+    got = {name: tuple(t.shape) for name, t in tensors.items()}
+    if expected != got:
+        missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+        raise UserError(f"{checkpoint}: weights do not match the network in unmask_state.json "
+                        f"(missing {missing[:5]}, unexpected {extra[:5]}, or shapes differ)")
+
+
+def _export_config(state: dict, checkpoint: Path, weights: str) -> dict:
+    model = state["config"]["model"]
+    return {"format_version": EXPORT_FORMAT_VERSION, "network": state["network"],
+            "objective": model["objective"], "schedule": model["schedule"],
+            "schedule_args": model["schedule_args"], "weights": weights,
+            "ema_decay": state["config"]["train"]["ema_decay"], "step": state["step"],
+            "tokens_seen": state["tokens_seen"], "checkpoint": str(checkpoint.resolve()),
+            "tokenizer_sha256": state["tokenizer_sha256"], "data_sha256": state["data_sha256"],
+            "config_sha256": state["config_sha256"]}
+
+
+@dataclass
+class Exported:
+    """A loaded export: the network (eval mode, float32, CPU), its config and tokenizer."""
+
+    network: Transformer
+    config: dict
+    tokenizer: Tokenizer
+
+
+def load_export(path: str | Path, *, map_location: str | torch.device = "cpu") -> Exported:
+    """Load ``RUN/export`` (or any export directory) without DeepSpeed."""
+    path = Path(path)
+    config_path = path / CONFIG_FILE
+    if not config_path.is_file():
+        raise UserError(f"{path}: not an unmask export (no {CONFIG_FILE}); run `unmask export RUN`")
+    config = json.loads(config_path.read_text())
+    known = {f.name for f in fields(TransformerConfig)}
+    network = Transformer(TransformerConfig(**{k: v for k, v in config["network"].items() if k in known}))
+    network.load_state_dict(load_file(str(path / WEIGHTS_FILE), device=str(map_location)))
+    tokenizer = load_tokenizer(path / TOKENIZER_DIR)
+    if tokenizer.sha256 != config["tokenizer_sha256"]:
+        raise UserError(f"{path / TOKENIZER_DIR}: tokenizer sha256 differs from the one the model was "
+                        f"trained with ({config['tokenizer_sha256'][:12]}...)")
+    return Exported(network.eval(), config, tokenizer)

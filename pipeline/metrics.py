@@ -1,0 +1,50 @@
+"""Throughput and model FLOPs utilization (MFU).
+
+MFU = tokens/s x FLOPs per token / peak FLOP/s of the device, with the convention of the
+PaLM and nanoGPT papers for a transformer with full attention:
+
+    FLOPs per token = 6 N + 12 x layers x d_model x seq_len
+
+N counts every parameter once (the tied output head included: its matmul is real work).
+The training loss computes logits only at masked positions, so the work actually done is
+a little less than the formula; MFU by convention credits the full model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from model.transformer import TransformerConfig, parameter_counts
+
+__all__ = ["flops_per_token", "peak_flops", "mfu", "PEAK_BF16_FLOPS"]
+
+# Dense bf16 tensor-core peaks (no sparsity), FLOP/s, from the vendors' data sheets.
+PEAK_BF16_FLOPS = {
+    "A100": 312e12,
+    "H100": 989e12,   # SXM; the PCIe card is slower but reports the same name prefix
+    "H200": 989e12,
+}
+
+
+def flops_per_token(config: TransformerConfig, seq_len: int) -> float:
+    """Training FLOPs (forward + backward) per token."""
+    n = parameter_counts(config).total
+    return 6.0 * n + 12.0 * config.n_layers * config.d_model * seq_len
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The bf16 peak of a known GPU, or None (CPUs and unknown devices: no MFU)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, peak in PEAK_BF16_FLOPS.items():
+        if key in name:
+            return peak
+    return None
+
+
+def mfu(tokens_per_second: float, flops_per_token_: float, peak: float | None, devices: int) -> float | None:
+    """Fraction of the peak of ``devices`` devices achieved, or None without a known peak."""
+    if peak is None:
+        return None
+    return tokens_per_second * flops_per_token_ / (peak * devices)

@@ -1,0 +1,69 @@
+"""What a training run is made of, resolved from its config and its data before any work:
+the network shape, the tokenizer, and the identity (hashes, commit) a checkpoint records.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+from data_prep.shards import Manifest
+from data_prep.tokenizer import Tokenizer, load_tokenizer
+from model.transformer import TransformerConfig, preset
+from pipeline.config import ModelSection
+from pipeline.errors import UserError
+
+__all__ = ["network_config", "find_tokenizer", "git_commit"]
+
+TOKENIZER_DIR = "tokenizer"
+
+
+def network_config(model: ModelSection, manifest: Manifest) -> TransformerConfig:
+    """The transformer for ``model`` over the data's vocabulary and sequence length."""
+    vocab, seq_len = manifest.tokenizer["vocab_size"], manifest.seq_len
+    max_seq_len = model.max_seq_len or seq_len
+    if max_seq_len < seq_len:
+        raise UserError(f"config field model.max_seq_len = {max_seq_len} is shorter than the data's "
+                        f"sequence length {seq_len} (manifest.json); raise it or leave it unset")
+    shape = {k: v for k, v in (("n_layers", model.n_layers), ("d_model", model.d_model),
+                                ("n_heads", model.n_heads)) if v is not None}
+    try:
+        config = preset(model.preset, vocab, **shape)
+        return replace(config, max_seq_len=max_seq_len, dropout=model.dropout,
+                       time_conditioning=model.time_conditioning,
+                       causal=model.objective == "autoregressive")
+    except ValueError as err:
+        raise UserError(f"config section model: {err}") from None
+
+
+def find_tokenizer(manifest: Manifest, data_dir: Path) -> Tokenizer:
+    """The tokenizer the shards were made with, checked against the manifest's sha256.
+
+    The manifest records the path as given to ``unmask prep``; it is tried as is, then
+    relative to the data directory, then as the data directory's own ``tokenizer/``.
+    """
+    recorded = manifest.tokenizer.get("path") or ""
+    candidates = [Path(recorded), data_dir / recorded, data_dir / TOKENIZER_DIR] if recorded else \
+        [data_dir / TOKENIZER_DIR]
+    for path in candidates:
+        if path.exists():
+            try:
+                tokenizer = load_tokenizer(path)
+            except UserError:
+                continue
+            if tokenizer.sha256 == manifest.tokenizer["sha256"]:
+                return tokenizer
+    raise UserError(f"{data_dir}/manifest.json: tokenizer {recorded!r} (sha256 "
+                    f"{manifest.tokenizer['sha256'][:12]}...) not found at any of "
+                    f"{[str(c) for c in candidates]}; the run needs it for export")
+
+
+def git_commit() -> str:
+    """The commit of the unmask checkout, or "unknown" outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"

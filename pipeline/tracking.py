@@ -1,0 +1,256 @@
+"""MLflow tracking for training runs: one MLflow run per training run, resumable.
+
+Rank 0 opens a :class:`Tracker` in the run directory. The run's tracking URI and id are
+recorded in ``run_dir/mlflow_run.json`` so that a resumed training run keeps logging into
+the same MLflow run instead of forking a new one. Without a tracking server the run
+directory holds its own store (``mlflow.db``) and artifacts (``mlflow-artifacts/``)::
+
+    mlflow ui --backend-store-uri sqlite:///path/to/run_dir/mlflow.db
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
+
+from data_prep.atomic_files import atomic_write_bytes
+from pipeline.errors import UserError
+
+TRACKING_FILE = "mlflow_run.json"
+LOCAL_STORE_FILE = "mlflow.db"
+LOCAL_ARTIFACTS_DIR = "mlflow-artifacts"
+DEFAULT_EXPERIMENT = "unmask"
+TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
+RECORD_KEYS = ("tracking_uri", "run_id", "experiment_id")
+# Creating a store logs its schema creation and every migration step at INFO.
+QUIETED_LOGGERS = ("alembic", "mlflow.store.db.utils")
+MS_PER_SECOND = 1000
+
+
+def default_tracking_uri(run_dir: Path) -> str:
+    """``sqlite:///<abs run_dir>/mlflow.db`` (works with ``mlflow ui --backend-store-uri ...``)."""
+    return f"sqlite:///{Path(run_dir).resolve() / LOCAL_STORE_FILE}"
+
+
+def flatten_params(config: dict, prefix: str = "") -> dict[str, str]:
+    """Nested dict -> ``{"train.lr": "0.0003", ...}`` for :meth:`Tracker.log_params`.
+
+    ``prefix`` is prepended as a dotted path (``prefix="train"`` gives ``train.lr``).
+    Strings are kept as they are; lists, tuples, numbers and booleans are JSON-encoded
+    (``[1, 2]``, ``true``), ``None`` becomes ``null`` and an empty dict ``{}``, so that
+    no key silently disappears. Values longer than MLflow's param limit are truncated
+    with a marker saying so.
+    """
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            flat.update(flatten_params(value, name))
+        else:
+            flat[name] = _fit(_param_text(value), MAX_PARAM_VAL_LENGTH)
+    return flat
+
+
+def _param_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bool, int, float, list, tuple, dict)) or value is None:
+        return json.dumps(value, default=str)  # default=str: Paths and the like inside lists
+    return str(value)
+
+
+def _fit(text: str, limit: int) -> str:
+    """MLflow rejects longer values outright; a truncated value beats a crashed run."""
+    if len(text) <= limit:
+        return text
+    marker = f"...[truncated from {len(text)} chars]"
+    return text[: limit - len(marker)] + marker
+
+
+def _now_ms() -> int:
+    return int(time.time() * MS_PER_SECOND)
+
+
+def _quiet_migration_logs() -> None:
+    for name in QUIETED_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _same_uri(a: str, b: str) -> bool:
+    return a.rstrip("/") == b.rstrip("/")
+
+
+def _read_record(path: Path) -> dict[str, str] | None:
+    """The recorded run, or None when this run directory has none yet."""
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path}: cannot read the recorded MLflow run ({err}); restore the file, "
+                        "or delete it to start a new MLflow run") from None
+    missing = [key for key in RECORD_KEYS if not isinstance(record, dict) or key not in record]
+    if missing:
+        raise UserError(f"{path}: missing {', '.join(missing)}; restore the file, "
+                        "or delete it to start a new MLflow run")
+    return record
+
+
+def _check_local_store_exists(uri: str, record_path: Path) -> None:
+    """SQLite would silently create an empty store at a stale path (a moved run directory)."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "sqlite" and not Path(parsed.path).exists():
+        raise UserError(f"{record_path}: the recorded tracking store {uri} does not exist; if the "
+                        "run directory was moved, edit tracking_uri in that file to the new path")
+
+
+class Tracker:
+    """One MLflow run per training run (not one per rank): only rank 0 creates a Tracker.
+
+    Uses an explicit ``MlflowClient`` (no fluent ``mlflow.start_run`` global state), so
+    several trackers can coexist in one process. ``MlflowClient.log_batch`` splits its
+    input into requests within MLflow's per-request limits (100 params or tags, 1000
+    metrics), so the methods below pass whole dicts in one call.
+    """
+
+    def __init__(self, client: MlflowClient, run_id: str, tracking_uri: str,
+                 experiment_id: str) -> None:
+        """Use :meth:`open`; this only binds an existing run."""
+        self.client = client
+        self.run_id = run_id
+        self.tracking_uri = tracking_uri
+        self.experiment_id = experiment_id
+
+    @classmethod
+    def open(cls, run_dir: Path, *, tracking_uri: str | None = None,
+             experiment: str = DEFAULT_EXPERIMENT, run_name: str | None = None) -> Tracker:
+        """Create the MLflow run, or resume the one recorded in ``run_dir/mlflow_run.json``.
+
+        ``tracking_uri=None`` means the URI recorded in that file, else
+        :func:`default_tracking_uri`. Resuming with a different URI than the recorded one
+        raises :class:`UserError` (it must not silently fork the run), as does a recorded
+        run id the store does not know. ``experiment`` and ``run_name`` only apply when
+        creating: a resumed run stays where it was created.
+        """
+        _quiet_migration_logs()
+        run_dir = Path(run_dir)
+        record_path = run_dir / TRACKING_FILE
+        record = _read_record(record_path)
+        if record is not None:
+            return cls._resume(record, record_path, tracking_uri)
+        return cls._create(run_dir, tracking_uri, experiment, run_name)
+
+    @classmethod
+    def _resume(cls, record: dict[str, str], record_path: Path,
+                tracking_uri: str | None) -> Tracker:
+        recorded_uri = record["tracking_uri"]
+        if tracking_uri is not None and not _same_uri(tracking_uri, recorded_uri):
+            raise UserError(
+                f"{record_path} records tracking URI {recorded_uri} but {tracking_uri} was given; "
+                f"resume with {recorded_uri} (or no tracking URI), or use a new run directory "
+                "to start a new MLflow run")
+        _check_local_store_exists(recorded_uri, record_path)
+        client = MlflowClient(tracking_uri=recorded_uri)
+        run_id = record["run_id"]
+        try:
+            run = client.get_run(run_id)
+        except MlflowException as err:
+            if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            raise UserError(f"{record_path}: MLflow run {run_id} does not exist at {recorded_uri}; "
+                            "delete the file to start a new MLflow run") from None
+        client.update_run(run_id, status="RUNNING")
+        return cls(client, run_id, recorded_uri, run.info.experiment_id)
+
+    @classmethod
+    def _create(cls, run_dir: Path, tracking_uri: str | None, experiment: str,
+                run_name: str | None) -> Tracker:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        local_default = default_tracking_uri(run_dir)
+        uri = tracking_uri or local_default
+        client = MlflowClient(tracking_uri=uri)
+        # The local default keeps artifacts next to its store: the run directory is
+        # self-contained. A server decides its own artifact location.
+        local_artifacts = (run_dir.resolve() / LOCAL_ARTIFACTS_DIR).as_uri()
+        artifacts = local_artifacts if uri == local_default else None
+        experiment_id = _experiment_id(client, experiment, artifacts)
+        run = client.create_run(experiment_id, run_name=run_name)
+        record = dict(tracking_uri=uri, run_id=run.info.run_id, experiment_id=experiment_id)
+        atomic_write_bytes(run_dir / TRACKING_FILE, (json.dumps(record, indent=2) + "\n").encode())
+        return cls(client, run.info.run_id, uri, experiment_id)
+
+    def log_params(self, params: dict[str, str]) -> None:
+        """Log params once; re-logging the same value (a resumed run) is a no-op.
+
+        A param logged before with a different value raises :class:`UserError`: a resumed
+        run whose config changed is a different experiment.
+        """
+        logged = self.client.get_run(self.run_id).data.params
+        new = []
+        for key, value in params.items():
+            value = _fit(str(value), MAX_PARAM_VAL_LENGTH)
+            if key not in logged:
+                new.append(Param(key, value))
+            elif logged[key] != value:
+                raise UserError(
+                    f"param {key} was {logged[key]!r} in MLflow run {self.run_id} and is now "
+                    f"{value!r}; resume with the original value, or start a new run directory")
+        if new:
+            self.client.log_batch(self.run_id, params=new)
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Log all metrics of one step in one batch; NaN and inf are logged as they are."""
+        timestamp = _now_ms()
+        batch = [Metric(key, float(value), timestamp, step) for key, value in metrics.items()]
+        self.client.log_batch(self.run_id, metrics=batch)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        """Set (or overwrite) run tags; over-long values are truncated with a marker."""
+        batch = [RunTag(key, _fit(str(value), MAX_TAG_VAL_LENGTH)) for key, value in tags.items()]
+        self.client.log_batch(self.run_id, tags=batch)
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        """Upload a file, or a directory's contents, under ``artifact_path``."""
+        path = Path(path)
+        if not path.exists():
+            raise UserError(f"artifact {path} does not exist; check the path")
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        """Store ``text`` as the artifact ``artifact_file`` (e.g. ``config/resolved.yaml``)."""
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """Mark the run terminated: FINISHED, FAILED or KILLED."""
+        if status not in TERMINAL_STATUSES:
+            raise ValueError(f"status must be one of {TERMINAL_STATUSES}, not {status!r}")
+        self.client.set_terminated(self.run_id, status)
+
+    def metric_history(self, key: str) -> list[tuple[int, float]]:
+        """``(step, value)`` pairs sorted by step (then logging time), for reports and tests."""
+        history = self.client.get_metric_history(self.run_id, key)
+        ordered = sorted(history, key=lambda metric: (metric.step, metric.timestamp))
+        return [(metric.step, metric.value) for metric in ordered]
+
+
+def _experiment_id(client: MlflowClient, name: str, artifact_location: str | None) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    if experiment.lifecycle_stage == "deleted":
+        restore = f"mlflow experiments restore --experiment-id {experiment.experiment_id}"
+        raise UserError(f"MLflow experiment {name!r} is deleted at {client.tracking_uri}; "
+                        f"restore it ({restore}) or choose another experiment name")
+    return experiment.experiment_id

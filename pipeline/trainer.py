@@ -1,0 +1,361 @@
+"""The training loop: DeepSpeed engine, weighted ELBO, EMA, validation, checkpoints, MLflow.
+
+``train(config, data_dir=..., run_dir=...)`` runs in every process of the job, whatever
+started it (``unmask train`` alone, ``deepspeed``, ``torchrun``, Ray Train): it reads
+rank and world size from the environment (``pipeline.distributed``). Rank 0 logs and
+tracks; every rank takes part in the collectives and writes its part of each checkpoint.
+
+Stopping is always safe: a checkpoint is written every ``checkpoint.every`` steps, at the
+end and on SIGTERM (preemption), and ``resume="auto"`` continues from the latest one with
+the same losses, bit for bit on CPU, as a run that never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from tqdm import tqdm
+
+from data_prep.loader import StreamingLoader
+from data_prep.shards import Manifest
+from model.transformer import Transformer
+from pipeline.checkpoint import CheckpointManager, TrainState
+from pipeline.config import Config, config_differences
+from pipeline.distributed import Distributed, init_distributed
+from pipeline.ema import EMA
+from pipeline.engine import (BatchPlan, build_engine, choose_zero_stage, deepspeed_config, plan_batches,
+                             resolve_precision, device_memory_bytes)
+from pipeline.errors import UserError
+from pipeline.metrics import flops_per_token, mfu, peak_flops
+from pipeline.objective import NATS_PER_BIT, MicroBatchSlot, make_objective
+from pipeline.run_setup import TOKENIZER_DIR, find_tokenizer, git_commit, network_config
+from pipeline.validation import ValidationResult, validate
+
+__all__ = ["TrainResult", "train", "METRICS_FILE"]
+
+log = logging.getLogger("unmask.train")
+
+METRICS_FILE = "metrics.jsonl"      # rank 0's log of every metric, exact floats (JSON repr)
+CONFIG_FILE = "config.json"         # the resolved config of the run
+# Test hook: after this step, wait (checkpoint written if due) until SIGTERM; kill tests use it.
+STALL_ENV = "UNMASK_TRAIN_STALL_AFTER_STEP"
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    run_dir: Path
+    step: int
+    tokens_seen: int
+    checkpoint: Path
+    validation: ValidationResult | None
+    preempted: bool
+    mlflow_run_id: str | None
+
+
+class _Preemption:
+    """Turns SIGTERM into a flag the loop checks at each step boundary."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+def _endless(loader: StreamingLoader) -> Iterator[torch.Tensor]:
+    while True:
+        yield from loader
+
+
+class Trainer:
+    """One run's loop; built by ``train``."""
+
+    def __init__(self, config: Config, data_dir: Path, run_dir: Path, dist: Distributed) -> None:
+        self.config, self.data_dir, self.run_dir, self.dist = config, data_dir, run_dir, dist
+        self.manifest = Manifest.read(data_dir)
+        self.tokenizer = find_tokenizer(self.manifest, data_dir)
+        self.network_config = network_config(config.model, self.manifest)
+        self.plan: BatchPlan = plan_batches(config, dist.world_size)
+        self.precision = resolve_precision(config, dist.device)
+        self.train_loader, self.val_loader = self._loaders()
+        torch.manual_seed(config.train.seed)  # the same initial weights on every rank
+        model = Transformer(self.network_config)
+        self.parameters = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
+        stage = config.train.zero_stage
+        self.zero_stage = choose_zero_stage(self.parameters, dist.world_size, self.precision, device_memory_bytes(dist.device)) \
+            if stage == "auto" else stage
+        self.engine = build_engine(model.to(dist.device), config, dist, self.plan, self.zero_stage, self.precision)
+        self.ema = EMA(self.engine.module, config.train.ema_decay, warmup=config.train.ema_warmup)
+        self.objective = make_objective(config.model, self.network_config.vocab_size,
+                                        validate=dist.device.type == "cpu")
+        self.checkpoints = CheckpointManager(run_dir, dist, config.checkpoint.keep_last)
+        self.state = TrainState(loader=self.train_loader.state_dict())
+        self.tracker = None
+        self.config_changes: list[str] = []
+        self.flops_per_token = flops_per_token(self.network_config, self.manifest.seq_len)
+        self.peak = peak_flops(dist.device)
+
+    def _loaders(self) -> tuple[StreamingLoader, StreamingLoader]:
+        c, d = self.config, self.dist
+        common = dict(rank=d.rank, world_size=d.world_size)
+        train = StreamingLoader(self.data_dir, c.data.train_split, self.plan.micro_batch, seed=c.train.seed,
+                                num_workers=c.data.num_workers, pin_memory=d.device.type == "cuda", **common)
+        val = StreamingLoader(self.data_dir, c.data.val_split, c.eval.micro_batch_size or self.plan.micro_batch,
+                              seed=c.eval.seed, shuffle=False, **common)
+        return train, val
+
+    # ------------------------------------------------------------------ identity
+    def meta(self) -> dict:
+        return {"config": self.config.to_dict(), "config_sha256": self.config.sha256(),
+                "data_sha256": self.manifest.sha256(), "tokenizer_sha256": self.tokenizer.sha256,
+                "network": asdict(self.network_config), "zero_stage": self.zero_stage,
+                "precision": self.precision, "batch_plan": asdict(self.plan)}
+
+    def resume(self, mode: str, allow_config_change: bool) -> None:
+        """``mode``: "auto" (latest if any), "never" (refuse a run dir with checkpoints)."""
+        latest = self.checkpoints.latest()
+        if latest is None:
+            return
+        if mode == "never":
+            raise UserError(f"{self.run_dir} already has checkpoints (latest {latest.name}); pass "
+                            f"--resume auto to continue it or choose a new --run-dir")
+        saved = self._check_compatible(latest, allow_config_change)
+        self.checkpoints.load(self.engine, self.ema, latest)
+        self.state = TrainState(**{k: saved[k] for k in asdict(TrainState())})
+        # Every rank stands at the same position; the record is rank 0's.
+        self.train_loader.load_state_dict({**self.state.loader, "rank": self.dist.rank})
+        if self.dist.is_main:
+            log.info("resumed from %s (step %d, %d tokens seen)", latest, self.state.step, self.state.tokens_seen)
+
+    def _check_compatible(self, directory: Path, allow_config_change: bool) -> dict:
+        from pipeline.checkpoint import read_state
+
+        saved = read_state(directory)
+        if saved["tokenizer_sha256"] != self.tokenizer.sha256 or saved["data_sha256"] != self.manifest.sha256():
+            what = "tokenizer" if saved["tokenizer_sha256"] != self.tokenizer.sha256 else "data (manifest.json)"
+            if not allow_config_change or what == "tokenizer":
+                raise UserError(f"cannot resume {directory}: its {what} differs from {self.data_dir}'s"
+                                + ("" if what == "tokenizer" else "; pass --allow-config-change to "
+                                   "continue on the new data anyway"))
+        differ = config_differences(saved["config"], self.config.to_dict())
+        if differ and not allow_config_change:
+            raise UserError(f"cannot resume {directory} with a different config: " + "; ".join(differ)
+                            + ". Pass --allow-config-change to resume anyway.")
+        self.config_changes = differ
+        return saved
+
+    # ------------------------------------------------------------------ tracking
+    def start_tracking(self) -> None:
+        if not self.dist.is_main:
+            return
+        from pipeline.tracking import Tracker, flatten_params
+
+        logging_ = self.config.logging
+        self.tracker = Tracker.open(self.run_dir, tracking_uri=logging_.mlflow_uri,
+                                    experiment=logging_.experiment, run_name=logging_.run_name)
+        derived = {"world_size": self.dist.world_size, "micro_batch": self.plan.micro_batch,
+                   "accumulation": self.plan.accumulation, "zero_stage": self.zero_stage,
+                   "precision": self.precision, "parameters": self.parameters,
+                   "seq_len": self.manifest.seq_len, "vocab_size": self.network_config.vocab_size}
+        params = flatten_params({**self.config.to_dict(), "resolved": derived})
+        if self.config_changes:
+            # MLflow params are immutable: keep the values the run started with and record
+            # the change, with the step it took effect, as a tag.
+            changed = {change.split(":")[0] for change in self.config_changes}
+            params = {k: v for k, v in params.items() if k not in changed}
+            self.tracker.set_tags({f"config_change.step_{self.state.step}": "; ".join(self.config_changes)})
+        self.tracker.log_params(params)
+        self.tracker.set_tags({"git_commit": git_commit(), "data_manifest_sha256": self.manifest.sha256(),
+                               "tokenizer_sha256": self.tokenizer.sha256, "data_dir": str(self.data_dir)})
+        self.tracker.log_text(json.dumps(self.config.to_dict(), indent=2), CONFIG_FILE)
+        self.tracker.log_text(json.dumps(deepspeed_config(self.config, self.plan, self.zero_stage,
+                                                          self.precision), indent=2), "deepspeed_config.json")
+
+    def write_run_files(self) -> None:
+        """The resolved config and the tokenizer, so that the run dir stands on its own."""
+        if self.dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / CONFIG_FILE).write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+            self.tokenizer.save(self.run_dir / TOKENIZER_DIR)
+        self.dist.barrier()
+
+    def _record(self, metrics: dict[str, float], step: int) -> None:
+        """Rank 0: append to metrics.jsonl and log to MLflow."""
+        with open(self.run_dir / METRICS_FILE, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"step": step, **metrics}) + "\n")
+        if self.tracker is not None:
+            self.tracker.log_metrics(metrics, step)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> TrainResult:
+        config, dist = self.config, self.dist
+        preemption = _Preemption()
+        batches = _endless(self.train_loader)
+        stall_after = int(os.environ.get(STALL_ENV, "-1"))
+        bar = tqdm(total=config.train.max_steps, initial=self.state.step, unit="step", dynamic_ncols=True,
+                   disable=not (dist.is_main and config.logging.progress))
+        interval = _Interval(dist.device)
+        validation, preempted = None, False
+        try:
+            if self.state.step == 0 and config.eval.every:
+                validation = self._validate()  # the curve starts at the initial weights
+            while self.state.step < config.train.max_steps:
+                self._step(batches, interval)
+                step = self.state.step
+                bar.update(1)
+                last = step == config.train.max_steps
+                if step % config.logging.every == 0 or last:
+                    self._log_interval(interval, bar)
+                if (config.eval.every and step % config.eval.every == 0) or last:
+                    validation = self._validate()
+                if step == stall_after:
+                    _stall(preemption, step)
+                preempted = dist.any(preemption.requested)
+                if step % config.checkpoint.every == 0 or last or preempted:
+                    self._save()
+                if preempted:
+                    break
+        finally:
+            bar.close()
+            preemption.restore()
+        if self.tracker is not None:
+            self.tracker.finish("KILLED" if preempted else "FINISHED")
+        if preempted and dist.is_main:
+            log.warning("SIGTERM: checkpoint written at step %d; resume with --resume auto", self.state.step)
+        return TrainResult(self.run_dir, self.state.step, self.state.tokens_seen, self.checkpoints.latest(),
+                           validation, preempted, self.tracker.run_id if self.tracker else None)
+
+    def _step(self, batches: Iterator[torch.Tensor], interval: "_Interval") -> None:
+        """One optimizer step: the global batch in micro-batches, then EMA and bookkeeping."""
+        plan, state, engine = self.plan, self.state, self.engine
+        for micro in range(plan.accumulation):
+            x0 = next(batches).to(self.dist.device, non_blocking=True)
+            slot = MicroBatchSlot(seed=self.config.train.seed, step=state.step, rank=self.dist.rank,
+                                  world_size=self.dist.world_size, micro=micro, micro_batches=plan.accumulation)
+            loss_sum = self.objective.loss_sum(engine, x0, slot)
+            engine.backward(loss_sum / x0.numel())  # DeepSpeed averages over the accumulation
+            engine.step()
+            interval.add(loss_sum.detach(), x0.numel())
+        interval.steps += 1
+        state.step += 1
+        state.tokens_seen += plan.global_batch * self.manifest.seq_len
+        state.loader = self.train_loader.state_dict()
+        if engine.was_step_applied():
+            self.ema.update()
+            state.consecutive_skipped = 0
+        else:
+            self._skipped_step()
+
+    def _skipped_step(self) -> None:
+        state = self.state
+        state.skipped_steps += 1
+        state.consecutive_skipped += 1
+        if self.dist.is_main:
+            log.warning("step %d: non-finite gradients, update skipped (%d in a row)", state.step,
+                        state.consecutive_skipped)
+        if state.consecutive_skipped >= self.config.train.max_skipped_steps:
+            latest = self.checkpoints.latest()
+            raise UserError(f"training diverged: {state.consecutive_skipped} consecutive steps up to step "
+                            f"{state.step} had non-finite loss or gradients (train.max_skipped_steps = "
+                            f"{self.config.train.max_skipped_steps}). Lower optim.lr or raise optim.warmup_steps; "
+                            f"the last good checkpoint is {latest or 'none (none written yet)'}")
+
+    def _log_interval(self, interval: "_Interval", bar: tqdm) -> None:
+        loss_sum, tokens, seconds, steps = interval.collect(self.dist)
+        loss = loss_sum / tokens
+        tokens_per_second = tokens / seconds if seconds > 0 else float("nan")
+        metrics = {"train/loss": loss, "train/bits_per_token": loss / NATS_PER_BIT,
+                   "train/lr": self.engine.get_lr()[0], "train/grad_norm": _grad_norm(self.engine),
+                   "train/tokens_per_second": tokens_per_second, "train/step_time": seconds / steps,
+                   "train/tokens_seen": float(self.state.tokens_seen),
+                   "train/skipped_steps": float(self.state.skipped_steps)}
+        utilization = mfu(tokens_per_second, self.flops_per_token, self.peak, self.dist.world_size)
+        if utilization is not None:
+            metrics["train/mfu"] = utilization
+        if self.dist.is_main:
+            self._record(metrics, self.state.step)
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_second:,.0f}")
+            log.info("step %d/%d loss %.4f nats/token (%.3f bits) lr %.2e grad %.3f %.0f tokens/s %.3f s/step%s",
+                     self.state.step, self.config.train.max_steps, loss, loss / NATS_PER_BIT, metrics["train/lr"],
+                     metrics["train/grad_norm"], tokens_per_second, seconds / steps,
+                     f" MFU {utilization:.1%}" if utilization is not None else "")
+
+    def _validate(self) -> ValidationResult:
+        split = self.manifest.splits[self.config.data.val_split]
+        result = validate(self.engine, self.ema, self.objective, self.val_loader, self.config.eval.batches,
+                          self.config.eval.seed, self.dist, bytes_per_token=split.utf8_bytes / split.tokens)
+        if self.dist.is_main:
+            self._record(result.metrics(), self.state.step)
+            log.info("step %d validation (EMA weights): %.4f nats/token, perplexity <= %.2f, %.4f bits/byte",
+                     self.state.step, result.nelbo_per_token, result.perplexity_bound, result.bits_per_byte)
+        return result
+
+    def _save(self) -> None:
+        directory = self.checkpoints.save(self.engine, self.ema, self.state, self.meta())
+        if self.dist.is_main:
+            log.info("checkpoint %s", directory)
+
+
+class _Interval:
+    """Loss and token sums since the last log, kept on the device (no host sync per step)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._reset()
+
+    def _reset(self) -> None:
+        self.loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.tokens, self.steps, self.start = 0, 0, time.perf_counter()
+
+    def add(self, loss_sum: torch.Tensor, tokens: int) -> None:
+        self.loss += loss_sum
+        self.tokens += tokens
+
+    def collect(self, dist: Distributed) -> tuple[float, float, float, int]:
+        """(loss sum, tokens) over all ranks, seconds and steps since the last collect."""
+        loss, tokens = dist.sum([self.loss.item(), float(self.tokens)])
+        seconds = time.perf_counter() - self.start
+        steps = max(self.steps, 1)
+        self._reset()
+        return loss, tokens, seconds, steps
+
+
+def _grad_norm(engine) -> float:
+    norm = engine.get_global_grad_norm()
+    return float(norm) if norm is not None else float("nan")
+
+
+def _stall(preemption: _Preemption, step: int) -> None:
+    print(f"unmask: stalling after step {step} ({STALL_ENV}); waiting for SIGTERM", flush=True)
+    while not preemption.requested:
+        time.sleep(0.05)
+
+
+def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: str = "auto",
+          allow_config_change: bool = False) -> TrainResult:
+    """Train (or continue training) the run in ``run_dir`` on the shards in ``data_dir``."""
+    if resume not in ("auto", "never"):
+        raise UserError(f"--resume must be 'auto' or 'never', got {resume!r}")
+    dist = init_distributed()
+    trainer = Trainer(config, Path(data_dir), Path(run_dir), dist)
+    trainer.resume(resume, allow_config_change)
+    trainer.write_run_files()
+    trainer.start_tracking()
+    try:
+        return trainer.run()
+    except BaseException:
+        if trainer.tracker is not None:
+            trainer.tracker.finish("FAILED")
+        raise

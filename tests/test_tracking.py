@@ -1,0 +1,169 @@
+"""MLflow tracking against a real ``mlflow server`` and the run directory's own SQLite store:
+round trip, resume into the same run, refused forks and param changes, param flattening."""
+
+import json
+import math
+import uuid
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import (
+    MAX_METRICS_PER_BATCH,
+    MAX_PARAM_VAL_LENGTH,
+    MAX_PARAMS_TAGS_PER_BATCH,
+)
+
+from pipeline.errors import UserError
+from pipeline.tracking import (
+    LOCAL_ARTIFACTS_DIR,
+    TRACKING_FILE,
+    Tracker,
+    default_tracking_uri,
+    flatten_params,
+)
+
+
+def _experiment() -> str:
+    """A fresh experiment per test: the server is shared by the whole session."""
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+def _record(run_dir: Path) -> dict:
+    return json.loads((run_dir / TRACKING_FILE).read_text())
+
+
+def test_round_trip_through_server(mlflow_server: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    tracker = Tracker.open(run_dir, tracking_uri=mlflow_server, experiment=_experiment(),
+                           run_name="round-trip")
+    # More params and metrics than one MLflow request takes (MlflowClient splits them).
+    params = flatten_params({"train": {"lr": 3e-4, "betas": [0.9, 0.95]},
+                             "layers": {f"l{i}": i for i in range(MAX_PARAMS_TAGS_PER_BATCH + 5)}})
+    tracker.log_params(params)
+    tracker.log_params(params)  # same values again: a no-op, not an error
+    wide = {f"probe/{i}": float(i) for i in range(MAX_METRICS_PER_BATCH + 5)}
+    tracker.log_metrics(wide, step=0)
+    for step in range(5):
+        tracker.log_metrics({"loss": 1.0 / (step + 1), "grad_norm": math.nan}, step=step)
+    tracker.set_tags({"git_commit": "abc123"})
+    config = tmp_path / "config.yaml"
+    config.write_text("lr: 0.0003\n")
+    tracker.log_artifact(config, "config")
+    tracker.log_text("hello", "notes/readme.txt")
+    tracker.finish()
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    run = client.get_run(tracker.run_id)
+    assert run.data.params == params
+    assert run.data.tags["git_commit"] == "abc123"
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "round-trip"
+    assert run.info.experiment_id == tracker.experiment_id
+    loss = sorted((m.step, m.value) for m in client.get_metric_history(tracker.run_id, "loss"))
+    assert loss == [(step, 1.0 / (step + 1)) for step in range(5)]
+    assert tracker.metric_history("loss") == loss
+    assert [step for step, value in tracker.metric_history("grad_norm") if math.isnan(value)] == \
+        list(range(5))
+    assert len(run.data.metrics) == len(wide) + 2
+    listed = client.list_artifacts(tracker.run_id, "config")
+    assert [artifact.path for artifact in listed] == ["config/config.yaml"]
+    notes = client.download_artifacts(tracker.run_id, "notes/readme.txt", str(tmp_path))
+    assert Path(notes).read_text() == "hello"
+    assert _record(run_dir) == dict(tracking_uri=mlflow_server, run_id=tracker.run_id,
+                                    experiment_id=tracker.experiment_id)
+
+
+def test_resume_continues_the_same_run(mlflow_server: str, tmp_path: Path) -> None:
+    experiment = _experiment()
+    first = Tracker.open(tmp_path, tracking_uri=mlflow_server, experiment=experiment)
+    first.log_params({"train.lr": "0.1"})
+    for step in range(3):
+        first.log_metrics({"loss": float(step)}, step=step)
+    first.finish("KILLED")  # the job was preempted
+
+    second = Tracker.open(tmp_path, experiment=experiment)  # URI from mlflow_run.json
+    client = MlflowClient(tracking_uri=mlflow_server)
+    assert (second.run_id, second.tracking_uri) == (first.run_id, mlflow_server)
+    assert client.get_run(second.run_id).info.status == "RUNNING"
+    second.log_params({"train.lr": "0.1"})
+    second.log_metrics({"loss": 3.0}, step=3)
+    assert second.metric_history("loss") == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)]
+    assert len(client.search_runs([first.experiment_id])) == 1
+    # The same server spelled with a trailing slash is not a different store.
+    assert Tracker.open(tmp_path, tracking_uri=mlflow_server + "/").run_id == first.run_id
+
+
+def test_changed_param_on_resume_is_refused(mlflow_server: str, tmp_path: Path) -> None:
+    first = Tracker.open(tmp_path, tracking_uri=mlflow_server, experiment=_experiment())
+    first.log_params({"train.lr": "0.001", "train.steps": "100"})
+    resumed = Tracker.open(tmp_path)
+    with pytest.raises(UserError, match=r"train\.lr.*0\.001.*0\.002"):
+        resumed.log_params({"train.lr": "0.002", "train.steps": "100"})
+    assert MlflowClient(mlflow_server).get_run(first.run_id).data.params["train.lr"] == "0.001"
+
+
+def test_different_tracking_uri_on_resume_is_refused(mlflow_server: str, tmp_path: Path) -> None:
+    Tracker.open(tmp_path, tracking_uri=mlflow_server, experiment=_experiment())
+    other = default_tracking_uri(tmp_path)
+    with pytest.raises(UserError) as refused:
+        Tracker.open(tmp_path, tracking_uri=other)
+    assert mlflow_server in str(refused.value) and other in str(refused.value)
+    assert not (tmp_path / "mlflow.db").exists()  # refused before touching the other store
+
+
+def test_recorded_run_missing_from_server_is_refused(mlflow_server: str, tmp_path: Path) -> None:
+    run_id = uuid.uuid4().hex
+    record = dict(tracking_uri=mlflow_server, run_id=run_id, experiment_id="0")
+    (tmp_path / TRACKING_FILE).write_text(json.dumps(record))
+    with pytest.raises(UserError, match=f"run {run_id} does not exist"):
+        Tracker.open(tmp_path)
+
+
+def test_recorded_local_store_missing_is_refused(tmp_path: Path) -> None:
+    moved_from = default_tracking_uri(tmp_path / "old-location")
+    record = dict(tracking_uri=moved_from, run_id=uuid.uuid4().hex, experiment_id="0")
+    (tmp_path / TRACKING_FILE).write_text(json.dumps(record))
+    with pytest.raises(UserError, match="does not exist"):
+        Tracker.open(tmp_path)
+    assert not (tmp_path / "old-location").exists()  # no empty store created there
+
+
+def test_default_store_lives_in_the_run_directory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    tracker = Tracker.open(run_dir, run_name="local")
+    assert tracker.tracking_uri == default_tracking_uri(run_dir)
+    assert (run_dir / "mlflow.db").is_file()
+    assert _record(run_dir) == dict(tracking_uri=default_tracking_uri(run_dir),
+                                    run_id=tracker.run_id, experiment_id=tracker.experiment_id)
+    tracker.log_metrics({"loss": 2.5}, step=7)
+    tracker.log_text("lr: 0.1\n", "config/resolved.yaml")
+    tracker.finish()
+
+    artifacts = run_dir / LOCAL_ARTIFACTS_DIR
+    assert [p.read_text() for p in artifacts.rglob("resolved.yaml")] == ["lr: 0.1\n"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [LOCAL_ARTIFACTS_DIR, "mlflow.db",
+                                                         TRACKING_FILE]  # no temp files left
+    reader = MlflowClient(tracking_uri=f"sqlite:///{run_dir.resolve()}/mlflow.db")
+    assert reader.get_run(tracker.run_id).info.status == "FINISHED"
+    assert Tracker.open(run_dir).metric_history("loss") == [(7, 2.5)]
+
+
+def test_flatten_params() -> None:
+    config = {
+        "train": {"lr": 0.0003, "betas": [0.9, 0.95], "warmup": None, "ema": True,
+                  "shape": (2, 3), "opt": {"name": "adamw", "fused": False}},
+        "data": {},
+        "note": "x" * (MAX_PARAM_VAL_LENGTH + 10),
+        3: "int key",
+    }
+    flat = flatten_params(config, prefix="cfg")
+    note = flat.pop("cfg.note")
+    assert flat == {
+        "cfg.train.lr": "0.0003", "cfg.train.betas": "[0.9, 0.95]", "cfg.train.warmup": "null",
+        "cfg.train.ema": "true", "cfg.train.shape": "[2, 3]", "cfg.train.opt.name": "adamw",
+        "cfg.train.opt.fused": "false", "cfg.data": "{}", "cfg.3": "int key",
+    }
+    assert len(note) == MAX_PARAM_VAL_LENGTH and note.startswith("xxx")
+    assert note.endswith(f"[truncated from {MAX_PARAM_VAL_LENGTH + 10} chars]")
+    assert flatten_params({"a": {"b": 1}}) == {"a.b": "1"}

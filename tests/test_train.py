@@ -1,0 +1,147 @@
+"""Training end to end: real DeepSpeed engines on CPU (gloo), world sizes 1 and 2, ZeRO 1-3,
+exact resume after SIGKILL and SIGTERM, export, divergence guard, config refusal."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+
+import pytest
+import torch
+
+from pipeline.export import load_export
+from tests.train_helpers import run_train, run_until_stall, tinyshakespeare_shards, write_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return tinyshakespeare_shards(tmp_path_factory.mktemp("ts"))
+
+
+@pytest.fixture(scope="module")
+def reference_runs(tmp_path_factory, shards):
+    """Uninterrupted 6-step runs, keyed by (world size, ZeRO stage)."""
+    root = tmp_path_factory.mktemp("ref")
+    runs = {}
+    for world, stage in [(1, 1), (1, 3), (2, 1), (2, 2), (2, 3)]:
+        config = write_config(root / f"w{world}z{stage}.yaml", {"train": {"zero_stage": stage}})
+        runs[world, stage] = run_train(root / f"w{world}z{stage}", shards, config, world_size=world)
+    return runs
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_zero_stages_give_the_same_losses(reference_runs, world):
+    stages = [stage for (w, stage) in reference_runs if w == world]
+    first = reference_runs[world, stages[0]].losses()
+    assert sorted(first) == [1, 2, 3, 4, 5, 6]
+    assert all(math.isfinite(v) for v in first.values())
+    for stage in stages[1:]:
+        other = reference_runs[world, stage].losses()
+        assert other.keys() == first.keys()
+        for step in first:  # the same math; only the order of float sums differs
+            assert other[step] == pytest.approx(first[step], rel=1e-5), (stage, step)
+
+
+def test_two_ranks_share_one_mlflow_run_and_one_metrics_log(reference_runs):
+    run = reference_runs[2, 2]
+    steps = [m["step"] for m in run.metrics() if "train/loss" in m]
+    assert steps == [1, 2, 3, 4, 5, 6]  # rank 0 alone logs
+    recorded = json.loads((run.run_dir / "mlflow_run.json").read_text())
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=recorded["tracking_uri"])
+    assert len(client.search_runs([recorded["experiment_id"]])) == 1
+    history = client.get_metric_history(recorded["run_id"], "train/loss")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6]
+    params = client.get_run(recorded["run_id"]).data.params
+    assert params["train.zero_stage"] == "2" and params["resolved.world_size"] == "2"
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_sigkill_then_resume_gives_exactly_the_uninterrupted_losses(tmp_path, shards, reference_runs, stage):
+    config = write_config(tmp_path / "c.yaml", {"train": {"zero_stage": stage}})
+    run_dir = tmp_path / "run"
+    # Checkpoint at step 3; killed during step 5's aftermath: steps 4 and 5 are lost and redone.
+    killed = run_until_stall(run_dir, shards, config, stall_after=5, world_size=2, stop=signal.SIGKILL)
+    assert killed.returncode != 0
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step-00000003"
+    resumed = run_train(run_dir, shards, config, world_size=2)
+    assert "resumed from" in resumed.output
+    reference = reference_runs[2, stage]
+    assert resumed.losses() == reference.losses()  # equal floats, not close
+    assert resumed.validations() == reference.validations()
+    ours, theirs = load_export_of(run_dir), load_export_of(reference.run_dir)
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, theirs[name]), name
+
+
+def load_export_of(run_dir):
+    from pipeline.export import export
+
+    return load_export(export(run_dir, out_dir=run_dir / "export-test")).network.state_dict()
+
+
+def test_sigterm_writes_a_checkpoint_and_resume_continues_exactly(tmp_path, shards, reference_runs):
+    config = write_config(tmp_path / "c.yaml", {"train": {"zero_stage": 1}})
+    run_dir = tmp_path / "run"
+    stopped = run_until_stall(run_dir, shards, config, stall_after=4, stop=signal.SIGTERM)
+    assert stopped.returncode == 0, stopped.output[-3000:]
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step-00000004"
+    resumed = run_train(run_dir, shards, config)
+    assert resumed.losses() == reference_runs[1, 1].losses()
+
+
+def test_export_gathers_zero3_partitions_into_the_model_weights(tmp_path, shards):
+    """With EMA decay 0 the EMA is the live weights: our export of the ZeRO-3 partitions must
+    equal DeepSpeed's own consolidation of the same checkpoint, and give the same logits."""
+    from pipeline.export import export
+
+    config = write_config(tmp_path / "c.yaml", {"train": {"zero_stage": 3, "ema_decay": 0.0, "max_steps": 3}})
+    run_dir = tmp_path / "run"
+    run_train(run_dir, shards, config, world_size=2)
+    ema = load_export(export(run_dir, out_dir=tmp_path / "ema"))
+    model = load_export(export(run_dir, weights="model", out_dir=tmp_path / "model"))
+    ema_weights, model_weights = ema.network.state_dict(), model.network.state_dict()
+    assert ema_weights.keys() == model_weights.keys()
+    for name in ema_weights:
+        assert torch.equal(ema_weights[name], model_weights[name]), name
+    z = torch.randint(0, ema.network.config.vocab_size + 1, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(ema.network(z), model.network(z))
+    assert ema.config["step"] == 3 and ema.tokenizer.sha256 == ema.config["tokenizer_sha256"]
+
+
+def test_ema_export_differs_from_the_live_weights(reference_runs, tmp_path):
+    from pipeline.export import export
+
+    run_dir = reference_runs[2, 3].run_dir
+    ema = load_export(export(run_dir, out_dir=tmp_path / "ema")).network.state_dict()
+    live = load_export(export(run_dir, weights="model", out_dir=tmp_path / "model")).network.state_dict()
+    gap = max((ema[k] - live[k]).abs().max().item() for k in ema)
+    assert gap > 1e-4  # decay 0.9 over 6 steps lags the weights
+
+
+def test_resume_refuses_a_changed_config_and_names_the_field(tmp_path, shards, reference_runs):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_runs[1, 1].run_dir, run_dir)
+    config = write_config(tmp_path / "c.yaml", {"train": {"zero_stage": 1, "max_steps": 8}})
+    refused = run_train(run_dir, shards, config, extra=["--optim.lr", "5e-4"], check=False)
+    assert refused.returncode == 2
+    assert "optim.lr: checkpoint 0.001, now 0.0005" in refused.output
+    allowed = run_train(run_dir, shards, config, extra=["--optim.lr", "5e-4", "--allow-config-change"])
+    assert max(allowed.losses()) == 8  # max_steps may change freely
+
+
+def test_divergence_aborts_with_a_clear_message(tmp_path, shards):
+    config = write_config(tmp_path / "c.yaml", {"optim": {"lr": 1.0e30, "warmup_steps": 0},
+                                                "train": {"max_steps": 20, "max_skipped_steps": 3},
+                                                "eval": {"every": 0}})
+    run = run_train(tmp_path / "run", shards, config, check=False)
+    assert run.returncode == 2
+    assert "training diverged: 3 consecutive steps" in run.output
+    assert "optim.lr" in run.output

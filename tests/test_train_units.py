@@ -1,0 +1,188 @@
+"""Fast tests of the trainer's parts: config, batch plan, ZeRO choice, LR, EMA, objective slots, FLOPs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from model.diffusion import low_discrepancy_times
+from model.transformer import Transformer, preset
+from pipeline.config import Config, OptimSection, config_differences, load_config, parse_overrides
+from pipeline.ema import EMA, ema_decay, full_state
+from pipeline.engine import choose_zero_stage, deepspeed_config, model_state_bytes, plan_batches
+from pipeline.errors import UserError
+from pipeline.lr_schedule import lr_multiplier
+from pipeline.metrics import flops_per_token
+from pipeline.objective import MicroBatchSlot, step_generator
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+
+
+# ------------------------------------------------------------------ config
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_load_and_validate(path):
+    config = load_config(path)
+    assert config.model.preset in ("tiny", "small", "medium")
+
+
+def test_paper_recipe_in_the_medium_config():
+    config = load_config(REPO / "configs" / "medium.yaml")
+    assert (config.optim.lr, config.optim.betas, config.optim.weight_decay) == (3e-4, (0.9, 0.999), 0.0)
+    assert (config.train.global_batch_size, config.train.ema_decay) == (512, 0.9999)
+
+
+def test_yaml_errors_name_the_file_and_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("optim:\n  learning_rate: 0.1\n")
+    with pytest.raises(UserError, match=r"bad.yaml: unknown field optim.learning_rate"):
+        load_config(path)
+    path.write_text("train:\n  global_batch_size: many\n")
+    with pytest.raises(UserError, match=r"field train.global_batch_size = 'many': expected an integer"):
+        load_config(path)
+    path.write_text("train:\n  zero_stage: 4\n")
+    with pytest.raises(UserError, match=r"train.zero_stage = 4: choose one of \['auto', 1, 2, 3\]"):
+        load_config(path)
+    with pytest.raises(UserError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_validation_names_the_field():
+    with pytest.raises(UserError, match=r"config field optim.lr = -1.0: must be a positive number"):
+        load_config(None, {"optim.lr": "-1"})
+    with pytest.raises(UserError, match=r"train.micro_batch_size = 5: must divide train.global_batch_size = 512"):
+        load_config(None, {"train.micro_batch_size": "5"})
+    with pytest.raises(UserError, match=r"model.schedule"):
+        load_config(None, {"model.schedule": "sigmoid"})
+
+
+def test_overrides_are_coerced_to_the_declared_types():
+    overrides = parse_overrides(["--optim.lr", "1e-4", "--train.zero_stage=3", "--optim.betas", "[0.9, 0.95]",
+                                 "--model.schedule_args", "{power: 2}", "--model.schedule", "polynomial"])
+    config = load_config(None, overrides)
+    assert config.optim.lr == 1e-4 and isinstance(config.optim.lr, float)  # YAML alone reads "1e-4" as text
+    assert config.train.zero_stage == 3
+    assert config.optim.betas == (0.9, 0.95)
+    assert config.model.schedule_args == {"power": 2}
+    with pytest.raises(UserError, match="unknown config override --optim.learning_rate"):
+        load_config(None, {"optim.learning_rate": "1"})
+    with pytest.raises(UserError, match="config overrides look like"):
+        parse_overrides(["lr=3"])
+
+
+def test_config_differences_ignore_resume_safe_fields():
+    a = Config().to_dict()
+    b = load_config(None, {"train.max_steps": "7", "logging.every": "3", "optim.lr": "1e-4"}).to_dict()
+    assert config_differences(a, b) == ["optim.lr: checkpoint 0.0003, now 0.0001"]
+
+
+def test_bad_config_fails_on_the_command_line_before_any_work(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  ema_decay: 1.5\n")
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "train", "--config", str(bad), "--data",
+                           str(tmp_path), "--run-dir", str(run_dir)], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "train.ema_decay = 1.5: must lie in [0, 1)" in proc.stderr
+    assert not run_dir.exists()
+
+
+# ------------------------------------------------------------------ batches and engine
+def test_batch_plan_derives_accumulation_and_refuses_what_cannot_divide():
+    config = load_config(None, {"train.global_batch_size": "64", "train.micro_batch_size": "4"})
+    plan = plan_batches(config, 4)
+    assert (plan.micro_batch, plan.accumulation) == (4, 4)
+    assert plan_batches(load_config(None, {"train.global_batch_size": "64"}), 8).micro_batch == 8
+    with pytest.raises(UserError, match="multiple of micro_batch_size x world size = 12"):
+        plan_batches(config, 3)
+    with pytest.raises(UserError, match="does not divide over 3 ranks"):
+        plan_batches(load_config(None, {"train.global_batch_size": "64"}), 3)
+
+
+def test_zero_stage_choice_is_the_lowest_that_fits():
+    params = 355_000_000
+    assert choose_zero_stage(params, 8, "bf16", 80 * 2**30) == 1
+    stage1 = model_state_bytes(params, 1, 8, "bf16")
+    stage2 = model_state_bytes(params, 2, 8, "bf16")
+    assert stage2 < stage1
+    assert choose_zero_stage(params, 8, "bf16", int(stage1 * 1.9)) == 2  # half the memory holds stage 2 only
+    assert choose_zero_stage(params, 8, "bf16", 10**6) == 3
+
+
+def test_deepspeed_config_has_fp32_accumulation_under_bf16():
+    config = load_config(None, {"train.global_batch_size": "16", "train.micro_batch_size": "2"})
+    ds = deepspeed_config(config, plan_batches(config, 2), 2, "bf16")
+    assert ds["train_batch_size"] == 16 and ds["gradient_accumulation_steps"] == 4
+    assert ds["bf16"]["enabled"] and ds["data_types"]["grad_accum_dtype"] == "fp32"
+    assert ds["zero_optimization"]["stage"] == 2 and ds["gradient_clipping"] == 1.0
+
+
+# ------------------------------------------------------------------ learning rate
+def test_lr_warms_up_linearly_then_follows_the_decay():
+    constant = OptimSection(warmup_steps=10, decay="constant")
+    assert [lr_multiplier(s, constant, 100) for s in (0, 4, 9, 10, 99)] == [0.1, 0.5, 1.0, 1.0, 1.0]
+    cosine = OptimSection(warmup_steps=10, decay="cosine", min_lr_ratio=0.1)
+    assert lr_multiplier(10, cosine, 110) == pytest.approx(1.0)
+    assert lr_multiplier(60, cosine, 110) == pytest.approx(0.55)
+    assert lr_multiplier(110, cosine, 110) == pytest.approx(0.1)
+    assert lr_multiplier(500, cosine, 110) == pytest.approx(0.1)
+
+
+# ------------------------------------------------------------------ EMA
+def test_ema_follows_the_formula_with_warmup():
+    assert ema_decay(0.9999, 0, True) == pytest.approx(0.1)
+    assert ema_decay(0.9999, 90, True) == pytest.approx(91 / 100)
+    assert ema_decay(0.9999, 10**9, True) == 0.9999 and ema_decay(0.5, 0, False) == 0.5
+    layer = nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+    ema = EMA(layer, 0.5, warmup=False)
+    with torch.no_grad():
+        layer.weight.fill_(3.0)
+    ema.update()
+    assert torch.equal(ema.shadow["weight"], torch.full((1, 2), 2.0))
+    with ema.applied():
+        assert torch.equal(layer.weight, torch.full((1, 2), 2.0))
+    assert torch.equal(layer.weight, torch.full((1, 2), 3.0))  # the live weights come back
+    restored = EMA(layer, 0.5, warmup=False)
+    restored.load_state_dict(ema.state_dict())
+    assert torch.equal(restored.shadow["weight"], ema.shadow["weight"]) and restored.updates == 1
+
+
+def test_full_state_reassembles_padded_zero3_partitions():
+    weight = torch.arange(7.0).view(7, 1)  # 7 elements over 2 ranks: slices of 4, the last padded
+    slices = [torch.tensor([0.0, 1, 2, 3]), torch.tensor([4.0, 5, 6, 0])]
+    states = [{"partitioned": True, "shapes": {"w": [7, 1]}, "shadow": {"w": s}} for s in slices]
+    assert torch.equal(full_state(states)["w"], weight)
+    replicated = [{"partitioned": False, "shapes": {"w": [7, 1]}, "shadow": {"w": weight}}]
+    assert torch.equal(full_state(replicated)["w"], weight)
+
+
+# ------------------------------------------------------------------ objective and FLOPs
+def test_micro_batch_slots_stratify_times_over_the_global_batch():
+    """The times every (rank, micro-batch) draws are together exactly the stratified grid of
+    the global batch: one shared u, each slot once."""
+    world, micro_batches, batch, seed, step = 2, 3, 4, 7, 11
+    drawn = []
+    for rank in range(world):
+        for micro in range(micro_batches):
+            slot = MicroBatchSlot(seed, step, rank, world, micro, micro_batches)
+            gen = step_generator(torch.device("cpu"), seed, step)
+            drawn.append(low_discrepancy_times(batch, gen, offset=slot.offset(batch),
+                                               global_batch_size=slot.global_batch(batch)))
+    times = torch.cat(drawn).sort().values
+    gaps = times.diff()
+    assert times.numel() == world * micro_batches * batch
+    assert torch.allclose(gaps, torch.full_like(gaps, 1.0 / times.numel()))
+
+
+def test_flops_per_token_follows_the_stated_formula():
+    n = sum(p.numel() for p in Transformer(preset("tiny", 50257)).parameters())
+    assert flops_per_token(preset("tiny", 50257), 256) == 6 * n + 12 * 4 * 256 * 256
+    medium = flops_per_token(preset("medium", 50257), 1024)
+    assert 6 * 350e6 < medium < 6 * 360e6 + 12 * 24 * 1024 * 1024  # GPT-2 medium: about 355M parameters

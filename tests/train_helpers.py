@@ -1,0 +1,151 @@
+"""Helpers for training tests: real shards of tinyshakespeare and real training processes.
+
+Training runs in subprocesses exactly as users start it: ``python -m pipeline.cli train``
+for one process, ``torch.distributed.run`` (torchrun) for two, rendezvousing on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.distributed import free_port
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+TINY = SHARED / "corpora" / "tinyshakespeare" / "input.txt"
+REPO = Path(__file__).resolve().parents[1]
+# A run longer than this is stuck: fail instead of hanging the suite.
+RUN_TIMEOUT_S = 300
+
+# A network small enough that a step takes well under a second on two cores.
+MICRO_CONFIG = {
+    "model": {"preset": "tiny", "n_layers": 2, "d_model": 64, "n_heads": 2},
+    "train": {"max_steps": 6, "global_batch_size": 8, "micro_batch_size": 2, "ema_decay": 0.9},
+    "optim": {"lr": 1.0e-3, "warmup_steps": 2},
+    "eval": {"every": 3, "batches": 2},
+    "checkpoint": {"every": 3, "keep_last": 2},
+    "logging": {"every": 1, "progress": False},
+    "data": {"num_workers": 0},
+}
+
+
+def tinyshakespeare_shards(root: Path, seq_len: int = 64, vocab_size: int = 384,
+                           max_bytes: int | None = 400_000) -> Path:
+    """Tokenizer + shards of (the start of) tinyshakespeare, made by the real prep."""
+    if not TINY.is_file():
+        pytest.skip(f"{TINY} is absent (see ../shared/data/SOURCES.md)")
+    from data_prep.prep import PrepConfig, prep
+    from data_prep.readers import ReadCounters, ReadOptions, plan_units, read_unit, resolve_inputs
+    from data_prep.tokenizer import train_sentencepiece
+
+    text = TINY.read_text(encoding="utf-8")
+    source = root / "input.txt"
+    source.write_text(text[:max_bytes] if max_bytes else text, encoding="utf-8")
+    options = ReadOptions()
+    documents = (piece.text for unit in plan_units(resolve_inputs([str(source)]), options)
+                 for piece in read_unit(unit, options, ReadCounters()))
+    tokenizer = train_sentencepiece(documents, root / "tokenizer", vocab_size)
+    out = root / "shards"
+    prep(PrepConfig(inputs=(str(source),), seq_len=seq_len, val_fraction=0.1, read=options), tokenizer, out,
+         workers=1, progress=False)
+    return out
+
+
+def write_config(path: Path, overrides: dict | None = None) -> Path:
+    config = json.loads(json.dumps(MICRO_CONFIG))
+    for section, values in (overrides or {}).items():
+        config.setdefault(section, {}).update(values)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def train_command(world_size: int, args: list[str]) -> list[str]:
+    if world_size == 1:
+        return [sys.executable, "-m", "pipeline.cli", "train", *args]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world_size}", "--nnodes=1",
+            "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "pipeline.cli", "train", *args]
+
+
+def _env(extra: dict[str, str] | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                            "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **(extra or {}))
+    return env
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str
+    run_dir: Path
+
+    def metrics(self) -> list[dict]:
+        path = self.run_dir / "metrics.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+    def losses(self) -> dict[int, float]:
+        """Training loss per step (a resumed step's last record wins)."""
+        return {m["step"]: m["train/loss"] for m in self.metrics() if "train/loss" in m}
+
+    def validations(self) -> dict[int, float]:
+        return {m["step"]: m["val/nelbo_per_token"] for m in self.metrics() if "val/nelbo_per_token" in m}
+
+
+def run_train(run_dir: Path, data: Path, config: Path, *, world_size: int = 1, extra: list[str] = (),
+              env: dict[str, str] | None = None, check: bool = True) -> Run:
+    """Train to completion in a subprocess."""
+    args = ["--config", str(config), "--data", str(data), "--run-dir", str(run_dir), *extra]
+    proc = subprocess.run(train_command(world_size, args), cwd=REPO, env=_env(env), capture_output=True,
+                          text=True, timeout=RUN_TIMEOUT_S)
+    run = Run(proc.returncode, proc.stdout + proc.stderr, run_dir)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"training failed ({proc.returncode}):\n{run.output[-4000:]}")
+    return run
+
+
+def _signal_tree(pid: int, stop: signal.Signals) -> None:
+    """Signal a process and all its descendants (torchrun starts each worker in its own
+    session, so a process-group signal would miss them)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            process.send_signal(stop)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def run_until_stall(run_dir: Path, data: Path, config: Path, stall_after: int, *, world_size: int = 1,
+                    stop: signal.Signals = signal.SIGKILL, extra: list[str] = ()) -> Run:
+    """Train until the stall hook fires after ``stall_after`` steps, then send ``stop`` to the
+    whole process group (SIGKILL: a crash; SIGTERM: a preemption) and wait for the end."""
+    args = ["--config", str(config), "--data", str(data), "--run-dir", str(run_dir), *extra]
+    proc = subprocess.Popen(train_command(world_size, args), cwd=REPO,
+                            env=_env({"UNMASK_TRAIN_STALL_AFTER_STEP": str(stall_after)}),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "unmask: stalling after step" in line:
+                _signal_tree(proc.pid, stop)
+                break
+        rest, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+        lines.append(rest or "")
+    finally:
+        if proc.poll() is None:
+            _signal_tree(proc.pid, signal.SIGKILL)
+            proc.wait()
+    output = "".join(lines)
+    if "unmask: stalling after step" not in output:
+        raise AssertionError(f"the run never reached step {stall_after}:\n{output[-4000:]}")
+    return Run(proc.returncode, output, run_dir)
