@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from pathlib import Path
 
 from pipeline.config import load_config, parse_overrides
@@ -60,7 +61,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if result.validation is not None:
         summary["val_nelbo_per_token"] = result.validation.nelbo_per_token
         summary["val_bits_per_byte"] = result.validation.bits_per_byte
-    if int(__import__("os").environ.get("RANK", "0")) == 0:
+    if os.environ.get("RANK", "0") == "0":  # one summary per job, not per process
         print(json.dumps(summary))
     return 0
 

@@ -54,7 +54,8 @@ class ModelSection:
 class DataSection:
     """Where the shards are and how they are streamed."""
 
-    path: str | None = None                     # `unmask prep --out` directory (or --data)
+    # Where the shards are may change on resume: their identity is checked by the manifest hash.
+    path: str | None = field(default=None, metadata=RESUME_SAFE)   # `unmask prep --out` directory
     train_split: str = "train"
     val_split: str = "val"
     num_workers: int = field(default=1, metadata=RESUME_SAFE)   # DataLoader processes per rank
@@ -311,11 +312,12 @@ def parse_overrides(args: list[str]) -> dict[str, str]:
     return overrides
 
 
-def config_differences(saved: dict, current: dict) -> list[str]:
-    """Fields that differ between a checkpoint's config and this one, excluding RESUME_SAFE
-    fields, as ``"optim.lr: checkpoint 0.0003, now 0.0001"``."""
-    safe = {f"{s.name}.{f.name}" for s in fields(Config)
-            for f in fields(typing.get_type_hints(Config)[s.name]) if f.metadata.get("resume_safe")}
+def config_differences(saved: dict, current: dict, *, include_resume_safe: bool = False) -> list[str]:
+    """Fields that differ between a checkpoint's config and this one, as
+    ``"optim.lr: checkpoint 0.0003, now 0.0001"``; RESUME_SAFE fields only when asked."""
+    safe = set() if include_resume_safe else {
+        f"{s.name}.{f.name}" for s in fields(Config)
+        for f in fields(typing.get_type_hints(Config)[s.name]) if f.metadata.get("resume_safe")}
     differ = []
     for section, values in current.items():
         for key, value in values.items():

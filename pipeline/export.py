@@ -29,7 +29,7 @@ from pipeline.ema import full_state
 from pipeline.errors import UserError
 from pipeline.run_setup import TOKENIZER_DIR
 
-__all__ = ["export", "load_export", "Exported", "EXPORT_DIR", "canonical_name"]
+__all__ = ["export", "write_export", "load_export", "Exported", "EXPORT_DIR", "canonical_name"]
 
 EXPORT_DIR = "export"
 WEIGHTS_FILE = "model.safetensors"
@@ -74,19 +74,33 @@ def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["em
     tensors = {canonical_name(name): t.float().contiguous() for name, t in raw.items()}
     _check_complete(tensors, network, checkpoint)
     out = Path(out_dir) if out_dir is not None else run_dir / EXPORT_DIR
-    staging = out.with_name(out.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt", "weights": weights})
     tokenizer_src = run_dir / TOKENIZER_DIR
     if not tokenizer_src.is_dir():
         raise UserError(f"{run_dir}: no {TOKENIZER_DIR}/ directory (written when training starts)")
-    shutil.copytree(tokenizer_src, staging / TOKENIZER_DIR)
-    atomic_write_bytes(staging / CONFIG_FILE, json.dumps(_export_config(state, checkpoint, weights),
-                                                         indent=2, sort_keys=True).encode())
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)  # the export appears whole or not at all
+    write_export(out, tensors, _export_config(state, checkpoint, weights), tokenizer_src)
+    _track(run_dir, out)
     return out
+
+
+def write_export(out: Path, tensors: dict[str, torch.Tensor], config: dict, tokenizer_dir: Path) -> None:
+    """Write an export directory; it appears whole or not at all (staged, then renamed)."""
+    staging = out.with_name(out.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt", "weights": config["weights"]})
+    shutil.copytree(tokenizer_dir, staging / TOKENIZER_DIR)
+    atomic_write_bytes(staging / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True).encode())
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+
+
+def _track(run_dir: Path, out: Path) -> None:
+    """Attach the export's config to the training's MLflow run, when it has one."""
+    from pipeline.tracking import Tracker
+
+    tracker = Tracker.attach(run_dir)
+    if tracker is not None:
+        tracker.log_artifact(out / CONFIG_FILE, artifact_path=out.name)
 
 
 def _check_complete(tensors: dict[str, torch.Tensor], network: TransformerConfig, checkpoint: Path) -> None:

@@ -150,8 +150,17 @@ class Tracker:
         return cls._create(run_dir, tracking_uri, experiment, run_name)
 
     @classmethod
+    def attach(cls, run_dir: Path) -> Tracker | None:
+        """The run recorded in ``run_dir`` with its status unchanged, or None when there is
+        none: later stages (export, evaluation) add artifacts to the training's run."""
+        _quiet_migration_logs()
+        record_path = Path(run_dir) / TRACKING_FILE
+        record = _read_record(record_path)
+        return None if record is None else cls._resume(record, record_path, None, mark_running=False)
+
+    @classmethod
     def _resume(cls, record: dict[str, str], record_path: Path,
-                tracking_uri: str | None) -> Tracker:
+                tracking_uri: str | None, *, mark_running: bool = True) -> Tracker:
         recorded_uri = record["tracking_uri"]
         if tracking_uri is not None and not _same_uri(tracking_uri, recorded_uri):
             raise UserError(
@@ -168,7 +177,8 @@ class Tracker:
                 raise
             raise UserError(f"{record_path}: MLflow run {run_id} does not exist at {recorded_uri}; "
                             "delete the file to start a new MLflow run") from None
-        client.update_run(run_id, status="RUNNING")
+        if mark_running:
+            client.update_run(run_id, status="RUNNING")
         return cls(client, run_id, recorded_uri, run.info.experiment_id)
 
     @classmethod

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from data_prep.loader import StreamingLoader
 from data_prep.shards import Manifest
 from model.transformer import Transformer
-from pipeline.checkpoint import CheckpointManager, TrainState
+from pipeline.checkpoint import CheckpointManager, TrainState, read_state
 from pipeline.config import Config, config_differences
 from pipeline.distributed import Distributed, init_distributed
 from pipeline.ema import EMA
@@ -140,8 +140,6 @@ class Trainer:
             log.info("resumed from %s (step %d, %d tokens seen)", latest, self.state.step, self.state.tokens_seen)
 
     def _check_compatible(self, directory: Path, allow_config_change: bool) -> dict:
-        from pipeline.checkpoint import read_state
-
         saved = read_state(directory)
         if saved["tokenizer_sha256"] != self.tokenizer.sha256 or saved["data_sha256"] != self.manifest.sha256():
             what = "tokenizer" if saved["tokenizer_sha256"] != self.tokenizer.sha256 else "data (manifest.json)"
@@ -153,7 +151,7 @@ class Trainer:
         if differ and not allow_config_change:
             raise UserError(f"cannot resume {directory} with a different config: " + "; ".join(differ)
                             + ". Pass --allow-config-change to resume anyway.")
-        self.config_changes = differ
+        self.config_changes = config_differences(saved["config"], self.config.to_dict(), include_resume_safe=True)
         return saved
 
     # ------------------------------------------------------------------ tracking

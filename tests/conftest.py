@@ -27,3 +27,11 @@ class ConstantDenoiser:
 @pytest.fixture
 def small_oracle() -> EnumerableDistribution:
     return EnumerableDistribution.random(3, 4, torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="session")
+def tinyshakespeare_shards(tmp_path_factory):
+    """Tokenizer and shards of the start of tinyshakespeare (seq_len 64), by the real prep."""
+    from tests.train_helpers import make_tinyshakespeare_shards
+
+    return make_tinyshakespeare_shards(tmp_path_factory.mktemp("tinyshakespeare"))

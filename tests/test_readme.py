@@ -3,6 +3,9 @@
 import re
 from pathlib import Path
 
+from data_prep.tokenizer import train_sentencepiece
+from model.transformer import Transformer, preset
+from pipeline.export import write_export
 from tests.shard_fixtures import write_numbered_split
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -13,6 +16,7 @@ def test_readme_python_examples_run(tmp_path, monkeypatch):
     assert blocks, "the README lost its API examples"
     monkeypatch.chdir(tmp_path)
     write_numbered_split(tmp_path / "shards", [20, 12], seq_len=16)  # what the loader example reads
+    _write_an_export(tmp_path / "runs" / "tiny" / "export")          # what the export example loads
     namespace: dict = {}  # later examples continue earlier ones
     for block in blocks:
         exec(compile(block, str(README), "exec"), namespace)
@@ -20,3 +24,13 @@ def test_readme_python_examples_run(tmp_path, monkeypatch):
     assert namespace["stats"].network_calls <= 2 * 64
     assert namespace["loss"].shape == (2,)
     assert namespace["batch"].shape == (8, 16)
+
+
+def _write_an_export(out: Path) -> None:
+    """An export of an untrained tiny network, written by the exporter's own writer."""
+    text = [f"the quick brown fox {i} jumps over the lazy dog number {i * 7}" for i in range(400)]
+    tokenizer = train_sentencepiece(text, out.parent / "tok", vocab_size=320)
+    network = Transformer(preset("tiny", tokenizer.vocab_size, n_layers=1, d_model=32, n_heads=2))
+    config = {"network": vars(network.config), "objective": "diffusion", "weights": "ema", "step": 0,
+              "tokenizer_sha256": tokenizer.sha256}
+    write_export(out, network.state_dict(), config, out.parent / "tok")

@@ -37,7 +37,7 @@ MICRO_CONFIG = {
 }
 
 
-def tinyshakespeare_shards(root: Path, seq_len: int = 64, vocab_size: int = 384,
+def make_tinyshakespeare_shards(root: Path, seq_len: int = 64, vocab_size: int = 384,
                            max_bytes: int | None = 400_000) -> Path:
     """Tokenizer + shards of (the start of) tinyshakespeare, made by the real prep."""
     if not TINY.is_file():
