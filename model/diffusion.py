@@ -17,13 +17,24 @@ over the V clean tokens (SUBS: no mask logit, so the mask is never predicted). A
 whose ``accepts_output_mask`` attribute is true may instead be called with
 ``output_mask=BoolTensor[B, L]`` and return logits ``[N, V]`` for just the N selected
 positions, which skips the output projection everywhere else.
+
+Scoring only some positions (``positions``, bool [B, L], True = a real token): the others
+(padding of a partial evaluation block) are never masked and never scored, so they stay
+visible as given, like a prompt, and the bound is one on -log p(real tokens | the others).
+The endpoint terms then count only the real tokens. ``positions=None`` scores every token
+and draws exactly the same random numbers as before (the mask is only ANDed with it).
+
+Randomness per row: ``generator`` may also be a sequence of generators, one per row; row i
+then draws its uniforms from its own generator (on that generator's device), so its masks
+do not depend on which other rows share its batch. The zero-shot estimator uses this to
+make its result independent of batch size and of the split over data-parallel ranks.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +45,11 @@ from model.schedules import Schedule
 
 Denoiser = Callable[..., Tensor]
 Reconstruction = Literal["model", "uniform"]
+# One generator for the whole batch, or one per row (see the module docstring).
+Generators = torch.Generator | Sequence[torch.Generator] | None
 
-__all__ = ["Denoiser", "MaskedDiffusion", "NelboTerms", "check_token_ids", "low_discrepancy_times"]
+__all__ = ["Denoiser", "Generators", "MaskedDiffusion", "NelboTerms", "check_token_ids",
+           "low_discrepancy_times"]
 
 
 def check_token_ids(x: Tensor, name: str, max_id: int, *, check_values: bool = True) -> None:
@@ -116,24 +130,31 @@ class MaskedDiffusion:
         return self.vocab_size
 
     # ---------------------------------------------------------------- forward process
-    def corrupt(self, x0: Tensor, t: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """Sample z_t ~ q(z_t | x0): each token independently masked with prob 1 - alpha(t)."""
+    def corrupt(self, x0: Tensor, t: Tensor, generator: Generators = None, *,
+                positions: Tensor | None = None) -> Tensor:
+        """Sample z_t ~ q(z_t | x0): each token independently masked with prob 1 - alpha(t).
+
+        Positions where ``positions`` is False are never masked.
+        """
         self._check_tokens(x0, "x0", allow_mask=False)
         self._check_times(t, x0.shape[0])
-        return self._corrupt(x0, t, generator)[0]
+        self._check_positions(positions, x0)
+        return self._corrupt(x0, t, generator, positions)[0]
 
-    def _corrupt(self, x0: Tensor, t: Tensor, generator: torch.Generator | None,
-                 ) -> tuple[Tensor, Tensor]:
+    def _corrupt(self, x0: Tensor, t: Tensor, generator: Generators,
+                 positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         masking_rate = self.schedule.masking_rate(t.to(torch.float64)).to(x0.device)
         # float64 uniforms: masking rates near t = 0 are ~1e-4 and must not be quantized.
-        u = torch.rand(x0.shape, generator=generator, dtype=torch.float64, device=x0.device)
+        u = _uniforms(x0.shape, generator, x0.device)
         masked = u < masking_rate[:, None]
+        if positions is not None:  # the same draws either way: padding just never masks
+            masked &= positions
         return torch.where(masked, self.mask_id, x0), masked
 
     # ---------------------------------------------------------------- bounds
     def nelbo(self, denoiser: Denoiser, x0: Tensor, t: Tensor | None = None,
-              generator: torch.Generator | None = None, *,
-              reconstruction: Reconstruction = "model") -> Tensor:
+              generator: Generators = None, *,
+              reconstruction: Reconstruction = "model", positions: Tensor | None = None) -> Tensor:
         """One-sample unbiased estimate of the continuous-time NELBO per sequence, nats [B].
 
         ``t=None`` draws low-discrepancy times over this batch (``low_discrepancy_times``
@@ -142,53 +163,65 @@ class MaskedDiffusion:
         L * endpoint_eps of them); ``"uniform"`` uses a uniform decoder instead: its exact
         expectation L * (1 - alpha(0)) * log V, no network call, a bound looser by at most
         that much. Distributed training uses ``"uniform"`` so every rank makes the same calls.
+        ``positions`` (bool [B, L]) scores only its True tokens; see the module docstring.
         """
-        return self.nelbo_terms(denoiser, x0, t, generator, reconstruction=reconstruction).total
+        return self.nelbo_terms(denoiser, x0, t, generator, reconstruction=reconstruction,
+                                positions=positions).total
 
     def nelbo_terms(self, denoiser: Denoiser, x0: Tensor, t: Tensor | None = None,
-                    generator: torch.Generator | None = None, *,
-                    reconstruction: Reconstruction = "model") -> NelboTerms:
+                    generator: Generators = None, *,
+                    reconstruction: Reconstruction = "model",
+                    positions: Tensor | None = None) -> NelboTerms:
         """``nelbo`` with its terms kept apart (evaluation plots the per-t contribution)."""
         self._check_tokens(x0, "x0", allow_mask=False)
+        self._check_positions(positions, x0)
         if t is None:
-            t = low_discrepancy_times(x0.shape[0], generator, device=x0.device)
+            t = low_discrepancy_times(x0.shape[0], _single(generator, "t"), device=x0.device)
         self._check_times(t, x0.shape[0])
         # Schedule math runs where t lives: CPU times keep a GPU step free of host syncs.
         weight = self.schedule.weight(t.to(torch.float64)).to(x0.device)
-        cross_entropy, num_masked = self._masked_cross_entropy(denoiser, x0, t, generator)
+        cross_entropy, num_masked = self._masked_cross_entropy(denoiser, x0, t, generator, positions)
         return NelboTerms(
             t=t,
             diffusion=weight * cross_entropy,
-            reconstruction=self._reconstruction(denoiser, x0, generator, reconstruction),
-            prior=self._prior(x0),
+            reconstruction=self._reconstruction(denoiser, x0, generator, reconstruction, positions),
+            prior=self._prior(x0, positions),
             num_masked=num_masked,
         )
 
     def nelbo_discrete(self, denoiser: Denoiser, x0: Tensor, steps: int,
-                       generator: torch.Generator | None = None) -> Tensor:
+                       generator: Generators = None, *, u: Tensor | None = None,
+                       positions: Tensor | None = None) -> Tensor:
         """One-sample unbiased estimate of the T-step discrete-time NELBO per sequence [B].
 
         The grid is t(i) = i/T, s(i) = (i-1)/T. Step i is drawn uniformly (stratified over
         the batch) and its KL, (alpha_s - alpha_t) / (1 - alpha_t) times the masked
-        cross-entropy, is scaled by T. Endpoint terms as in ``nelbo``.
+        cross-entropy, is scaled by T. Endpoint terms as in ``nelbo``. ``u`` (float [B] in
+        [0, 1]) gives the uniforms that pick the steps (row b scores step floor(u_b T) + 1)
+        instead of drawing them here, as ``t`` does for ``nelbo``.
         """
         self._check_tokens(x0, "x0", allow_mask=False)
+        self._check_positions(positions, x0)
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be an int >= 1, got {steps!r}")
-        u = low_discrepancy_times(x0.shape[0], generator, device=x0.device)
-        step = torch.floor(u * steps).clamp(max=steps - 1) + 1  # in {1, ..., T}
+        if u is None:
+            u = low_discrepancy_times(x0.shape[0], _single(generator, "u"), device=x0.device)
+        self._check_times(u, x0.shape[0])
+        step = torch.floor(u.to(torch.float64) * steps).clamp(max=steps - 1) + 1  # in {1, ..., T}
         t, s = step / steps, (step - 1) / steps
         alpha_t, alpha_s = self.schedule.alpha(t), self.schedule.alpha(s)
-        step_weight = steps * (alpha_s - alpha_t) / self.schedule.masking_rate(t)
-        cross_entropy, _ = self._masked_cross_entropy(denoiser, x0, t, generator)
-        return (step_weight * cross_entropy + self._reconstruction(denoiser, x0, generator, "model")
-                + self._prior(x0))
+        step_weight = (steps * (alpha_s - alpha_t) / self.schedule.masking_rate(t)).to(x0.device)
+        cross_entropy, _ = self._masked_cross_entropy(denoiser, x0, t, generator, positions)
+        return (step_weight * cross_entropy
+                + self._reconstruction(denoiser, x0, generator, "model", positions)
+                + self._prior(x0, positions))
 
     def _masked_cross_entropy(self, denoiser: Denoiser, x0: Tensor, t: Tensor,
-                              generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+                              generator: Generators, positions: Tensor | None,
+                              ) -> tuple[Tensor, Tensor]:
         """Sample z_t; return sum over masked n of -log p(x_n | z_t, t) per sequence (float64)
         and the number of masked positions."""
-        z_t, masked = self._corrupt(x0, t, generator)
+        z_t, masked = self._corrupt(x0, t, generator, positions)
         t = t.to(x0.device)
         return self.masked_token_nll(denoiser, z_t, t, x0, masked), masked.sum(-1)
 
@@ -211,16 +244,18 @@ class MaskedDiffusion:
         return torch.zeros(batch, dtype=torch.float64, device=x0.device).index_add_(
             0, rows, nll.to(torch.float64))
 
-    def _reconstruction(self, denoiser: Denoiser, x0: Tensor, generator: torch.Generator | None,
-                        kind: Reconstruction) -> Tensor:
+    def _reconstruction(self, denoiser: Denoiser, x0: Tensor, generator: Generators,
+                        kind: Reconstruction, positions: Tensor | None = None) -> Tensor:
         batch, length = x0.shape
         if kind == "uniform":
             rate = self._endpoint_masking_rate(0.0)
+            if positions is not None:
+                return rate * _num_scored(positions) * math.log(self.vocab_size)
             return x0.new_full((batch,), rate * length * math.log(self.vocab_size), dtype=torch.float64)
         if kind != "model":
             raise ValueError(f"reconstruction must be 'model' or 'uniform', got {kind!r}")
         zero_time = torch.zeros(batch, dtype=torch.float64, device=x0.device)
-        z_0, masked = self._corrupt(x0, zero_time, generator)
+        z_0, masked = self._corrupt(x0, zero_time, generator, positions)
         needed = masked.any(-1)
         out = torch.zeros(batch, dtype=torch.float64, device=x0.device)
         if bool(needed.any()):
@@ -228,9 +263,11 @@ class MaskedDiffusion:
                 denoiser, z_0[needed], zero_time[needed], x0[needed], masked[needed])
         return out
 
-    def _prior(self, x0: Tensor) -> Tensor:
+    def _prior(self, x0: Tensor, positions: Tensor | None = None) -> Tensor:
         batch, length = x0.shape
         alpha_one = 1.0 - self._endpoint_masking_rate(1.0)
+        if positions is not None:  # KL(q(z_1 | x) || p(z_1)) of the real tokens only
+            return alpha_one * _num_scored(positions) * math.log(self.vocab_size)
         return x0.new_full((batch,), alpha_one * length * math.log(self.vocab_size), dtype=torch.float64)
 
     def _endpoint_masking_rate(self, t: float) -> float:
@@ -259,6 +296,16 @@ class MaskedDiffusion:
         if self.validate and not allow_mask and bool((x == self.mask_id).any()):
             raise ValueError(f"{name} holds the mask id {self.mask_id}, which is not a clean token")
 
+    def _check_positions(self, positions: Tensor | None, x0: Tensor) -> None:
+        if positions is None:
+            return
+        if not isinstance(positions, Tensor) or positions.dtype != torch.bool:
+            got = positions.dtype if isinstance(positions, Tensor) else type(positions).__name__
+            raise ValueError(f"positions must be a BoolTensor, got {got}")
+        if positions.shape != x0.shape:
+            raise ValueError(f"positions must have the shape of x0 {tuple(x0.shape)}, "
+                             f"got {tuple(positions.shape)}")
+
     def _check_times(self, t: Tensor, batch: int) -> None:
         if not isinstance(t, Tensor) or not t.is_floating_point():
             raise ValueError(f"t must be a floating-point tensor, got "
@@ -274,3 +321,27 @@ class MaskedDiffusion:
         if tuple(logits.shape) != expected:
             raise ValueError(f"denoiser returned logits of shape {tuple(logits.shape)}, expected "
                              f"{expected} (logits over the {self.vocab_size} clean tokens, no mask logit)")
+
+
+# -------------------------------------------------------------------- helpers
+def _uniforms(shape: torch.Size, generator: Generators, device: torch.device) -> Tensor:
+    """float64 U[0, 1) of ``shape`` [B, L]: from one generator, or row b from generator[b]."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
+    if len(generator) != shape[0]:
+        raise ValueError(f"got {len(generator)} generators for a batch of {shape[0]} rows")
+    # Each row on its own generator's device: a row's masks then do not depend on the device.
+    rows = [torch.rand(shape[1:], generator=g, dtype=torch.float64, device=g.device) for g in generator]
+    return torch.stack(rows).to(device)
+
+
+def _single(generator: Generators, drawn: str) -> torch.Generator | None:
+    """The batch generator, for a draw shared by the batch (its low-discrepancy times)."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return generator
+    raise ValueError(f"with one generator per row, pass {drawn} (the times are shared by the batch)")
+
+
+def _num_scored(positions: Tensor) -> Tensor:
+    """Real tokens per sequence, float64 [B]."""
+    return positions.sum(-1, dtype=torch.float64)
