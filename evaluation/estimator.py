@@ -85,7 +85,6 @@ from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from model.autoregressive import Autoregressive
@@ -393,27 +392,12 @@ def autoregressive_nll(autoregressive: Autoregressive, network: Denoiser, blocks
     total = 0.0
     for _, ids in _work(blocks, range(1), plan):
         x0, positions = blocks.tokens[ids].to(plan.device), blocks.positions[ids].to(plan.device)
-        total += float(_scored_autoregressive_nll(autoregressive, network, x0, positions).sum())
+        total += float(autoregressive.nll(network, x0, positions).sum())
     (total,) = (all_reduce or _identity)([total])
     return BoundEstimate(
         nelbo_per_token=total / blocks.num_tokens, standard_error=0.0,
         num_tokens=blocks.num_tokens, num_blocks=blocks.num_blocks, samples_per_block=1,
         kind="autoregressive", discrete_steps=None, seed=None, error_method="exact")
-
-
-def _scored_autoregressive_nll(autoregressive: Autoregressive, network: Denoiser, x0: Tensor,
-                               positions: Tensor) -> Tensor:
-    """``Autoregressive.nll`` summed over the real positions only, per block (float64)."""
-    check_token_ids(x0, "x0", autoregressive.vocab_size - 1, check_values=autoregressive.validate)
-    batch, length = x0.shape
-    start = x0.new_full((batch, 1), autoregressive.start_id)
-    logits = network(torch.cat([start, x0[:, :-1]], dim=1), None)
-    if tuple(logits.shape) != (batch, length, autoregressive.vocab_size):
-        raise ValueError(f"network returned logits of shape {tuple(logits.shape)}, "
-                         f"expected {(batch, length, autoregressive.vocab_size)}")
-    nll = F.cross_entropy(logits.float().flatten(0, 1), x0.flatten(), reduction="none")
-    # where, not a product: a padding position's loss may be inf and must not turn into NaN.
-    return torch.where(positions, nll.view(batch, length).to(torch.float64), 0.0).sum(-1)
 
 
 # ------------------------------------------------------------------------------ checks

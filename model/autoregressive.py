@@ -30,8 +30,12 @@ class Autoregressive:
     def start_id(self) -> int:
         return self.vocab_size
 
-    def nll(self, network: Denoiser, x0: Tensor) -> Tensor:
-        """Exact -log p(x0) per sequence in nats (float64) under a causal ``network``."""
+    def nll(self, network: Denoiser, x0: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Exact -log p(x0) per sequence in nats (float64) under a causal ``network``.
+
+        ``positions`` (bool [B, L]) sums only the True tokens (the padding of a partial
+        evaluation block follows the real tokens, so the model never conditions on it).
+        """
         check_token_ids(x0, "x0", self.vocab_size - 1, check_values=self.validate)
         batch, length = x0.shape
         start = x0.new_full((batch, 1), self.start_id)
@@ -40,4 +44,8 @@ class Autoregressive:
             raise ValueError(f"network returned logits of shape {tuple(logits.shape)}, "
                              f"expected {(batch, length, self.vocab_size)}")
         nll = F.cross_entropy(logits.float().flatten(0, 1), x0.flatten(), reduction="none")
-        return nll.view(batch, length).to(torch.float64).sum(-1)
+        nll = nll.view(batch, length).to(torch.float64)
+        if positions is not None:
+            # where, not a product: a padding position's loss may be inf and must not become NaN.
+            nll = torch.where(positions, nll, 0.0)
+        return nll.sum(-1)
