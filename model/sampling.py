@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 GRIDS = ("uniform", "cosine")
 
-__all__ = ["GRIDS", "SamplingStats", "ancestral_sample", "time_grid", "top_p_filter"]
+__all__ = ["GRIDS", "SamplingStats", "ancestral_sample", "inverse_cdf", "time_grid", "top_p_filter"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
     return kept / kept.sum(-1, keepdim=True)
 
 
-def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
+def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     """Draw one index per row of ``probs`` (float64) from uniforms ``u`` in [0, 1)."""
     cdf = probs.cumsum(-1)
     target = (u * cdf[:, -1]).unsqueeze(-1)
@@ -145,6 +145,6 @@ def ancestral_sample(
         if top_p is not None and top_p < 1.0:
             probs = top_p_filter(probs, top_p)
         block = z[rows]
-        block[chosen] = _inverse_cdf(probs, u_token[rows][chosen])
+        block[chosen] = inverse_cdf(probs, u_token[rows][chosen])
         z[rows] = block
     return z, SamplingStats(steps=steps, network_calls=calls, rows_evaluated=rows_evaluated)

@@ -8,6 +8,8 @@ import sys
 from importlib import metadata
 
 from data_prep import commands as data_prep_commands
+from evaluation import commands as evaluation_commands
+from evaluation import generation as generation_commands
 from pipeline import commands as pipeline_commands
 from pipeline.errors import UserError
 
@@ -24,6 +26,8 @@ examples:
   unmask prep --input corpus/ --out shards/ --seq-len 1024 --tokenizer tok/ --workers 4
   unmask train --config configs/tiny.yaml --data shards/ --run-dir runs/tiny
   unmask export runs/tiny
+  unmask eval runs/tiny --datasets ptb,wikitext2,lambada,lm1b --data-dir ../shared/data
+  unmask sample runs/tiny --num 4 --steps 1000 --prompt "ROMEO:"
   unmask version --all
 """
 
@@ -60,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     version.set_defaults(handler=_cmd_version)
     data_prep_commands.register(commands)
     pipeline_commands.register(commands)
+    evaluation_commands.register(commands)
+    generation_commands.register(commands)
     return parser
 
 

@@ -74,15 +74,14 @@ class Distributed:
         return self.device if self.backend == "nccl" else torch.device("cpu")
 
 
-def init_distributed(timeout_minutes: float = 30.0) -> Distributed:
-    """Join (or, alone, create) the default process group through DeepSpeed.
+def init_distributed(timeout_minutes: float = 30.0, *, deepspeed_backend: bool = True) -> Distributed:
+    """Join (or, alone, create) the default process group, through DeepSpeed for training
+    (``deepspeed_backend``) or torch alone (evaluation, which needs no DeepSpeed).
 
     Backend: NCCL with CUDA, gloo on CPU. A process that no launcher started gets
     RANK=0, WORLD_SIZE=1 and a free loopback port.
     """
     import datetime
-
-    import deepspeed
 
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR=LOOPBACK,
@@ -97,8 +96,14 @@ def init_distributed(timeout_minutes: float = 30.0) -> Distributed:
     # DeepSpeed 0.19 calls all_gather_into_tensor, deprecated in torch 2.13, on every ZeRO-3
     # gather: one warning per call would bury the training log.
     warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
-    if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False,
-                                   timeout=datetime.timedelta(minutes=timeout_minutes))
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    if dist.is_initialized():
+        pass
+    elif deepspeed_backend:
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False, timeout=timeout)
+    elif world_size > 1:
+        dist.init_process_group(backend=backend, timeout=timeout)
     return Distributed(rank=rank, world_size=world_size, local_rank=local_rank, device=device,
                        backend=backend)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from model.diffusion import MaskedDiffusion
-from model.sampling import _inverse_cdf, time_grid, top_p_filter
+from model.sampling import inverse_cdf, time_grid, top_p_filter
 from model.schedules import make_schedule
 from model.transformer import Transformer, TransformerConfig
 from tests.conftest import ConstantDenoiser
@@ -91,13 +91,13 @@ def test_sampling_with_top_p_draws_only_from_the_nucleus():
     assert abs(float((full == 0).double().mean()) - 0.15) < 0.02
 
 
-def test_inverse_cdf_resolves_probabilities_float32_cannot():
+def testinverse_cdf_resolves_probabilities_float32_cannot():
     tiny = 1e-10  # float32 has no number between 1 - 6e-8 and 1
     probs = torch.tensor([[1 - tiny, tiny], [tiny, 1 - tiny], [0.5, 0.5]], dtype=torch.float64)
     u = torch.tensor([1 - tiny / 2, tiny / 2, 0.0], dtype=torch.float64)
-    assert _inverse_cdf(probs, u).tolist() == [1, 0, 0]
+    assert inverse_cdf(probs, u).tolist() == [1, 0, 0]
     zero_first = torch.tensor([[0.0, 1.0]], dtype=torch.float64)
-    assert _inverse_cdf(zero_first, torch.zeros(1, dtype=torch.float64)).tolist() == [1]
+    assert inverse_cdf(zero_first, torch.zeros(1, dtype=torch.float64)).tolist() == [1]
 
 
 def test_time_grids():

@@ -1,0 +1,173 @@
+"""The ``unmask eval`` command: bounds per dataset -> MLflow and ``RUN/report/``."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+from pathlib import Path
+
+from pipeline.errors import UserError
+
+RAW = argparse.RawDescriptionHelpFormatter
+log = logging.getLogger("unmask.eval")
+
+EVAL_EPILOG = """\
+examples:
+  unmask eval runs/tiny --datasets ptb,wikitext2,lambada,lm1b --data-dir ../shared/data
+  unmask eval runs/tiny --datasets val --shards shards/ --samples 32
+  unmask eval runs/m/export --datasets wikitext103 --data-dir data/ --target-rel-error 0.002
+  torchrun --nproc-per-node 8 -m pipeline.cli eval runs/m --datasets lambada,ptb --data-dir data/
+"""
+REPORT_DIR = "report"
+CURVE_METRICS = ("train/loss", "val/nelbo_per_token")
+
+
+def _export_dir(path: Path, rank: int) -> tuple[Path, Path | None]:
+    """(export directory, training run directory or None) of RUN_OR_EXPORT; a run without an
+    export is exported first (EMA weights of its latest checkpoint)."""
+    from pipeline.export import CONFIG_FILE, EXPORT_DIR, export
+
+    if (path / CONFIG_FILE).is_file() and (path / "model.safetensors").is_file():
+        run_dir = path.parent if (path.parent / "checkpoints").is_dir() else None
+        return path, run_dir
+    if (path / "checkpoints").is_dir():
+        if not (path / EXPORT_DIR / CONFIG_FILE).is_file() and rank == 0:
+            log.info("%s has no export yet: exporting its latest checkpoint (EMA weights)", path)
+            export(path)
+        return path / EXPORT_DIR, path
+    raise UserError(f"{path}: neither a training run (no checkpoints/) nor an export (no {CONFIG_FILE}); "
+                    f"give RUN or RUN/export")
+
+
+def _model_record(export_dir: Path, exported) -> dict:
+    config = exported.config
+    weights = ("EMA weights (decay {})".format(config.get("ema_decay")) if config.get("weights") == "ema"
+               else "live weights (no EMA: exported with --weights model)")
+    return {"path": str(export_dir.resolve()), "objective": config["objective"], "step": config.get("step"),
+            "tokens_seen": config.get("tokens_seen"), "weights": config.get("weights"), "weights_note": weights,
+            "network": dict(config["network"]),
+            "tokenizer": {"kind": exported.tokenizer.kind, "sha256": exported.tokenizer.sha256,
+                          "vocab_size": exported.tokenizer.vocab_size}}
+
+
+def _tracker(run_dir: Path | None, out_dir: Path, uri: str | None, model: dict):
+    """The training's MLflow run when known; else a new run (tagged with the checkpoint)."""
+    from pipeline.tracking import Tracker
+
+    tracker = Tracker.attach(run_dir) if run_dir is not None and uri is None else None
+    if tracker is None:
+        tracker = Tracker.open(out_dir, tracking_uri=uri, experiment="unmask-eval")
+        tracker.set_tags({"checkpoint": model["path"], "step": str(model["step"])})
+    return tracker
+
+
+def _log_metrics(tracker, results: dict) -> None:
+    step = results["model"]["step"] or 0
+    for name, record in results["datasets"].items():
+        key = name.replace("/", "_")
+        tracker.log_metrics({f"eval/{key}/nelbo_per_token": record["nelbo_per_token"],
+                             f"eval/{key}/perplexity_bound": record["perplexity_bound"],
+                             f"eval/{key}/bits_per_byte": record["bits_per_byte"],
+                             f"eval/{key}/standard_error": record["standard_error"]}, step)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from evaluation.evaluate import EvalConfig, evaluate
+    from pipeline.distributed import init_distributed
+    from pipeline.export import load_export
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    config = EvalConfig(
+        datasets=tuple(name.strip() for name in args.datasets.split(",") if name.strip()),
+        data_dir=args.data_dir, shards=args.shards, split=args.split, samples_per_block=args.samples,
+        seed=args.seed, seq_len=args.seq_len, batch_size=args.batch_size, discrete_steps=args.discrete_steps,
+        target_rel_error=args.target_rel_error, add_eos=not args.no_eos, max_documents=args.max_documents)
+    config.check()
+    dist = init_distributed(deepspeed_backend=False)
+    export_dir, run_dir = _export_dir(Path(args.path), dist.rank)
+    dist.barrier()
+    exported = load_export(export_dir)
+    device = torch.device(args.device) if args.device else dist.device
+    results = evaluate(exported, config, device=device, rank=dist.rank, world_size=dist.world_size,
+                       all_reduce=dist.sum, progress=lambda m: log.info(m) if dist.is_main else None)
+    if dist.is_main:
+        out_dir = Path(args.out) if args.out else (run_dir or export_dir) / REPORT_DIR
+        _finish(results, exported, export_dir, run_dir, out_dir, args)
+    return 0
+
+
+def _finish(results: dict, exported, export_dir: Path, run_dir: Path | None, out_dir: Path,
+            args: argparse.Namespace) -> None:
+    """Rank 0: samples, MLflow, report files, summary."""
+    from evaluation.report import write_report
+    from pipeline.cli import _package_version
+    from pipeline.run_setup import git_commit
+
+    results["model"] = _model_record(export_dir, exported)
+    results["samples"] = _samples(exported, args)
+    results.update(created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                   unmask_version=_package_version("unmask"), git_commit=git_commit())
+    tracker = _tracker(run_dir, out_dir, args.mlflow_uri, results["model"])
+    results["mlflow"] = {"tracking_uri": tracker.tracking_uri, "run_id": tracker.run_id}
+    _log_metrics(tracker, results)
+    curves = {key: tracker.metric_history(key) for key in CURVE_METRICS}
+    files = write_report(results, out_dir, curves={k: v for k, v in curves.items() if v} or None)
+    tracker.log_artifact(out_dir, artifact_path=REPORT_DIR)
+    _print_summary(results, files.markdown)
+
+
+def _samples(exported, args: argparse.Namespace) -> list[dict]:
+    if not args.num_samples:
+        return []
+    from evaluation.generation import generate
+
+    samples = generate(exported, num=args.num_samples, steps=args.sample_steps, seed=args.seed)
+    return [{"text": s.text, "network_calls": s.network_calls, "steps": s.steps} for s in samples]
+
+
+def _print_summary(results: dict, report: Path) -> None:
+    bound = "perplexity" if results["model"]["objective"] == "autoregressive" else "perplexity <="
+    for name, record in results["datasets"].items():
+        low, high = record["perplexity_interval"]
+        print(f"{name:>24}: {bound} {record['perplexity_bound']:.3f} (95% {low:.3f}-{high:.3f}), "
+              f"{record['nelbo_per_token']:.4f} nats/token, {record['bits_per_byte']:.4f} bits/byte, "
+              f"{record['num_tokens']:,} tokens")
+    print(f"report: {report}")
+    print(json.dumps({"mlflow_run_id": results["mlflow"]["run_id"], "report": str(report)}))
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``eval`` to the ``unmask`` command."""
+    parser = commands.add_parser(
+        "eval", help="zero-shot perplexity bounds and bits per byte -> MLflow and RUN/report/",
+        description="Estimate the NELBO (an upper bound on -log p) of each dataset with K time samples "
+                    "per block, report the perplexity bound with its 95%% Monte Carlo interval and bits "
+                    "per byte, log them to MLflow and write RUN/report/ (report.md, report.html, "
+                    "results.json, plots). AR exports get their exact perplexity.",
+        epilog=EVAL_EPILOG, formatter_class=RAW)
+    parser.add_argument("path", metavar="RUN_OR_EXPORT", help="a training run (exported first if needed) "
+                                                              "or an export directory")
+    parser.add_argument("--datasets", required=True,
+                        help="comma-separated: lambada, wikitext2, wikitext103, ptb, lm1b, val, or file paths")
+    parser.add_argument("--data-dir", help="root of the standard files (layout of ../shared/data)")
+    parser.add_argument("--shards", help="training shards (for the val dataset)")
+    parser.add_argument("--split", default="test", help="test or valid (default test)")
+    parser.add_argument("--samples", type=int, default=16, help="time samples per block K (default 16)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seq-len", type=int, help="block length (default: the model's training length)")
+    parser.add_argument("--batch-size", type=int, default=16, help="blocks per forward pass")
+    parser.add_argument("--discrete-steps", type=int, help="report the T-step discrete bound instead")
+    parser.add_argument("--target-rel-error", type=float,
+                        help="add samples until the standard error is this fraction of the bound")
+    parser.add_argument("--no-eos", action="store_true", help="do not append EOS to each document")
+    parser.add_argument("--max-documents", type=int, help="only the first N documents (quick looks)")
+    parser.add_argument("--num-samples", type=int, default=0, help="also generate N samples for the report")
+    parser.add_argument("--sample-steps", type=int, default=1000, help="sampling steps (default 1000)")
+    parser.add_argument("--out", help="report directory (default RUN/report)")
+    parser.add_argument("--mlflow-uri", help="log to this server in a new run (default: the training's run)")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: this rank's device)")
+    parser.set_defaults(handler=_cmd_eval)

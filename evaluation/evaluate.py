@@ -1,0 +1,207 @@
+"""Zero-shot evaluation of an export: bounds per dataset, with the protocol that produced them.
+
+For each dataset: read and detokenize (``evaluation.datasets``), tokenize with the model's
+own tokenizer, append EOS to every document, wrap into ``seq_len`` blocks (the last one
+padded, its padding not scored), then estimate the bound (``evaluation.estimator``): the
+continuous-time NELBO with K low-discrepancy time samples per block (or the T-step bound),
+or the exact likelihood of an autoregressive export. Bits per byte divide the total by the
+UTF-8 bytes of the detokenized text, so they do not depend on the tokenizer.
+
+The ``val`` dataset is the val split of the training shards: its sequences are the blocks
+(already packed with EOS), and the manifest gives its UTF-8 bytes. Its tokenizer must be the
+export's; anything else is refused.
+
+Every number comes with the protocol that produced it (``results["protocol"]`` and each
+dataset's own record), so it can be reproduced.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from data_prep.loader import StreamingLoader
+from data_prep.shards import Manifest
+from evaluation.datasets import DATASET_NAMES, EvalDataset, load_dataset, load_text_file
+from evaluation.estimator import (BoundEstimate, Blocks, autoregressive_nll, estimate_bound,
+                                  per_time_contributions, wrap_blocks)
+from model.autoregressive import Autoregressive
+from model.diffusion import MaskedDiffusion
+from model.schedules import make_schedule
+from pipeline.errors import UserError
+from pipeline.export import Exported
+
+__all__ = ["EvalConfig", "evaluate_dataset", "evaluate", "VAL_DATASET"]
+
+VAL_DATASET = "val"
+# Blocks whose per-time contributions are recorded for the report's plot (a second pass over
+# them; the plot needs a few hundred points, not the whole set).
+PER_T_BLOCKS = 256
+AllReduce = Callable[[list[float]], list[float]]
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """The protocol of an evaluation (recorded verbatim in the results)."""
+
+    datasets: tuple[str, ...]
+    data_dir: str | None = None       # root of the standard files (../shared/data layout)
+    shards: str | None = None         # training shards, for the "val" dataset
+    split: str = "test"
+    samples_per_block: int = 16       # K; the 95% interval is honest from about 16 (estimator docs)
+    seed: int = 0
+    seq_len: int | None = None        # None: the model's max_seq_len (its training length)
+    batch_size: int = 16
+    discrete_steps: int | None = None
+    target_rel_error: float | None = None
+    add_eos: bool = True
+    max_documents: int | None = None  # quick looks; a truncated set is named as such
+
+    def check(self) -> None:
+        checks = [("--samples", self.samples_per_block >= 1), ("--batch-size", self.batch_size >= 1),
+                  ("--seq-len", self.seq_len is None or self.seq_len >= 2),
+                  ("--discrete-steps", self.discrete_steps is None or self.discrete_steps >= 1),
+                  ("--target-rel-error", self.target_rel_error is None or 0 < self.target_rel_error < 1),
+                  ("--max-documents", self.max_documents is None or self.max_documents >= 1)]
+        for flag, ok in checks:
+            if not ok:
+                raise UserError(f"{flag} has an invalid value")
+        if not self.datasets:
+            raise UserError(f"--datasets: name at least one of {', '.join(DATASET_NAMES + (VAL_DATASET,))} "
+                            f"or a file path")
+
+
+def _read_dataset(name: str, config: EvalConfig) -> EvalDataset:
+    if name in DATASET_NAMES:
+        if config.data_dir is None:
+            raise UserError(f"dataset {name!r} needs --data-dir (the ../shared/data layout; see SOURCES.md)")
+        dataset = load_dataset(name, Path(config.data_dir), config.split)
+    elif Path(name).suffix or Path(name).exists():
+        dataset = load_text_file(Path(name))
+    else:
+        raise UserError(f"unknown dataset {name!r}: choose from {', '.join(DATASET_NAMES + (VAL_DATASET,))}, "
+                        f"or give a .txt/.jsonl/.parquet file path")
+    if config.max_documents is not None:
+        dataset = replace(dataset, documents=dataset.documents[: config.max_documents],
+                          name=f"{dataset.name} (first {config.max_documents} documents)")
+    return dataset
+
+
+def _text_blocks(dataset: EvalDataset, exported: Exported, seq_len: int, add_eos: bool) -> Blocks:
+    tokenizer = exported.tokenizer
+    pad = tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.eos_id
+    documents = tokenizer.encode_batch(dataset.documents)
+    return wrap_blocks(documents, seq_len, eos_id=tokenizer.eos_id, pad_id=pad, add_eos=add_eos)
+
+
+def _val_blocks(exported: Exported, shards: str | None) -> tuple[Blocks, int, dict]:
+    """The val split of the training shards: (blocks, UTF-8 bytes, protocol record)."""
+    if shards is None:
+        raise UserError("dataset 'val' needs --shards DIR (the training data of `unmask prep`)")
+    manifest = Manifest.read(shards)
+    if manifest.tokenizer.get("sha256") != exported.tokenizer.sha256:
+        raise UserError(f"{shards}: its tokenizer (sha256 {str(manifest.tokenizer.get('sha256'))[:12]}...) differs from "
+                        f"the model's ({exported.tokenizer.sha256[:12]}...): the bound would be meaningless")
+    split = manifest.splits.get(VAL_DATASET)
+    if split is None or split.sequences == 0:
+        raise UserError(f"{shards} has no val split; prep with --val-fraction > 0")
+    loader = StreamingLoader(shards, VAL_DATASET, 1, shuffle=False, drop_padded_tail=False)
+    tokens = torch.cat(list(loader))
+    positions = torch.ones_like(tokens, dtype=torch.bool)
+    if split.padding_tokens:
+        positions[-1, tokens.shape[1] - split.padding_tokens:] = False
+    record = {"name": VAL_DATASET, "split": VAL_DATASET, "path": str(Path(shards).resolve()),
+              "manifest_sha256": manifest.sha256(), "unit": "packed training sequences (EOS-separated)",
+              "detokenizer": "none", "documents": split.documents, "utf8_bytes": split.utf8_bytes}
+    return Blocks(tokens, positions), split.utf8_bytes, record
+
+
+def evaluate_dataset(name: str, exported: Exported, config: EvalConfig, *, device: torch.device,
+                     rank: int = 0, world_size: int = 1, all_reduce: AllReduce | None = None) -> dict:
+    """The result record of one dataset (see ``evaluation.report`` for its schema)."""
+    seq_len = config.seq_len or exported.network.config.max_seq_len
+    if seq_len > exported.network.config.max_seq_len:
+        raise UserError(f"--seq-len {seq_len} exceeds the model's max_seq_len "
+                        f"{exported.network.config.max_seq_len}")
+    if name == VAL_DATASET:
+        blocks, utf8_bytes, record = _val_blocks(exported, config.shards)
+    else:
+        dataset = _read_dataset(name, config)
+        blocks, utf8_bytes, record = _text_blocks(dataset, exported, seq_len, config.add_eos), \
+            dataset.utf8_bytes, dataset.protocol()
+    common = dict(batch_size=config.batch_size, device=device, rank=rank, world_size=world_size)
+    network = exported.network.to(device)
+    if exported.config["objective"] == "autoregressive":
+        estimate = autoregressive_nll(Autoregressive(exported.network.config.vocab_size, validate=False),
+                                      network, blocks, all_reduce=all_reduce, **common)
+        per_t = None
+    else:
+        diffusion = _diffusion(exported)
+        estimate = estimate_bound(diffusion, network, blocks, samples_per_block=config.samples_per_block,
+                                  seed=config.seed, discrete_steps=config.discrete_steps,
+                                  target_rel_error=config.target_rel_error, all_reduce=all_reduce, **common)
+        per_t = _per_t(diffusion, network, blocks, config, common) if rank == 0 else None
+    return _record(record, estimate, utf8_bytes, per_t)
+
+
+def _diffusion(exported: Exported) -> MaskedDiffusion:
+    config = exported.config
+    schedule = make_schedule(config["schedule"], **config.get("schedule_args", {}))
+    return MaskedDiffusion(schedule, exported.network.config.vocab_size, validate=False)
+
+
+def _per_t(diffusion: MaskedDiffusion, network, blocks: Blocks, config: EvalConfig, common: dict) -> dict:
+    """Per-time contributions of the first PER_T_BLOCKS blocks, one time sample each (rank 0)."""
+    count = min(blocks.num_blocks, PER_T_BLOCKS)
+    subset = Blocks(blocks.tokens[:count], blocks.positions[:count])
+    records = per_time_contributions(diffusion, network, subset, samples_per_block=1, seed=config.seed,
+                                     **{**common, "rank": 0, "world_size": 1})
+    return {"t": records.t.tolist(), "contribution": records.diffusion_per_token.tolist()}
+
+
+def _record(dataset: dict, estimate: BoundEstimate, utf8_bytes: int, per_t: dict | None) -> dict:
+    low, high = estimate.perplexity_interval()
+    out = {"dataset": dataset, "estimate": estimate.to_dict(), "nelbo_per_token": estimate.nelbo_per_token,
+           "standard_error": estimate.standard_error, "perplexity_bound": estimate.perplexity_bound,
+           "perplexity_interval": [low, high], "bits_per_byte": estimate.bits_per_byte(utf8_bytes),
+           "num_tokens": estimate.num_tokens}
+    if per_t is not None:
+        out["per_t"] = per_t
+    if not math.isfinite(estimate.nelbo_per_token):
+        raise UserError(f"the bound on {dataset['name']} is not finite: the export's weights are broken")
+    return out
+
+
+def evaluate(exported: Exported, config: EvalConfig, *, device: torch.device, rank: int = 0,
+             world_size: int = 1, all_reduce: AllReduce | None = None,
+             progress: Callable[[str], None] = lambda message: None) -> dict:
+    """Every dataset of ``config``: ``{"datasets": {name: record}, "protocol": {...}}``."""
+    config.check()
+    torch.manual_seed(config.seed)
+    np.random.seed(config.seed)
+    datasets = {}
+    for name in config.datasets:
+        progress(f"evaluating {name}")
+        datasets[name] = evaluate_dataset(name, exported, config, device=device, rank=rank,
+                                          world_size=world_size, all_reduce=all_reduce)
+    return {"datasets": datasets, "protocol": _protocol(exported, config, world_size)}
+
+
+def _protocol(exported: Exported, config: EvalConfig, world_size: int) -> dict:
+    objective = exported.config["objective"]
+    estimator = "autoregressive" if objective == "autoregressive" else (
+        "discrete" if config.discrete_steps else "continuous")
+    return {"seq_len": config.seq_len or exported.network.config.max_seq_len,
+            "samples_per_block": config.samples_per_block, "seed": config.seed, "estimator": estimator,
+            "discrete_steps": config.discrete_steps, "target_rel_error": config.target_rel_error,
+            "add_eos": config.add_eos, "split": config.split, "max_documents": config.max_documents,
+            "wrapping": "documents + EOS concatenated and cut into seq_len blocks; the last block padded, "
+                        "padding never masked nor scored; no BOS",
+            "bound": "continuous-time NELBO with both endpoint terms (reconstruction scored by the model)"
+                     if estimator == "continuous" else estimator,
+            "precision": "float32 weights; log-softmax float32; sums float64", "world_size": world_size}

@@ -1,0 +1,88 @@
+"""`unmask eval` end to end: a trained export, real datasets, MLflow, the report, data parallelism."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.shard_fixtures import write_numbered_split
+from tests.train_helpers import REPO, SHARED, run_train, write_config
+
+pytestmark = pytest.mark.slow
+
+# Few documents and time samples: these tests check the plumbing, not the numbers.
+QUICK = ["--max-documents", "40", "--samples", "2", "--batch-size", "8"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tinyshakespeare_shards):
+    root = tmp_path_factory.mktemp("eval")
+    config = write_config(root / "c.yaml", {"train": {"max_steps": 4}, "eval": {"every": 2}})
+    return run_train(root / "run", tinyshakespeare_shards, config).run_dir
+
+
+def _eval(args: list[str], *, world_size: int = 1) -> subprocess.CompletedProcess:
+    from tests.train_helpers import _env
+
+    if world_size == 1:
+        command = [sys.executable, "-m", "pipeline.cli", "eval", *args]
+    else:
+        from pipeline.distributed import free_port
+
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world_size}",
+                   "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "pipeline.cli", "eval", *args]
+    return subprocess.run(command, cwd=REPO, env=_env(None), capture_output=True, text=True, timeout=600)
+
+
+def test_eval_reports_bounds_logs_them_to_the_training_run_and_writes_the_report(trained, tinyshakespeare_shards):
+    if not (SHARED / "ptb").is_dir():
+        pytest.skip(f"{SHARED}/ptb is absent (see ../shared/data/SOURCES.md)")
+    proc = _eval([str(trained), "--datasets", "ptb,val", "--data-dir", str(SHARED), "--shards",
+                  str(tinyshakespeare_shards), "--num-samples", "2", "--sample-steps", "16", *QUICK])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "perplexity <=" in proc.stdout
+    report = trained / "report"
+    results = json.loads((report / "results.json").read_text())
+    assert set(results["datasets"]) == {"ptb", "val"}
+    for record in results["datasets"].values():
+        low, high = record["perplexity_interval"]
+        assert low < record["perplexity_bound"] < high
+        assert record["bits_per_byte"] > 0 and record["num_tokens"] > 0
+    assert results["protocol"]["samples_per_block"] == 2 and results["protocol"]["max_documents"] == 40
+    assert results["datasets"]["ptb"]["dataset"]["sha256"]  # the file that was read, by content
+    assert len(results["samples"]) == 2 and results["model"]["weights"] == "ema"
+    assert (report / "report.md").is_file() and (report / "report.html").is_file()
+    training_run = json.loads((trained / "mlflow_run.json").read_text())
+    assert results["mlflow"]["run_id"] == training_run["run_id"]  # the training's own MLflow run
+    client = MlflowClient(training_run["tracking_uri"])
+    metrics = client.get_run(training_run["run_id"]).data.metrics
+    assert metrics["eval/ptb/perplexity_bound"] == pytest.approx(results["datasets"]["ptb"]["perplexity_bound"])
+    assert "report" in {a.path for a in client.list_artifacts(training_run["run_id"])}
+
+
+def test_two_processes_give_the_single_process_result(trained, tinyshakespeare_shards, tmp_path):
+    args = [str(trained / "export"), "--datasets", "val", "--shards", str(tinyshakespeare_shards), *QUICK]
+    one = _eval([*args, "--out", str(tmp_path / "one")])
+    two = _eval([*args, "--out", str(tmp_path / "two")], world_size=2)
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
+    first, second = (json.loads((tmp_path / d / "results.json").read_text())["datasets"]["val"] for d in ("one", "two"))
+    assert second["num_tokens"] == first["num_tokens"]
+    assert second["nelbo_per_token"] == pytest.approx(first["nelbo_per_token"], rel=1e-12)  # float order only
+    assert second["standard_error"] == pytest.approx(first["standard_error"], rel=1e-9)
+
+
+def test_eval_refuses_bad_input_with_clear_messages(trained, tmp_path):
+    unknown = _eval([str(trained), "--datasets", "enwik8", "--data-dir", str(tmp_path)])
+    assert unknown.returncode == 2
+    assert "unknown dataset 'enwik8'" in unknown.stderr and "lambada" in unknown.stderr
+    missing = _eval([str(trained), "--datasets", "ptb", "--data-dir", str(tmp_path)])
+    assert missing.returncode == 2 and "ptb.test.txt" in missing.stderr and "SOURCES.md" in missing.stderr
+    other = tmp_path / "other-shards"
+    (other / "train").mkdir(parents=True)
+    write_numbered_split(other, [8], seq_len=64, split="val")
+    mismatch = _eval([str(trained), "--datasets", "val", "--shards", str(other)])
+    assert mismatch.returncode == 2 and "differs from the model's" in mismatch.stderr
