@@ -27,15 +27,19 @@ CURVE_METRICS = ("train/loss", "val/nelbo_per_token")
 def _export_dir(path: Path, rank: int) -> tuple[Path, Path | None]:
     """(export directory, training run directory or None) of RUN_OR_EXPORT; a run without an
     export is exported first (EMA weights of its latest checkpoint)."""
-    from pipeline.export import CONFIG_FILE, EXPORT_DIR, export
+    from pipeline.checkpoint import resolve_checkpoint
+    from pipeline.export import CONFIG_FILE, EXPORT_DIR, export, has_ema
 
     if (path / CONFIG_FILE).is_file() and (path / "model.safetensors").is_file():
         run_dir = path.parent if (path.parent / "checkpoints").is_dir() else None
         return path, run_dir
     if (path / "checkpoints").is_dir():
         if not (path / EXPORT_DIR / CONFIG_FILE).is_file() and rank == 0:
-            log.info("%s has no export yet: exporting its latest checkpoint (EMA weights)", path)
-            export(path)
+            weights = "ema" if has_ema(resolve_checkpoint(path)) else "model"
+            if weights == "model":
+                log.warning("%s: the latest checkpoint has no EMA; evaluating its live weights", path)
+            log.info("%s has no export yet: exporting its latest checkpoint (%s weights)", path, weights)
+            export(path, weights=weights)
         return path / EXPORT_DIR, path
     raise UserError(f"{path}: neither a training run (no checkpoints/) nor an export (no {CONFIG_FILE}); "
                     f"give RUN or RUN/export")

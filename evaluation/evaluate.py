@@ -17,6 +17,7 @@ dataset's own record), so it can be reproduced.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -136,6 +137,20 @@ def evaluate_dataset(name: str, exported: Exported, config: EvalConfig, *, devic
             dataset.utf8_bytes, dataset.protocol()
     common = dict(batch_size=config.batch_size, device=device, rank=rank, world_size=world_size)
     network = exported.network.to(device)
+    with _precision(device):
+        return _estimate(record, blocks, utf8_bytes, exported, network, config, common, all_reduce)
+
+
+def _precision(device: torch.device):
+    """bf16 matmuls on GPU (the network keeps float32 norms and log-softmax; sums are float64)."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _estimate(record: dict, blocks: Blocks, utf8_bytes: int, exported: Exported, network, config: EvalConfig,
+              common: dict, all_reduce: AllReduce | None) -> dict:
+    rank = common["rank"]
     if exported.config["objective"] == "autoregressive":
         estimate = autoregressive_nll(Autoregressive(exported.network.config.vocab_size, validate=False),
                                       network, blocks, all_reduce=all_reduce, **common)
@@ -204,4 +219,5 @@ def _protocol(exported: Exported, config: EvalConfig, world_size: int) -> dict:
                         "padding never masked nor scored; no BOS",
             "bound": "continuous-time NELBO with both endpoint terms (reconstruction scored by the model)"
                      if estimator == "continuous" else estimator,
-            "precision": "float32 weights; log-softmax float32; sums float64", "world_size": world_size}
+            "precision": "bf16 autocast on GPU, float32 on CPU; log-softmax float32; sums float64",
+            "world_size": world_size}

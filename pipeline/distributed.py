@@ -100,7 +100,13 @@ def init_distributed(timeout_minutes: float = 30.0, *, deepspeed_backend: bool =
     if dist.is_initialized():
         pass
     elif deepspeed_backend:
+        import sys
+
         import deepspeed
+
+        # DeepSpeed JIT-builds its CPU comm op (about a minute) into torch's extension cache;
+        # one cache per environment keeps two checkouts from rebuilding each other's.
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False, timeout=timeout)
     elif world_size > 1:

@@ -29,7 +29,7 @@ from pipeline.ema import full_state
 from pipeline.errors import UserError
 from pipeline.run_setup import TOKENIZER_DIR
 
-__all__ = ["export", "write_export", "load_export", "Exported", "EXPORT_DIR", "canonical_name"]
+__all__ = ["export", "has_ema", "write_export", "load_export", "Exported", "EXPORT_DIR", "canonical_name"]
 
 EXPORT_DIR = "export"
 WEIGHTS_FILE = "model.safetensors"
@@ -42,6 +42,12 @@ _WRAPPER_PREFIX = "_checkpoint_wrapped_module."
 def canonical_name(name: str) -> str:
     """A parameter's name in the plain ``Transformer`` (without DeepSpeed or wrapper prefixes)."""
     return name.replace(_WRAPPER_PREFIX, "")
+
+
+def has_ema(checkpoint: Path) -> bool:
+    """Whether a checkpoint holds the EMA (every rank's file is there)."""
+    state = read_state(checkpoint)
+    return all(rank_file(checkpoint, rank).is_file() for rank in range(state["world_size"]))
 
 
 def _ema_weights(checkpoint: Path, world_size: int) -> dict[str, torch.Tensor]:

@@ -19,9 +19,20 @@ QUICK = ["--max-documents", "40", "--samples", "2", "--batch-size", "8"]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, tinyshakespeare_shards):
+def trained(tmp_path_factory, tinyshakespeare_shards, mlflow_server):
+    """The `tiny` preset, trained a few steps and tracked on a real MLflow server."""
     root = tmp_path_factory.mktemp("eval")
-    config = write_config(root / "c.yaml", {"train": {"max_steps": 4}, "eval": {"every": 2}})
+    config = write_config(root / "c.yaml", {
+        "model": {"preset": "tiny", "n_layers": None, "d_model": None, "n_heads": None},
+        "train": {"max_steps": 4}, "eval": {"every": 2}})
+    return run_train(root / "run", tinyshakespeare_shards, config, extra=["--mlflow-uri", mlflow_server]).run_dir
+
+
+@pytest.fixture(scope="module")
+def micro_trained(tmp_path_factory, tinyshakespeare_shards):
+    """A 2 x 64 network: cheap enough to score the whole val split several times."""
+    root = tmp_path_factory.mktemp("eval-micro")
+    config = write_config(root / "c.yaml", {"train": {"max_steps": 2}, "eval": {"every": 0}})
     return run_train(root / "run", tinyshakespeare_shards, config).run_dir
 
 
@@ -38,16 +49,20 @@ def _eval(args: list[str], *, world_size: int = 1) -> subprocess.CompletedProces
     return subprocess.run(command, cwd=REPO, env=_env(None), capture_output=True, text=True, timeout=600)
 
 
-def test_eval_reports_bounds_logs_them_to_the_training_run_and_writes_the_report(trained, tinyshakespeare_shards):
-    if not (SHARED / "ptb").is_dir():
-        pytest.skip(f"{SHARED}/ptb is absent (see ../shared/data/SOURCES.md)")
-    proc = _eval([str(trained), "--datasets", "ptb,val", "--data-dir", str(SHARED), "--shards",
-                  str(tinyshakespeare_shards), "--num-samples", "2", "--sample-steps", "16", *QUICK])
+def test_eval_reports_bounds_logs_them_to_the_training_run_and_writes_the_report(
+        trained, tinyshakespeare_shards, mlflow_server):
+    for name in ("ptb", "lambada"):
+        if not (SHARED / name).is_dir():
+            pytest.skip(f"{SHARED / name} is absent (see ../shared/data/SOURCES.md)")
+    proc = _eval([str(trained), "--datasets", "ptb,lambada", "--data-dir", str(SHARED),
+                  "--num-samples", "2", "--sample-steps", "16", *QUICK])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "perplexity <=" in proc.stdout
     report = trained / "report"
     results = json.loads((report / "results.json").read_text())
-    assert set(results["datasets"]) == {"ptb", "val"}
+    assert set(results["datasets"]) == {"ptb", "lambada"}
+    plots = {p.name for p in (report / "plots").glob("*.png")}
+    assert {"curves.png", "per_t_ptb.png", "per_t_lambada.png"} <= plots
     for record in results["datasets"].values():
         low, high = record["perplexity_interval"]
         assert low < record["perplexity_bound"] < high
@@ -57,15 +72,18 @@ def test_eval_reports_bounds_logs_them_to_the_training_run_and_writes_the_report
     assert len(results["samples"]) == 2 and results["model"]["weights"] == "ema"
     assert (report / "report.md").is_file() and (report / "report.html").is_file()
     training_run = json.loads((trained / "mlflow_run.json").read_text())
+    assert training_run["tracking_uri"] == mlflow_server
     assert results["mlflow"]["run_id"] == training_run["run_id"]  # the training's own MLflow run
-    client = MlflowClient(training_run["tracking_uri"])
+    client = MlflowClient(mlflow_server)
     metrics = client.get_run(training_run["run_id"]).data.metrics
     assert metrics["eval/ptb/perplexity_bound"] == pytest.approx(results["datasets"]["ptb"]["perplexity_bound"])
     assert "report" in {a.path for a in client.list_artifacts(training_run["run_id"])}
 
 
-def test_two_processes_give_the_single_process_result(trained, tinyshakespeare_shards, tmp_path):
-    args = [str(trained / "export"), "--datasets", "val", "--shards", str(tinyshakespeare_shards), *QUICK]
+def test_two_processes_give_the_single_process_result(micro_trained, tinyshakespeare_shards, tmp_path):
+    from pipeline.export import export
+
+    args = [str(export(micro_trained)), "--datasets", "val", "--shards", str(tinyshakespeare_shards), *QUICK]
     one = _eval([*args, "--out", str(tmp_path / "one")])
     two = _eval([*args, "--out", str(tmp_path / "two")], world_size=2)
     assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
@@ -75,7 +93,8 @@ def test_two_processes_give_the_single_process_result(trained, tinyshakespeare_s
     assert second["standard_error"] == pytest.approx(first["standard_error"], rel=1e-9)
 
 
-def test_eval_refuses_bad_input_with_clear_messages(trained, tmp_path):
+def test_eval_refuses_bad_input_with_clear_messages(micro_trained, tmp_path):
+    trained = micro_trained
     unknown = _eval([str(trained), "--datasets", "enwik8", "--data-dir", str(tmp_path)])
     assert unknown.returncode == 2
     assert "unknown dataset 'enwik8'" in unknown.stderr and "lambada" in unknown.stderr
@@ -86,3 +105,20 @@ def test_eval_refuses_bad_input_with_clear_messages(trained, tmp_path):
     write_numbered_split(other, [8], seq_len=64, split="val")
     mismatch = _eval([str(trained), "--datasets", "val", "--shards", str(other)])
     assert mismatch.returncode == 2 and "differs from the model's" in mismatch.stderr
+
+
+def test_an_autoregressive_run_without_ema_gets_its_exact_perplexity_from_its_live_weights(
+        tmp_path, tinyshakespeare_shards):
+    config = write_config(tmp_path / "c.yaml", {"model": {"objective": "autoregressive"}, "train": {"max_steps": 2}})
+    run_dir = run_train(tmp_path / "run", tinyshakespeare_shards, config).run_dir
+    for ema_file in (run_dir / "checkpoints").glob("step-*/rank-*.pt"):
+        ema_file.unlink()  # as if the checkpoint had been written without an EMA
+    proc = _eval([str(run_dir), "--datasets", "val", "--shards", str(tinyshakespeare_shards), *QUICK])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "has no EMA; evaluating its live weights" in proc.stderr
+    results = json.loads((run_dir / "report" / "results.json").read_text())
+    assert results["model"]["weights"] == "model"
+    record = results["datasets"]["val"]
+    assert record["estimate"]["kind"] == "autoregressive" and record["standard_error"] == 0
+    assert record["perplexity_interval"] == [record["perplexity_bound"]] * 2
+    assert "perplexity (exact)" in (run_dir / "report" / "report.md").read_text()
