@@ -112,6 +112,8 @@ def _finish(results: dict, exported, export_dir: Path, run_dir: Path | None, out
     from pipeline.run_setup import git_commit
 
     results["model"] = _model_record(export_dir, exported)
+    if args.compare:
+        results["comparison"] = _comparison(Path(args.compare), results)
     results["samples"] = _samples(exported, args)
     results.update(created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                    unmask_version=_package_version("unmask"), git_commit=git_commit())
@@ -122,6 +124,19 @@ def _finish(results: dict, exported, export_dir: Path, run_dir: Path | None, out
     files = write_report(results, out_dir, curves={k: v for k, v in curves.items() if v} or None)
     tracker.log_artifact(out_dir, artifact_path=REPORT_DIR)
     _print_summary(results, files.markdown)
+
+
+def _comparison(path: Path, results: dict) -> dict:
+    """Another evaluation's results (e.g. the AR baseline's) on the datasets both scored."""
+    try:
+        other = json.loads(path.read_text())
+        model, datasets = other["model"], other["datasets"]
+    except (OSError, ValueError, KeyError) as err:
+        raise UserError(f"--compare {path}: not the results.json of an `unmask eval` ({err})") from None
+    shared = {name: datasets[name] for name in results["datasets"] if name in datasets}
+    if not shared:
+        raise UserError(f"--compare {path}: it scored {sorted(datasets)}, none of {sorted(results['datasets'])}")
+    return {"model": model, "datasets": shared, "path": str(path.resolve())}
 
 
 def _samples(exported, args: argparse.Namespace) -> list[dict]:
@@ -171,6 +186,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-documents", type=int, help="only the first N documents (quick looks)")
     parser.add_argument("--num-samples", type=int, default=0, help="also generate N samples for the report")
     parser.add_argument("--sample-steps", type=int, default=1000, help="sampling steps (default 1000)")
+    parser.add_argument("--compare", metavar="RESULTS_JSON",
+                        help="another evaluation's results.json (e.g. the AR baseline's): the report "
+                             "shows the gap on the datasets both scored")
     parser.add_argument("--out", help="report directory (default RUN/report)")
     parser.add_argument("--mlflow-uri", help="log to this server in a new run (default: the training's run)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: this rank's device)")

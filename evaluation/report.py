@@ -462,12 +462,37 @@ def _sample_blocks(results: dict) -> list[Block]:
     return blocks
 
 
+def _comparison_blocks(results: dict) -> list[Block]:
+    """This model next to another evaluation of the same data (``unmask eval --compare``):
+    the diffusion-vs-AR gap on the same tokens when both share the tokenizer."""
+    other = results.get("comparison")
+    if not other:
+        return []
+    ours, theirs = results["model"], other["model"]
+    same_tokenizer = ours["tokenizer"]["sha256"] == theirs["tokenizer"]["sha256"]
+    header = ("dataset", f"this model ({ours['objective']})", f"{theirs['objective']}: {theirs['path']}",
+              "gap (nats/token)", "gap (bits/byte)")
+    rows = []
+    for name, record in results["datasets"].items():
+        if name in other["datasets"]:
+            theirs_record = other["datasets"][name]
+            rows.append((name, _number(record["perplexity_bound"], 2), _number(theirs_record["perplexity_bound"], 2),
+                         _number(record["nelbo_per_token"] - theirs_record["nelbo_per_token"], 4),
+                         _number(record["bits_per_byte"] - theirs_record["bits_per_byte"], 4)))
+    note = ("Both models share the tokenizer, so the per-token gap compares the same tokens."
+            if same_tokenizer else "The tokenizers differ: only the bits-per-byte gap is comparable.")
+    return [Heading(2, "Comparison"), Table(header, tuple(rows)),
+            _paragraph("Perplexities (a bound for a diffusion model, exact for an autoregressive one); "
+                       "a positive gap means this model's number is higher. ", note)]
+
+
 def _plot_blocks(plots: list[Plot]) -> list[Block]:
     return [Heading(2, "Plots"), *plots] if plots else []
 
 
 def _document(results: dict, plots: list[Plot]) -> list[Block]:
-    return [*_header_blocks(results), *_results_blocks(results), *_reference_blocks(results),
+    return [*_header_blocks(results), *_results_blocks(results), *_comparison_blocks(results),
+            *_reference_blocks(results),
             *_sample_blocks(results), *_plot_blocks(plots), *_protocol_blocks(results)]
 
 

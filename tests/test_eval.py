@@ -108,7 +108,7 @@ def test_eval_refuses_bad_input_with_clear_messages(micro_trained, tmp_path):
 
 
 def test_an_autoregressive_run_without_ema_gets_its_exact_perplexity_from_its_live_weights(
-        tmp_path, tinyshakespeare_shards):
+        tmp_path, tinyshakespeare_shards, micro_trained):
     config = write_config(tmp_path / "c.yaml", {"model": {"objective": "autoregressive"}, "train": {"max_steps": 2}})
     run_dir = run_train(tmp_path / "run", tinyshakespeare_shards, config).run_dir
     for ema_file in (run_dir / "checkpoints").glob("step-*/rank-*.pt"):
@@ -122,3 +122,13 @@ def test_an_autoregressive_run_without_ema_gets_its_exact_perplexity_from_its_li
     assert record["estimate"]["kind"] == "autoregressive" and record["standard_error"] == 0
     assert record["perplexity_interval"] == [record["perplexity_bound"]] * 2
     assert "perplexity (exact)" in (run_dir / "report" / "report.md").read_text()
+
+    # The diffusion model's report shows its gap to this AR baseline on the same tokens.
+    compared = _eval([str(micro_trained), "--datasets", "val", "--shards", str(tinyshakespeare_shards),
+                      "--compare", str(run_dir / "report" / "results.json"), "--out", str(tmp_path / "cmp"), *QUICK])
+    assert compared.returncode == 0, compared.stderr[-3000:]
+    ours = json.loads((tmp_path / "cmp" / "results.json").read_text())
+    gap = ours["datasets"]["val"]["nelbo_per_token"] - record["nelbo_per_token"]
+    assert ours["comparison"]["model"]["objective"] == "autoregressive"
+    markdown = (tmp_path / "cmp" / "report.md").read_text()
+    assert "## Comparison" in markdown and f"{gap:.4f}" in markdown
