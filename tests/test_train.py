@@ -190,3 +190,16 @@ def test_resume_refuses_different_data(tmp_path, shards, reference_runs):
     refused = run_train(run_dir, other, config, check=False)
     assert refused.returncode == 2
     assert "its data (manifest.json) differs" in refused.output
+
+
+def test_bf16_keeps_fp32_master_weights_and_matches_fp32_within_bf16_tolerance(tmp_path, shards, reference_runs):
+    """The GPU precision path (DeepSpeed's bf16 optimizer, fp32 master weights and gradient
+    accumulation), run on CPU: the first loss is the fp32 one up to bf16 rounding, and the
+    export (float32 EMA) loads."""
+    config = write_config(tmp_path / "c.yaml", {"train": {"zero_stage": 1, "precision": "bf16"}})
+    run = run_train(tmp_path / "run", shards, config)
+    losses, reference = run.losses(), reference_runs[1, 1].losses()
+    assert all(math.isfinite(v) for v in losses.values()) and losses != reference  # bf16 really ran
+    assert losses[1] == pytest.approx(reference[1], rel=0.02)
+    exported = load_export(export(run.run_dir))
+    assert all(t.dtype == torch.float32 for t in exported.network.state_dict().values())
