@@ -35,3 +35,13 @@ def tinyshakespeare_shards(tmp_path_factory):
     from tests.train_helpers import make_tinyshakespeare_shards
 
     return make_tinyshakespeare_shards(tmp_path_factory.mktemp("tinyshakespeare"))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny networks and thousands of small tensor ops: on a busy 2-core machine intra-op
+    threads only add hand-off overhead. Modules opt in with usefixtures."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

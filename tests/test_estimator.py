@@ -31,13 +31,7 @@ Z_LIMIT = 4.0             # |estimate - truth| / SE for single deterministic che
 RELATIVE = 1e-12          # "identical up to float summation order"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Thousands of tiny tensor ops: thread hand-offs would dominate on a busy machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -44,13 +44,7 @@ def _write(out: Path, tokenizer_dir: Path, sha256: str, objective: str) -> Path:
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A 32-wide network is faster on one thread: intra-op threads only add overhead per call."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
