@@ -108,7 +108,7 @@ def _finish(results: dict, exported, export_dir: Path, run_dir: Path | None, out
             args: argparse.Namespace) -> None:
     """Rank 0: samples, MLflow, report files, summary."""
     from evaluation.report import write_report
-    from pipeline.cli import _package_version
+    from pipeline.cli import package_version
     from pipeline.run_setup import git_commit
 
     results["model"] = _model_record(export_dir, exported)
@@ -116,7 +116,7 @@ def _finish(results: dict, exported, export_dir: Path, run_dir: Path | None, out
         results["comparison"] = _comparison(Path(args.compare), results)
     results["samples"] = _samples(exported, args)
     results.update(created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   unmask_version=_package_version("unmask"), git_commit=git_commit())
+                   unmask_version=package_version("unmask"), git_commit=git_commit())
     tracker = _tracker(run_dir, out_dir, args.mlflow_uri, results["model"])
     results["mlflow"] = {"tracking_uri": tracker.tracking_uri, "run_id": tracker.run_id}
     _log_metrics(tracker, results)

@@ -35,7 +35,7 @@ examples:
 REPORTED_PACKAGES = ("torch", "deepspeed", "ray", "mlflow", "webdataset", "sentencepiece")
 
 
-def _package_version(name: str) -> str:
+def package_version(name: str) -> str:
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -43,11 +43,11 @@ def _package_version(name: str) -> str:
 
 
 def _cmd_version(args: argparse.Namespace) -> int:
-    print(f"unmask {_package_version('unmask')}")
+    print(f"unmask {package_version('unmask')}")
     if args.all:
         print(f"python {platform.python_version()}")
         for name in REPORTED_PACKAGES:
-            print(f"{name} {_package_version(name)}")
+            print(f"{name} {package_version(name)}")
     return 0
 
 
