@@ -36,6 +36,7 @@ REPORTED_PACKAGES = ("torch", "deepspeed", "ray", "mlflow", "webdataset", "sente
 
 
 def package_version(name: str) -> str:
+    """The installed version of distribution ``name``, or "not installed"."""
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
