@@ -24,25 +24,19 @@ REPORT_DIR = "report"
 CURVE_METRICS = ("train/loss", "val/nelbo_per_token")
 
 
-def _export_dir(path: Path, rank: int) -> tuple[Path, Path | None]:
-    """(export directory, training run directory or None) of RUN_OR_EXPORT; a run without an
-    export is exported first (EMA weights of its latest checkpoint)."""
-    from pipeline.checkpoint import resolve_checkpoint
+def _export_if_missing(path: Path) -> None:
+    """A training run without an export is exported first: its latest checkpoint's EMA
+    weights, or its live weights when the checkpoint has no EMA (with a warning)."""
+    from pipeline.checkpoint import CHECKPOINTS_DIR, resolve_checkpoint
     from pipeline.export import CONFIG_FILE, EXPORT_DIR, export, has_ema
 
-    if (path / CONFIG_FILE).is_file() and (path / "model.safetensors").is_file():
-        run_dir = path.parent if (path.parent / "checkpoints").is_dir() else None
-        return path, run_dir
-    if (path / "checkpoints").is_dir():
-        if not (path / EXPORT_DIR / CONFIG_FILE).is_file() and rank == 0:
-            weights = "ema" if has_ema(resolve_checkpoint(path)) else "model"
-            if weights == "model":
-                log.warning("%s: the latest checkpoint has no EMA; evaluating its live weights", path)
-            log.info("%s has no export yet: exporting its latest checkpoint (%s weights)", path, weights)
-            export(path, weights=weights)
-        return path / EXPORT_DIR, path
-    raise UserError(f"{path}: neither a training run (no checkpoints/) nor an export (no {CONFIG_FILE}); "
-                    f"give RUN or RUN/export")
+    if not (path / CHECKPOINTS_DIR).is_dir() or (path / EXPORT_DIR / CONFIG_FILE).is_file():
+        return
+    weights = "ema" if has_ema(resolve_checkpoint(path)) else "model"
+    if weights == "model":
+        log.warning("%s: the latest checkpoint has no EMA; evaluating its live weights", path)
+    log.info("%s has no export yet: exporting its latest checkpoint (%s weights)", path, weights)
+    export(path, weights=weights)
 
 
 def _model_record(export_dir: Path, exported) -> dict:
@@ -82,7 +76,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     from evaluation.evaluate import EvalConfig, evaluate
     from pipeline.distributed import init_distributed
-    from pipeline.export import load_export
+    from pipeline.export import load_export, resolve_export, training_run_of
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     config = EvalConfig(
@@ -92,8 +86,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         target_rel_error=args.target_rel_error, add_eos=not args.no_eos, max_documents=args.max_documents)
     config.check()
     dist = init_distributed(deepspeed_backend=False)
-    export_dir, run_dir = _export_dir(Path(args.path), dist.rank)
+    if dist.is_main:
+        _export_if_missing(Path(args.path))
     dist.barrier()
+    export_dir = resolve_export(args.path)
+    run_dir = training_run_of(export_dir)
     exported = load_export(export_dir)
     device = torch.device(args.device) if args.device else dist.device
     results = evaluate(exported, config, device=device, rank=dist.rank, world_size=dist.world_size,

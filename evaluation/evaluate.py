@@ -64,14 +64,16 @@ class EvalConfig:
     max_documents: int | None = None  # quick looks; a truncated set is named as such
 
     def check(self) -> None:
-        checks = [("--samples", self.samples_per_block >= 1), ("--batch-size", self.batch_size >= 1),
-                  ("--seq-len", self.seq_len is None or self.seq_len >= 2),
-                  ("--discrete-steps", self.discrete_steps is None or self.discrete_steps >= 1),
-                  ("--target-rel-error", self.target_rel_error is None or 0 < self.target_rel_error < 1),
-                  ("--max-documents", self.max_documents is None or self.max_documents >= 1)]
-        for flag, ok in checks:
+        checks = [("--samples", self.samples_per_block >= 1, "must be >= 1"),
+                  ("--batch-size", self.batch_size >= 1, "must be >= 1"),
+                  ("--seq-len", self.seq_len is None or self.seq_len >= 2, "must be >= 2"),
+                  ("--discrete-steps", self.discrete_steps is None or self.discrete_steps >= 1, "must be >= 1"),
+                  ("--target-rel-error", self.target_rel_error is None or 0 < self.target_rel_error < 1,
+                   "must lie in (0, 1), e.g. 0.002"),
+                  ("--max-documents", self.max_documents is None or self.max_documents >= 1, "must be >= 1")]
+        for flag, ok, requirement in checks:
             if not ok:
-                raise UserError(f"{flag} has an invalid value")
+                raise UserError(f"{flag} {requirement}")
         if not self.datasets:
             raise UserError(f"--datasets: name at least one of {', '.join(DATASET_NAMES + (VAL_DATASET,))} "
                             f"or a file path")

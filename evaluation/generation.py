@@ -51,7 +51,7 @@ from model.diffusion import MaskedDiffusion
 from model.sampling import GRIDS, inverse_cdf, top_p_filter
 from model.schedules import make_schedule
 from pipeline.errors import UserError
-from pipeline.export import CONFIG_FILE, EXPORT_DIR, WEIGHTS_FILE, Exported
+from pipeline.export import Exported, resolve_export
 
 __all__ = ["INFILL_PLACEHOLDER", "INFILL_SYNTAX", "Sample", "build_prompt", "generate",
            "register", "resolve_export"]
@@ -65,7 +65,6 @@ _PLACEHOLDER_START = "[MASK"
 DIFFUSION, AUTOREGRESSIVE = "diffusion", "autoregressive"
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_GRID = "uniform"
-RUN_CHECKPOINTS_DIR = "checkpoints"  # what marks a training run directory
 SAMPLE_SEPARATOR = "----- sample {index} (network calls: {calls}) -----"
 RAW = argparse.RawDescriptionHelpFormatter
 
@@ -101,19 +100,6 @@ class Sample:
 
 
 # ------------------------------------------------------------------ locating the export
-def resolve_export(path: Path) -> Path:
-    """The export directory of ``path``: an export itself, or a training run's ``RUN/export``."""
-    path = Path(path)
-    if (path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file():
-        return path
-    if (path / EXPORT_DIR / WEIGHTS_FILE).is_file():
-        return path / EXPORT_DIR
-    if (path / RUN_CHECKPOINTS_DIR).is_dir():
-        raise UserError(f"{path}: a training run without an export; run `unmask export {path}` first")
-    raise UserError(f"{path}: neither an export (no {WEIGHTS_FILE}) nor a training run "
-                    f"(no {RUN_CHECKPOINTS_DIR}/); give RUN or RUN/{EXPORT_DIR}")
-
-
 # ------------------------------------------------------------------ conditioning
 def build_prompt(tokenizer: Tokenizer, seq_len: int, mask_id: int, *, prompt: str | None = None,
                  infill: str | None = None) -> torch.LongTensor | None:

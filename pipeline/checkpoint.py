@@ -27,9 +27,10 @@ from pipeline.distributed import Distributed
 from pipeline.ema import EMA
 from pipeline.errors import UserError
 
-__all__ = ["TrainState", "CheckpointManager", "STATE_FILE", "step_tag", "read_state",
+__all__ = ["CHECKPOINTS_DIR", "TrainState", "CheckpointManager", "STATE_FILE", "step_tag", "read_state",
            "rank_file", "resolve_checkpoint"]
 
+CHECKPOINTS_DIR = "checkpoints"  # in the run directory; also what marks a directory as a run
 STATE_FILE = "unmask_state.json"
 LATEST_FILE = "latest"
 TAG_PATTERN = re.compile(r"^step-(\d{8})$")
@@ -78,7 +79,7 @@ def read_state(directory: Path) -> dict[str, Any]:
 
 def resolve_checkpoint(run_dir: Path, step: int | None = None) -> Path:
     """The directory of checkpoint ``step`` of a run, or of its latest one."""
-    root = Path(run_dir) / "checkpoints"
+    root = Path(run_dir) / CHECKPOINTS_DIR
     if step is not None:
         directory = root / step_tag(step)
         if not (directory / STATE_FILE).is_file():
@@ -96,7 +97,7 @@ class CheckpointManager:
     """Saves and restores the engine, the EMA and the loop state of one run."""
 
     def __init__(self, run_dir: Path, dist: Distributed, keep_last: int) -> None:
-        self.root = Path(run_dir) / "checkpoints"
+        self.root = Path(run_dir) / CHECKPOINTS_DIR
         self.dist, self.keep_last = dist, keep_last
 
     def latest(self) -> Path | None:

@@ -24,12 +24,12 @@ from safetensors.torch import load_file, save_file
 from data_prep.atomic_files import atomic_write_bytes
 from data_prep.tokenizer import Tokenizer, load_tokenizer
 from model.transformer import Transformer, TransformerConfig
-from pipeline.checkpoint import rank_file, read_state, resolve_checkpoint
+from pipeline.checkpoint import CHECKPOINTS_DIR, rank_file, read_state, resolve_checkpoint
 from pipeline.ema import full_state
 from pipeline.errors import UserError
 from pipeline.run_setup import TOKENIZER_DIR
 
-__all__ = ["export", "has_ema", "write_export", "load_export", "Exported", "EXPORT_DIR", "canonical_name"]
+__all__ = ["export", "has_ema", "resolve_export", "training_run_of", "write_export", "load_export", "Exported", "EXPORT_DIR", "canonical_name"]
 
 EXPORT_DIR = "export"
 WEIGHTS_FILE = "model.safetensors"
@@ -127,6 +127,24 @@ def _export_config(state: dict, checkpoint: Path, weights: str) -> dict:
             "tokens_seen": state["tokens_seen"], "checkpoint": str(checkpoint.resolve()),
             "tokenizer_sha256": state["tokenizer_sha256"], "data_sha256": state["data_sha256"],
             "config_sha256": state["config_sha256"]}
+
+
+def resolve_export(path: str | Path) -> Path:
+    """The export directory of ``path``: an export itself, or a training run's ``RUN/export``."""
+    path = Path(path)
+    if (path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file():
+        return path
+    if (path / EXPORT_DIR / WEIGHTS_FILE).is_file():
+        return path / EXPORT_DIR
+    if (path / CHECKPOINTS_DIR).is_dir():
+        raise UserError(f"{path}: a training run without an export; run `unmask export {path}` first")
+    raise UserError(f"{path}: neither an export (no {WEIGHTS_FILE}) nor a training run "
+                    f"(no {CHECKPOINTS_DIR}/); give RUN or RUN/{EXPORT_DIR}")
+
+
+def training_run_of(export_dir: Path) -> Path | None:
+    """The training run an export directory belongs to, or None for a standalone export."""
+    return export_dir.parent if (export_dir.parent / CHECKPOINTS_DIR).is_dir() else None
 
 
 @dataclass

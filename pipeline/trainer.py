@@ -249,7 +249,6 @@ class Trainer:
         interval.steps += 1
         state.step += 1
         state.tokens_seen += plan.global_batch * self.manifest.seq_len
-        state.loader = self.train_loader.state_dict()
         if engine.was_step_applied():
             self.ema.update()
             state.consecutive_skipped = 0
@@ -301,6 +300,7 @@ class Trainer:
         return result
 
     def _save(self) -> None:
+        self.state.loader = self.train_loader.state_dict()
         directory = self.checkpoints.save(self.engine, self.ema, self.state, self.meta())
         if self.dist.is_main:
             log.info("checkpoint %s", directory)

@@ -18,7 +18,7 @@ import torch
 from data_prep.loader import StreamingLoader
 from pipeline.distributed import Distributed
 from pipeline.ema import EMA
-from pipeline.objective import MicroBatchSlot, Objective
+from pipeline.objective import NATS_PER_BIT, MicroBatchSlot, Objective
 
 __all__ = ["ValidationResult", "validate"]
 
@@ -31,7 +31,7 @@ class ValidationResult:
 
     @property
     def bits_per_token(self) -> float:
-        return self.nelbo_per_token / math.log(2.0)
+        return self.nelbo_per_token / NATS_PER_BIT
 
     @property
     def bits_per_byte(self) -> float:
