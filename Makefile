@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast bench clean
+.PHONY: install demo test test-fast bench clean
 
 install: $(STAMP)
 
@@ -19,6 +19,10 @@ $(STAMP): pyproject.toml
 	$(PIP) install --no-build-isolation "deepspeed>=0.19.8,<0.20"
 	$(PIP) install -e ".[dev]"
 	touch $(STAMP)
+
+# The whole pipeline (prep -> train -> export -> eval -> report) on CPython's own docs.
+demo: install
+	$(VENV)/bin/unmask run --run-dir runs/demo
 
 test: install
 	$(PY) -m pytest

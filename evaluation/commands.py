@@ -21,7 +21,8 @@ examples:
   torchrun --nproc-per-node 8 -m pipeline.cli eval runs/m --datasets lambada,ptb --data-dir data/
 """
 REPORT_DIR = "report"
-CURVE_METRICS = ("train/loss", "val/nelbo_per_token")
+VAL_METRIC = "val/nelbo_per_token"
+CURVE_METRICS = ("train/loss", VAL_METRIC)
 
 
 def _export_if_missing(path: Path) -> None:
@@ -48,6 +49,22 @@ def _model_record(export_dir: Path, exported) -> dict:
             "network": dict(config["network"]),
             "tokenizer": {"kind": exported.tokenizer.kind, "sha256": exported.tokenizer.sha256,
                           "vocab_size": exported.tokenizer.vocab_size}}
+
+
+def _training_record(run_dir: Path) -> dict | None:
+    """The training's validation bound at step 0 (untrained) and at its last validation."""
+    from pipeline.trainer import CONFIG_FILE, METRICS_FILE
+
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        return None
+    validations = [(record["step"], record[VAL_METRIC]) for line in path.read_text().splitlines()
+                   if line.strip() and VAL_METRIC in (record := json.loads(line))]
+    if not validations or validations[0][0] != 0:
+        return None
+    config = json.loads((run_dir / CONFIG_FILE).read_text())
+    return {"untrained_val_nelbo_per_token": validations[0][1], "final_step": validations[-1][0],
+            "final_val_nelbo_per_token": validations[-1][1], "val_split": config["data"]["val_split"]}
 
 
 def _tracker(run_dir: Path | None, out_dir: Path, uri: str | None, model: dict):
@@ -109,6 +126,8 @@ def _finish(results: dict, exported, export_dir: Path, run_dir: Path | None, out
     from pipeline.run_setup import git_commit
 
     results["model"] = _model_record(export_dir, exported)
+    if run_dir is not None:
+        results["training"] = _training_record(run_dir)
     if args.compare:
         results["comparison"] = _comparison(Path(args.compare), results)
     results["samples"] = _samples(exported, args)

@@ -346,6 +346,18 @@ def _results_blocks(results: dict) -> list[Block]:
                        "detokenized text and do not depend on the tokenizer.")]
 
 
+def _training_blocks(results: dict) -> list[Block]:
+    """The training's own validation bound before and after training (when known)."""
+    training = results.get("training")
+    if not training:
+        return []
+    return [Heading(2, "Training"),
+            _paragraph(f"Validation bound during training (EMA weights, {training['val_split']!r} split of the "
+                       f"training data): {_number(training['untrained_val_nelbo_per_token'], 4)} nats/token "
+                       f"at step 0 (untrained), {_number(training['final_val_nelbo_per_token'], 4)} nats/token "
+                       f"at step {_count(training['final_step'])}.")]
+
+
 def _flatten(mapping: dict, prefix: str = "") -> Iterable[tuple[str, Any]]:
     for key, value in mapping.items():
         if isinstance(value, dict) and value:
@@ -491,7 +503,8 @@ def _plot_blocks(plots: list[Plot]) -> list[Block]:
 
 
 def _document(results: dict, plots: list[Plot]) -> list[Block]:
-    return [*_header_blocks(results), *_results_blocks(results), *_comparison_blocks(results),
+    return [*_header_blocks(results), *_results_blocks(results), *_training_blocks(results),
+            *_comparison_blocks(results),
             *_reference_blocks(results),
             *_sample_blocks(results), *_plot_blocks(plots), *_protocol_blocks(results)]
 

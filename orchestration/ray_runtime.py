@@ -13,6 +13,9 @@ LOCAL_NODE_IP = "127.0.0.1"
 # (read when ray is imported). A local instance then stays on 127.0.0.1: no traffic
 # leaves the machine, and nothing depends on the machine's network setup.
 LOOPBACK_ONLY_ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# Set by Ray in the processes of a Ray job: commands submitted with `unmask submit` join
+# the cluster they run on instead of starting a Ray of their own.
+JOB_ADDRESS_ENV = "RAY_ADDRESS"
 
 
 def pin_local_ray_to_loopback() -> None:
@@ -21,12 +24,18 @@ def pin_local_ray_to_loopback() -> None:
 
 
 @contextlib.contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[None]:
+def ray_session(address: str | None = None, num_cpus: int | None = None, *,
+                log_to_driver: bool = False) -> Iterator[None]:
     """Use the running Ray if this process already joined one; else start or join one.
 
-    ``address=None`` starts a local Ray bound to 127.0.0.1 (no dashboard) and shuts it down
-    afterwards; an address (``ray://host:10001``, ``host:6379`` or ``auto``) joins a cluster.
+    ``address=None`` joins the cluster of the Ray job this process belongs to, if any, and
+    otherwise starts a local Ray bound to 127.0.0.1 (no dashboard; never one that
+    ``ray start`` left running) and shuts it down afterwards. An address
+    (``ray://host:10001``, ``host:6379`` or ``auto``) joins a cluster.
+    ``log_to_driver`` prints the workers' output here (training logs), off for prep.
     """
+    if address is None:
+        address = os.environ.get(JOB_ADDRESS_ENV) or None
     if address is None:
         pin_local_ray_to_loopback()
     import ray  # lazily: `unmask version` and friends should not pay for importing Ray
@@ -34,9 +43,9 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     if ray.is_initialized():
         yield
         return
-    kwargs = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    kwargs = dict(include_dashboard=False, log_to_driver=log_to_driver, configure_logging=False)
     if address is None:
-        ray.init(num_cpus=num_cpus, _node_ip_address=LOCAL_NODE_IP, **kwargs)
+        ray.init(address="local", num_cpus=num_cpus, _node_ip_address=LOCAL_NODE_IP, **kwargs)
     else:
         try:
             ray.init(address=address, **kwargs)

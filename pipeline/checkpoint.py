@@ -28,7 +28,7 @@ from pipeline.ema import EMA
 from pipeline.errors import UserError
 
 __all__ = ["CHECKPOINTS_DIR", "TrainState", "CheckpointManager", "STATE_FILE", "step_tag", "read_state",
-           "rank_file", "resolve_checkpoint"]
+           "rank_file", "resolve_checkpoint", "set_latest", "TAG_PATTERN"]
 
 CHECKPOINTS_DIR = "checkpoints"  # in the run directory; also what marks a directory as a run
 STATE_FILE = "unmask_state.json"
@@ -93,6 +93,11 @@ def resolve_checkpoint(run_dir: Path, step: int | None = None) -> Path:
     return root / latest.read_text().strip()
 
 
+def set_latest(run_dir: Path, tag: str) -> None:
+    """Point the run's ``latest`` at checkpoint ``tag`` (atomically: a reader sees old or new)."""
+    atomic_write_bytes(Path(run_dir) / CHECKPOINTS_DIR / LATEST_FILE, tag.encode())
+
+
 class CheckpointManager:
     """Saves and restores the engine, the EMA and the loop state of one run."""
 
@@ -118,7 +123,7 @@ class CheckpointManager:
         if self.dist.is_main:
             payload = {**asdict(state), **meta, "world_size": self.dist.world_size}
             atomic_write_bytes(directory / STATE_FILE, json.dumps(payload, indent=2, sort_keys=True).encode())
-            atomic_write_bytes(self.root / LATEST_FILE, tag.encode())
+            set_latest(self.root.parent, tag)
             self._prune()
         self.dist.barrier()
         return directory

@@ -10,6 +10,7 @@ from importlib import metadata
 from data_prep import commands as data_prep_commands
 from evaluation import commands as evaluation_commands
 from evaluation import generation as generation_commands
+from orchestration import commands as orchestration_commands
 from pipeline import commands as pipeline_commands
 from pipeline.errors import UserError
 
@@ -28,6 +29,9 @@ examples:
   unmask export runs/tiny
   unmask eval runs/tiny --datasets ptb,wikitext2,lambada,lm1b --data-dir ../shared/data
   unmask sample runs/tiny --num 4 --steps 1000 --prompt "ROMEO:"
+  unmask run                                  # the whole pipeline on a built-in corpus
+  unmask submit --address http://HEAD:8265 -- run --config configs/small.yaml --input /shared/owt
+  unmask jobs logs JOB_ID --follow
   unmask version --all
 """
 
@@ -65,8 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     version.set_defaults(handler=_cmd_version)
     data_prep_commands.register(commands)
     pipeline_commands.register(commands)
+    pipeline_commands.register_run(commands)
     evaluation_commands.register(commands)
     generation_commands.register(commands)
+    orchestration_commands.register(commands)
     return parser
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import warnings
 from dataclasses import dataclass
 
@@ -97,16 +98,14 @@ def init_distributed(timeout_minutes: float = 30.0, *, deepspeed_backend: bool =
     # gather: one warning per call would bury the training log.
     warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
     timeout = datetime.timedelta(minutes=timeout_minutes)
+    # DeepSpeed JIT-builds its CPU comm op (about a minute) into torch's extension cache; one
+    # cache per environment keeps two checkouts from rebuilding each other's. Set even when a
+    # launcher (Ray Train) already made the process group: the engine still builds the op.
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
     if dist.is_initialized():
         pass
     elif deepspeed_backend:
-        import sys
-
         import deepspeed
-
-        # DeepSpeed JIT-builds its CPU comm op (about a minute) into torch's extension cache;
-        # one cache per environment keeps two checkouts from rebuilding each other's.
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False, timeout=timeout)
     elif world_size > 1:

@@ -16,10 +16,11 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from tqdm import tqdm
@@ -39,14 +40,19 @@ from pipeline.objective import NATS_PER_BIT, MicroBatchSlot, make_objective
 from pipeline.run_setup import TOKENIZER_DIR, find_tokenizer, git_commit, network_config
 from pipeline.validation import ValidationResult, validate
 
-__all__ = ["TrainResult", "train", "METRICS_FILE"]
+__all__ = ["TrainResult", "train", "METRICS_FILE", "CONFIG_FILE", "CheckpointHook"]
 
 log = logging.getLogger("unmask.train")
 
 METRICS_FILE = "metrics.jsonl"      # rank 0's log of every metric, exact floats (JSON repr)
 CONFIG_FILE = "config.json"         # the resolved config of the run
 # Test hook: after this step, wait (checkpoint written if due) until SIGTERM; kill tests use it.
+# Each rank stalls once per run dir (a marker file holds its pid), so a restarted job runs on.
 STALL_ENV = "UNMASK_TRAIN_STALL_AFTER_STEP"
+STALL_MARKER = "stalled-rank-{rank}.pid"
+
+# Called on every rank after each checkpoint is committed: (its directory, the step).
+CheckpointHook = Callable[[Path, int], None]
 
 
 @dataclass(frozen=True)
@@ -65,13 +71,18 @@ class _Preemption:
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        # Only the main thread may install handlers; Ray Train runs the loop in a worker
+        # thread and handles preemption itself.
+        self._installed = threading.current_thread() is threading.main_thread()
+        if self._installed:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame) -> None:
         self.requested = True
 
     def restore(self) -> None:
-        signal.signal(signal.SIGTERM, self._previous)
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 def _endless(loader: StreamingLoader) -> Iterator[torch.Tensor]:
@@ -82,8 +93,10 @@ def _endless(loader: StreamingLoader) -> Iterator[torch.Tensor]:
 class Trainer:
     """One run's loop; built by ``train``."""
 
-    def __init__(self, config: Config, data_dir: Path, run_dir: Path, dist: Distributed) -> None:
+    def __init__(self, config: Config, data_dir: Path, run_dir: Path, dist: Distributed,
+                 on_checkpoint: CheckpointHook | None = None) -> None:
         self.config, self.data_dir, self.run_dir, self.dist = config, data_dir, run_dir, dist
+        self.on_checkpoint = on_checkpoint
         self.manifest = Manifest.read(data_dir)
         self.tokenizer = find_tokenizer(self.manifest, data_dir)
         self.network_config = network_config(config.model, self.manifest)
@@ -219,7 +232,7 @@ class Trainer:
                 if (config.eval.every and step % config.eval.every == 0) or last:
                     validation = self._validate()
                 if step == stall_after:
-                    _stall(preemption, step)
+                    _stall(preemption, step, self.run_dir, dist.rank)
                 preempted = dist.any(preemption.requested)
                 if step % config.checkpoint.every == 0 or last or preempted:
                     self._save()
@@ -304,6 +317,8 @@ class Trainer:
         directory = self.checkpoints.save(self.engine, self.ema, self.state, self.meta())
         if self.dist.is_main:
             log.info("checkpoint %s", directory)
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(directory, self.state.step)
 
 
 class _Interval:
@@ -335,19 +350,28 @@ def _grad_norm(engine) -> float:
     return float(norm) if norm is not None else float("nan")
 
 
-def _stall(preemption: _Preemption, step: int) -> None:
-    print(f"unmask: stalling after step {step} ({STALL_ENV}); waiting for SIGTERM", flush=True)
+def _stall(preemption: _Preemption, step: int, run_dir: Path, rank: int) -> None:
+    marker = run_dir / STALL_MARKER.format(rank=rank)
+    if marker.exists():
+        return
+    marker.write_text(str(os.getpid()))
+    print(f"unmask: stalling after step {step} ({STALL_ENV}, rank {rank}, pid {os.getpid()}); "
+          f"waiting for SIGTERM", flush=True)
     while not preemption.requested:
         time.sleep(0.05)
 
 
 def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: str = "auto",
-          allow_config_change: bool = False) -> TrainResult:
-    """Train (or continue training) the run in ``run_dir`` on the shards in ``data_dir``."""
+          allow_config_change: bool = False, on_checkpoint: CheckpointHook | None = None) -> TrainResult:
+    """Train (or continue training) the run in ``run_dir`` on the shards in ``data_dir``.
+
+    ``on_checkpoint`` runs on every rank after each checkpoint is committed (the Ray Train
+    launcher mirrors checkpoints to durable storage through it).
+    """
     if resume not in ("auto", "never"):
         raise UserError(f"--resume must be 'auto' or 'never', got {resume!r}")
     dist = init_distributed()
-    trainer = Trainer(config, Path(data_dir), Path(run_dir), dist)
+    trainer = Trainer(config, Path(data_dir), Path(run_dir), dist, on_checkpoint)
     trainer.resume(resume, allow_config_change)
     trainer.write_run_files()
     trainer.start_tracking()

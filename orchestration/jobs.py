@@ -1,0 +1,155 @@
+"""Ray Jobs: submit any ``unmask`` command to a cluster, then list, follow and stop it.
+
+A job runs ``python -m pipeline.cli ARGS`` on the head node in a copy of the working
+directory (the project's code and configs; never data, checkpoints, ``.git`` or a virtual
+environment: see ``EXCLUDES``). Paths in ARGS are read on the cluster, so data and run
+directories should live on storage the cluster sees (a shared filesystem or a URI).
+
+Clusters that require a token (Ray's default since 2.52) are reached with the token in
+``RAY_AUTH_TOKEN``, in ``RAY_AUTH_TOKEN_PATH`` or in ``~/.ray/auth_token`` (where ``ray
+start`` writes it on the head): ``use_token_auth_if_available`` turns Ray's token mode on
+when one of them is there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from pipeline.errors import UserError
+
+__all__ = ["JobRequest", "EXCLUDES", "connect", "submit", "wait", "TERMINAL_STATUSES",
+           "use_token_auth_if_available", "ADDRESS_ENV"]
+
+# Where the address comes from when --address is not given (the Ray CLI's variables).
+ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+AUTH_MODE_ENV, AUTH_TOKEN_ENV, AUTH_TOKEN_PATH_ENV = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+DEFAULT_TOKEN_FILE = Path("~/.ray/auth_token")
+# Never uploaded with the code (gitignore syntax, relative to the working directory): data,
+# training outputs and environments are large, and the cluster has its own.
+EXCLUDES = (".git", ".venv", "venv", "/runs/", "/data/", "/shards/", "checkpoints/", "mlruns/", "mlflow.db",
+            "*.tar", "*.safetensors", "*.pt", "__pycache__/", "*.egg-info/", ".pytest_cache/", "torch_extensions/")
+TERMINAL_STATUSES = ("SUCCEEDED", "FAILED", "STOPPED")
+POLL_SECONDS = 1.0  # status polling while waiting: one cheap HTTP request per second
+# The Jobs API's answer while the head's job agent is still starting, and how long to wait for it.
+NO_AGENT_YET = "No available agent to submit job"
+AGENT_WAIT_S = 120.0
+
+
+def use_token_auth_if_available() -> None:
+    """Turn Ray's token authentication on when a token is at hand (before importing ray:
+    Ray reads the mode once). An explicit RAY_AUTH_MODE is left alone."""
+    if AUTH_MODE_ENV in os.environ:
+        return
+    token_file = Path(os.environ.get(AUTH_TOKEN_PATH_ENV, DEFAULT_TOKEN_FILE)).expanduser()
+    if os.environ.get(AUTH_TOKEN_ENV) or token_file.is_file():
+        os.environ[AUTH_MODE_ENV] = "token"
+
+
+def resolve_address(address: str | None) -> str:
+    """``--address`` or the Ray CLI's environment variables; a clear error when none."""
+    for name in ADDRESS_ENV:
+        address = address or os.environ.get(name)
+    if not address:
+        raise UserError("--address is required (the Ray dashboard, e.g. http://HEAD:8265), "
+                        f"or set {ADDRESS_ENV[0]}")
+    return address
+
+
+def connect(address: str | None):
+    """A ``JobSubmissionClient`` for the cluster at ``address`` (its dashboard URL)."""
+    use_token_auth_if_available()
+    address = resolve_address(address)
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        return JobSubmissionClient(address)
+    except AuthenticationError:
+        raise UserError(f"--address {address}: the cluster requires a token: copy the head's "
+                        f"~/.ray/auth_token to this machine, or set {AUTH_TOKEN_ENV}") from None
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise UserError(f"--address {address}: cannot reach the Ray Jobs API ({err}); give the "
+                        f"dashboard URL, e.g. http://HEAD:8265") from None
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One ``unmask`` command to run as a Ray job, and the environment it runs in."""
+
+    args: tuple[str, ...]                     # the unmask command line, e.g. ("run", "--config", ...)
+    working_dir: Path = Path(".")
+    env: dict[str, str] = field(default_factory=dict)
+    pip: tuple[str, ...] = ()                 # extra requirements, installed by Ray for the job
+    excludes: tuple[str, ...] = ()            # more gitignore-style patterns to leave out
+    python: str = "python"                    # the interpreter on the cluster
+    submission_id: str | None = None
+    entrypoint_num_gpus: float = 0.0
+
+    def entrypoint(self) -> str:
+        return shlex.join([self.python, "-m", "pipeline.cli", *self.args])
+
+    def runtime_env(self) -> dict:
+        if not self.working_dir.is_dir():
+            raise UserError(f"--working-dir {self.working_dir}: not a directory")
+        env = {"working_dir": str(self.working_dir), "excludes": [*EXCLUDES, *self.excludes]}
+        if self.env:
+            env["env_vars"] = dict(self.env)
+        if self.pip:
+            env["pip"] = list(self.pip)
+        return env
+
+
+def submit(client, request: JobRequest) -> str:
+    """Submit ``request``; its submission id. A head that has just started has no job
+    agent for a few seconds: that answer is retried for up to ``AGENT_WAIT_S``."""
+    if not request.args:
+        raise UserError("nothing to submit: give the unmask command after --, e.g. -- run --config ...")
+    deadline = time.monotonic() + AGENT_WAIT_S
+    while True:
+        try:
+            return client.submit_job(entrypoint=request.entrypoint(), runtime_env=request.runtime_env(),
+                                     submission_id=request.submission_id,
+                                     entrypoint_num_gpus=request.entrypoint_num_gpus or None,
+                                     metadata={"unmask_command": shlex.join(request.args)})
+        except RuntimeError as err:
+            if NO_AGENT_YET not in str(err) or time.monotonic() > deadline:
+                raise UserError(f"the cluster refused the job: {err}") from None
+        time.sleep(POLL_SECONDS)
+
+
+def status(client, job_id: str) -> str:
+    """The job's status name (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED)."""
+    try:
+        return str(client.get_job_status(job_id).value)
+    except RuntimeError as err:
+        raise UserError(f"job {job_id}: {err}") from None
+
+
+def follow_logs(client, job_id: str) -> Iterator[str]:
+    """The job's log, streamed as it is written, until the job ends."""
+    stream = client.tail_job_logs(job_id)
+    loop = asyncio.new_event_loop()
+    try:
+        while True:
+            try:
+                yield loop.run_until_complete(stream.__anext__())
+            except StopAsyncIteration:
+                return
+    finally:
+        loop.close()
+
+
+def wait(client, job_id: str, timeout_s: float | None = None) -> str:
+    """Block until the job ends (or ``timeout_s`` passes); its final status."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while (state := status(client, job_id)) not in TERMINAL_STATUSES:
+        if deadline is not None and time.monotonic() > deadline:
+            raise UserError(f"job {job_id} is still {state} after {timeout_s:.0f} s")
+        time.sleep(POLL_SECONDS)
+    return state

@@ -1,0 +1,129 @@
+"""``unmask submit`` and ``unmask jobs`` against a real Ray head (token auth on, 127.0.0.1),
+with the end-to-end ``unmask run`` as the job and a real ``mlflow server``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.ray_head import head_env, ray_head
+from tests.train_helpers import REPO, RUN_TIMEOUT_S, TINY, write_config
+
+pytestmark = pytest.mark.slow
+
+UNMASK = [sys.executable, "-m", "pipeline.cli"]
+JOB_TIMEOUT_S = 2 * RUN_TIMEOUT_S
+
+
+@pytest.fixture(scope="module")
+def head():
+    with ray_head() as started:
+        yield started
+
+
+def unmask(args: list[str], *, env: dict[str, str] | None = None, timeout: float = JOB_TIMEOUT_S,
+           cwd: Path = REPO) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in head_env().items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    return subprocess.run(UNMASK + args, cwd=cwd, env={**base, **(env or {})}, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _run_args(tmp_path: Path, run_dir: Path) -> list[str]:
+    if not TINY.is_file():
+        pytest.skip(f"{TINY} is absent (see ../shared/data/SOURCES.md)")
+    corpus = tmp_path / "input.txt"
+    corpus.write_text(TINY.read_text(encoding="utf-8")[:150_000], encoding="utf-8")
+    config = write_config(tmp_path / "micro.yaml", {"train": {"max_steps": 6}})
+    return ["run", "--config", str(config), "--input", str(corpus), "--run-dir", str(run_dir), "--seq-len", "64",
+            "--vocab-size", "384", "--val-fraction", "0.1", "--samples", "4", "--num-samples", "1",
+            "--sample-steps", "8"]
+
+
+def test_submitted_run_trains_evaluates_and_tracks_in_mlflow(head, mlflow_server, tmp_path):
+    run_dir = tmp_path / "run"
+    args = _run_args(tmp_path, run_dir)
+    submitted = unmask(["submit", "--address", head.dashboard_url, "--working-dir", str(REPO), "--follow", "--",
+                        *args, "--mlflow-uri", mlflow_server])
+    assert submitted.returncode == 0, submitted.stdout[-4000:] + submitted.stderr[-4000:]
+    job_id = submitted.stdout.splitlines()[0].strip()
+    assert job_id.startswith("raysubmit_") and "SUCCEEDED" in submitted.stderr
+    assert "unmask run: finished" in submitted.stdout  # the streamed job log
+
+    results = json.loads((run_dir / "report" / "results.json").read_text())
+    assert results["model"]["step"] == 6 and "val" in results["datasets"]
+    assert (run_dir / "report" / "report.html").is_file()
+    training = results["training"]
+    assert training["untrained_val_nelbo_per_token"] > training["final_val_nelbo_per_token"]
+    run = MlflowClient(mlflow_server).get_run(results["mlflow"]["run_id"])
+    assert results["mlflow"]["tracking_uri"] == mlflow_server
+    assert run.data.metrics["eval/val/nelbo_per_token"] == pytest.approx(results["datasets"]["val"]["nelbo_per_token"])
+    assert "train/loss" in run.data.metrics
+
+    listed = unmask(["jobs", "list", "--address", head.dashboard_url])
+    assert f"{job_id}\tSUCCEEDED" in listed.stdout, listed.stderr
+    status = unmask(["jobs", "status", job_id, "--address", head.dashboard_url])
+    assert status.stdout.startswith(f"{job_id}\tSUCCEEDED")
+    logs = unmask(["jobs", "logs", job_id, "--address", head.dashboard_url])
+    assert "unmask run: finished" in logs.stdout
+
+    # Rerun locally: every stage is up to date and nothing is redone.
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    report_mtime = (run_dir / "report" / "results.json").stat().st_mtime_ns
+    again = unmask([*args, "--mlflow-uri", mlflow_server])
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "nothing to do" in again.stdout
+    for stage in ("train", "export", "eval"):
+        assert f"unmask run: stage {stage}: skipped" in again.stdout
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == checkpoints
+    assert (run_dir / "report" / "results.json").stat().st_mtime_ns == report_mtime
+
+
+def _uploaded_package(head, marker: str) -> Path:
+    # session_latest links to the session directory: count each package once.
+    packages = {path.parent.resolve()
+                for path in head.temp_dir.glob(f"session_*/runtime_resources/working_dir_files/*/{marker}")}
+    assert len(packages) == 1, packages
+    return packages.pop()
+
+
+def test_submit_uploads_code_without_data_checkpoints_git_or_venv(head, tmp_path):
+    project = tmp_path / "project"
+    files = ["marker_7f3a.txt", "configs/tiny.yaml", "pipeline/x.py", ".git/HEAD", ".venv/bin/python", "runs/a/log",
+             "data/train/shard-000000.tar", "shards/b.tar", "out/checkpoints/step-1/model.pt", "export/model.safetensors"]
+    for name in files:
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(name)
+    done = unmask(["submit", "--address", head.dashboard_url, "--working-dir", str(project), "--wait",
+                   "--env", "UNMASK_TEST=1", "--", "version"])
+    assert done.returncode == 0, done.stderr[-4000:]
+    package = _uploaded_package(head, "marker_7f3a.txt")
+    uploaded = sorted(str(path.relative_to(package)) for path in package.rglob("*") if path.is_file())
+    assert uploaded == ["configs/tiny.yaml", "marker_7f3a.txt", "pipeline/x.py"]
+    job_id = done.stdout.splitlines()[0].strip()
+    assert "unmask " in unmask(["jobs", "logs", job_id, "--address", head.dashboard_url]).stdout
+
+
+def test_token_auth_from_env_or_file_and_a_clear_error_without(head, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    token = (Path.home() / ".ray" / "auth_token").read_text().strip()
+    no_token = unmask(["jobs", "list", "--address", head.dashboard_url], env={"HOME": str(home)})
+    assert no_token.returncode == 2
+    assert "requires a token" in no_token.stderr and "auth_token" in no_token.stderr
+    with_env = unmask(["jobs", "list", "--address", head.dashboard_url],
+                      env={"HOME": str(home), "RAY_AUTH_TOKEN": token})
+    assert with_env.returncode == 0, with_env.stderr[-2000:]
+
+
+def test_unknown_job_and_missing_address_are_clear_errors(head):
+    unknown = unmask(["jobs", "status", "raysubmit_nope", "--address", head.dashboard_url])
+    assert unknown.returncode == 2 and "raysubmit_nope" in unknown.stderr
+    env = {name: "" for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+    missing = unmask(["jobs", "list"], env=env)
+    assert missing.returncode == 2 and "--address" in missing.stderr

@@ -1,0 +1,97 @@
+"""``unmask train --launcher ray``: Ray Train workers on a local Ray (127.0.0.1), gloo, and
+a worker killed mid-run that the restarted group makes good from the latest checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.checkpoint import CHECKPOINTS_DIR, resolve_checkpoint, step_tag
+from pipeline.trainer import STALL_ENV, STALL_MARKER
+from tests.train_helpers import REPO, RUN_TIMEOUT_S, Run, _env, write_config
+
+pytestmark = pytest.mark.slow
+
+MAX_STEPS, CHECKPOINT_EVERY, KILL_AFTER = 8, 4, 6
+POLL_S = 0.2  # how often to look for the stalled worker's pid file
+
+
+def _command(config: Path, data: Path, run_dir: Path, extra: list[str] = ()) -> list[str]:
+    return [sys.executable, "-m", "pipeline.cli", "train", "--launcher", "ray", "--num-workers", "2",
+            "--config", str(config), "--data", str(data), "--run-dir", str(run_dir), *extra]
+
+
+def _config(tmp_path: Path) -> Path:
+    return write_config(tmp_path / "micro.yaml", {
+        "train": {"max_steps": MAX_STEPS}, "eval": {"every": CHECKPOINT_EVERY},
+        "checkpoint": {"every": CHECKPOINT_EVERY, "keep_last": 3}})
+
+
+def _kill_rank_1_when_stalled(proc: subprocess.Popen, run_dir: Path) -> None:
+    """Wait until rank 1 stalls after step KILL_AFTER, then SIGKILL that worker process."""
+    marker = run_dir / STALL_MARKER.format(rank=1)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not marker.is_file() or not marker.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"rank 1 never stalled (exit {proc.poll()}):\n{proc.communicate()[0][-4000:]}")
+        time.sleep(POLL_S)
+    os.kill(int(marker.read_text()), signal.SIGKILL)
+
+
+def test_a_killed_worker_is_restarted_from_the_latest_checkpoint_with_the_same_result(tinyshakespeare_shards,
+                                                                                        tmp_path):
+    config = _config(tmp_path)
+    calm = subprocess.run(_command(config, tinyshakespeare_shards, tmp_path / "calm"), cwd=REPO, env=_env(None),
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert calm.returncode == 0, (calm.stdout + calm.stderr)[-4000:]
+
+    run_dir, storage = tmp_path / "killed", tmp_path / "storage"
+    proc = subprocess.Popen(_command(config, tinyshakespeare_shards, run_dir,
+                                     ["--max-failures", "1", "--storage", str(storage)]),
+                            cwd=REPO, env=_env({STALL_ENV: str(KILL_AFTER)}), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        _kill_rank_1_when_stalled(proc, run_dir)
+        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-4000:]
+
+    undisturbed, restarted = Run(0, calm.stdout, tmp_path / "calm"), Run(0, output, run_dir)
+    # The restart really happened: the steps after the last checkpoint were done twice.
+    steps = [m["step"] for m in restarted.metrics() if "train/loss" in m]
+    assert steps.count(KILL_AFTER) == 2 and max(steps) == MAX_STEPS
+    assert resolve_checkpoint(run_dir).name == step_tag(MAX_STEPS)
+    assert restarted.losses() == undisturbed.losses()
+    assert restarted.validations() == undisturbed.validations()
+    # --storage holds Ray Train's copies of the checkpoints.
+    mirrored = {path.parent.parent.name for path in storage.glob(f"*/{step_tag(MAX_STEPS)}/unmask_state.json")}
+    assert mirrored == {run_dir.name}
+
+
+def test_a_newer_checkpoint_in_storage_is_restored_into_an_empty_run_dir(tinyshakespeare_shards, tmp_path):
+    from ray.train import Checkpoint
+
+    from orchestration.ray_train import restore_newer_checkpoint
+
+    source = tmp_path / "source"
+    run = subprocess.run([sys.executable, "-m", "pipeline.cli", "train", "--config", str(_config(tmp_path)),
+                          "--data", str(tinyshakespeare_shards), "--run-dir", str(source), "--train.max_steps", "4"],
+                         cwd=REPO, env=_env(None), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert run.returncode == 0, run.stderr[-4000:]
+    saved = resolve_checkpoint(source)
+    fresh = tmp_path / "fresh"
+    assert restore_newer_checkpoint(Checkpoint.from_directory(str(saved)), fresh)
+    restored = resolve_checkpoint(fresh)
+    assert restored.name == saved.name
+    assert sorted(p.name for p in restored.iterdir()) == sorted(p.name for p in saved.iterdir())
+    # Not newer than what the run has: left alone.
+    assert not restore_newer_checkpoint(Checkpoint.from_directory(str(saved)), fresh)
+    assert not (fresh / CHECKPOINTS_DIR / f"{saved.name}.partial").exists()
