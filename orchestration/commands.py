@@ -12,7 +12,7 @@ from pipeline.errors import UserError
 RAW = argparse.RawDescriptionHelpFormatter
 
 SUBMIT_EPILOG = """\
-everything after -- is the unmask command to run on the cluster, e.g.:
+examples (everything after -- is the unmask command the cluster runs):
   unmask submit --address http://HEAD:8265 -- run --config configs/small.yaml \\
       --input /shared/owt --run-dir /shared/runs/small --launcher ray --num-workers 8 --gpus-per-worker 1
   unmask submit --address http://127.0.0.1:8265 --follow -- run --run-dir /tmp/demo
@@ -129,7 +129,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     for name, text in (("list", "every job: id, status, start time, command"),
                        ("status", "a job's status and message"), ("logs", "a job's log"),
                        ("stop", "stop a job and wait until it has stopped")):
-        action = actions.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        action = actions.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".",
+                                    epilog=JOBS_EPILOG, formatter_class=RAW)
         _add_address(action)
         if name != "list":
             action.add_argument("job_id", metavar="JOB", help="the submission id `unmask submit` printed")

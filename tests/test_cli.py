@@ -34,3 +34,12 @@ def test_version_prints_the_installed_version():
 def test_unknown_commands_and_flags_fail_with_usage(args):
     result = _run(*args)
     assert result.returncode == 2 and "usage:" in result.stderr
+
+
+@pytest.mark.parametrize("command", [["tokenizer", "train"], ["prep"], ["train"], ["export"], ["eval"], ["sample"],
+                                     ["run"], ["submit"], ["jobs", "list"], ["jobs", "logs"]])
+def test_every_command_explains_itself_with_an_example(command):
+    result = _run(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage: unmask " + " ".join(command) in result.stdout
+    assert "example" in result.stdout
