@@ -3,19 +3,23 @@
 For each preset, times ``estimate_bound`` with K time samples over N blocks of random tokens
 (the cost does not depend on the token values) and, as the baseline measured in the same
 run, a plain no-grad forward of the network over the same blocks with logits at every
-position. Prints one JSON object per preset. Example:
+position. On a GPU both run under bf16 autocast, as ``unmask eval`` does. Prints one JSON
+object per preset. Example:
 
     .venv/bin/python bench/eval_throughput.py --presets tiny small --seq-len 256
+    .venv/bin/python bench/eval_throughput.py --presets medium --seq-len 1024 --device cuda --blocks 64
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -30,37 +34,57 @@ GPT2_VOCAB = 50257
 BLOCKS = {"tiny": 32, "small": 4, "medium": 2}
 
 
-def _timed(fn, repeats: int) -> float:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that host clocks time it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], None], repeats: int, device: torch.device = torch.device("cpu")) -> float:
     fn()  # warm-up: allocator and kernels
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         fn()
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def measure(name: str, seq_len: int, samples: int, batch_size: int, repeats: int) -> dict:
+def inference_precision(device: torch.device):
+    """bf16 autocast on GPU, as ``unmask eval`` runs; float32 elsewhere."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def measure(name: str, seq_len: int, samples: int, batch_size: int, repeats: int, *,
+            vocab_size: int = GPT2_VOCAB, blocks: int | None = None, device: str = "cpu") -> dict:
+    """One preset's figures; ``blocks`` defaults to ``BLOCKS[name]``."""
+    device_ = torch.device(device)
     torch.manual_seed(0)
-    network = Transformer(preset(name, GPT2_VOCAB, max_seq_len=seq_len)).eval()
-    diffusion = MaskedDiffusion(make_schedule("linear"), GPT2_VOCAB, validate=False)
-    count = BLOCKS[name]
-    tokens = torch.randint(0, GPT2_VOCAB, (count, seq_len))
-    blocks = Blocks(tokens, torch.ones_like(tokens, dtype=torch.bool))
+    network = Transformer(preset(name, vocab_size, max_seq_len=seq_len)).to(device_).eval()
+    diffusion = MaskedDiffusion(make_schedule("linear"), vocab_size, validate=False)
+    count = blocks or BLOCKS[name]
+    tokens = torch.randint(0, vocab_size, (count, seq_len))
+    scored_blocks = Blocks(tokens, torch.ones_like(tokens, dtype=torch.bool))
+    on_device = tokens.to(device_)
 
     def forward() -> None:
-        with torch.no_grad():
+        with torch.no_grad(), inference_precision(device_):
             for i in range(0, count, batch_size):
-                network(tokens[i:i + batch_size])
+                network(on_device[i:i + batch_size])
 
     def estimate() -> None:
-        with torch.no_grad():
-            estimate_bound(diffusion, network, blocks, samples_per_block=samples, batch_size=batch_size)
+        with torch.no_grad(), inference_precision(device_):
+            estimate_bound(diffusion, network, scored_blocks, samples_per_block=samples, batch_size=batch_size,
+                           device=device_)
 
     scored = count * seq_len
-    forward_s, estimate_s = _timed(forward, repeats), _timed(estimate, repeats)
-    return {"preset": name, "seq_len": seq_len, "vocab": GPT2_VOCAB, "blocks": count, "samples_per_block": samples,
-            "forward_tokens_per_s": scored / forward_s,
+    forward_s, estimate_s = _timed(forward, repeats, device_), _timed(estimate, repeats, device_)
+    return {"preset": name, "seq_len": seq_len, "vocab": vocab_size, "blocks": count, "samples_per_block": samples,
+            "device": device_.type, "forward_tokens_per_s": scored / forward_s,
             "estimate_tokens_per_s_per_sample": scored * samples / estimate_s,
             "estimate_time_vs_forward": estimate_s / (samples * forward_s)}
 
@@ -72,9 +96,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2, help="time samples per block K")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--blocks", type=int, help=f"blocks to score (default per preset: {BLOCKS})")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default: %(default)s)")
     args = parser.parse_args()
     for name in args.presets:
-        print(json.dumps(measure(name, args.seq_len, args.samples, args.batch_size, args.repeats)), flush=True)
+        print(json.dumps(measure(name, args.seq_len, args.samples, args.batch_size, args.repeats,
+                                 blocks=args.blocks, device=args.device)), flush=True)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,11 @@ A denoiser is any callable ``(z_t: LongTensor[B, L], t: FloatTensor[B]) -> logit
 over the V clean tokens (SUBS: no mask logit, so the mask is never predicted). A denoiser
 whose ``accepts_output_mask`` attribute is true may instead be called with
 ``output_mask=BoolTensor[B, L]`` and return logits ``[N, V]`` for just the N selected
-positions, which skips the output projection everywhere else.
+positions, which skips the output projection everywhere else. When the diffusion has a
+``cross_entropy_chunk_rows``, a denoiser whose ``accepts_targets`` attribute is true is
+called with ``output_mask``, ``targets=LongTensor[N]`` (the clean tokens there) and
+``chunk_rows``, and returns -log p(target) [N] in float32 itself, without materializing
+the [N, V] float32 logits (``model.cross_entropy``; the same loss to float rounding).
 
 Scoring only some positions (``positions``, bool [B, L], True = a real token): the others
 (padding of a partial evaluation block) are never masked and never scored, so they stay
@@ -114,16 +118,24 @@ class MaskedDiffusion:
 
     ``validate`` checks token ranges and times on every call; each check synchronizes the
     host with the device, so a GPU trainer fed by validated shards may turn it off.
+    ``cross_entropy_chunk_rows`` > 0 lets a denoiser that ``accepts_targets`` compute the
+    masked cross-entropy that many rows at a time (see the module docstring); 0 asks every
+    denoiser for logits.
     """
 
-    def __init__(self, schedule: Schedule, vocab_size: int, *, validate: bool = True) -> None:
+    def __init__(self, schedule: Schedule, vocab_size: int, *, validate: bool = True,
+                 cross_entropy_chunk_rows: int = 0) -> None:
         if not isinstance(schedule, Schedule):
             raise ValueError(f"schedule must be a model.schedules.Schedule, got {schedule!r}")
         if not (isinstance(vocab_size, int) and vocab_size >= 2):
             raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
+        if (isinstance(cross_entropy_chunk_rows, bool) or not isinstance(cross_entropy_chunk_rows, int)
+                or cross_entropy_chunk_rows < 0):
+            raise ValueError(f"cross_entropy_chunk_rows must be an int >= 0, got {cross_entropy_chunk_rows!r}")
         self.schedule = schedule
         self.vocab_size = vocab_size
         self.validate = validate
+        self.cross_entropy_chunk_rows = cross_entropy_chunk_rows
 
     @property
     def mask_id(self) -> int:
@@ -231,18 +243,27 @@ class MaskedDiffusion:
 
         The log-softmax runs in float32 even when the network returns bf16 logits.
         """
-        batch, length = x0.shape
+        batch = x0.shape[0]
         rows = masked.nonzero(as_tuple=True)[0]
-        if getattr(denoiser, "accepts_output_mask", False):
-            logits = denoiser(z_t, t, output_mask=masked)
-            self._check_logits(logits, (rows.numel(), self.vocab_size))
+        targets = x0[masked]
+        if self.cross_entropy_chunk_rows and getattr(denoiser, "accepts_targets", False):
+            nll = denoiser(z_t, t, output_mask=masked, targets=targets, chunk_rows=self.cross_entropy_chunk_rows)
+            self._check_nll(nll, rows.numel())
         else:
-            logits = denoiser(z_t, t)
-            self._check_logits(logits, (batch, length, self.vocab_size))
-            logits = logits[masked]
-        nll = F.cross_entropy(logits.float(), x0[masked], reduction="none")
+            nll = F.cross_entropy(self._masked_logits(denoiser, z_t, t, masked, rows.numel()).float(), targets,
+                                  reduction="none")
         return torch.zeros(batch, dtype=torch.float64, device=x0.device).index_add_(
             0, rows, nll.to(torch.float64))
+
+    def _masked_logits(self, denoiser: Denoiser, z_t: Tensor, t: Tensor, masked: Tensor, count: int) -> Tensor:
+        """The denoiser's logits [count, V] at the masked positions."""
+        if getattr(denoiser, "accepts_output_mask", False):
+            logits = denoiser(z_t, t, output_mask=masked)
+            self._check_logits(logits, (count, self.vocab_size))
+            return logits
+        logits = denoiser(z_t, t)
+        self._check_logits(logits, (*z_t.shape, self.vocab_size))
+        return logits[masked]
 
     def _reconstruction(self, denoiser: Denoiser, x0: Tensor, generator: Generators,
                         kind: Reconstruction, positions: Tensor | None = None) -> Tensor:
@@ -314,6 +335,12 @@ class MaskedDiffusion:
             raise ValueError(f"t must have shape [{batch}] (one time per sequence), got {tuple(t.shape)}")
         if self.validate and not bool(((t >= 0) & (t <= 1)).all()):
             raise ValueError(f"t must lie in [0, 1], got values in [{float(t.min())}, {float(t.max())}]")
+
+    def _check_nll(self, nll: Tensor, count: int) -> None:
+        if not isinstance(nll, Tensor) or not nll.is_floating_point() or tuple(nll.shape) != (count,):
+            got = tuple(nll.shape) if isinstance(nll, Tensor) else type(nll).__name__
+            raise ValueError(f"denoiser called with targets returned {got}, expected float [{count}] "
+                             f"(-log p of each target)")
 
     def _check_logits(self, logits: Tensor, expected: tuple[int, ...]) -> None:
         if not isinstance(logits, Tensor) or not logits.is_floating_point():

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.cross_entropy import chunked_cross_entropy
+
 __all__ = ["TransformerConfig", "Transformer", "ParameterCounts", "PRESETS", "preset",
            "parameter_counts", "count_parameters"]
 
@@ -204,9 +206,17 @@ class Transformer(nn.Module):
     With ``output_mask`` (bool [B, L]) it returns logits only at the selected positions,
     ``[N, V]``; the output projection is the largest matmul at GPT-2 sizes, so computing
     it at masked positions only saves a sizeable share of the FLOPs.
+
+    With ``targets`` (LongTensor of the output's leading shape: [N] with ``output_mask``,
+    [B, L] without) it returns -log softmax(logits)[targets] in float32 instead of the
+    logits, computed ``chunk_rows`` rows at a time (``model.cross_entropy``), so the
+    float32 logits of all rows never exist at once. It goes through ``forward`` rather
+    than a separate method so that wrappers that only see calls (DeepSpeed's engine and
+    its ZeRO-3 parameter gathering, torch.compile) see it too.
     """
 
     accepts_output_mask = True
+    accepts_targets = True
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -241,7 +251,8 @@ class Transformer(nn.Module):
                 nn.init.zeros_(modulation.weight)
                 nn.init.zeros_(modulation.bias)
 
-    def forward(self, z: Tensor, t: Tensor | None = None, output_mask: Tensor | None = None) -> Tensor:
+    def forward(self, z: Tensor, t: Tensor | None = None, output_mask: Tensor | None = None,
+                targets: Tensor | None = None, chunk_rows: int | None = None) -> Tensor:
         if self.time_embed is not None and t is None:
             raise ValueError("this Transformer is time-conditioned: pass t")
         cond = self.time_embed(t) if self.time_embed is not None else None
@@ -254,6 +265,8 @@ class Transformer(nn.Module):
             x = _modulate(x, shift, scale)
         if output_mask is not None:
             x = x[output_mask]
+        if targets is not None:
+            return chunked_cross_entropy(x, targets, self.output_logits, chunk_rows)
         return self.output_logits(x)
 
     def output_logits(self, hidden: Tensor) -> Tensor:

@@ -40,12 +40,12 @@ class ModelSection:
 
     preset: str = "tiny"                        # tiny | small | medium (model.transformer.PRESETS)
     n_layers: int | None = None                 # None: the preset's value
-    d_model: int | None = None
-    n_heads: int | None = None
+    d_model: int | None = None                  # None: the preset's value
+    n_heads: int | None = None                  # None: the preset's value
     max_seq_len: int | None = None              # None: the data's sequence length
-    dropout: float = 0.0
-    time_conditioning: bool = False
-    objective: Literal["diffusion", "autoregressive"] = "diffusion"
+    dropout: float = 0.0                        # 0: no dropout
+    time_conditioning: bool = False             # feed t to the denoiser (optional: MATH.md)
+    objective: Literal["diffusion", "autoregressive"] = "diffusion"   # autoregressive: the causal baseline
     schedule: str = "linear"                    # model.schedules.make_schedule name
     schedule_args: dict = field(default_factory=dict)   # e.g. {power: 2}, {endpoint_eps: 1e-4}
 
@@ -54,10 +54,11 @@ class ModelSection:
 class DataSection:
     """Where the shards are and how they are streamed."""
 
-    # Where the shards are may change on resume: their identity is checked by the manifest hash.
-    path: str | None = field(default=None, metadata=RESUME_SAFE)   # `unmask prep --out` directory
-    train_split: str = "train"
-    val_split: str = "val"
+    # `unmask prep --out` directory. It may move between runs: the data's identity is
+    # checked by the manifest hash.
+    path: str | None = field(default=None, metadata=RESUME_SAFE)
+    train_split: str = "train"                  # the split trained on
+    val_split: str = "val"                      # the split validated on
     num_workers: int = field(default=1, metadata=RESUME_SAFE)   # DataLoader processes per rank
 
 
@@ -65,12 +66,12 @@ class DataSection:
 class OptimSection:
     """AdamW with linear warmup, then a constant or cosine learning rate."""
 
-    lr: float = 3e-4
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    warmup_steps: int = 2500
-    decay: Literal["constant", "cosine"] = "constant"
+    lr: float = 3e-4                            # peak learning rate
+    betas: tuple[float, float] = (0.9, 0.999)   # AdamW's
+    eps: float = 1e-8                           # AdamW's
+    weight_decay: float = 0.0                   # on weight matrices only
+    warmup_steps: int = 2500                    # linear warmup from 0 to lr
+    decay: Literal["constant", "cosine"] = "constant"   # after warmup
     min_lr_ratio: float = 0.1                   # cosine decays to lr * min_lr_ratio at max_steps
     grad_clip: float = 1.0                      # global norm; 0 disables clipping
 
@@ -79,13 +80,20 @@ class OptimSection:
 class TrainSection:
     """Batching, precision, parallelism, EMA and the run's length."""
 
-    max_steps: int = field(default=1_000_000, metadata=RESUME_SAFE)
+    max_steps: int = field(default=1_000_000, metadata=RESUME_SAFE)   # optimizer steps of the whole run
     global_batch_size: int = 512                # sequences per optimizer step, all ranks together
     micro_batch_size: int | None = None         # per rank; None: global / world size (no accumulation)
-    seed: int = 0
+    seed: int = 0                               # initial weights, data order, times and masks
     precision: Literal["auto", "fp32", "bf16"] = "auto"   # auto: bf16 on GPU, fp32 on CPU
     zero_stage: Literal["auto", 1, 2, 3] = "auto"         # auto: pipeline.engine.choose_zero_stage
-    activation_checkpointing: bool = False
+    # Recompute each block in the backward instead of keeping its activations. "auto": only
+    # when the micro-batch's activations would not fit next to the model states
+    # (pipeline.engine.activation_memory_bytes); decided per run, from the device's memory.
+    activation_checkpointing: bool | Literal["auto"] = False
+    compile: bool = False                       # torch.compile each block (fused kernels; the first steps compile)
+    # Rows per chunk of the output head + cross-entropy (model.cross_entropy): bounds the loss's
+    # memory by rows x vocabulary instead of masked tokens x vocabulary; 0: all rows at once.
+    chunked_cross_entropy: int = 0
     ema_decay: float = 0.9999                   # 0 keeps a copy of the weights
     ema_warmup: bool = True                     # decay min(ema_decay, (1 + n) / (10 + n)) after n updates
     max_skipped_steps: int = 10                 # consecutive non-finite steps before aborting
@@ -104,16 +112,16 @@ class EvalSection:
 @dataclass(frozen=True)
 class CheckpointSection:
     every: int = field(default=1000, metadata=RESUME_SAFE)   # steps; also at the end and on SIGTERM
-    keep_last: int = field(default=3, metadata=RESUME_SAFE)
+    keep_last: int = field(default=3, metadata=RESUME_SAFE)   # older checkpoints are deleted
 
 
 @dataclass(frozen=True)
 class LoggingSection:
     every: int = field(default=10, metadata=RESUME_SAFE)     # steps between metric logs
     mlflow_uri: str | None = field(default=None, metadata=RESUME_SAFE)  # None: sqlite in the run dir
-    experiment: str = field(default="unmask", metadata=RESUME_SAFE)
-    run_name: str | None = field(default=None, metadata=RESUME_SAFE)
-    progress: bool = field(default=True, metadata=RESUME_SAFE)
+    experiment: str = field(default="unmask", metadata=RESUME_SAFE)   # MLflow experiment name
+    run_name: str | None = field(default=None, metadata=RESUME_SAFE)  # None: MLflow picks one
+    progress: bool = field(default=True, metadata=RESUME_SAFE)        # a progress bar on rank 0
 
 
 @dataclass(frozen=True)
@@ -180,6 +188,9 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
         ("train.seed", t.seed >= 0, "must be >= 0"),
         ("train.ema_decay", 0.0 <= t.ema_decay < 1.0, "must lie in [0, 1)"),
         ("train.max_skipped_steps", t.max_skipped_steps >= 1, positive),
+        ("train.chunked_cross_entropy", t.chunked_cross_entropy >= 0, "must be >= 0 (0: off)"),
+        ("train.chunked_cross_entropy", t.chunked_cross_entropy == 0 or m.objective == "diffusion",
+         "applies to the diffusion objective only; set 0 for model.objective = autoregressive"),
         ("eval.every", c.eval.every >= 0, "must be >= 0 (0: only at the end)"),
         ("eval.batches", c.eval.batches is None or c.eval.batches >= 1, positive),
         ("eval.micro_batch_size", c.eval.micro_batch_size is None or c.eval.micro_batch_size >= 1, positive),
@@ -249,8 +260,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], where)
+        return _coerce_union(value, [a for a in args if a is not type(None)], where)
     if origin is Literal:
         for choice in args:
             if value == choice or (isinstance(value, str) and str(choice) == value):
@@ -265,6 +275,17 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             raise UserError(f"{where} = {value!r}: expected a mapping")
         return dict(value)
     return _scalar(value, hint, where)
+
+
+def _coerce_union(value: Any, hints: list[Any], where: str) -> Any:
+    """The value as the first of ``hints`` that accepts it; the error lists what each expects."""
+    reasons = []
+    for hint in hints:
+        try:
+            return _coerce(value, hint, where)
+        except UserError as err:
+            reasons.append(str(err).removeprefix(f"{where} = {value!r}: "))
+    raise UserError(f"{where} = {value!r}: " + ", or ".join(reasons))
 
 
 def _scalar(value: Any, hint: type, where: str) -> Any:
@@ -318,11 +339,13 @@ def config_differences(saved: dict, current: dict, *, include_resume_safe: bool 
     safe = set() if include_resume_safe else {
         f"{s.name}.{f.name}" for s in fields(Config)
         for f in fields(typing.get_type_hints(Config)[s.name]) if f.metadata.get("resume_safe")}
+    # A field added after the checkpoint was written had, in effect, its default value.
+    defaults = Config().to_dict()
     differ = []
     for section, values in current.items():
         for key, value in values.items():
             name = f"{section}.{key}"
-            old = saved.get(section, {}).get(key)
+            old = saved.get(section, {}).get(key, defaults.get(section, {}).get(key))
             if name not in safe and old != value:
                 differ.append(f"{name}: checkpoint {old!r}, now {value!r}")
     return differ

@@ -13,14 +13,15 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
 
-from model.transformer import Block, Transformer
-from pipeline.config import Config
+from model.transformer import Block, Transformer, TransformerConfig, parameter_counts
+from pipeline.config import Config, OptimSection
 from pipeline.distributed import Distributed
 from pipeline.errors import UserError
 from pipeline.lr_schedule import make_lr_scheduler
 
 __all__ = ["BatchPlan", "plan_batches", "choose_zero_stage", "resolve_precision",
-           "deepspeed_config", "build_engine", "device_memory_bytes", "model_state_bytes"]
+           "deepspeed_config", "build_engine", "build_optimizer", "device_memory_bytes", "model_state_bytes",
+           "activation_memory_bytes", "resolve_activation_checkpointing", "prepare_model"]
 
 # Share of device memory that model states (weights, gradients, optimizer) may take when
 # choosing a ZeRO stage; the rest is left to activations and the allocator.
@@ -30,6 +31,21 @@ ADAM_STATE_BYTES = 8
 MASTER_WEIGHT_BYTES = 4
 # DeepSpeed prints its own step log every N steps; we log ourselves.
 DEEPSPEED_PRINT_EVERY = 10**9
+# Share of device memory that model states and activations may fill together before "auto"
+# activation checkpointing turns on; DeepSpeed's communication buckets, the CUDA context,
+# the allocator's fragmentation and transient buffers take the rest.
+USABLE_MEMORY_SHARE = 0.8
+# Activations a block keeps for its backward, per token, in units of d_model (our block,
+# counted from its ops): the float32 inputs of its two LayerNorms, and at the activation
+# dtype the inputs of qkv (1), SDPA's q, k, v and output (4; flash attention stores no
+# L x L scores), the output projection's input (1), the MLP's up input (1), GELU's input
+# (4) and down's input (4). Dropout masks and adaLN modulation add a little more.
+BLOCK_FLOAT32_WIDTHS = 2
+BLOCK_ACTIVATION_WIDTHS = 15
+# Bytes per logit of the loss besides the logits themselves: the float32 log-softmax that
+# autograd keeps and the float32 copy it is computed from.
+LOGIT_FLOAT32_BYTES = 8
+FLOAT32_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,67 @@ def choose_zero_stage(params: int, world_size: int, precision: str, memory_bytes
     return 3
 
 
+def activation_memory_bytes(network: TransformerConfig, micro_batch: int, seq_len: int, precision: str, *,
+                            checkpointing: bool = False, chunk_rows: int = 0) -> float:
+    """Estimated peak bytes of the activations of one micro-batch's forward and backward.
+
+    Blocks: each keeps ``BLOCK_FLOAT32_WIDTHS`` float32 and ``BLOCK_ACTIVATION_WIDTHS``
+    activation-dtype (2 bytes under bf16, 4 under fp32) values per token per unit of
+    d_model; with ``checkpointing`` a block keeps only its input, and one block at a time
+    is recomputed in the backward. Loss: the final norm and head inputs of every token,
+    plus for each row of logits alive at once V logits at the activation dtype and
+    ``LOGIT_FLOAT32_BYTES`` per logit. Every position counts as masked: a micro-batch takes
+    one contiguous slice of the global batch's stratified times, so all of its times may
+    lie near t = 1. ``chunk_rows`` (``train.chunked_cross_entropy``) bounds the rows alive
+    at once. Assumes flash or memory-efficient attention (SDPA on GPU): the CPU math
+    kernel also stores the L x L scores.
+    """
+    width = 2 if precision == "bf16" else FLOAT32_BYTES
+    tokens = micro_batch * seq_len
+    per_block = tokens * network.d_model * (BLOCK_FLOAT32_WIDTHS * FLOAT32_BYTES + BLOCK_ACTIVATION_WIDTHS * width)
+    if checkpointing:
+        blocks = network.n_layers * tokens * network.d_model * width + per_block
+    else:
+        blocks = network.n_layers * per_block
+    rows = min(chunk_rows, tokens) if chunk_rows else tokens
+    head_inputs = tokens * network.d_model * (FLOAT32_BYTES + width)
+    logits = rows * network.vocab_size * (LOGIT_FLOAT32_BYTES + width)
+    return float(blocks + head_inputs + logits)
+
+
+def resolve_activation_checkpointing(config: Config, network: TransformerConfig, plan: BatchPlan, zero_stage: int,
+                                     precision: str, memory_bytes: int) -> bool:
+    """``train.activation_checkpointing`` as a decision: true and false as given; "auto" is
+    on only when the model states (``model_state_bytes``) and the micro-batch's activations
+    without checkpointing (``activation_memory_bytes``, sequences of ``max_seq_len``) exceed
+    ``USABLE_MEMORY_SHARE`` of ``memory_bytes``: recomputation costs about a third more
+    compute, so it is worth it only when the alternative does not fit."""
+    setting = config.train.activation_checkpointing
+    if setting != "auto":
+        return setting
+    states = model_state_bytes(parameter_counts(network).total, zero_stage, plan.world_size, precision)
+    activations = activation_memory_bytes(network, plan.micro_batch, network.max_seq_len, precision,
+                                          chunk_rows=config.train.chunked_cross_entropy)
+    return states + activations > USABLE_MEMORY_SHARE * memory_bytes
+
+
+def prepare_model(model: Transformer, config: Config, *, checkpointing: bool) -> None:
+    """Apply the network-side optimizations in place, before an engine wraps the model.
+
+    ``checkpointing`` wraps each block in activation checkpointing. ``train.compile``
+    compiles each (wrapped) block with ``nn.Module.compile``, as torchtitan does, rather
+    than the whole forward: the forward selects the masked positions (a data-dependent
+    shape that would break the graph there anyway), the blocks hold nearly all the FLOPs
+    outside the head's single matmul, the identical blocks share one compiled graph, and
+    compiling in place keeps parameter names, so checkpoints, EMA and export are unchanged.
+    """
+    if checkpointing:
+        apply_activation_checkpointing(model, check_fn=lambda module: isinstance(module, Block))
+    if config.train.compile:
+        for block in model.blocks:
+            block.compile()
+
+
 def deepspeed_config(config: Config, plan: BatchPlan, zero_stage: int, precision: str) -> dict[str, Any]:
     """The DeepSpeed JSON for this run."""
     ds: dict[str, Any] = {
@@ -119,17 +196,25 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 
+def build_optimizer(model: nn.Module, optim: OptimSection, device: torch.device, *,
+                    fused: bool | None = None) -> torch.optim.AdamW:
+    """AdamW over ``model``'s parameters as configured, weight decay on matrices only;
+    ``fused`` (one kernel for all parameters) defaults to on for GPU."""
+    fused = device.type == "cuda" if fused is None else fused
+    return torch.optim.AdamW(_param_groups(model, optim.weight_decay), lr=optim.lr, betas=optim.betas,
+                             eps=optim.eps, fused=fused)
+
+
 def build_engine(model: Transformer, config: Config, dist: Distributed, plan: BatchPlan,
-                 zero_stage: int, precision: str):
-    """``deepspeed.initialize`` with our optimizer and LR schedule; returns the engine."""
+                 zero_stage: int, precision: str, *, checkpointing: bool):
+    """``deepspeed.initialize`` with our optimizer and LR schedule, after ``prepare_model``
+    (activation checkpointing as decided by ``resolve_activation_checkpointing``,
+    torch.compile); returns the engine."""
     import deepspeed
 
-    if config.train.activation_checkpointing:
-        apply_activation_checkpointing(model, check_fn=lambda module: isinstance(module, Block))
-    optim = config.optim
-    optimizer = torch.optim.AdamW(_param_groups(model, optim.weight_decay), lr=optim.lr, betas=optim.betas,
-                                  eps=optim.eps, fused=dist.device.type == "cuda")
-    scheduler = make_lr_scheduler(optimizer, optim, config.train.max_steps)
+    prepare_model(model, config, checkpointing=checkpointing)
+    optimizer = build_optimizer(model, config.optim, dist.device)
+    scheduler = make_lr_scheduler(optimizer, config.optim, config.train.max_steps)
     if zero_stage == 3 and model.head is None:
         # The tied head reads the embedding's weight outside the embedding module's
         # forward; ZeRO-3 must gather it there too.

@@ -63,10 +63,13 @@ class Objective(Protocol):
 
 class _Network:
     """The engine seen as a denoiser: DeepSpeed's engine forwards calls to the module but
-    not its ``accepts_output_mask`` capability."""
+    not its capabilities (``accepts_output_mask``, ``accepts_targets``)."""
 
-    def __init__(self, network: nn.Module, accepts_output_mask: bool) -> None:
-        self.network, self.accepts_output_mask = network, accepts_output_mask
+    def __init__(self, network: nn.Module) -> None:
+        module = _unwrap(network)
+        self.network = network
+        self.accepts_output_mask = getattr(module, "accepts_output_mask", False)
+        self.accepts_targets = getattr(module, "accepts_targets", False)
 
     def __call__(self, *args, **kwargs) -> Tensor:
         return self.network(*args, **kwargs)
@@ -84,8 +87,8 @@ class DiffusionObjective:
         t = low_discrepancy_times(batch, time_gen, offset=slot.offset(batch),
                                   global_batch_size=slot.global_batch(batch))
         mask_gen = step_generator(x0.device, slot.seed, slot.step, slot.rank, slot.micro)
-        denoiser = _Network(network, getattr(_unwrap(network), "accepts_output_mask", False))
-        return self.diffusion.nelbo(denoiser, x0, t.to(x0.device), mask_gen, reconstruction="uniform").sum()
+        return self.diffusion.nelbo(_Network(network), x0, t.to(x0.device), mask_gen,
+                                    reconstruction="uniform").sum()
 
 
 class AutoregressiveObjective:
@@ -102,12 +105,15 @@ def _unwrap(network: nn.Module) -> nn.Module:
     return getattr(network, "module", network)
 
 
-def make_objective(model: ModelSection, vocab_size: int, *, validate: bool) -> Objective:
-    """The objective named by the config; ``validate`` checks token ids (a host sync)."""
+def make_objective(model: ModelSection, vocab_size: int, *, validate: bool, chunk_rows: int = 0) -> Objective:
+    """The objective named by the config; ``validate`` checks token ids (a host sync);
+    ``chunk_rows`` > 0 computes the diffusion loss's cross-entropy in chunks of that many
+    rows (``train.chunked_cross_entropy``; see ``model.cross_entropy``)."""
     if model.objective == "autoregressive":
         return AutoregressiveObjective(Autoregressive(vocab_size, validate=validate))
     schedule = make_schedule(model.schedule, **model.schedule_args)
-    return DiffusionObjective(MaskedDiffusion(schedule, vocab_size, validate=validate))
+    return DiffusionObjective(MaskedDiffusion(schedule, vocab_size, validate=validate,
+                                              cross_entropy_chunk_rows=chunk_rows))
 
 
 NATS_PER_BIT = math.log(2.0)

@@ -32,8 +32,8 @@ from pipeline.checkpoint import CheckpointManager, TrainState, read_state
 from pipeline.config import Config, config_differences
 from pipeline.distributed import Distributed, init_distributed
 from pipeline.ema import EMA
-from pipeline.engine import (BatchPlan, build_engine, choose_zero_stage, deepspeed_config, plan_batches,
-                             resolve_precision, device_memory_bytes)
+from pipeline.engine import (BatchPlan, build_engine, choose_zero_stage, deepspeed_config, device_memory_bytes,
+                             plan_batches, resolve_activation_checkpointing, resolve_precision)
 from pipeline.errors import UserError
 from pipeline.metrics import flops_per_token, mfu, peak_flops
 from pipeline.objective import NATS_PER_BIT, MicroBatchSlot, make_objective
@@ -109,10 +109,14 @@ class Trainer:
         stage = config.train.zero_stage
         self.zero_stage = choose_zero_stage(self.parameters, dist.world_size, self.precision, device_memory_bytes(dist.device)) \
             if stage == "auto" else stage
-        self.engine = build_engine(model.to(dist.device), config, dist, self.plan, self.zero_stage, self.precision)
+        self.activation_checkpointing = resolve_activation_checkpointing(
+            config, self.network_config, self.plan, self.zero_stage, self.precision, device_memory_bytes(dist.device))
+        self.engine = build_engine(model.to(dist.device), config, dist, self.plan, self.zero_stage, self.precision,
+                                   checkpointing=self.activation_checkpointing)
         self.ema = EMA(self.engine.module, config.train.ema_decay, warmup=config.train.ema_warmup)
         self.objective = make_objective(config.model, self.network_config.vocab_size,
-                                        validate=dist.device.type == "cpu")
+                                        validate=dist.device.type == "cpu",
+                                        chunk_rows=config.train.chunked_cross_entropy)
         self.checkpoints = CheckpointManager(run_dir, dist, config.checkpoint.keep_last)
         self.state = TrainState(loader=self.train_loader.state_dict())
         self.tracker = None
@@ -179,6 +183,7 @@ class Trainer:
         derived = {"world_size": self.dist.world_size, "micro_batch": self.plan.micro_batch,
                    "accumulation": self.plan.accumulation, "zero_stage": self.zero_stage,
                    "precision": self.precision, "parameters": self.parameters,
+                   "activation_checkpointing": self.activation_checkpointing,
                    "seq_len": self.manifest.seq_len, "vocab_size": self.network_config.vocab_size}
         params = flatten_params({**self.config.to_dict(), "resolved": derived})
         if self.config_changes:
@@ -219,6 +224,8 @@ class Trainer:
                    disable=not (dist.is_main and config.logging.progress))
         interval = _Interval(dist.device)
         validation, preempted = None, False
+        if dist.is_main:
+            self._log_setup()
         try:
             if self.state.step == 0 and config.eval.every:
                 validation = self._validate()  # the curve starts at the initial weights
@@ -247,6 +254,16 @@ class Trainer:
             log.warning("SIGTERM: checkpoint written at step %d; resume with --resume auto", self.state.step)
         return TrainResult(self.run_dir, self.state.step, self.state.tokens_seen, self.checkpoints.latest(),
                            validation, preempted, self.tracker.run_id if self.tracker else None)
+
+    def _log_setup(self) -> None:
+        """What the run resolved to, "auto" settings included: the line to read when it is slow."""
+        train, plan = self.config.train, self.plan
+        chunks = f"{train.chunked_cross_entropy} rows" if train.chunked_cross_entropy else "off"
+        log.info("setup: %d rank(s), micro-batch %d x %d accumulation, ZeRO-%d, %s, activation checkpointing %s%s, "
+                 "compile %s, chunked cross-entropy %s", plan.world_size, plan.micro_batch, plan.accumulation,
+                 self.zero_stage, self.precision, "on" if self.activation_checkpointing else "off",
+                 " (auto)" if train.activation_checkpointing == "auto" else "", "on" if train.compile else "off",
+                 chunks)
 
     def _step(self, batches: Iterator[torch.Tensor], interval: "_Interval") -> None:
         """One optimizer step: the global batch in micro-batches, then EMA and bookkeeping."""

@@ -34,3 +34,12 @@ def _write_an_export(out: Path) -> None:
     config = {"network": vars(network.config), "objective": "diffusion", "weights": "ema", "step": 0,
               "tokenizer_sha256": tokenizer.sha256}
     write_export(out, network.state_dict(), config, out.parent / "tok")
+
+
+def test_readme_config_reference_is_the_generated_one():
+    from pipeline.config_reference import reference_markdown
+
+    text = README.read_text()
+    match = re.search(r"<!-- config-reference:[^\n]*-->\n(.*?)<!-- end config-reference -->", text, flags=re.S)
+    assert match, "the README lost its config reference markers"
+    assert match.group(1) == reference_markdown(), "regenerate it: python -m pipeline.config_reference"

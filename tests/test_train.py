@@ -148,6 +148,25 @@ def test_activation_checkpointing_changes_nothing_but_memory(tmp_path, shards, r
     assert exported.keys() == load_export_of(reference_runs[1, 1].run_dir).keys()
 
 
+def test_chunked_cross_entropy_and_auto_checkpointing_keep_the_losses(tmp_path, shards, reference_runs):
+    """The speed switches through the real trainer: "auto" resolves (off: a tiny model fits)
+    and is recorded; chunked cross-entropy changes only the float summation order."""
+    config = write_config(tmp_path / "c.yaml", {"train": {"zero_stage": 1, "activation_checkpointing": "auto",
+                                                          "chunked_cross_entropy": 5}})
+    run = run_train(tmp_path / "run", shards, config)
+    assert "activation checkpointing off (auto), compile off, chunked cross-entropy 5 rows" in run.output
+    reference = reference_runs[1, 1].losses()
+    assert run.losses().keys() == reference.keys()
+    for step, loss in run.losses().items():
+        assert loss == pytest.approx(reference[step], rel=1e-5), step
+    record = json.loads((run.run_dir / "mlflow_run.json").read_text())
+    from mlflow.tracking import MlflowClient
+
+    params = MlflowClient(record["tracking_uri"]).get_run(record["run_id"]).data.params
+    assert params["resolved.activation_checkpointing"] == "false"
+    assert params["train.chunked_cross_entropy"] == "5"
+
+
 def test_autoregressive_baseline_trains_and_its_export_reproduces_validation(tmp_path, shards):
     from data_prep.loader import StreamingLoader
     from model.autoregressive import Autoregressive

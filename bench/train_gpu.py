@@ -1,0 +1,393 @@
+"""GPU training, evaluation and sampling throughput, one optimization at a time.
+
+Training. For every (preset, micro-batch, variant) it builds a fresh model, runs --warmup
+steps (compilation, allocator, optimizer state), then times --steps steps between two
+device synchronizations and prints one JSON line: mean step time, tokens/s, MFU (tokens/s x
+pipeline.metrics.flops_per_token over the device's bf16 peak, PEAK_BF16_FLOPS), peak memory
+(torch.cuda.max_memory_allocated from the model's creation on; CUDA only) and the share of
+the timed wall time the host spent blocked on the data loader (an upper bound on the GPU's
+stall, which may still run queued work meanwhile). A variant that runs out of memory gets
+an ``error`` instead. Variants, named BASE[+OPTION...]:
+
+  pipeline-zero1, pipeline-zero2   the training pipeline's parts: pipeline.engine.build_engine
+                                   (DeepSpeed ZeRO-1 or 2; bf16 weights with fp32 master copies
+                                   on GPU), the training objective and EMA, fed by the real
+                                   StreamingLoader over shards of the real prep
+  torch                            no DeepSpeed: the same model and objective in float32 under
+                                   bf16 autocast (GPU), fused AdamW, gradient clipping; random
+                                   token batches made on the device
+  +compile                         train.compile: each block torch.compile'd
+  +chunked-ce                      train.chunked_cross_entropy = --chunk-rows
+  +checkpointing                   train.activation_checkpointing = true
+  +full-logits                     (torch only) logits at every position, then the masked rows
+                                   picked: what computing them at masked positions only saves
+  +math-attention                  SDPA restricted to its math kernel (no flash attention)
+  +foreach-adamw                   (torch only) AdamW's multi-tensor path instead of the fused kernel
+  +no-pin                          (pipeline only) the loader without pinned-memory prefetch
+  +sync                            a .item() of the loss every step (a host-device sync, as a
+                                   naive loop logs); the pipeline syncs only every logging.every steps
+
+Every variant trains with one micro-batch per optimizer step. Evaluation: per preset,
+bench/eval_throughput.py's measure (estimate_bound, tokens/s per time sample, next to a
+plain forward). Sampling: per preset, MaskedDiffusion.sample from all-mask with --sample-steps
+steps (1000), sequences/s and network calls (cached: at most seq_len per sequence).
+
+Data: --data, an `unmask prep` output; without it the bench preps --inputs (default
+tinyshakespeare and PTB train, bench/prep_and_load.py's SOURCES) with --tokenizer (default
+GPT-2 BPE from ../shared/data) at --seq-len. Vocabulary and sequence length of every variant
+come from the shards. One process, one device (several GPUs: bench/train_zero_stages.py).
+DeepSpeed prints some lines of its own to stdout: the bench's are those starting with "{".
+
+    python bench/train_gpu.py --presets small medium --micro-batches 4 8 16
+    python bench/train_gpu.py --device cpu --presets tiny --steps 3    # smoke test, minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from itertools import chain, repeat
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+# Siblings in bench/ (the script's own directory is on sys.path).
+from eval_throughput import inference_precision, measure as measure_evaluation, synchronize  # noqa: E402
+from prep_and_load import SHARED_DATA, SOURCES  # noqa: E402
+
+from data_prep.loader import StreamingLoader  # noqa: E402
+from data_prep.prep import PrepConfig, prep  # noqa: E402
+from data_prep.shards import Manifest  # noqa: E402
+from data_prep.tokenizer import load_tokenizer  # noqa: E402
+from model.diffusion import MaskedDiffusion  # noqa: E402
+from model.schedules import make_schedule  # noqa: E402
+from model.transformer import PRESETS, Transformer, TransformerConfig  # noqa: E402
+from pipeline.config import Config, ModelSection, load_config  # noqa: E402
+from pipeline.distributed import Distributed, init_distributed  # noqa: E402
+from pipeline.ema import EMA  # noqa: E402
+from pipeline.engine import (build_engine, build_optimizer, plan_batches, prepare_model,  # noqa: E402
+                             resolve_precision)
+from pipeline.metrics import flops_per_token, mfu, peak_flops  # noqa: E402
+from pipeline.objective import MicroBatchSlot, make_objective  # noqa: E402
+from pipeline.run_setup import network_config  # noqa: E402
+
+GPT2_BPE = SHARED_DATA / "gpt2-bpe"
+BASES = {"pipeline-zero1": 1, "pipeline-zero2": 2, "torch": None}
+OPTIONS = ("compile", "chunked-ce", "checkpointing", "full-logits", "math-attention", "foreach-adamw", "no-pin",
+           "sync")
+TORCH_ONLY = ("full-logits", "foreach-adamw")
+PIPELINE_ONLY = ("no-pin",)
+DEFAULT_VARIANTS = ["pipeline-zero1", "pipeline-zero2", "pipeline-zero1+no-pin", "torch", "torch+compile",
+                    "torch+chunked-ce", "torch+full-logits", "torch+checkpointing", "torch+math-attention",
+                    "torch+foreach-adamw", "torch+sync"]
+# Rows per chunk: the float32 logits of one chunk at V = 50257 are 0.8 GB, and a GEMM of
+# 4096 rows keeps the tensor cores busy.
+DEFAULT_CHUNK_ROWS = 4096
+SAMPLE_STEPS = 1000             # the README's and the papers' sampling budget
+GPU_SEQ_LEN = 1024              # the papers' sequence length
+CPU_SEQ_LEN = 64                # a CPU run is a smoke test: short sequences keep it to minutes
+WARMUP_SAMPLE_STEPS = 8         # a short sampling run first: kernels and allocator
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One training setup: the loop and the optimizations switched on."""
+
+    name: str
+    zero_stage: int | None      # None: the plain PyTorch loop
+    options: frozenset[str]
+
+    def config(self, preset: str, micro_batch: int, chunk_rows: int, num_workers: int) -> Config:
+        """The training config of this variant (one micro-batch per step)."""
+        return load_config(None, {
+            "model.preset": preset, "train.global_batch_size": str(micro_batch),
+            "train.micro_batch_size": str(micro_batch), "train.zero_stage": str(self.zero_stage or 1),
+            "train.compile": str("compile" in self.options).lower(),
+            "train.chunked_cross_entropy": str(chunk_rows if "chunked-ce" in self.options else 0),
+            "train.activation_checkpointing": str("checkpointing" in self.options).lower(),
+            "data.num_workers": str(num_workers)})
+
+
+def parse_variant(name: str) -> Variant:
+    """``BASE[+OPTION...]``, e.g. ``torch+compile`` (see the module docstring)."""
+    base, *options = name.split("+")
+    if base not in BASES:
+        raise SystemExit(f"--variants {name}: the base must be one of {sorted(BASES)}")
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise SystemExit(f"--variants {name}: unknown option {unknown[0]!r}; options are {list(OPTIONS)}")
+    for option in options:
+        if (option in TORCH_ONLY and BASES[base] is not None) or (option in PIPELINE_ONLY and BASES[base] is None):
+            where = "torch loop" if option in TORCH_ONLY else "pipeline bases"
+            raise SystemExit(f"--variants {name}: {option} applies to the {where} only")
+    return Variant(name, BASES[base], frozenset(options))
+
+
+# ------------------------------------------------------------------ data
+def prepare_data(args: argparse.Namespace, scratch: Path) -> Path:
+    """--data, or shards of --inputs made by the real prep in ``scratch``."""
+    if args.data:
+        return Path(args.data)
+    inputs = args.inputs or [str(path) for path in SOURCES]
+    missing = [path for path in [*inputs, args.tokenizer] if not Path(path).exists()]
+    if missing:
+        raise SystemExit(f"{missing[0]} is absent: pass --data (an `unmask prep` output) or --inputs and "
+                         f"--tokenizer")
+    out = scratch / "shards"
+    prep(PrepConfig(inputs=tuple(inputs), seq_len=args.seq_len), load_tokenizer(args.tokenizer), out,
+         workers=1, progress=False)
+    return out
+
+
+# ------------------------------------------------------------------ training
+StepFn = Callable[[int], float]   # step index -> seconds the host waited for data
+
+
+class _FullLogits:
+    """The network without ``accepts_output_mask``: the loss then asks for logits at every
+    position and picks the masked rows itself."""
+
+    def __init__(self, network: torch.nn.Module) -> None:
+        self.network = network
+
+    def __call__(self, z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.network(z, t)
+
+
+def _pipeline_step(config: Config, network: TransformerConfig, variant: Variant, data: Path,
+                   dist: Distributed) -> tuple[StepFn, Callable[[], None]]:
+    """A step of the pipeline's engine, objective and EMA on the real loader; and its teardown."""
+    plan = plan_batches(config, dist.world_size)
+    precision = resolve_precision(config, dist.device)
+    torch.manual_seed(config.train.seed)
+    checkpointing = config.train.activation_checkpointing is True
+    engine = build_engine(Transformer(network).to(dist.device), config, dist, plan, variant.zero_stage, precision,
+                          checkpointing=checkpointing)
+    ema = EMA(engine.module, config.train.ema_decay, warmup=config.train.ema_warmup)
+    objective = make_objective(config.model, network.vocab_size, validate=dist.device.type == "cpu",
+                               chunk_rows=config.train.chunked_cross_entropy)
+    loader = StreamingLoader(data, config.data.train_split, plan.micro_batch, rank=dist.rank,
+                             world_size=dist.world_size, seed=config.train.seed,
+                             num_workers=config.data.num_workers,
+                             pin_memory=dist.device.type == "cuda" and "no-pin" not in variant.options)
+    batches = chain.from_iterable(repeat(loader))   # epoch after epoch, as the trainer reads
+
+    def step(index: int) -> float:
+        start = time.perf_counter()
+        x0 = next(batches)
+        waited = time.perf_counter() - start
+        x0 = x0.to(dist.device, non_blocking=True)
+        slot = MicroBatchSlot(seed=config.train.seed, step=index, rank=dist.rank, world_size=dist.world_size,
+                              micro=0, micro_batches=1)
+        loss_sum = objective.loss_sum(engine, x0, slot)
+        engine.backward(loss_sum / x0.numel())
+        engine.step()
+        if engine.was_step_applied():
+            ema.update()
+        if "sync" in variant.options:
+            loss_sum.item()
+        return waited
+
+    return step, engine.destroy
+
+
+def _torch_step(config: Config, network: TransformerConfig, variant: Variant,
+                device: torch.device) -> tuple[StepFn, Callable[[], None]]:
+    """A step of a plain PyTorch loop on random tokens; and its (empty) teardown."""
+    torch.manual_seed(config.train.seed)
+    model = Transformer(network).to(device)
+    prepare_model(model, config, checkpointing=config.train.activation_checkpointing is True)
+    optimizer = build_optimizer(model, config.optim, device,
+                                fused=device.type == "cuda" and "foreach-adamw" not in variant.options)
+    objective = make_objective(config.model, network.vocab_size, validate=False,
+                               chunk_rows=config.train.chunked_cross_entropy)
+    denoiser = _FullLogits(model) if "full-logits" in variant.options else model
+    bf16 = resolve_precision(config, device) == "bf16"
+    micro, length = config.train.micro_batch_size, network.max_seq_len
+    generator = torch.Generator(device).manual_seed(config.train.seed)
+
+    def step(index: int) -> float:
+        x0 = torch.randint(0, network.vocab_size, (micro, length), device=device, generator=generator)
+        slot = MicroBatchSlot(seed=config.train.seed, step=index, rank=0, world_size=1, micro=0, micro_batches=1)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = objective.loss_sum(denoiser, x0, slot) / x0.numel()
+        loss.backward()
+        if config.optim.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if "sync" in variant.options:
+            loss.item()
+        return 0.0
+
+    return step, lambda: None
+
+
+def _attention_kernels(variant: Variant) -> contextlib.AbstractContextManager:
+    """SDPA's math kernel alone for +math-attention; otherwise SDPA picks (flash on GPU)."""
+    if "math-attention" in variant.options:
+        return sdpa_kernel(SDPBackend.MATH)
+    return contextlib.nullcontext()
+
+
+def _timed_steps(step: StepFn, warmup: int, steps: int, device: torch.device) -> tuple[float, float]:
+    """(mean step seconds, share of the timed wall time spent waiting for data)."""
+    for index in range(warmup):
+        step(index)
+    synchronize(device)
+    waited, start = 0.0, time.perf_counter()
+    for index in range(warmup, warmup + steps):
+        waited += step(index)
+    synchronize(device)
+    elapsed = time.perf_counter() - start
+    return elapsed / steps, waited / elapsed
+
+
+def _release_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def measure_training(args: argparse.Namespace, preset: str, micro_batch: int, variant: Variant, data: Path,
+                     manifest: Manifest, dist: Distributed) -> dict:
+    """One JSON row: a variant's step time, tokens/s, MFU, peak memory and loader wait."""
+    device = dist.device
+    config = variant.config(preset, micro_batch, args.chunk_rows, args.num_workers)
+    network = network_config(config.model, manifest)
+    row = {"bench": "train", "preset": preset, "variant": variant.name, "micro_batch": micro_batch,
+           "seq_len": manifest.seq_len, "vocab_size": network.vocab_size, "device": device.type,
+           "precision": resolve_precision(config, device), "steps": args.steps,
+           "data": "synthetic" if variant.zero_stage is None else "loader"}
+    _release_memory(device)
+    if "compile" in variant.options:
+        torch._dynamo.reset()  # each variant compiles for its own shapes, not a dynamic graph
+    row["memory_before_bytes"] = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+    try:
+        if variant.zero_stage is None:
+            step, teardown = _torch_step(config, network, variant, device)
+        else:
+            step, teardown = _pipeline_step(config, network, variant, data, dist)
+        try:
+            with _attention_kernels(variant):
+                step_time, wait_share = _timed_steps(step, args.warmup, args.steps, device)
+        finally:
+            teardown()
+    except torch.OutOfMemoryError:
+        return {**row, "error": "out of memory"}
+    tokens_per_s = micro_batch * manifest.seq_len / step_time
+    return {**row, "step_time_s": step_time, "tokens_per_s": tokens_per_s,
+            "mfu": mfu(tokens_per_s, flops_per_token(network, manifest.seq_len), peak_flops(device), 1),
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+            "loader_wait_share": None if variant.zero_stage is None else wait_share}
+
+
+# ------------------------------------------------------------------ evaluation and sampling
+def measure_sampling(network: TransformerConfig, num_samples: int, steps: int, device: torch.device) -> dict:
+    """Sequences/s of ancestral sampling from all-mask (a fresh network: the cost does not
+    depend on the weights, since whether a step unmasks anything does not)."""
+    torch.manual_seed(0)
+    model = Transformer(network).to(device).eval()
+    diffusion = MaskedDiffusion(make_schedule("linear"), network.vocab_size, validate=False)
+    generator = torch.Generator(device).manual_seed(0)
+
+    def sample(sample_steps: int):
+        with torch.no_grad(), inference_precision(device):
+            return diffusion.sample(model, num_samples, network.max_seq_len, sample_steps, generator=generator,
+                                    device=device, return_stats=True)[1]
+
+    sample(WARMUP_SAMPLE_STEPS)
+    synchronize(device)
+    start = time.perf_counter()
+    stats = sample(steps)
+    synchronize(device)
+    elapsed = time.perf_counter() - start
+    return {"bench": "sample", "seq_len": network.max_seq_len, "vocab_size": network.vocab_size,
+            "device": device.type, "num_samples": num_samples, "steps": steps, "seconds": elapsed,
+            "sequences_per_s": num_samples / elapsed, "network_calls": stats.network_calls,
+            "rows_evaluated": stats.rows_evaluated}
+
+
+def measure_inference(args: argparse.Namespace, preset: str, manifest: Manifest, device: torch.device) -> list[dict]:
+    """The evaluation row (bench/eval_throughput.py) and the sampling row of a preset."""
+    network = network_config(ModelSection(preset=preset), manifest)
+    evaluation = measure_evaluation(preset, manifest.seq_len, args.eval_samples, args.eval_batch, args.repeats,
+                                    vocab_size=network.vocab_size, blocks=args.eval_blocks, device=str(device))
+    sampling = measure_sampling(network, args.sample_batch, args.sample_steps, device)
+    return [{"bench": "evaluate", **evaluation}, {**sampling, "preset": preset}]
+
+
+# ------------------------------------------------------------------ main
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", nargs="+", default=["small", "medium"], choices=sorted(PRESETS))
+    parser.add_argument("--micro-batches", type=int, nargs="+", default=[4, 8, 16])
+    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, help="BASE[+OPTION...]; bases "
+                        f"{sorted(BASES)}, options {list(OPTIONS)} (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per variant")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, optimizer state)")
+    parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, help="rows per chunk for +chunked-ce")
+    parser.add_argument("--device", default="cuda", help="torch device: cuda or cpu (default: %(default)s)")
+    parser.add_argument("--data", help="an `unmask prep` output directory (default: prep --inputs)")
+    parser.add_argument("--inputs", nargs="+", help="text files to prep when no --data (default: "
+                        "tinyshakespeare and PTB train from ../shared/data)")
+    parser.add_argument("--tokenizer", default=str(GPT2_BPE), help="for the prep (default: GPT-2 BPE)")
+    parser.add_argument("--seq-len", type=int, help=f"for the prep (default: {GPU_SEQ_LEN} on cuda, "
+                        f"{CPU_SEQ_LEN} on cpu)")
+    parser.add_argument("--num-workers", type=int, default=1, help="DataLoader workers of the pipeline variants")
+    parser.add_argument("--eval-samples", type=int, default=2, help="time samples per block")
+    parser.add_argument("--eval-blocks", type=int, default=32, help="blocks scored")
+    parser.add_argument("--eval-batch", type=int, default=8, help="blocks per network call")
+    parser.add_argument("--repeats", type=int, default=3, help="timed evaluation repeats (median)")
+    parser.add_argument("--sample-batch", type=int, default=8, help="sequences sampled together")
+    parser.add_argument("--sample-steps", type=int, default=SAMPLE_STEPS)
+    parser.add_argument("--skip-inference", action="store_true", help="training rows only")
+    args = parser.parse_args()
+    args.variants = [parse_variant(name) for name in args.variants]
+    args.seq_len = args.seq_len or (GPU_SEQ_LEN if args.device == "cuda" else CPU_SEQ_LEN)
+    return args
+
+
+def main() -> None:
+    args = _arguments()
+    dist = init_distributed()
+    if dist.world_size != 1:
+        raise SystemExit("run one process: this bench measures one device")
+    device = dist.device
+    if device.type != args.device:
+        # The process group's backend follows the device (NCCL or gloo), so a CPU run on a
+        # GPU machine hides the GPUs rather than overriding the device.
+        raise SystemExit("--device cuda: no CUDA device here; pass --device cpu" if args.device == "cuda" else
+                         f"--device {args.device} on a {device.type} machine: set CUDA_VISIBLE_DEVICES= to run "
+                         f"on the CPU")
+    print(json.dumps({"bench": "environment", "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+                      else platform.processor() or platform.machine(), "torch": torch.__version__,
+                      "threads": torch.get_num_threads(), "python": platform.python_version()}), flush=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        data = prepare_data(args, Path(scratch))
+        manifest = Manifest.read(data)
+        for preset in args.presets:
+            for micro_batch in args.micro_batches:
+                for variant in args.variants:
+                    print(json.dumps(measure_training(args, preset, micro_batch, variant, data, manifest, dist)),
+                          flush=True)
+            if not args.skip_inference:
+                for row in measure_inference(args, preset, manifest, device):
+                    print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

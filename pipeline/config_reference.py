@@ -1,0 +1,83 @@
+"""The configuration reference of the README, generated from the typed sections.
+
+Each field's meaning is the comment written next to it (or just above it) in
+``pipeline/config.py``, so the reference cannot drift from the code: a test compares the
+README with ``reference_markdown()``. Regenerate with ``python -m pipeline.config_reference``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import re
+from typing import Any
+
+from pipeline.config import RESUME_SAFE, Config
+
+__all__ = ["reference_markdown", "field_comments"]
+
+_FIELD = re.compile(r"^\s+(\w+)\s*:")
+_COMMENT_ONLY = re.compile(r"^\s*#\s?(.*)$")
+
+
+def _trailing_comment(line: str) -> str:
+    """The ``# ...`` at the end of a code line (not inside a string literal)."""
+    quote = None
+    for i, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char == "#":
+            return line[i + 1:].strip()
+    return ""
+
+
+def field_comments(section: type) -> dict[str, str]:
+    """Field name -> the comment above it and at the end of its line, joined."""
+    comments: dict[str, str] = {}
+    pending: list[str] = []
+    for line in inspect.getsource(section).splitlines()[1:]:
+        if comment := _COMMENT_ONLY.match(line):
+            pending.append(comment.group(1).strip())
+        elif match := _FIELD.match(line):
+            comments[match.group(1)] = " ".join([*pending, _trailing_comment(line)]).strip()
+            pending = []
+        else:
+            pending = []
+    return comments
+
+
+def _default(field: dataclasses.Field) -> Any:
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _section_rows(name: str, section: type) -> list[str]:
+    comments = field_comments(section)
+    rows = []
+    for field in dataclasses.fields(section):
+        default = json.dumps(_default(field))
+        resume_safe = all(field.metadata.get(key) == value for key, value in RESUME_SAFE.items())
+        safe = " (may change on resume)" if resume_safe else ""
+        rows.append(f"| `{name}.{field.name}` | `{_cell(str(field.type))}` | `{_cell(default)}` | "
+                    f"{_cell(comments.get(field.name, ''))}{safe} |")
+    return rows
+
+
+def reference_markdown() -> str:
+    """The reference table: every field of every section, its type, default and meaning."""
+    lines = ["| field | type | default | meaning |", "|---|---|---|---|"]
+    for section in dataclasses.fields(Config):
+        lines += _section_rows(section.name, section.default_factory)
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(reference_markdown(), end="")
