@@ -7,8 +7,8 @@ directories should live on storage the cluster sees (a shared filesystem or a UR
 
 Clusters that require a token (Ray's default since 2.52) are reached with the token in
 ``RAY_AUTH_TOKEN``, in ``RAY_AUTH_TOKEN_PATH`` or in ``~/.ray/auth_token`` (where ``ray
-start`` writes it on the head): ``use_token_auth_if_available`` turns Ray's token mode on
-when one of them is there.
+start`` writes it on the head): ``orchestration.ray_runtime.use_token_auth_if_available``
+turns Ray's token mode on when one of them is there.
 """
 
 from __future__ import annotations
@@ -21,15 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from orchestration.ray_runtime import AUTH_TOKEN_ENV, use_token_auth_if_available
 from pipeline.errors import UserError
 
-__all__ = ["JobRequest", "EXCLUDES", "connect", "submit", "wait", "TERMINAL_STATUSES",
-           "use_token_auth_if_available", "ADDRESS_ENV"]
+__all__ = ["JobRequest", "EXCLUDES", "connect", "submit", "wait", "TERMINAL_STATUSES", "ADDRESS_ENV"]
 
 # Where the address comes from when --address is not given (the Ray CLI's variables).
 ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
-AUTH_MODE_ENV, AUTH_TOKEN_ENV, AUTH_TOKEN_PATH_ENV = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
-DEFAULT_TOKEN_FILE = Path("~/.ray/auth_token")
 # Never uploaded with the code (gitignore syntax, relative to the working directory): data,
 # training outputs and environments are large, and the cluster has its own.
 EXCLUDES = (".git", ".venv", "venv", "/runs/", "/data/", "/shards/", "checkpoints/", "mlruns/", "mlflow.db",
@@ -39,16 +37,6 @@ POLL_SECONDS = 1.0  # status polling while waiting: one cheap HTTP request per s
 # The Jobs API's answer while the head's job agent is still starting, and how long to wait for it.
 NO_AGENT_YET = "No available agent to submit job"
 AGENT_WAIT_S = 120.0
-
-
-def use_token_auth_if_available() -> None:
-    """Turn Ray's token authentication on when a token is at hand (before importing ray:
-    Ray reads the mode once). An explicit RAY_AUTH_MODE is left alone."""
-    if AUTH_MODE_ENV in os.environ:
-        return
-    token_file = Path(os.environ.get(AUTH_TOKEN_PATH_ENV, DEFAULT_TOKEN_FILE)).expanduser()
-    if os.environ.get(AUTH_TOKEN_ENV) or token_file.is_file():
-        os.environ[AUTH_MODE_ENV] = "token"
 
 
 def resolve_address(address: str | None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from typing import Iterator
 
 from pipeline.errors import UserError
@@ -16,6 +17,20 @@ LOOPBACK_ONLY_ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # Set by Ray in the processes of a Ray job: commands submitted with `unmask submit` join
 # the cluster they run on instead of starting a Ray of their own.
 JOB_ADDRESS_ENV = "RAY_ADDRESS"
+# Ray's token authentication (on by default for clusters started by `ray start`, which writes
+# the token to ~/.ray/auth_token on the head): the token itself, or a file holding it.
+AUTH_MODE_ENV, AUTH_TOKEN_ENV, AUTH_TOKEN_PATH_ENV = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+DEFAULT_TOKEN_FILE = Path("~/.ray/auth_token")
+
+
+def use_token_auth_if_available() -> None:
+    """Turn Ray's token authentication on when a token is at hand (before importing ray:
+    Ray reads the mode once). An explicit RAY_AUTH_MODE is left alone."""
+    if AUTH_MODE_ENV in os.environ:
+        return
+    token_file = Path(os.environ.get(AUTH_TOKEN_PATH_ENV, DEFAULT_TOKEN_FILE)).expanduser()
+    if os.environ.get(AUTH_TOKEN_ENV) or token_file.is_file():
+        os.environ[AUTH_MODE_ENV] = "token"
 
 
 def pin_local_ray_to_loopback() -> None:
@@ -38,6 +53,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, *,
         address = os.environ.get(JOB_ADDRESS_ENV) or None
     if address is None:
         pin_local_ray_to_loopback()
+    else:
+        use_token_auth_if_available()
     import ray  # lazily: `unmask version` and friends should not pay for importing Ray
 
     if ray.is_initialized():

@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.ray_head import head_env, ray_head
-from tests.train_helpers import REPO, RUN_TIMEOUT_S, TINY, write_config
+from tests.train_helpers import REPO, RUN_TIMEOUT_S, SHARED, TINY, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -82,6 +82,33 @@ def test_submitted_run_trains_evaluates_and_tracks_in_mlflow(head, mlflow_server
         assert f"unmask run: stage {stage}: skipped" in again.stdout
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == checkpoints
     assert (run_dir / "report" / "results.json").stat().st_mtime_ns == report_mtime
+
+
+def _tree(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _cluster_workers(head, name: str) -> set[str]:
+    """Names of the head's worker log files that mention ``name`` (Ray names actor logs by class)."""
+    logs = head.temp_dir / "session_latest" / "logs"
+    return {path.name for path in logs.glob("worker-*.out") if name in path.read_text(errors="replace")}
+
+
+def test_prep_with_ray_address_runs_on_the_cluster_and_matches_a_local_prep(head, tmp_path):
+    gpt2 = SHARED / "gpt2-bpe"
+    if not (TINY.is_file() and gpt2.is_dir()):
+        pytest.skip(f"{TINY} or {gpt2} is absent (see ../shared/data/SOURCES.md)")
+    args = ["prep", "--input", str(TINY), "--tokenizer", str(gpt2), "--seq-len", "128", "--val-fraction", "0.05",
+            "--shard-bytes", str(64 << 10), "--unit-bytes", str(128 << 10), "--no-progress"]
+    on_cluster = unmask([*args, "--out", str(tmp_path / "cluster"), "--workers", "2", "--ray-address",
+                         head.gcs_address])
+    assert on_cluster.returncode == 0, on_cluster.stderr[-4000:]
+    local = unmask([*args, "--out", str(tmp_path / "local"), "--workers", "1"])
+    assert local.returncode == 0, local.stderr[-4000:]
+    assert _tree(tmp_path / "cluster") == _tree(tmp_path / "local")
+    assert _cluster_workers(head, "_UnitTokenizer")  # the tokenizer actors ran in the head's workers
+    # The prep joined the cluster and left it running.
+    assert unmask(["jobs", "list", "--address", head.dashboard_url]).returncode == 0
 
 
 def _uploaded_package(head, marker: str) -> Path:
