@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ pytestmark = pytest.mark.slow
 
 UNMASK = [sys.executable, "-m", "pipeline.cli"]
 JOB_TIMEOUT_S = 2 * RUN_TIMEOUT_S
+POLL_S = 0.2  # how often to look for a job's process
+STOP_GRACE_S = 60  # Ray's stop escalates to SIGKILL after a few seconds; allow a slow machine
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +112,39 @@ def test_prep_with_ray_address_runs_on_the_cluster_and_matches_a_local_prep(head
     assert _cluster_workers(head, "_UnitTokenizer")  # the tokenizer actors ran in the head's workers
     # The prep joined the cluster and left it running.
     assert unmask(["jobs", "list", "--address", head.dashboard_url]).returncode == 0
+
+
+def _processes_naming(text: str) -> list:
+    """Live processes whose command line mentions ``text``."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        cmdline = process.info["cmdline"] or ()
+        if process.info["status"] != psutil.STATUS_ZOMBIE and any(text in part for part in cmdline):
+            found.append(process)
+    return found
+
+
+def test_jobs_stop_ends_a_running_job_and_its_processes(head, tmp_path):
+    run_dir = tmp_path / "stopped-demo"
+    submitted = unmask(["submit", "--address", head.dashboard_url, "--working-dir", str(REPO), "--",
+                        "run", "--run-dir", str(run_dir)])
+    assert submitted.returncode == 0, submitted.stderr[-4000:]
+    job_id = submitted.stdout.splitlines()[0].strip()
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not _processes_naming(str(run_dir)):  # the job's `unmask run` has started
+        assert time.monotonic() < deadline, unmask(["jobs", "logs", job_id, "--address", head.dashboard_url]).stdout
+        time.sleep(POLL_S)
+    stopped = unmask(["jobs", "stop", job_id, "--address", head.dashboard_url])
+    assert stopped.returncode == 0, stopped.stderr[-4000:]
+    assert stopped.stdout.strip() == f"{job_id}\tSTOPPED"
+    assert unmask(["jobs", "status", job_id, "--address", head.dashboard_url]).stdout.startswith(f"{job_id}\tSTOPPED")
+    # Ray ends the job's process group (SIGTERM, then SIGKILL after its grace period).
+    deadline = time.monotonic() + STOP_GRACE_S
+    while alive := _processes_naming(str(run_dir)):
+        assert time.monotonic() < deadline, f"still running after the stop: {alive}"
+        time.sleep(POLL_S)
 
 
 def _uploaded_package(head, marker: str) -> Path:
