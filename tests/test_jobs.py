@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
 UNMASK = [sys.executable, "-m", "pipeline.cli"]
 JOB_TIMEOUT_S = 2 * RUN_TIMEOUT_S
 POLL_S = 0.2  # how often to look for a job's process
+PREP_CHARS = 200_000  # several work units and train shards at the sizes below
 STOP_GRACE_S = 60  # Ray's stop escalates to SIGKILL after a few seconds; allow a slow machine
 
 
@@ -101,8 +102,10 @@ def test_prep_with_ray_address_runs_on_the_cluster_and_matches_a_local_prep(head
     gpt2 = SHARED / "gpt2-bpe"
     if not (TINY.is_file() and gpt2.is_dir()):
         pytest.skip(f"{TINY} or {gpt2} is absent (see ../shared/data/SOURCES.md)")
-    args = ["prep", "--input", str(TINY), "--tokenizer", str(gpt2), "--seq-len", "128", "--val-fraction", "0.05",
-            "--shard-bytes", str(64 << 10), "--unit-bytes", str(128 << 10), "--no-progress"]
+    corpus = tmp_path / "input.txt"
+    corpus.write_text(TINY.read_text(encoding="utf-8")[:PREP_CHARS], encoding="utf-8")
+    args = ["prep", "--input", str(corpus), "--tokenizer", str(gpt2), "--seq-len", "128", "--val-fraction", "0.05",
+            "--shard-bytes", str(16 << 10), "--unit-bytes", str(32 << 10), "--no-progress"]
     on_cluster = unmask([*args, "--out", str(tmp_path / "cluster"), "--workers", "2", "--ray-address",
                          head.gcs_address])
     assert on_cluster.returncode == 0, on_cluster.stderr[-4000:]
