@@ -98,10 +98,11 @@ def _raw_near(paths: list[str], tokenizer_dir: str) -> float:
     return raw_encode_rate(paths[:RAW_SAMPLE_FILES], tokenizer_dir)
 
 
-def bench_prep(paths: list[str], tokenizer, tokenizer_dir: str, workers: int, out: Path, seq_len: int) -> float:
+def bench_prep(paths: list[str], tokenizer_dir: str, workers: int, out: Path, seq_len: int) -> float:
     """One prep with ``workers`` actors, between two raw measurements; its tokens/s."""
     raw_before = _raw_near(paths, tokenizer_dir)
-    result = prep(PrepConfig(inputs=tuple(paths), seq_len=seq_len), tokenizer, out, workers=workers, progress=False)
+    result = prep(PrepConfig(inputs=tuple(paths), seq_len=seq_len), load_tokenizer(tokenizer_dir), out,
+                  workers=workers, progress=False)
     raw = (raw_before + _raw_near(paths, tokenizer_dir)) / 2
     rate = result.tokens_run / result.tokenize_seconds
     busy_rate = result.tokens_run / result.worker_seconds
@@ -147,10 +148,10 @@ def main() -> None:
         tmp = Path(tmp)
         paths = build_corpus(tmp, args.corpus_mb)
         tokenizer_dir = str(tmp / "tok")
-        tokenizer = train_sentencepiece((Path(p).read_text() for p in paths[:1]), tokenizer_dir, args.vocab_size)
+        train_sentencepiece((Path(p).read_text() for p in paths[:1]), tokenizer_dir, args.vocab_size)
         print(json.dumps({"bench": "corpus", "bytes": sum(Path(p).stat().st_size for p in paths)}))
         bench_ceiling(paths, tokenizer_dir)
-        rates = {w: bench_prep(paths, tokenizer, tokenizer_dir, w, tmp / f"out-{w}", args.seq_len) for w in (1, 2)}
+        rates = {w: bench_prep(paths, tokenizer_dir, w, tmp / f"out-{w}", args.seq_len) for w in (1, 2)}
         print(json.dumps({"bench": "prep_scaling", "two_vs_one": round(rates[2] / rates[1], 3)}))
         bench_loader_and_overhead(tmp / "out-1", args.vocab_size, args.seq_len)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from orchestration.ray_runtime import AUTH_TOKEN_ENV, use_token_auth_if_available
+from orchestration.ray_runtime import TOKEN_FIX, use_token_auth_if_available
 from pipeline.errors import UserError
 
 __all__ = ["JobRequest", "EXCLUDES", "connect", "submit", "wait", "TERMINAL_STATUSES", "ADDRESS_ENV"]
@@ -59,8 +59,7 @@ def connect(address: str | None):
     try:
         return JobSubmissionClient(address)
     except AuthenticationError:
-        raise UserError(f"--address {address}: the cluster requires a token: copy the head's "
-                        f"~/.ray/auth_token to this machine, or set {AUTH_TOKEN_ENV}") from None
+        raise UserError(f"--address {address}: the cluster requires a token: {TOKEN_FIX}") from None
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise UserError(f"--address {address}: cannot reach the Ray Jobs API ({err}); give the "
                         f"dashboard URL, e.g. http://HEAD:8265") from None

@@ -21,6 +21,7 @@ JOB_ADDRESS_ENV = "RAY_ADDRESS"
 # the token to ~/.ray/auth_token on the head): the token itself, or a file holding it.
 AUTH_MODE_ENV, AUTH_TOKEN_ENV, AUTH_TOKEN_PATH_ENV = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
 DEFAULT_TOKEN_FILE = Path("~/.ray/auth_token")
+TOKEN_FIX = f"copy the head's {DEFAULT_TOKEN_FILE} to this machine, or set {AUTH_TOKEN_ENV}"
 
 
 def use_token_auth_if_available() -> None:
@@ -36,6 +37,13 @@ def use_token_auth_if_available() -> None:
 def pin_local_ray_to_loopback() -> None:
     """Call before the first ``import ray`` of a process that starts a local Ray."""
     os.environ.setdefault(*LOOPBACK_ONLY_ENV)
+
+
+def _cannot_connect(address: str, err: Exception) -> UserError:
+    fix = "check the address (HEAD:6379, ray://HEAD:10001 or auto)"
+    if os.environ.get(AUTH_MODE_ENV) != "token":  # Ray only says the connection failed
+        fix += f"; if the cluster requires a token, {TOKEN_FIX}"
+    return UserError(f"--ray-address {address}: cannot connect to Ray ({err}); {fix}")
 
 
 @contextlib.contextmanager
@@ -67,7 +75,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, *,
         try:
             ray.init(address=address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as err:
-            raise UserError(f"--ray-address {address}: cannot connect to Ray ({err})") from None
+            raise _cannot_connect(address, err) from None
     try:
         yield
     finally:

@@ -39,20 +39,21 @@ def head_env() -> dict[str, str]:
     return env
 
 
+def processes_naming(*markers: str) -> list:
+    """Live processes other than this one whose command line mentions one of ``markers``."""
+    import psutil
+
+    return [process for process in psutil.process_iter(["cmdline", "status"])
+            if process.pid != os.getpid() and process.info["status"] != psutil.STATUS_ZOMBIE
+            and any(m in part for part in process.info["cmdline"] or () for m in markers)]
+
+
 def _stop(markers: tuple[str, ...]) -> None:
     """Kill the head's processes: those naming its temp dir or GCS address on their command
     line, and their descendants (agents rename themselves, e.g. ``ray::DashboardAgent``)."""
     import psutil
 
-    head = []
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            cmdline = process.info["cmdline"] or ()
-            if process.pid != os.getpid() and any(m in part for part in cmdline for m in markers):
-                head.append(process)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    for process in head:
+    for process in processes_naming(*markers):
         try:
             family = [process, *process.children(recursive=True)]
         except psutil.NoSuchProcess:

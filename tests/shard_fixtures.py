@@ -1,4 +1,5 @@
-"""Synthetic shards for loader and format tests: sequence i is filled with the value i."""
+"""Synthetic shards for loader and format tests (sequence i is filled with the value i), and
+a byte-level view of a prep's output for comparing two preps."""
 
 from pathlib import Path
 
@@ -25,3 +26,8 @@ def write_numbered_split(data_dir: Path, shard_sizes: list[int], seq_len: int = 
                                                        sequences=total, padding_tokens=padding_tokens, shards=infos)})
     manifest.write(data_dir)
     return manifest
+
+
+def tree_bytes(directory: Path) -> dict[str, bytes]:
+    """Every file under ``directory`` by relative path: equal trees are byte-identical outputs."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.ray_head import head_env, ray_head
+from tests.ray_head import head_env, processes_naming, ray_head
+from tests.shard_fixtures import tree_bytes
 from tests.train_helpers import REPO, RUN_TIMEOUT_S, SHARED, TINY, write_config
 
 pytestmark = pytest.mark.slow
@@ -22,7 +23,9 @@ UNMASK = [sys.executable, "-m", "pipeline.cli"]
 JOB_TIMEOUT_S = 2 * RUN_TIMEOUT_S
 POLL_S = 0.2  # how often to look for a job's process
 PREP_CHARS = 200_000  # several work units and train shards at the sizes below
-STOP_GRACE_S = 60  # Ray's stop escalates to SIGKILL after a few seconds; allow a slow machine
+STOP_GRACE_S = 60
+# How often a client refused by the GCS retries, about a second each (Ray's default: 20).
+GCS_RETRIES_ENV, GCS_RETRIES = "RAY_NUM_REDIS_GET_RETRIES", 2  # Ray's stop escalates to SIGKILL after a few seconds; allow a slow machine
 
 
 @pytest.fixture(scope="module")
@@ -88,10 +91,6 @@ def test_submitted_run_trains_evaluates_and_tracks_in_mlflow(head, mlflow_server
     assert (run_dir / "report" / "results.json").stat().st_mtime_ns == report_mtime
 
 
-def _tree(directory: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
-
-
 def _cluster_workers(head, name: str) -> set[str]:
     """Names of the head's worker log files that mention ``name`` (Ray names actor logs by class)."""
     logs = head.temp_dir / "session_latest" / "logs"
@@ -111,22 +110,10 @@ def test_prep_with_ray_address_runs_on_the_cluster_and_matches_a_local_prep(head
     assert on_cluster.returncode == 0, on_cluster.stderr[-4000:]
     local = unmask([*args, "--out", str(tmp_path / "local"), "--workers", "1"])
     assert local.returncode == 0, local.stderr[-4000:]
-    assert _tree(tmp_path / "cluster") == _tree(tmp_path / "local")
+    assert tree_bytes(tmp_path / "cluster") == tree_bytes(tmp_path / "local")
     assert _cluster_workers(head, "_UnitTokenizer")  # the tokenizer actors ran in the head's workers
     # The prep joined the cluster and left it running.
     assert unmask(["jobs", "list", "--address", head.dashboard_url]).returncode == 0
-
-
-def _processes_naming(text: str) -> list:
-    """Live processes whose command line mentions ``text``."""
-    import psutil
-
-    found = []
-    for process in psutil.process_iter(["cmdline", "status"]):
-        cmdline = process.info["cmdline"] or ()
-        if process.info["status"] != psutil.STATUS_ZOMBIE and any(text in part for part in cmdline):
-            found.append(process)
-    return found
 
 
 def test_jobs_stop_ends_a_running_job_and_its_processes(head, tmp_path):
@@ -136,7 +123,7 @@ def test_jobs_stop_ends_a_running_job_and_its_processes(head, tmp_path):
     assert submitted.returncode == 0, submitted.stderr[-4000:]
     job_id = submitted.stdout.splitlines()[0].strip()
     deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not _processes_naming(str(run_dir)):  # the job's `unmask run` has started
+    while not processes_naming(str(run_dir)):  # the job's `unmask run` has started
         assert time.monotonic() < deadline, unmask(["jobs", "logs", job_id, "--address", head.dashboard_url]).stdout
         time.sleep(POLL_S)
     stopped = unmask(["jobs", "stop", job_id, "--address", head.dashboard_url])
@@ -145,7 +132,7 @@ def test_jobs_stop_ends_a_running_job_and_its_processes(head, tmp_path):
     assert unmask(["jobs", "status", job_id, "--address", head.dashboard_url]).stdout.startswith(f"{job_id}\tSTOPPED")
     # Ray ends the job's process group (SIGTERM, then SIGKILL after its grace period).
     deadline = time.monotonic() + STOP_GRACE_S
-    while alive := _processes_naming(str(run_dir)):
+    while alive := processes_naming(str(run_dir)):
         assert time.monotonic() < deadline, f"still running after the stop: {alive}"
         time.sleep(POLL_S)
 
@@ -185,6 +172,14 @@ def test_token_auth_from_env_or_file_and_a_clear_error_without(head, tmp_path):
     with_env = unmask(["jobs", "list", "--address", head.dashboard_url],
                       env={"HOME": str(home), "RAY_AUTH_TOKEN": token})
     assert with_env.returncode == 0, with_env.stderr[-2000:]
+    # Joining the cluster itself (prep --ray-address): Ray only says it cannot connect.
+    corpus = tmp_path / "input.txt"
+    corpus.write_text("A document.\n\nAnother one.\n", encoding="utf-8")
+    prep = unmask(["prep", "--input", str(corpus), "--tokenizer", str(SHARED / "gpt2-bpe"), "--seq-len", "8",
+                   "--out", str(tmp_path / "out"), "--ray-address", head.gcs_address],
+                  env={"HOME": str(home), GCS_RETRIES_ENV: str(GCS_RETRIES)})
+    assert prep.returncode == 2
+    assert f"--ray-address {head.gcs_address}" in prep.stderr and "auth_token" in prep.stderr
 
 
 def test_unknown_job_and_missing_address_are_clear_errors(head):

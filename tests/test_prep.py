@@ -20,6 +20,7 @@ from data_prep.readers import ReadCounters, ReadOptions, plan_units, read_unit, 
 from data_prep.shards import Manifest, iter_chunks
 from data_prep.tokenizer import load_tokenizer
 from pipeline.errors import UserError
+from tests.shard_fixtures import tree_bytes
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 TINY = SHARED / "corpora" / "tinyshakespeare" / "input.txt"
@@ -81,10 +82,6 @@ def _split_tokens(out: Path, split: str) -> np.ndarray:
     return tokens[:len(tokens) - padding]
 
 
-def _tree(directory: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
-
-
 def test_shards_hold_exactly_the_documents_with_eos(reference, gpt2):
     config, result, out = reference
     manifest = result.manifest
@@ -119,7 +116,7 @@ def test_shards_hold_exactly_the_documents_with_eos(reference, gpt2):
 def test_same_output_with_one_or_two_workers_and_rerun_does_nothing(reference, gpt2, tmp_path):
     config, _, out = reference
     two = prep(config, gpt2, tmp_path, workers=2, progress=False)
-    assert _tree(tmp_path) == _tree(out)
+    assert tree_bytes(tmp_path) == tree_bytes(out)
     assert not (tmp_path / WORK_DIR).exists()
     stamps = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
     again = prep(config, gpt2, tmp_path, workers=2, progress=False)
@@ -166,7 +163,7 @@ def test_sigkilled_prep_resumes_to_identical_output_without_redoing_work(referen
     if stage == "shards":
         assert figures["shards_resumed"] >= 2 and len(finished_shards) >= 2
     assert {p: p.stat().st_mtime_ns for p in finished_shards} == finished_shards, "finished shards were rewritten"
-    assert _tree(killed) == _tree(out)
+    assert tree_bytes(killed) == tree_bytes(out)
 
 
 def test_a_different_prep_in_the_output_is_refused_unless_overwrite(reference, gpt2, tmp_path):
@@ -176,7 +173,7 @@ def test_a_different_prep_in_the_output_is_refused_unless_overwrite(reference, g
     other = PrepConfig(inputs=config.inputs, **{**SMALL, "seq_len": 64})
     with pytest.raises(UserError, match="holds a different prep's manifest; pass --overwrite"):
         prep(other, gpt2, target, progress=False)
-    assert _tree(target) == _tree(out), "a refusal must not touch the output"
+    assert tree_bytes(target) == tree_bytes(out), "a refusal must not touch the output"
     result = prep(other, gpt2, target, overwrite=True, progress=False)
     assert result.manifest.seq_len == 64 and not (target / "train" / "shard-000100.tar").exists()
 
