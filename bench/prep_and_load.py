@@ -4,7 +4,9 @@
   the raw single-core sentencepiece encode rate of the same text, measured right before and
   after each prep (targets: each worker >= 80% of raw, 2 workers >= 1.6x of 1).
 - ceiling: two plain processes encoding without Ray against one (what the machine allows).
-- loader: tokens/s that ``StreamingLoader`` delivers in one process (target >= 20M).
+- loader: tokens/s that ``StreamingLoader`` delivers in one process (target >= 20M), and
+  the cost of its shard checksums: one epoch with them checked (the first read of each
+  shard in a process) against the same epoch unchecked, each from a page-cached shard.
 - overhead: shard bytes over raw token bytes (target < 2%).
 
 The corpus is tinyshakespeare and PTB train from ../shared/data (6.2 MB), repeated to about
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep import loader as loader_module
 from data_prep.loader import StreamingLoader
 from data_prep.prep import PrepConfig, prep
 from data_prep.readers import ReadCounters, ReadOptions, plan_units, read_unit, resolve_inputs
@@ -83,13 +86,28 @@ def plain_processes_rate(paths: list[str], tokenizer_dir: str, processes: int) -
     return sum(tokens for tokens, _ in results) / max(seconds for _, seconds in results)
 
 
-def loader_rate(data_dir: Path, epochs: int = 3) -> tuple[float, int]:
-    loader = StreamingLoader(data_dir, "train", LOADER_BATCH, seed=0)
+def loader_rate(data_dir: Path, epochs: int = 3, verify: bool = True) -> tuple[float, int]:
+    """Tokens/s over ``epochs`` epochs; the checksums (``verify``) are checked in the first."""
+    loader_module._VERIFIED.clear()
+    loader = StreamingLoader(data_dir, "train", LOADER_BATCH, seed=0, verify=verify)
     start, tokens = time.perf_counter(), 0
     for _ in range(epochs):
         for batch in loader:
             tokens += batch.numel()
     return tokens / (time.perf_counter() - start), tokens
+
+
+def bench_verification(data_dir: Path, rounds: int = 3) -> None:
+    """One epoch that checks every shard's sha256 against the same epoch without, alternated."""
+    loader_rate(data_dir, epochs=1, verify=False)  # the shards into the page cache
+    checked, unchecked = [], []
+    for _ in range(rounds):
+        checked.append(loader_rate(data_dir, epochs=1, verify=True)[0])
+        unchecked.append(loader_rate(data_dir, epochs=1, verify=False)[0])
+    best_checked, best_unchecked = max(checked), max(unchecked)
+    print(json.dumps({"bench": "loader_checksums", "first_epoch_checked_tokens_per_s": round(best_checked),
+                      "first_epoch_unchecked_tokens_per_s": round(best_unchecked),
+                      "checked_vs_unchecked": round(best_checked / best_unchecked, 3)}))
 
 
 def _raw_near(paths: list[str], tokenizer_dir: str) -> float:
@@ -129,6 +147,7 @@ def bench_loader_and_overhead(out: Path, vocab_size: int, seq_len: int) -> None:
     rate, tokens = loader_rate(out)
     print(json.dumps({"bench": "loader", "batch": LOADER_BATCH, "seq_len": seq_len,
                       "tokens": tokens, "tokens_per_s": round(rate)}))
+    bench_verification(out)
     manifest_splits = json.loads((out / "manifest.json").read_text())["splits"]
     itemsize = np.dtype("<u2").itemsize if vocab_size <= 1 << 16 else 4
     shard_bytes = sum(s["bytes"] for split in manifest_splits.values() for s in split["shards"])
@@ -142,6 +161,8 @@ def main() -> None:
     parser.add_argument("--corpus-mb", type=int, default=200)
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--loader-only", action="store_true",
+                        help="one 1-worker prep, then only the loader measurements")
     args = parser.parse_args()
     print(json.dumps({"machine": platform.machine(), "python": platform.python_version()}))
     with tempfile.TemporaryDirectory() as tmp:
@@ -150,9 +171,13 @@ def main() -> None:
         tokenizer_dir = str(tmp / "tok")
         train_sentencepiece((Path(p).read_text() for p in paths[:1]), tokenizer_dir, args.vocab_size)
         print(json.dumps({"bench": "corpus", "bytes": sum(Path(p).stat().st_size for p in paths)}))
-        bench_ceiling(paths, tokenizer_dir)
-        rates = {w: bench_prep(paths, tokenizer_dir, w, tmp / f"out-{w}", args.seq_len) for w in (1, 2)}
-        print(json.dumps({"bench": "prep_scaling", "two_vs_one": round(rates[2] / rates[1], 3)}))
+        if args.loader_only:
+            prep(PrepConfig(inputs=tuple(paths), seq_len=args.seq_len), load_tokenizer(tokenizer_dir),
+                 tmp / "out-1", workers=1, progress=False)
+        else:
+            bench_ceiling(paths, tokenizer_dir)
+            rates = {w: bench_prep(paths, tokenizer_dir, w, tmp / f"out-{w}", args.seq_len) for w in (1, 2)}
+            print(json.dumps({"bench": "prep_scaling", "two_vs_one": round(rates[2] / rates[1], 3)}))
         bench_loader_and_overhead(tmp / "out-1", args.vocab_size, args.seq_len)
 
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
 
 from data_prep.atomic_files import atomic_write_bytes
 from data_prep.prep import DEFAULT_SHARD_BYTES, DEFAULT_VAL_FRACTION, PrepConfig, prep
-from data_prep.readers import (DEFAULT_UNIT_BYTES, ReadCounters, ReadOptions, plan_units, read_unit,
-                               resolve_inputs)
+from data_prep.readers import (DEFAULT_UNIT_BYTES, ReadCounters, ReadOptions, binary_reason, plan_units,
+                               read_unit, resolve_inputs)
 from data_prep.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
+from pipeline.errors import UserError, output_dir
 
 TOKENIZER_SUBDIR = "tokenizer"
 # Written next to a tokenizer that `unmask prep --vocab-size` trained, to reuse it on rerun.
@@ -53,17 +55,31 @@ def _read_options(args: argparse.Namespace) -> ReadOptions:
                        bad_utf8=args.bad_utf8, bad_json=args.bad_json)
 
 
-def _documents(inputs: list[str], options: ReadOptions) -> Iterator[str]:
-    """Every document piece of the inputs, in corpus order (streamed)."""
+def _documents(inputs: list[str], options: ReadOptions, command: str | None = None) -> Iterator[str]:
+    """Every document piece of the inputs, in corpus order (streamed); with a `command`, says
+    which files it skipped as binary (prep says so itself)."""
     counters = ReadCounters()
-    for unit in plan_units(resolve_inputs(inputs), options):
+    units = plan_units(resolve_inputs(inputs), options)
+    for unit in units:
         for piece in read_unit(unit, options, counters):
             yield piece.text
+    if command and counters.binary_files_skipped:
+        skipped = [(unit.file.uri, reason) for unit in units
+                   if unit.start == 0 and (reason := binary_reason(unit.file))]
+        _warn(command, [f"tokenizer training skipped {len(skipped)} input file(s) as binary; leave them out, "
+                        f"or convert UTF-16 text to UTF-8 (iconv -f UTF-16 -t UTF-8 IN > OUT.txt):",
+                        *(f"  {uri}: {reason}" for uri, reason in skipped)])
+
+
+def _warn(command: str, lines: list[str]) -> None:
+    for line in lines:
+        print(f"unmask {command}: warning: {line}", file=sys.stderr)
 
 
 def _cmd_tokenizer_train(args: argparse.Namespace) -> int:
     options = _read_options(args)
-    tokenizer = train_sentencepiece(_documents(args.input, options), args.out, args.vocab_size,
+    output_dir(args.out, "--out")  # before the training, not after it
+    tokenizer = train_sentencepiece(_documents(args.input, options, "tokenizer"), args.out, args.vocab_size,
                                     args.model_type, seed=args.seed)
     print(f"trained a {args.model_type} sentencepiece tokenizer: {tokenizer.vocab_size} tokens, "
           f"sha256 {tokenizer.sha256[:12]}, in {args.out}")
@@ -88,9 +104,14 @@ def _cmd_prep(args: argparse.Namespace) -> int:
     options = _read_options(args)
     config = PrepConfig(inputs=tuple(args.input), seq_len=args.seq_len, val_fraction=args.val_fraction,
                         seed=args.seed, read=options, shard_bytes=args.shard_bytes, unit_bytes=args.unit_bytes)
+    if args.workers < 1:
+        raise UserError(f"--workers must be >= 1, got {args.workers}")
+    output_dir(args.out, "--out")  # before training a tokenizer into it
     tokenizer = _prep_tokenizer(args, options)
     result = prep(config, tokenizer, args.out, workers=args.workers, ray_address=args.ray_address,
-                  overwrite=args.overwrite, progress=not args.no_progress)
+                  overwrite=args.overwrite, progress=not args.no_progress,
+                  tokenizer_follows_inputs=not args.tokenizer)
+    _warn("prep", result.warnings())
     print(result.summary())
     if args.json:
         print(json.dumps({"nothing_to_do": result.nothing_to_do, "units_run": result.units_run,

@@ -41,6 +41,14 @@ class Ledger:
         atomic_write_bytes(self._path(key), json.dumps(entry, sort_keys=True).encode())
         self._stall_if_asked()
 
+    def keys(self, prefix: str = "") -> list[str]:
+        """The recorded keys that start with `prefix`, sorted."""
+        return sorted(path.stem for path in self.directory.glob(f"{prefix}*.json"))
+
+    def forget(self, key: str) -> None:
+        """Drop an entry, so that its work is done again."""
+        self._path(key).unlink(missing_ok=True)
+
     def __len__(self) -> int:
         return sum(1 for _ in self.directory.glob("*.json"))
 

@@ -15,6 +15,12 @@ Shards are read with WebDataset's tar iterator (``data_prep.shards.iter_chunks``
 reads only the shards its block overlaps. The last sequence of a split is padded (see the
 manifest) and is left out unless ``drop_padded_tail=False``.
 
+Integrity: before a process first reads a shard, its size and sha256 are checked against the
+manifest (``data_prep.shards.verify_shard``), so a truncated or altered shard stops the run
+with its name instead of training on garbage. The check costs one extra read of each shard
+per process (DataLoader workers are new processes each epoch; BENCHMARKS.md has the cost);
+``verify=False`` skips it.
+
 ``state_dict()`` is ``(epoch, batches consumed)``; a loader restored from it yields exactly
 the batches an uninterrupted one would have yielded next.
 """
@@ -29,13 +35,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from data_prep.shards import Manifest, iter_chunks
+from data_prep.shards import Manifest, ShardInfo, iter_chunks, verify_shard
 from pipeline.errors import UserError
 
 __all__ = ["StreamingLoader"]
 
 # Batches each DataLoader worker keeps ready (torch's default is 2).
 PREFETCH_BATCHES = 4
+# Shards this process has checked against the manifest: (path, sha256).
+_VERIFIED: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)
@@ -43,7 +51,7 @@ class _Plan:
     """What a worker process needs to rebuild the stream (picklable)."""
 
     data_dir: str
-    paths: tuple[str, ...]
+    shards: tuple[ShardInfo, ...]
     counts: tuple[int, ...]     # usable sequences per shard (padded tail excluded)
     seq_len: int
     dtype: str
@@ -53,11 +61,12 @@ class _Plan:
     batches_per_rank: int
     seed: int
     shuffle: bool
+    verify: bool
 
     def shard_order(self, epoch: int) -> np.ndarray:
         if not self.shuffle:
-            return np.arange(len(self.paths))
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.paths))
+            return np.arange(len(self.shards))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
 
     def rank_segments(self, epoch: int, start: int) -> Iterator[tuple[int, int, int, int]]:
         """(shard, first, stop, block position of first) covering this rank's block from
@@ -90,7 +99,11 @@ class _Plan:
                     break
 
     def _chunks(self, shard: int) -> Iterator[np.ndarray]:
-        path = Path(self.data_dir) / self.paths[shard]
+        info = self.shards[shard]
+        path = Path(self.data_dir) / info.path
+        if self.verify and (str(path), info.sha256) not in _VERIFIED:
+            verify_shard(self.data_dir, info)
+            _VERIFIED.add((str(path), info.sha256))
         try:
             with open(path, "rb") as stream:
                 for chunk in iter_chunks(stream, str(path)):
@@ -136,7 +149,7 @@ class StreamingLoader:
 
     def __init__(self, data_dir: str | Path, split: str, batch_size: int, *, rank: int = 0,
                  world_size: int = 1, seed: int = 0, shuffle: bool = True, num_workers: int = 0,
-                 pin_memory: bool = False, drop_padded_tail: bool = True) -> None:
+                 pin_memory: bool = False, drop_padded_tail: bool = True, verify: bool = True) -> None:
         manifest = Manifest.read(data_dir)
         if split not in manifest.splits:
             raise UserError(f"split {split!r} not in {data_dir}; it has {sorted(manifest.splits)}")
@@ -151,8 +164,8 @@ class StreamingLoader:
         if batches_per_rank == 0:
             raise UserError(f"{data_dir} split {split!r} has {sum(counts)} sequences: too few for "
                             f"{world_size} rank(s) x batch {batch_size}")
-        self.plan = _Plan(str(data_dir), tuple(s.path for s in info.shards), tuple(counts), manifest.seq_len,
-                          manifest.dtype, batch_size, rank, world_size, batches_per_rank, seed, shuffle)
+        self.plan = _Plan(str(data_dir), tuple(info.shards), tuple(counts), manifest.seq_len, manifest.dtype,
+                          batch_size, rank, world_size, batches_per_rank, seed, shuffle, verify)
         self.data_sha256 = manifest.sha256()
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.epoch, self.batches = 0, 0

@@ -15,6 +15,10 @@ number of workers or on where a previous run was killed. Each split's token coun
 exactly the sum over its documents of (tokens + 1 EOS); its last sequence is padded with
 the tokenizer's pad id (EOS when it has none) and the padding is counted in the manifest.
 Finally ``manifest.json`` is written (atomically) and the work directory removed.
+
+A rerun of an unfinished prep that changes only --bad-utf8 / --bad-json (say, after one that
+stopped on a broken JSONL line) goes on without --overwrite: the units whose counters show no
+document the change acts on are kept, the others redone (``_resume_with_policy``).
 """
 
 from __future__ import annotations
@@ -35,13 +39,13 @@ from tqdm import tqdm
 
 from data_prep.ledger import Ledger
 from data_prep.readers import (DEFAULT_UNIT_BYTES, InputFile, Piece, ReadCounters, ReadOptions,
-                               WorkUnit, plan_units, read_unit, resolve_inputs)
+                               WorkUnit, binary_reason, plan_units, read_unit, resolve_inputs)
 from data_prep.atomic_files import atomic_write_bytes
 from data_prep.shards import (FORMAT_VERSION, MANIFEST_NAME, SPLITS, Manifest, ShardInfo, SplitInfo,
                               chunk_rows, shard_path, token_dtype, write_shard)
 from data_prep.tokenizer import Tokenizer
 from orchestration.ray_runtime import ray_session
-from pipeline.errors import UserError
+from pipeline.errors import UserError, output_dir
 
 
 WORK_DIR = ".prep-work"
@@ -54,6 +58,11 @@ DEFAULT_VAL_FRACTION = 0.005
 # Pieces per tokenizer call: amortizes the per-call cost of the native batch encoder.
 ENCODE_BATCH_PIECES = 256
 HASH_SPACE = float(1 << 64)
+# The read flags that decide what happens to bad input, not what good input is, with the
+# counters of the documents each one acts on. A prep that stopped unfinished may go on with
+# other values of them: only the units whose counters show such documents are redone.
+POLICY_COUNTERS = {"bad_utf8": ("bad_utf8_repaired", "bad_utf8_skipped"),
+                   "bad_json": ("bad_json_skipped",)}
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,16 @@ class PrepResult:
     seconds: float
     tokenize_seconds: float = 0.0   # stage 1 alone (Ray startup and planning excluded)
     worker_seconds: float = 0.0     # stage 1 busy time summed over workers
+    policy_change: str = ""         # what a changed --bad-utf8 / --bad-json made this run redo
+
+    def warnings(self) -> list[str]:
+        """What the user should know about the inputs: the files skipped as binary."""
+        skipped = [entry for entry in self.manifest.inputs if entry.get("skipped")]
+        if not skipped:
+            return []
+        return [f"skipped {len(skipped)} input file(s) as binary (manifest.json: counts.binary_files_skipped"
+                f"); leave them out, or convert UTF-16 text to UTF-8 (iconv -f UTF-16 -t UTF-8 IN > OUT.txt):",
+                *(f"  {entry['uri']}: {entry['skipped']}" for entry in skipped)]
 
     def summary(self) -> str:
         splits = self.manifest.splits
@@ -104,6 +123,8 @@ class PrepResult:
         rate = self.tokens_run / self.tokenize_seconds if self.tokenize_seconds > 0 else 0.0
         resumed = (f"; resumed {self.units_resumed} units and {self.shards_resumed} shards"
                    if self.units_resumed or self.shards_resumed else "")
+        if self.policy_change:
+            resumed += f"; {self.policy_change}"
         return (f"{docs:,} documents, {tokens:,} tokens, {text_bytes:,} bytes of text -> {shards} shards "
                 f"(train {splits['train'].sequences:,} / val {splits['val'].sequences:,} sequences) in "
                 f"{self.seconds:.1f} s, tokenizing at {rate:,.0f} tokens/s{resumed}")
@@ -178,10 +199,13 @@ def tokenize_unit(unit: WorkUnit, tokenizer: Tokenizer, options: ReadOptions, ru
             outputs[name].write(ids)
     for output in outputs.values():
         output.close()
-    return {"index": unit.index, "counters": counters.to_dict(),
-            "splits": {name: {"tokens": out.tokens, "documents": len(out.docs),
-                              "utf8_bytes": int(sum(b for _, b in out.docs))}
-                       for name, out in outputs.items()}}
+    entry = {"index": unit.index, "counters": counters.to_dict(),
+             "splits": {name: {"tokens": out.tokens, "documents": len(out.docs),
+                               "utf8_bytes": int(sum(b for _, b in out.docs))}
+                        for name, out in outputs.items()}}
+    if counters.binary_files_skipped:
+        entry["binary_file"] = {"uri": unit.file.uri, "reason": binary_reason(unit.file)}
+    return entry
 
 
 class _UnitTokenizer:
@@ -308,18 +332,79 @@ def _shards_intact(out: Path, manifest: Manifest) -> bool:
                for split in manifest.splits.values() for shard in split.shards)
 
 
-def _prepare_output(out: Path, identity: dict, overwrite: bool) -> Manifest | None:
-    """Return the finished manifest when it matches; refuse or clear a different prep."""
+def _policy_changes(old: dict, new: dict, tokenizer_follows: bool) -> dict[str, tuple[str, str]] | None:
+    """The POLICY_COUNTERS flags whose values differ between two prep identities, as
+    ``{name: (old, new)}``, when nothing else differs; None when anything else does. With
+    ``tokenizer_follows`` (prep trained the tokenizer from these inputs and flags), the
+    tokenizer may differ too."""
+    def read(identity: dict) -> dict:
+        config = identity.get("config")
+        return config.get("read") or {} if isinstance(config, dict) else {}
+
+    def rest(identity: dict) -> dict:
+        identity = json.loads(json.dumps(identity))  # as identity.json holds it
+        identity.pop("sha256", None)
+        if tokenizer_follows:
+            identity.pop("tokenizer_sha256", None)
+        for name in POLICY_COUNTERS:
+            read(identity).pop(name, None)
+        return identity
+
+    if not read(old) or rest(old) != rest(new):
+        return None
+    return {name: (read(old).get(name), read(new).get(name))
+            for name in POLICY_COUNTERS if read(old).get(name) != read(new).get(name)}
+
+
+def _resume_with_policy(out: Path, changes: dict[str, tuple[str, str]], new_tokenizer: bool) -> str:
+    """Keep an unfinished prep's work that a change of the error-policy flags leaves as it is.
+
+    A unit whose counters show no document that a changed flag acts on (no invalid UTF-8 for
+    --bad-utf8, no broken JSONL line for --bad-json) reads the same under either value, so its
+    tokens stand; the others are forgotten and tokenized again. When any is, the shards (cut
+    from the units' tokens) are cut again too. The output is then the one an uninterrupted
+    prep with the new flags writes. A tokenizer that the change retrained (``new_tokenizer``)
+    changes every unit."""
+    ledger = Ledger(out / WORK_DIR / "ledger")
+    counters = [counter for name in changes for counter in POLICY_COUNTERS[name]]
+    units = ledger.keys("unit-")
+    redo = [key for key in units
+            if new_tokenizer or any(ledger.get(key)["counters"].get(c, 0) for c in counters)]
+    for key in redo:
+        ledger.forget(key)
+    if redo:
+        for key in ledger.keys("shard-"):
+            ledger.forget(key)
+        for split in SPLITS:
+            shutil.rmtree(out / split, ignore_errors=True)
+    flags = ", ".join(f"--{name.replace('_', '-')} {old} -> {new}" for name, (old, new) in changes.items())
+    retrained = ", which retrained the tokenizer" if new_tokenizer else ""
+    return (f"{flags} since the unfinished prep{retrained}: kept {len(units) - len(redo)} of its "
+            f"{len(units)} finished units, redid the {len(redo)} that the change affects")
+
+
+def _prepare_output(out: Path, identity: dict, overwrite: bool,
+                    tokenizer_follows: bool = False) -> tuple[Manifest | None, str]:
+    """Return the finished manifest when it matches; refuse or clear a different prep. Unfinished
+    work that differs only in --bad-utf8 / --bad-json goes on (_resume_with_policy); the second
+    value says so ("" otherwise)."""
     work = out / WORK_DIR
     manifest_path, identity_path = out / MANIFEST_NAME, work / IDENTITY_NAME
+    note = ""
     if manifest_path.is_file():
         manifest = Manifest.read(out)
         if manifest.prep_config_sha256 == identity["sha256"] and _shards_intact(out, manifest):
-            return manifest
+            return manifest, note
         what = "a different prep's manifest" if manifest.prep_config_sha256 != identity["sha256"] \
             else "a manifest whose shards are missing or damaged"
-    elif identity_path.is_file() and json.loads(identity_path.read_text())["sha256"] != identity["sha256"]:
-        what = "unfinished work of a different prep"
+    elif identity_path.is_file() and (unfinished := json.loads(identity_path.read_text()))["sha256"] \
+            != identity["sha256"]:
+        changes = _policy_changes(unfinished, identity, tokenizer_follows)
+        if changes:
+            new_tokenizer = unfinished.get("tokenizer_sha256") != identity["tokenizer_sha256"]
+            what, note = None, _resume_with_policy(out, changes, new_tokenizer)
+        else:
+            what = "unfinished work of a different prep"
     else:
         what = None
     if what is not None:
@@ -333,7 +418,7 @@ def _prepare_output(out: Path, identity: dict, overwrite: bool) -> Manifest | No
                 target.unlink()
     (work / "units").mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(identity_path, json.dumps(identity, sort_keys=True).encode())
-    return None
+    return None, note
 
 
 def _run_stage(ds, description: str, total: int, progress: bool) -> tuple[int, float]:
@@ -356,16 +441,18 @@ def _run_stage(ds, description: str, total: int, progress: bool) -> tuple[int, f
 
 
 def prep(config: PrepConfig, tokenizer: Tokenizer, out_dir: str | Path, *, workers: int = 1,
-         ray_address: str | None = None, overwrite: bool = False, progress: bool = True) -> PrepResult:
-    """Run (or resume, or skip) a prep; see the module docstring."""
+         ray_address: str | None = None, overwrite: bool = False, progress: bool = True,
+         tokenizer_follows_inputs: bool = False) -> PrepResult:
+    """Run (or resume, or skip) a prep; see the module docstring. ``tokenizer_follows_inputs``:
+    the tokenizer was trained from these inputs and read flags (``unmask prep --vocab-size``),
+    so a change of --bad-utf8 / --bad-json may have changed it too."""
     if workers < 1:
         raise UserError(f"--workers must be >= 1, got {workers}")
     started = time.perf_counter()
-    out = Path(out_dir)
+    out = output_dir(out_dir, "--out")
     files = resolve_inputs(config.inputs)
     identity = _identity(config, tokenizer, files)
-    out.mkdir(parents=True, exist_ok=True)
-    finished = _prepare_output(out, identity, overwrite)
+    finished, policy_change = _prepare_output(out, identity, overwrite, tokenizer_follows_inputs)
     if finished is not None:
         return PrepResult(finished, True, 0, 0, 0, 0, 0, time.perf_counter() - started)
     work = out / WORK_DIR
@@ -404,7 +491,7 @@ def prep(config: PrepConfig, tokenizer: Tokenizer, out_dir: str | Path, *, worke
     shutil.rmtree(work)
     return PrepResult(manifest, False, len(units) - len(pending_units), len(pending_units),
                       len(shards) - len(pending_shards), len(pending_shards), tokens_run,
-                      time.perf_counter() - started, tokenize_seconds, busy)
+                      time.perf_counter() - started, tokenize_seconds, busy, policy_change)
 
 
 def _pad_id(tokenizer: Tokenizer) -> int:
@@ -437,8 +524,12 @@ def _assemble_manifest(config: PrepConfig, tokenizer: Tokenizer, identity: dict,
             utf8_bytes=sum(e["splits"][split]["utf8_bytes"] for e in entries),
             sequences=layout.sequences, padding_tokens=layout.sequences * layout.seq_len - layout.tokens,
             shards=infos)
+    binary = {entry["binary_file"]["uri"]: entry["binary_file"]["reason"] for entry in entries
+              if "binary_file" in entry}
+    inputs = [{**item, "skipped": binary[item["uri"]]} if item["uri"] in binary else item
+              for item in identity["inputs"]]
     return Manifest(
         format_version=FORMAT_VERSION, tokenizer=tokenizer.describe(), seq_len=config.seq_len,
         dtype=token_dtype(tokenizer.vocab_size).str, chunk_rows=rows_per_chunk, pad_id=_pad_id(tokenizer),
-        prep_config=identity["config"], prep_config_sha256=identity["sha256"], inputs=identity["inputs"],
+        prep_config=identity["config"], prep_config_sha256=identity["sha256"], inputs=inputs,
         counts=counters.to_dict(), splits=splits)

@@ -39,8 +39,8 @@ from pipeline.errors import UserError
 
 __all__ = [
     "DEFAULT_PIECE_BYTES", "DEFAULT_UNIT_BYTES", "MAX_JSONL_LINE_BYTES", "MIN_PIECE_BYTES",
-    "READ_BLOCK_BYTES", "InputFile", "Piece", "ReadCounters", "ReadOptions", "TextFormat",
-    "WorkUnit", "plan_units", "read_unit", "resolve_inputs",
+    "READ_BLOCK_BYTES", "BINARY_CHECK_BYTES", "InputFile", "Piece", "ReadCounters", "ReadOptions",
+    "TextFormat", "WorkUnit", "binary_reason", "plan_units", "read_unit", "resolve_inputs",
 ]
 
 # Plain text: documents separated by blank lines / one document per line / one per file.
@@ -66,6 +66,12 @@ MIN_PIECE_BYTES = 4
 MAX_JSONL_LINE_BYTES = 256 << 20
 
 _BOM = codecs.BOM_UTF8
+# A text or JSONL file is binary, and skipped whole, when its first BINARY_CHECK_BYTES
+# (decompressed) hold a NUL byte, as git and GNU grep decide; or when it starts with a UTF-16
+# or UTF-32 byte-order mark (such text holds NULs where it is ASCII; CJK text may hold none).
+BINARY_CHECK_BYTES = 8000
+_WIDE_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+              (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16"))
 _EXTENSIONS: dict[str, FileFormat] = {
     "txt": "text", "text": "text", "raw": "text", "tokens": "text",
     "jsonl": "jsonl", "json": "jsonl",
@@ -152,6 +158,7 @@ class ReadCounters:
     bad_utf8_repaired: int = 0  # documents yielded with invalid UTF-8 replaced by U+FFFD
     bad_utf8_skipped: int = 0   # documents dropped for invalid UTF-8 (--bad-utf8 skip)
     bad_json_skipped: int = 0   # JSONL lines dropped as broken (--bad-json skip)
+    binary_files_skipped: int = 0  # text/JSONL files left out whole as binary (binary_reason)
 
     def __add__(self, other: ReadCounters) -> ReadCounters:
         return ReadCounters(**{f.name: getattr(self, f.name) + getattr(other, f.name)
@@ -329,11 +336,17 @@ def read_unit(unit: WorkUnit, options: ReadOptions, counters: ReadCounters) -> I
     per `options.bad_utf8`; a skipped document yields no piece, however long it is. For that, a
     plain-text document longer than `options.max_piece_bytes` is read twice: checked, then cut
     into pieces (in a gzip file the second read decompresses again from the file's start).
+
+    A binary text or JSONL file (see `binary_reason`) yields nothing; its first unit counts
+    it in `counters.binary_files_skipped`.
     """
     if unit.file.format == "parquet":
         yield from _read_parquet(unit, options, counters)
         return
     with _Source(unit.file) as source:
+        if _binary_reason(source.head(BINARY_CHECK_BYTES)) is not None:
+            counters.binary_files_skipped += unit.start == 0  # once per file, by its first unit
+            return
         if unit.file.format == "jsonl":
             yield from _read_jsonl(source, unit, options, counters)
         else:
@@ -369,6 +382,17 @@ class _Source:
         """`size` bytes from offset `start`; uncompressed files only (units that start mid-file)."""
         return self._handle.read_at(size, start)
 
+    def head(self, size: int) -> bytes:
+        """The first `size` bytes of the (decompressed) text, fewer if the file is shorter."""
+        if self._handle is not None:
+            return self._handle.read_at(size, 0)
+        data = b""
+        for block in self._gzip_blocks(0):
+            data += block[:size - len(data)]
+            if len(data) >= size:
+                break
+        return data
+
     def _gzip_blocks(self, start: int) -> Iterator[bytes]:
         try:
             with self._fs.open_input_stream(self._path, compression="gzip") as stream:
@@ -380,6 +404,26 @@ class _Source:
         except OSError as err:
             raise UserError(f"{self.file.uri}: cannot decompress it as gzip ({err}); recompress "
                             f"it, or drop the .gz suffix if it is not compressed") from err
+
+
+def _binary_reason(head: bytes) -> str | None:
+    """Why a file whose text starts with `head` is binary, or None if it is text."""
+    for bom, encoding in _WIDE_BOMS:
+        if head.startswith(bom):
+            return f"{encoding} text (byte-order mark), not UTF-8"
+    if b"\0" in head:
+        return (f"NUL bytes in its first {BINARY_CHECK_BYTES} bytes (binary, as git and grep "
+                f"decide; or UTF-16 text without a byte-order mark)")
+    return None
+
+
+def binary_reason(file: InputFile) -> str | None:
+    """Why `read_unit` skips this text or JSONL file as binary (a NUL byte in its first
+    BINARY_CHECK_BYTES, decompressed; or a UTF-16/UTF-32 byte-order mark), or None."""
+    if file.format == "parquet":
+        return None
+    with _Source(file) as source:
+        return _binary_reason(source.head(BINARY_CHECK_BYTES))
 
 
 def _without_bom(blocks: Iterator[bytes]) -> tuple[int, Iterator[bytes]]:

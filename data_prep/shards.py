@@ -21,7 +21,7 @@ import json
 import os
 import tarfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Iterator
 
 import numpy as np
@@ -39,7 +39,7 @@ UINT16_LIMIT = 1 << 16
 
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "SPLITS", "ShardInfo", "SplitInfo", "Manifest",
-    "token_dtype", "chunk_rows", "shard_path", "write_shard", "iter_chunks", "sha256_file",
+    "token_dtype", "chunk_rows", "shard_path", "write_shard", "iter_chunks", "sha256_file", "verify_shard",
 ]
 
 
@@ -103,17 +103,51 @@ def write_shard(path: str | Path, sequences: np.ndarray, shard_index: int, rows_
 
 
 def iter_chunks(stream: BinaryIO, source: str = "<stream>") -> Iterator[np.ndarray]:
-    """Yield the chunk arrays of a shard stream in order, with WebDataset's tar iterator."""
+    """Yield the chunk arrays of a shard stream in order, with WebDataset's tar iterator.
+    A truncated or garbled shard raises ``UserError`` naming ``source``."""
     from webdataset.tariterators import tar_file_iterator  # lazily: it imports torch
 
-    for member in tar_file_iterator(stream):
-        name, data = member["fname"], member["data"]
-        if not name.endswith(".tokens.npy"):
-            raise UserError(f"{source}: unexpected member {name!r}; not an unmask shard")
-        yield np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+    try:
+        for member in tar_file_iterator(stream):
+            name, data = member["fname"], member["data"]
+            if not name.endswith(".tokens.npy"):
+                raise UserError(f"{source}: unexpected member {name!r}; not an unmask shard")
+            yield np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+    except (tarfile.TarError, ValueError, EOFError, OSError) as err:
+        raise UserError(f"{source}: truncated or corrupt shard ({type(err).__name__}: {err}); {_SHARD_FIX}") \
+            from None
+
+
+# Shards are reproducible from their inputs; a copied data directory can be copied again.
+_SHARD_FIX = "copy the data directory again, or rerun `unmask prep` with --overwrite"
+
+
+def verify_shard(data_dir: str | Path, info: "ShardInfo") -> Path:
+    """The path of a shard whose size and sha256 match its manifest entry; otherwise
+    ``UserError`` naming the file (missing, truncated or altered) and the fix."""
+    path = Path(data_dir) / info.path
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise UserError(f"{path}: shard listed in the manifest is missing; {_SHARD_FIX}") from None
+    if size != info.bytes:
+        raise UserError(f"{path}: {size} bytes, the manifest says {info.bytes} (truncated or overwritten); "
+                        f"{_SHARD_FIX}")
+    if sha256_file(path) != info.sha256:
+        raise UserError(f"{path}: its sha256 differs from the manifest's (the file is corrupt); {_SHARD_FIX}")
+    return path
 
 
 # ------------------------------------------------------------------------- manifest
+def _check_inside(relative: str, manifest_path: Path) -> None:
+    """A manifest names shards inside its own directory: an absolute path or a ``..`` would
+    let a received manifest make the loader read any file on the machine."""
+    pure = PurePosixPath(relative)
+    if not relative or pure.is_absolute() or "\\" in relative or ".." in pure.parts or ":" in relative:
+        raise UserError(f"{manifest_path}: shard path {relative!r} leaves the data directory; a manifest may "
+                        "only name files inside it (rerun `unmask prep`)")
+
+
 @dataclass
 class ShardInfo:
     path: str            # relative to the data directory
@@ -171,6 +205,9 @@ class Manifest:
         if manifest.format_version != FORMAT_VERSION:
             raise UserError(f"{path}: shard format version {manifest.format_version}, this unmask "
                             f"reads version {FORMAT_VERSION}; rerun `unmask prep` with this version")
+        for split in manifest.splits.values():
+            for shard in split.shards:
+                _check_inside(shard.path, path)
         return manifest
 
     def sha256(self) -> str:

@@ -8,7 +8,7 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline.errors import UserError
+from pipeline.errors import UserError, output_dir
 
 RAW = argparse.RawDescriptionHelpFormatter
 log = logging.getLogger("unmask.eval")
@@ -89,9 +89,8 @@ def _log_metrics(tracker, results: dict) -> None:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    import torch
-
     from evaluation.evaluate import EvalConfig, evaluate
+    from evaluation.generation import _device as checked_device
     from pipeline.distributed import init_distributed
     from pipeline.export import load_export, resolve_export, training_run_of
 
@@ -101,7 +100,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         data_dir=args.data_dir, shards=args.shards, split=args.split, samples_per_block=args.samples,
         seed=args.seed, seq_len=args.seq_len, batch_size=args.batch_size, discrete_steps=args.discrete_steps,
         target_rel_error=args.target_rel_error, add_eos=not args.no_eos, max_documents=args.max_documents)
-    config.check()
+    config.check()  # the flags and every dataset, before any work
+    if args.num_samples < 0 or args.sample_steps < 1:
+        raise UserError(f"--num-samples must be >= 0 and --sample-steps >= 1, got {args.num_samples} and "
+                        f"{args.sample_steps}")
+    if args.out is not None:
+        output_dir(args.out, "--out")
+    if args.compare:
+        _read_compare(Path(args.compare), config.datasets)
+    requested_device = checked_device(args.device) if args.device else None
     dist = init_distributed(deepspeed_backend=False)
     if dist.is_main:
         _export_if_missing(Path(args.path))
@@ -109,12 +116,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     export_dir = resolve_export(args.path)
     run_dir = training_run_of(export_dir)
     exported = load_export(export_dir)
-    device = torch.device(args.device) if args.device else dist.device
+    device = requested_device or dist.device
     results = evaluate(exported, config, device=device, rank=dist.rank, world_size=dist.world_size,
                        all_reduce=dist.sum, progress=lambda m: log.info(m) if dist.is_main else None)
     if dist.is_main:
         out_dir = Path(args.out) if args.out else (run_dir or export_dir) / REPORT_DIR
         _finish(results, exported, export_dir, run_dir, out_dir, args)
+    dist.shutdown()
     return 0
 
 
@@ -133,22 +141,63 @@ def _finish(results: dict, exported, export_dir: Path, run_dir: Path | None, out
     results["samples"] = _samples(exported, args)
     results.update(created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                    unmask_version=package_version("unmask"), git_commit=git_commit())
-    tracker = _tracker(run_dir, out_dir, args.mlflow_uri, results["model"])
-    results["mlflow"] = {"tracking_uri": tracker.tracking_uri, "run_id": tracker.run_id}
-    _log_metrics(tracker, results)
-    curves = {key: tracker.metric_history(key) for key in CURVE_METRICS}
-    files = write_report(results, out_dir, curves={k: v for k, v in curves.items() if v} or None)
-    tracker.log_artifact(out_dir, artifact_path=REPORT_DIR)
+    tracker, curves = _track_results(run_dir, out_dir, args.mlflow_uri, results)
+    files = write_report(results, out_dir, curves=curves)
+    if tracker is not None:
+        _best_effort(lambda: tracker.log_artifact(out_dir, artifact_path=REPORT_DIR), "the report")
     _print_summary(results, files.markdown)
+
+
+def _track_results(run_dir: Path | None, out_dir: Path, uri: str | None, results: dict):
+    """The metrics into MLflow and the training curves out of it, when the server answers.
+    A tracking server that is down costs the MLflow record, never the evaluation: the
+    results and the report are written either way (``results["mlflow"]`` is then None)."""
+    results["mlflow"] = None
+    try:
+        tracker = _tracker(run_dir, out_dir, uri, results["model"])
+        _log_metrics(tracker, results)
+        curves = {key: tracker.metric_history(key) for key in CURVE_METRICS}
+    except _tracking_errors() as err:
+        log.warning("MLflow: the results were not logged (%s); they are in %s", str(err).split("; ")[0],
+                    out_dir / "results.json")
+        return None, None
+    results["mlflow"] = {"tracking_uri": tracker.tracking_uri, "run_id": tracker.run_id}
+    return tracker, {k: v for k, v in curves.items() if v} or None
+
+
+def _tracking_errors() -> tuple[type[BaseException], ...]:
+    """What a tracking server that is down or failing raises (imported late: MLflow is slow to import)."""
+    from mlflow.exceptions import MlflowException
+
+    from pipeline.tracking import TrackingUnreachable
+
+    return TrackingUnreachable, MlflowException, OSError
+
+
+def _best_effort(action, what: str) -> None:
+    try:
+        action()
+    except _tracking_errors() as err:
+        log.warning("MLflow: %s was not uploaded (%s)", what, str(err).split("; ")[0])
+
+
+def _read_compare(path: Path, names: tuple[str, ...] | None = None) -> tuple[dict, dict]:
+    """The model and dataset records of another evaluation's results.json; with ``names``
+    (checked before any work), it must have scored one of them."""
+    try:
+        other = json.loads(path.read_text())
+        model, datasets = other["model"], other["datasets"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"--compare {path}: not the results.json of an `unmask eval` ({err})") from None
+    # Names as given, without the " (first N documents)" that --max-documents adds.
+    if names is not None and not set(names) & {name.split(" (first ")[0] for name in datasets}:
+        raise UserError(f"--compare {path}: it scored {sorted(datasets)}, none of --datasets {','.join(names)}")
+    return model, datasets
 
 
 def _comparison(path: Path, results: dict) -> dict:
     """Another evaluation's results (e.g. the AR baseline's) on the datasets both scored."""
-    try:
-        other = json.loads(path.read_text())
-        model, datasets = other["model"], other["datasets"]
-    except (OSError, ValueError, KeyError) as err:
-        raise UserError(f"--compare {path}: not the results.json of an `unmask eval` ({err})") from None
+    model, datasets = _read_compare(path)
     shared = {name: datasets[name] for name in results["datasets"] if name in datasets}
     if not shared:
         raise UserError(f"--compare {path}: it scored {sorted(datasets)}, none of {sorted(results['datasets'])}")
@@ -172,7 +221,7 @@ def _print_summary(results: dict, report: Path) -> None:
               f"{record['nelbo_per_token']:.4f} nats/token, {record['bits_per_byte']:.4f} bits/byte, "
               f"{record['num_tokens']:,} tokens")
     print(f"report: {report}")
-    print(json.dumps({"mlflow_run_id": results["mlflow"]["run_id"], "report": str(report)}))
+    print(json.dumps({"mlflow_run_id": (results["mlflow"] or {}).get("run_id"), "report": str(report)}))
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -48,7 +48,8 @@ import pyarrow.parquet as pq
 from evaluation.detokenizers import DETOKENIZERS
 from pipeline.errors import UserError
 
-__all__ = ["DATASET_NAMES", "FILE_SPLIT", "EvalDataset", "load_dataset", "load_text_file"]
+__all__ = ["DATASET_NAMES", "FILE_SPLIT", "EvalDataset", "check_text_file", "dataset_file", "load_dataset",
+           "load_text_file"]
 
 DATASET_NAMES = ("lambada", "wikitext2", "wikitext103", "ptb", "lm1b")
 FILE_SPLIT = "all"  # the split recorded for a generic file: all of it
@@ -177,17 +178,24 @@ def load_dataset(name: str, data_dir: Path, split: str = "test", *,
     """Read one split of a zero-shot set from ``data_dir`` (laid out as ../shared/data) and cut
     it into detokenized units. ``detokenizer`` overrides the set's standard one (for example
     "lambada_gpt2" to keep the GPT-2 / SEDD leading newline)."""
-    spec = _dataset_spec(name)
-    split_spec = _split_spec(name, spec, split)
-    path = Path(data_dir) / split_spec.relative_path
-    if not path.is_file():
-        raise UserError(f"{name} {split}: expected file {path} does not exist; see "
-                        f"{SOURCES_HINT} {spec.sources_section} for where to get it, and check "
-                        f"that the data directory {data_dir} is the shared data folder")
+    split_spec = _split_spec(name, _dataset_spec(name), split)
+    path = dataset_file(name, data_dir, split)
     data, text = _read_utf8(path)
     raw_units = split_spec.reader(path, text)
     return _build(name, split, path, data, raw_units, detokenizer or split_spec.detokenizer,
                   split_spec.unit)
+
+
+def dataset_file(name: str, data_dir: Path, split: str = "test") -> Path:
+    """The file that ``load_dataset`` reads, checked to exist (cheap: for validating a list of
+    datasets before evaluating any)."""
+    spec = _dataset_spec(name)
+    path = Path(data_dir) / _split_spec(name, spec, split).relative_path
+    if not path.is_file():
+        raise UserError(f"{name} {split}: expected file {path} does not exist; see "
+                        f"{SOURCES_HINT} {spec.sources_section} for where to get it, and check "
+                        f"that the data directory {data_dir} is the shared data folder")
+    return path
 
 
 def _dataset_spec(name: str) -> _DatasetSpec:
@@ -218,6 +226,16 @@ def load_text_file(path: Path, *, text_field: str = "text",
     """Read any local text set: .txt (one document per blank-line separated paragraph), .jsonl
     (the string field ``text_field`` of each line) or .parquet (the string column
     ``text_field``), detokenized with ``detokenizer`` (a DETOKENIZERS key)."""
+    path = check_text_file(path, detokenizer)
+    suffix = path.suffix.lower()
+    data, raw_units = _read_generic(path, suffix, text_field)
+    unit = _GENERIC_UNITS[suffix].format(field=text_field)
+    return _build(str(path), FILE_SPLIT, path, data, raw_units, detokenizer, unit)
+
+
+def check_text_file(path: Path, detokenizer: str = "identity") -> Path:
+    """A file ``load_text_file`` can read, with ``detokenizer``: a supported type that exists
+    (checked before reading it, or any other dataset)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in _GENERIC_UNITS:
@@ -226,9 +244,7 @@ def load_text_file(path: Path, *, text_field: str = "text",
     _detokenizer(detokenizer)  # fail on a bad key before reading a large file
     if not path.is_file():
         raise UserError(f"{path}: evaluation file does not exist; check the path")
-    data, raw_units = _read_generic(path, suffix, text_field)
-    unit = _GENERIC_UNITS[suffix].format(field=text_field)
-    return _build(str(path), FILE_SPLIT, path, data, raw_units, detokenizer, unit)
+    return path
 
 
 def _read_generic(path: Path, suffix: str, field: str) -> tuple[bytes, list[str]]:

@@ -28,7 +28,8 @@ import torch
 
 from data_prep.loader import StreamingLoader
 from data_prep.shards import Manifest
-from evaluation.datasets import DATASET_NAMES, EvalDataset, load_dataset, load_text_file
+from evaluation.datasets import (DATASET_NAMES, EvalDataset, check_text_file, dataset_file, load_dataset,
+                                 load_text_file)
 from evaluation.estimator import (BoundEstimate, Blocks, autoregressive_nll, estimate_bound,
                                   per_time_contributions, wrap_blocks)
 from model.autoregressive import Autoregressive
@@ -37,7 +38,7 @@ from model.schedules import make_schedule
 from pipeline.errors import UserError
 from pipeline.export import Exported
 
-__all__ = ["EvalConfig", "evaluate_dataset", "evaluate", "VAL_DATASET"]
+__all__ = ["EvalConfig", "check_datasets", "evaluate_dataset", "evaluate", "VAL_DATASET"]
 
 VAL_DATASET = "val"
 # Blocks whose per-time contributions are recorded for the report's plot (a second pass over
@@ -63,7 +64,8 @@ class EvalConfig:
     add_eos: bool = True
     max_documents: int | None = None  # quick looks; a truncated set is named as such
 
-    def check(self) -> None:
+    def check(self, *, shards_pending: bool = False) -> None:
+        """The flags, then every dataset (check_datasets); ``shards_pending``: see there."""
         checks = [("--samples", self.samples_per_block >= 1, "must be >= 1"),
                   ("--batch-size", self.batch_size >= 1, "must be >= 1"),
                   ("--seq-len", self.seq_len is None or self.seq_len >= 2, "must be >= 2"),
@@ -77,6 +79,36 @@ class EvalConfig:
         if not self.datasets:
             raise UserError(f"--datasets: name at least one of {', '.join(DATASET_NAMES + (VAL_DATASET,))} "
                             f"or a file path")
+        check_datasets(self, shards_pending=shards_pending)
+
+
+def check_datasets(config: EvalConfig, *, shards_pending: bool = False) -> None:
+    """Every dataset of ``config`` names something that can be read: a known name whose file
+    is under ``data_dir`` (and has ``split``), ``val`` with ``shards`` holding a manifest (not
+    looked at when ``shards_pending``: `unmask run` makes them), or an existing file. Checked
+    before any work, so that a typo in the last name does not throw away the first ones' results.
+    One UserError lists every problem."""
+    problems = []
+    for name in config.datasets:
+        try:
+            if name == VAL_DATASET:
+                if config.shards is None:
+                    raise UserError("dataset 'val' needs --shards DIR (the training data of `unmask prep`)")
+                if not shards_pending:
+                    Manifest.read(config.shards)
+            elif name in DATASET_NAMES:
+                if config.data_dir is None:
+                    raise UserError(f"dataset {name!r} needs --data-dir (the ../shared/data layout; see SOURCES.md)")
+                dataset_file(name, Path(config.data_dir), config.split)
+            elif Path(name).suffix or Path(name).exists():
+                check_text_file(Path(name))
+            else:
+                raise UserError(f"unknown dataset {name!r}: choose from "
+                                f"{', '.join(DATASET_NAMES + (VAL_DATASET,))}, or give a .txt/.jsonl/.parquet file path")
+        except UserError as err:
+            problems.append(str(err))
+    if problems:
+        raise UserError(f"--datasets {','.join(config.datasets)}: " + "; and ".join(problems))
 
 
 def _read_dataset(name: str, config: EvalConfig) -> EvalDataset:

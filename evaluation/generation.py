@@ -50,7 +50,7 @@ from model.diffusion import MaskedDiffusion
 # The diffusion sampler's float64 inverse-CDF draw: the AR sampler draws its tokens the same way.
 from model.sampling import GRIDS, inverse_cdf, top_p_filter
 from model.schedules import make_schedule
-from pipeline.errors import UserError
+from pipeline.errors import UserError, output_file
 from pipeline.export import Exported, resolve_export
 
 __all__ = ["INFILL_PLACEHOLDER", "INFILL_SYNTAX", "Sample", "build_prompt", "generate",
@@ -325,6 +325,8 @@ def _sample(tokenizer: Tokenizer, tokens: list[int], kept_end: int, calls: int, 
 def _cmd_sample(args: argparse.Namespace) -> int:
     from pipeline.export import load_export
 
+    if args.out is not None:
+        output_file(args.out, "--out")  # before sampling, not after it
     exported = load_export(resolve_export(Path(args.run_or_export)))
     samples = generate(exported, num=args.num, steps=args.steps, seq_len=args.seq_len, grid=args.grid,
                        prompt=args.prompt, infill=args.infill, top_p=args.top_p, seed=args.seed,

@@ -1,5 +1,10 @@
 """Masked (absorbing-state) diffusion: forward process, NELBO estimators, sampler entry point.
 
+``DiffusionProcess`` is the interface every process shares (this one, GenMD4's learned
+state-dependent masking in ``model.state_dependent`` and D3PM's uniform diffusion in
+``model.uniform``): the same methods, arguments, randomness rules and input validation, so
+one trainer, evaluator and sampler drive any of them.
+
 Notation follows MATH.md: clean tokens 0..V-1, mask id m = V, alpha(t) from a guarded
 ``Schedule``. The per-sequence continuous-time bound, in nats, is
 
@@ -37,6 +42,7 @@ make its result independent of batch size and of the split over data-parallel ra
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
@@ -52,8 +58,8 @@ Reconstruction = Literal["model", "uniform"]
 # One generator for the whole batch, or one per row (see the module docstring).
 Generators = torch.Generator | Sequence[torch.Generator] | None
 
-__all__ = ["Denoiser", "Generators", "MaskedDiffusion", "NelboTerms", "check_token_ids",
-           "low_discrepancy_times"]
+__all__ = ["Denoiser", "DiffusionProcess", "Generators", "MaskedDiffusion", "NelboTerms",
+           "check_token_ids", "low_discrepancy_times"]
 
 
 def check_token_ids(x: Tensor, name: str, max_id: int, *, check_values: bool = True) -> None:
@@ -113,7 +119,142 @@ class NelboTerms:
         return self.diffusion + self.reconstruction + self.prior
 
 
-class MaskedDiffusion:
+class DiffusionProcess(ABC):
+    """The interface of every diffusion process over ``vocab_size`` clean tokens.
+
+    Methods and arguments (see ``MaskedDiffusion`` for the full descriptions, which hold for
+    every process): ``corrupt(x0, t, generator, positions=)``, ``nelbo`` and ``nelbo_terms``
+    (continuous time, endpoint terms included, ``reconstruction="model" | "uniform"``),
+    ``nelbo_discrete`` (T steps) and ``sample``. ``generator`` is one generator or one per
+    row; ``positions`` (bool [B, L]) scores only its True tokens. Bad input raises
+    ValueError naming the argument; ``validate=False`` skips the value checks (host syncs).
+
+    ``generate_id`` (= V) marks, in a sampling ``prompt``, a position to generate. For the
+    absorbing processes it is the mask id; the uniform process has no mask token, so V
+    appears only in prompts, never in z_t.
+    """
+
+    def __init__(self, vocab_size: int, *, validate: bool = True) -> None:
+        if not (isinstance(vocab_size, int) and vocab_size >= 2):
+            raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
+        self.vocab_size = vocab_size
+        self.validate = validate
+
+    @property
+    def generate_id(self) -> int:
+        return self.vocab_size
+
+    @abstractmethod
+    def corrupt(self, x0: Tensor, t: Tensor, generator: Generators = None, *,
+                positions: Tensor | None = None) -> Tensor:
+        """Sample z_t ~ q(z_t | x0)."""
+
+    @abstractmethod
+    def nelbo_terms(self, denoiser: Denoiser, x0: Tensor, t: Tensor | None = None,
+                    generator: Generators = None, *, reconstruction: Reconstruction = "model",
+                    positions: Tensor | None = None) -> NelboTerms:
+        """The continuous-time NELBO estimate per sequence with its terms kept apart."""
+
+    @abstractmethod
+    def nelbo_discrete(self, denoiser: Denoiser, x0: Tensor, steps: int,
+                       generator: Generators = None, *, u: Tensor | None = None,
+                       positions: Tensor | None = None) -> Tensor:
+        """One-sample unbiased estimate of the T-step NELBO per sequence [B]."""
+
+    @abstractmethod
+    def sample(self, denoiser: Denoiser, num_samples: int, seq_len: int, steps: int,
+               generator: torch.Generator | None = None, grid: str = "uniform",
+               prompt: Tensor | None = None, *, top_p: float | None = None, cache: bool = True,
+               device: torch.device | str | None = None, return_stats: bool = False):
+        """Ancestral sampling from the prior at t = 1 to t = 0."""
+
+    def nelbo(self, denoiser: Denoiser, x0: Tensor, t: Tensor | None = None,
+              generator: Generators = None, *,
+              reconstruction: Reconstruction = "model", positions: Tensor | None = None) -> Tensor:
+        """One-sample unbiased estimate of the continuous-time NELBO per sequence, nats [B].
+
+        ``t=None`` draws low-discrepancy times over this batch (``low_discrepancy_times``
+        builds them over a global batch). ``reconstruction="model"`` scores the t = 0 term
+        with the denoiser; ``"uniform"`` uses a decoder that ignores the network and puts a
+        uniform prior on the clean token, through its exact expectation: no network call, a
+        slightly looser bound (L * (1 - alpha(0)) * log V for the absorbing processes).
+        Distributed training uses ``"uniform"`` so every rank makes the same calls.
+        ``positions`` (bool [B, L]) scores only its True tokens; see the module docstring.
+        """
+        return self.nelbo_terms(denoiser, x0, t, generator, reconstruction=reconstruction,
+                                positions=positions).total
+
+    # ---------------------------------------------------------------- shared steps
+    def _times(self, t: Tensor | None, x0: Tensor, generator: Generators, name: str = "t") -> Tensor:
+        """The given per-row times (checked), or low-discrepancy ones over this batch."""
+        if t is None:
+            t = low_discrepancy_times(x0.shape[0], _single(generator, name), device=x0.device)
+        self._check_times(t, x0.shape[0])
+        return t
+
+    def _step_times(self, steps: int, u: Tensor | None, x0: Tensor,
+                    generator: Generators) -> tuple[Tensor, Tensor]:
+        """(t(i), s(i)) = (i/T, (i-1)/T) float64 [B] for the step i = floor(u T) + 1 of each row."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+        u = self._times(u, x0, generator, "u")
+        step = torch.floor(u.to(torch.float64) * steps).clamp(max=steps - 1) + 1  # in {1, ..., T}
+        return step / steps, (step - 1) / steps
+
+    def _masked_logits(self, denoiser: Denoiser, z_t: Tensor, t: Tensor, masked: Tensor, count: int) -> Tensor:
+        """The denoiser's logits [count, V] at the selected positions."""
+        if getattr(denoiser, "accepts_output_mask", False):
+            logits = denoiser(z_t, t, output_mask=masked)
+            self._check_logits(logits, (count, self.vocab_size))
+            return logits
+        logits = denoiser(z_t, t)
+        self._check_logits(logits, (*z_t.shape, self.vocab_size))
+        return logits[masked]
+
+    # ---------------------------------------------------------------- validation
+    def _check_tokens(self, x: Tensor, name: str, *, allow_mask: bool) -> None:
+        """Clean tokens are in [0, V - 1]; ``allow_mask`` also admits V (mask or prompt gap)."""
+        top = self.vocab_size if allow_mask else self.vocab_size - 1
+        check_token_ids(x, name, top, check_values=self.validate)
+
+    def _check_positions(self, positions: Tensor | None, x0: Tensor) -> None:
+        if positions is None:
+            return
+        if not isinstance(positions, Tensor) or positions.dtype != torch.bool:
+            got = positions.dtype if isinstance(positions, Tensor) else type(positions).__name__
+            raise ValueError(f"positions must be a BoolTensor, got {got}")
+        if positions.shape != x0.shape:
+            raise ValueError(f"positions must have the shape of x0 {tuple(x0.shape)}, "
+                             f"got {tuple(positions.shape)}")
+
+    def _check_times(self, t: Tensor, batch: int) -> None:
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            raise ValueError(f"t must be a floating-point tensor, got "
+                             f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}")
+        if t.shape != (batch,):
+            raise ValueError(f"t must have shape [{batch}] (one time per sequence), got {tuple(t.shape)}")
+        if self.validate and not bool(((t >= 0) & (t <= 1)).all()):
+            raise ValueError(f"t must lie in [0, 1], got values in [{float(t.min())}, {float(t.max())}]")
+
+    def _check_reconstruction(self, kind: str) -> None:
+        if kind not in ("model", "uniform"):
+            raise ValueError(f"reconstruction must be 'model' or 'uniform', got {kind!r}")
+
+    def _check_nll(self, nll: Tensor, count: int) -> None:
+        if not isinstance(nll, Tensor) or not nll.is_floating_point() or tuple(nll.shape) != (count,):
+            got = tuple(nll.shape) if isinstance(nll, Tensor) else type(nll).__name__
+            raise ValueError(f"denoiser called with targets returned {got}, expected float [{count}] "
+                             f"(-log p of each target)")
+
+    def _check_logits(self, logits: Tensor, expected: tuple[int, ...]) -> None:
+        if not isinstance(logits, Tensor) or not logits.is_floating_point():
+            raise ValueError(f"denoiser must return floating-point logits, got {type(logits).__name__}")
+        if tuple(logits.shape) != expected:
+            raise ValueError(f"denoiser returned logits of shape {tuple(logits.shape)}, expected "
+                             f"{expected} (logits over the {self.vocab_size} clean tokens, no mask logit)")
+
+
+class MaskedDiffusion(DiffusionProcess):
     """The absorbing-state diffusion over ``vocab_size`` tokens with mask id ``vocab_size``.
 
     ``validate`` checks token ranges and times on every call; each check synchronizes the
@@ -123,18 +264,18 @@ class MaskedDiffusion:
     denoiser for logits.
     """
 
+    schedule_type: type = Schedule  # what ``schedule`` must be (a subclass may widen it)
+
     def __init__(self, schedule: Schedule, vocab_size: int, *, validate: bool = True,
                  cross_entropy_chunk_rows: int = 0) -> None:
-        if not isinstance(schedule, Schedule):
-            raise ValueError(f"schedule must be a model.schedules.Schedule, got {schedule!r}")
-        if not (isinstance(vocab_size, int) and vocab_size >= 2):
-            raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
+        if not isinstance(schedule, self.schedule_type):
+            raise ValueError(f"schedule must be a {self.schedule_type.__module__}."
+                             f"{self.schedule_type.__name__}, got {schedule!r}")
+        super().__init__(vocab_size, validate=validate)
         if (isinstance(cross_entropy_chunk_rows, bool) or not isinstance(cross_entropy_chunk_rows, int)
                 or cross_entropy_chunk_rows < 0):
             raise ValueError(f"cross_entropy_chunk_rows must be an int >= 0, got {cross_entropy_chunk_rows!r}")
         self.schedule = schedule
-        self.vocab_size = vocab_size
-        self.validate = validate
         self.cross_entropy_chunk_rows = cross_entropy_chunk_rows
 
     @property
@@ -164,21 +305,9 @@ class MaskedDiffusion:
         return torch.where(masked, self.mask_id, x0), masked
 
     # ---------------------------------------------------------------- bounds
-    def nelbo(self, denoiser: Denoiser, x0: Tensor, t: Tensor | None = None,
-              generator: Generators = None, *,
-              reconstruction: Reconstruction = "model", positions: Tensor | None = None) -> Tensor:
-        """One-sample unbiased estimate of the continuous-time NELBO per sequence, nats [B].
-
-        ``t=None`` draws low-discrepancy times over this batch (``low_discrepancy_times``
-        builds them over a global batch). ``reconstruction="model"`` scores the t = 0 term
-        with the denoiser (only on the sequences that have a masked token at t = 0, about
-        L * endpoint_eps of them); ``"uniform"`` uses a uniform decoder instead: its exact
-        expectation L * (1 - alpha(0)) * log V, no network call, a bound looser by at most
-        that much. Distributed training uses ``"uniform"`` so every rank makes the same calls.
-        ``positions`` (bool [B, L]) scores only its True tokens; see the module docstring.
-        """
-        return self.nelbo_terms(denoiser, x0, t, generator, reconstruction=reconstruction,
-                                positions=positions).total
+    # ``nelbo`` (DiffusionProcess) is ``nelbo_terms(...).total``. The "model" reconstruction
+    # calls the denoiser only on the sequences that have a masked token at t = 0 (about
+    # L * endpoint_eps of them); "uniform" costs exactly L * (1 - alpha(0)) * log V.
 
     def nelbo_terms(self, denoiser: Denoiser, x0: Tensor, t: Tensor | None = None,
                     generator: Generators = None, *,
@@ -187,9 +316,8 @@ class MaskedDiffusion:
         """``nelbo`` with its terms kept apart (evaluation plots the per-t contribution)."""
         self._check_tokens(x0, "x0", allow_mask=False)
         self._check_positions(positions, x0)
-        if t is None:
-            t = low_discrepancy_times(x0.shape[0], _single(generator, "t"), device=x0.device)
-        self._check_times(t, x0.shape[0])
+        self._check_reconstruction(reconstruction)
+        t = self._times(t, x0, generator)
         # Schedule math runs where t lives: CPU times keep a GPU step free of host syncs.
         weight = self.schedule.weight(t.to(torch.float64)).to(x0.device)
         cross_entropy, num_masked = self._masked_cross_entropy(denoiser, x0, t, generator, positions)
@@ -214,13 +342,7 @@ class MaskedDiffusion:
         """
         self._check_tokens(x0, "x0", allow_mask=False)
         self._check_positions(positions, x0)
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be an int >= 1, got {steps!r}")
-        if u is None:
-            u = low_discrepancy_times(x0.shape[0], _single(generator, "u"), device=x0.device)
-        self._check_times(u, x0.shape[0])
-        step = torch.floor(u.to(torch.float64) * steps).clamp(max=steps - 1) + 1  # in {1, ..., T}
-        t, s = step / steps, (step - 1) / steps
+        t, s = self._step_times(steps, u, x0, generator)
         alpha_t, alpha_s = self.schedule.alpha(t), self.schedule.alpha(s)
         step_weight = (steps * (alpha_s - alpha_t) / self.schedule.masking_rate(t)).to(x0.device)
         cross_entropy, _ = self._masked_cross_entropy(denoiser, x0, t, generator, positions)
@@ -252,18 +374,7 @@ class MaskedDiffusion:
         else:
             nll = F.cross_entropy(self._masked_logits(denoiser, z_t, t, masked, rows.numel()).float(), targets,
                                   reduction="none")
-        return torch.zeros(batch, dtype=torch.float64, device=x0.device).index_add_(
-            0, rows, nll.to(torch.float64))
-
-    def _masked_logits(self, denoiser: Denoiser, z_t: Tensor, t: Tensor, masked: Tensor, count: int) -> Tensor:
-        """The denoiser's logits [count, V] at the masked positions."""
-        if getattr(denoiser, "accepts_output_mask", False):
-            logits = denoiser(z_t, t, output_mask=masked)
-            self._check_logits(logits, (count, self.vocab_size))
-            return logits
-        logits = denoiser(z_t, t)
-        self._check_logits(logits, (*z_t.shape, self.vocab_size))
-        return logits[masked]
+        return _sum_by_row(nll, rows, batch)
 
     def _reconstruction(self, denoiser: Denoiser, x0: Tensor, generator: Generators,
                         kind: Reconstruction, positions: Tensor | None = None) -> Tensor:
@@ -273,8 +384,7 @@ class MaskedDiffusion:
             if positions is not None:
                 return rate * _num_scored(positions) * math.log(self.vocab_size)
             return x0.new_full((batch,), rate * length * math.log(self.vocab_size), dtype=torch.float64)
-        if kind != "model":
-            raise ValueError(f"reconstruction must be 'model' or 'uniform', got {kind!r}")
+        self._check_reconstruction(kind)
         zero_time = torch.zeros(batch, dtype=torch.float64, device=x0.device)
         z_0, masked = self._corrupt(x0, zero_time, generator, positions)
         needed = masked.any(-1)
@@ -310,45 +420,6 @@ class MaskedDiffusion:
             device=device)
         return (tokens, stats) if return_stats else tokens
 
-    # ---------------------------------------------------------------- validation
-    def _check_tokens(self, x: Tensor, name: str, *, allow_mask: bool) -> None:
-        top = self.vocab_size if allow_mask else self.vocab_size - 1
-        check_token_ids(x, name, top, check_values=self.validate)
-        if self.validate and not allow_mask and bool((x == self.mask_id).any()):
-            raise ValueError(f"{name} holds the mask id {self.mask_id}, which is not a clean token")
-
-    def _check_positions(self, positions: Tensor | None, x0: Tensor) -> None:
-        if positions is None:
-            return
-        if not isinstance(positions, Tensor) or positions.dtype != torch.bool:
-            got = positions.dtype if isinstance(positions, Tensor) else type(positions).__name__
-            raise ValueError(f"positions must be a BoolTensor, got {got}")
-        if positions.shape != x0.shape:
-            raise ValueError(f"positions must have the shape of x0 {tuple(x0.shape)}, "
-                             f"got {tuple(positions.shape)}")
-
-    def _check_times(self, t: Tensor, batch: int) -> None:
-        if not isinstance(t, Tensor) or not t.is_floating_point():
-            raise ValueError(f"t must be a floating-point tensor, got "
-                             f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}")
-        if t.shape != (batch,):
-            raise ValueError(f"t must have shape [{batch}] (one time per sequence), got {tuple(t.shape)}")
-        if self.validate and not bool(((t >= 0) & (t <= 1)).all()):
-            raise ValueError(f"t must lie in [0, 1], got values in [{float(t.min())}, {float(t.max())}]")
-
-    def _check_nll(self, nll: Tensor, count: int) -> None:
-        if not isinstance(nll, Tensor) or not nll.is_floating_point() or tuple(nll.shape) != (count,):
-            got = tuple(nll.shape) if isinstance(nll, Tensor) else type(nll).__name__
-            raise ValueError(f"denoiser called with targets returned {got}, expected float [{count}] "
-                             f"(-log p of each target)")
-
-    def _check_logits(self, logits: Tensor, expected: tuple[int, ...]) -> None:
-        if not isinstance(logits, Tensor) or not logits.is_floating_point():
-            raise ValueError(f"denoiser must return floating-point logits, got {type(logits).__name__}")
-        if tuple(logits.shape) != expected:
-            raise ValueError(f"denoiser returned logits of shape {tuple(logits.shape)}, expected "
-                             f"{expected} (logits over the {self.vocab_size} clean tokens, no mask logit)")
-
 
 # -------------------------------------------------------------------- helpers
 def _uniforms(shape: torch.Size, generator: Generators, device: torch.device) -> Tensor:
@@ -367,6 +438,12 @@ def _single(generator: Generators, drawn: str) -> torch.Generator | None:
     if generator is None or isinstance(generator, torch.Generator):
         return generator
     raise ValueError(f"with one generator per row, pass {drawn} (the times are shared by the batch)")
+
+
+def _sum_by_row(per_position: Tensor, rows: Tensor, num_rows: int) -> Tensor:
+    """Sum values of selected positions into their rows (``rows``: row of each), float64 [num_rows]."""
+    return torch.zeros(num_rows, dtype=torch.float64, device=rows.device).index_add_(
+        0, rows, per_position.to(torch.float64))
 
 
 def _num_scored(positions: Tensor) -> Tensor:

@@ -1,18 +1,28 @@
-"""Ancestral sampling for masked diffusion, with lazy network calls.
+"""Ancestral sampling: masked diffusion with lazy network calls, and any process by its reverse kernel.
 
-A reverse step from t to s < t moves a masked position to token j with probability
-(alpha_s - alpha_t) / (1 - alpha_t) * p_theta(j | z_t) and leaves it masked otherwise. We
-draw that in two stages: first whether the position is unmasked (a coin whose bias does not
-involve the network), then which token (from the network's prediction). The network is
-therefore needed only for sequences in which this step unmasks something. For a
-time-independent network this is MDLM's caching (a step that changes nothing reuses the
-last output), so T >> L costs at most L calls per sequence; because the coin never looks at
-the network output, it is exact for time-conditioned networks as well.
+``ancestral_sample`` (the absorbing process): a reverse step from t to s < t moves a masked
+position to token j with probability (alpha_s - alpha_t) / (1 - alpha_t) * p_theta(j | z_t)
+and leaves it masked otherwise. We draw that in two stages: first whether the position is
+unmasked (a coin whose bias does not involve the network), then which token (from the
+network's prediction). The network is therefore needed only for sequences in which this
+step unmasks something. For a time-independent network this is MDLM's caching (a step
+that changes nothing reuses the last output), so T >> L costs at most L calls per
+sequence; because the coin never looks at the network output, it is exact for
+time-conditioned networks as well.
 
 Both stages draw from float64 uniforms: two [N, L] tensors per step, whatever happens, so a
 run with ``cache=False`` (the network called every step, the reference) consumes the same
 random numbers and returns the same samples. Tokens are drawn by inverse CDF in float64:
 float32 would truncate small probabilities and quietly lower the temperature.
+
+``reverse_sample`` serves processes whose reverse step needs the prediction to decide
+whether a position changes at all (GenMD4's state-dependent unmasking, uniform diffusion):
+at every step, every position that can still change draws z_s from the process's reverse
+kernel p(z_s | z_t) = sum_x mu(x) q(z_s | z_t, x), by inverse CDF from one float64 uniform
+per position per step. The network is then needed at every step; its output is reused only
+when the denoiser declares ``time_independent = True`` (its output depends on z_t alone) and
+the row did not change since it was computed. Again the same uniforms are drawn whatever is
+reused, so ``cache=False`` returns the same samples.
 """
 
 from __future__ import annotations
@@ -25,11 +35,12 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from model.diffusion import Denoiser, MaskedDiffusion
+    from model.diffusion import Denoiser, DiffusionProcess, MaskedDiffusion
 
 GRIDS = ("uniform", "cosine")
 
-__all__ = ["GRIDS", "SamplingStats", "ancestral_sample", "inverse_cdf", "time_grid", "top_p_filter"]
+__all__ = ["GRIDS", "SamplingStats", "ancestral_sample", "inverse_cdf", "is_time_independent",
+           "reverse_sample", "time_grid", "top_p_filter"]
 
 
 @dataclass(frozen=True)
@@ -78,10 +89,17 @@ def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     return index.clamp_(max=probs.shape[-1] - 1)
 
 
-def _initial_tokens(diffusion: "MaskedDiffusion", num_samples: int, seq_len: int,
+def is_time_independent(denoiser: "Denoiser") -> bool:
+    """True when the denoiser declares that its output depends on z_t only (attribute
+    ``time_independent``), so an output computed at another time may be reused."""
+    return bool(getattr(denoiser, "time_independent", False))
+
+
+def _initial_tokens(diffusion: "DiffusionProcess", num_samples: int, seq_len: int,
                     prompt: Tensor | None, device: torch.device) -> Tensor:
+    """The prompt (or nothing) as [num_samples, seq_len], with ``generate_id`` where to generate."""
     if prompt is None:
-        return torch.full((num_samples, seq_len), diffusion.mask_id, dtype=torch.long, device=device)
+        return torch.full((num_samples, seq_len), diffusion.generate_id, dtype=torch.long, device=device)
     if prompt.dim() == 1:
         prompt = prompt.unsqueeze(0).expand(num_samples, -1)
     if prompt.dim() != 2 or prompt.shape[1] != seq_len or prompt.shape[0] != num_samples:
@@ -147,4 +165,68 @@ def ancestral_sample(
         block = z[rows]
         block[chosen] = inverse_cdf(probs, u_token[rows][chosen])
         z[rows] = block
+    return z, SamplingStats(steps=steps, network_calls=calls, rows_evaluated=rows_evaluated)
+
+
+def reverse_sample(
+    process: "DiffusionProcess",
+    denoiser: "Denoiser",
+    *,
+    num_samples: int,
+    seq_len: int,
+    steps: int,
+    generator: torch.Generator | None = None,
+    grid: str = "uniform",
+    prompt: Tensor | None = None,
+    top_p: float | None = None,
+    cache: bool = True,
+    device: torch.device | str | None = None,
+) -> tuple[Tensor, SamplingStats]:
+    """Sample by the process's reverse kernel, from its prior at t = 1 to t = 0 (module docstring).
+
+    ``prompt`` as for ``ancestral_sample``: tokens to keep, ``process.generate_id`` (= V) where
+    to generate; those positions start from the prior (the mask, or uniform tokens) and the
+    kept ones never change. ``top_p`` filters the prediction mu before it enters the kernel.
+    The last step (to t = 0) draws every changeable position from mu itself, as if
+    alpha(0) = 1. The process provides ``_prior_tokens(z, free, generator)``,
+    ``_changeable(z)`` (positions whose kernel is not the identity) and
+    ``_reverse_kernel(z, mu, t, s)`` (weights over z_s; ``s=None`` on the last step).
+    """
+    _check_sizes(num_samples, seq_len, top_p)
+    times = time_grid(steps, grid).tolist()
+    device = torch.device(device) if device is not None else (
+        prompt.device if prompt is not None else torch.device("cpu"))
+    z = _initial_tokens(process, num_samples, seq_len, prompt, device)
+    free = z == process.generate_id
+    z = process._prior_tokens(z, free, generator)
+    reuse = cache and is_time_independent(denoiser)
+    outputs: Tensor | None = None                     # last logits per row, when reused
+    stale = torch.ones(num_samples, dtype=torch.bool, device=device)
+    calls = rows_evaluated = 0
+    for step in range(steps):
+        u = torch.rand(z.shape, generator=generator, dtype=torch.float64, device=device)
+        active = free & process._changeable(z)
+        rows = active.any(-1)
+        if not bool(rows.any()):
+            continue
+        evaluate = rows & stale if reuse else rows
+        if bool(evaluate.any()):
+            t = torch.full((int(evaluate.sum()),), times[step], dtype=torch.float64, device=device)
+            logits = denoiser(z[evaluate], t)
+            process._check_logits(logits, (t.shape[0], seq_len, process.vocab_size))
+            calls, rows_evaluated = calls + 1, rows_evaluated + t.shape[0]
+            if reuse:
+                outputs = logits.new_empty((num_samples, seq_len, process.vocab_size)) if outputs is None else outputs
+                outputs[evaluate], stale[evaluate] = logits, False
+        block = outputs[rows] if reuse else logits
+        mu = torch.softmax(block[active[rows]].to(torch.float64), dim=-1)
+        if top_p is not None and top_p < 1.0:
+            mu = top_p_filter(mu, top_p)
+        last = step == steps - 1
+        new = inverse_cdf(process._reverse_kernel(z[active], mu, times[step], None if last else times[step + 1]),
+                          u[active])
+        changed = torch.zeros_like(active)
+        changed[active] = new != z[active]
+        stale |= changed.any(-1)
+        z[active] = new
     return z, SamplingStats(steps=steps, network_calls=calls, rows_evaluated=rows_evaluated)

@@ -218,6 +218,11 @@ class Transformer(nn.Module):
     accepts_output_mask = True
     accepts_targets = True
 
+    @property
+    def time_independent(self) -> bool:
+        """Whether the output depends on z alone (no time conditioning): samplers may reuse it."""
+        return not self.config.time_conditioning
+
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.config = config

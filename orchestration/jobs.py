@@ -1,9 +1,13 @@
 """Ray Jobs: submit any ``unmask`` command to a cluster, then list, follow and stop it.
 
 A job runs ``python -m pipeline.cli ARGS`` on the head node in a copy of the working
-directory (the project's code and configs; never data, checkpoints, ``.git`` or a virtual
-environment: see ``EXCLUDES``). Paths in ARGS are read on the cluster, so data and run
-directories should live on storage the cluster sees (a shared filesystem or a URI).
+directory: the project's code and configs. Which files go is decided here, not by Ray
+(``orchestration.upload``): the files git lists in a checkout (so ``.gitignore`` holds),
+never data, checkpoints, ``.git`` or a virtual environment (``EXCLUDES``), never a file that
+looks like a secret (``SECRET_PATTERNS``: dotenv files, SSH/cloud credentials, keys, tokens),
+and at most ``MAX_UPLOAD_MB``; exactly those files are zipped and the zip is what Ray
+uploads. Paths in ARGS are read on the cluster, so data and run directories should live on
+storage the cluster sees (a shared filesystem or a URI).
 
 Clusters that require a token (Ray's default since 2.52) are reached with the token in
 ``RAY_AUTH_TOKEN``, in ``RAY_AUTH_TOKEN_PATH`` or in ``~/.ray/auth_token`` (where ``ray
@@ -16,22 +20,22 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 from orchestration.ray_runtime import TOKEN_FIX, use_token_auth_if_available
+from orchestration.upload import (EXCLUDES, MAX_UPLOAD_MB, SECRET_PATTERNS, UploadPlan, plan_upload,
+                                  write_package)
 from pipeline.errors import UserError
 
-__all__ = ["JobRequest", "EXCLUDES", "connect", "submit", "wait", "TERMINAL_STATUSES", "ADDRESS_ENV"]
+__all__ = ["JobRequest", "EXCLUDES", "SECRET_PATTERNS", "MAX_UPLOAD_MB", "connect", "submit", "wait",
+           "TERMINAL_STATUSES", "ADDRESS_ENV"]
 
 # Where the address comes from when --address is not given (the Ray CLI's variables).
 ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
-# Never uploaded with the code (gitignore syntax, relative to the working directory): data,
-# training outputs and environments are large, and the cluster has its own.
-EXCLUDES = (".git", ".venv", "venv", "/runs/", "/data/", "/shards/", "checkpoints/", "mlruns/", "mlflow.db",
-            "*.tar", "*.safetensors", "*.pt", "__pycache__/", "*.egg-info/", ".pytest_cache/", "torch_extensions/")
 TERMINAL_STATUSES = ("SUCCEEDED", "FAILED", "STOPPED")
 POLL_SECONDS = 1.0  # status polling while waiting: one cheap HTTP request per second
 # The Jobs API's answer while the head's job agent is still starting, and how long to wait for it.
@@ -74,6 +78,8 @@ class JobRequest:
     env: dict[str, str] = field(default_factory=dict)
     pip: tuple[str, ...] = ()                 # extra requirements, installed by Ray for the job
     excludes: tuple[str, ...] = ()            # more gitignore-style patterns to leave out
+    include_secrets: tuple[str, ...] = ()     # secret-looking files to upload anyway (explicit opt-in)
+    max_upload_mb: float | None = MAX_UPLOAD_MB  # refuse a bigger upload; None: no limit of ours
     python: str = "python"                    # the interpreter on the cluster
     submission_id: str | None = None
     entrypoint_num_gpus: float = 0.0
@@ -81,10 +87,13 @@ class JobRequest:
     def entrypoint(self) -> str:
         return shlex.join([self.python, "-m", "pipeline.cli", *self.args])
 
-    def runtime_env(self) -> dict:
-        if not self.working_dir.is_dir():
-            raise UserError(f"--working-dir {self.working_dir}: not a directory")
-        env = {"working_dir": str(self.working_dir), "excludes": [*EXCLUDES, *self.excludes]}
+    def plan(self) -> UploadPlan:
+        """The files that will be uploaded (see ``orchestration.upload.plan_upload``)."""
+        return plan_upload(self.working_dir, self.excludes, self.include_secrets)
+
+    def runtime_env(self, package: Path) -> dict:
+        """The job's runtime env; ``package`` is the zip ``write_package`` made of the plan."""
+        env: dict = {"working_dir": str(package)}
         if self.env:
             env["env_vars"] = dict(self.env)
         if self.pip:
@@ -92,22 +101,28 @@ class JobRequest:
         return env
 
 
-def submit(client, request: JobRequest) -> str:
-    """Submit ``request``; its submission id. A head that has just started has no job
-    agent for a few seconds: that answer is retried for up to ``AGENT_WAIT_S``."""
+def submit(client, request: JobRequest, plan: UploadPlan | None = None) -> str:
+    """Submit ``request``; its submission id. Uploads exactly ``plan.files`` (default:
+    ``request.plan()``), zipped, after checking the size limit. A head that has just started
+    has no job agent for a few seconds: that answer is retried for up to ``AGENT_WAIT_S``."""
     if not request.args:
         raise UserError("nothing to submit: give the unmask command after --, e.g. -- run --config ...")
-    deadline = time.monotonic() + AGENT_WAIT_S
-    while True:
-        try:
-            return client.submit_job(entrypoint=request.entrypoint(), runtime_env=request.runtime_env(),
-                                     submission_id=request.submission_id,
-                                     entrypoint_num_gpus=request.entrypoint_num_gpus or None,
-                                     metadata={"unmask_command": shlex.join(request.args)})
-        except RuntimeError as err:
-            if NO_AGENT_YET not in str(err) or time.monotonic() > deadline:
-                raise UserError(f"the cluster refused the job: {err}") from None
-        time.sleep(POLL_SECONDS)
+    plan = plan or request.plan()
+    plan.check_size(request.max_upload_mb)
+    with tempfile.TemporaryDirectory(prefix="unmask-upload-") as scratch:
+        # A local .zip is sent to the cluster as is; Ray applies no excludes of its own to it.
+        runtime_env = request.runtime_env(write_package(plan, Path(scratch) / "working_dir.zip"))
+        deadline = time.monotonic() + AGENT_WAIT_S
+        while True:
+            try:
+                return client.submit_job(entrypoint=request.entrypoint(), runtime_env=dict(runtime_env),
+                                         submission_id=request.submission_id,
+                                         entrypoint_num_gpus=request.entrypoint_num_gpus or None,
+                                         metadata={"unmask_command": shlex.join(request.args)})
+            except RuntimeError as err:
+                if NO_AGENT_YET not in str(err) or time.monotonic() > deadline:
+                    raise UserError(f"the cluster refused the job: {err}") from None
+            time.sleep(POLL_SECONDS)
 
 
 def status(client, job_id: str) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 from pipeline.checkpoint import CHECKPOINTS_DIR, TAG_PATTERN, resolve_checkpoint, set_latest
 from pipeline.config import Config
 from pipeline.errors import UserError
+from pipeline.run_lock import JOB_ID_ENV
 
 __all__ = ["RayLaunch", "launch", "restore_newer_checkpoint"]
 
@@ -111,6 +113,8 @@ def _worker_loop(payload: dict) -> None:
     from pipeline.trainer import train
 
     configure_logging()
+    # A restarted group is the same job: its rank 0 waits for the old one's run-dir lock.
+    os.environ[JOB_ID_ENV] = payload["job_id"]
     run_dir, mirror = Path(payload["run_dir"]), payload["mirror"]
     if mirror and ray.train.get_context().get_world_rank() == 0:
         restore_newer_checkpoint(ray.train.get_checkpoint(), run_dir)
@@ -143,7 +147,8 @@ def launch(config: Config, ray_launch: RayLaunch, *, data_dir: str | Path, run_d
         raise UserError(f"{run_dir} already has checkpoints; pass --resume auto to continue it "
                         f"or choose a new --run-dir")
     payload = {"config": config, "data_dir": str(Path(data_dir).resolve()), "run_dir": str(run_dir),
-               "allow_config_change": allow_config_change, "mirror": ray_launch.storage is not None}
+               "allow_config_change": allow_config_change, "mirror": ray_launch.storage is not None,
+               "job_id": f"ray-train-{uuid.uuid4().hex}"}
     with ray_session(ray_launch.address, num_cpus=_local_cpus(ray_launch), log_to_driver=True):
         result = _trainer(config, ray_launch, run_dir, payload).fit()
     if result.error is not None:

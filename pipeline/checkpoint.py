@@ -2,19 +2,29 @@
 
     RUN/checkpoints/step-00000100/   DeepSpeed's model and optimizer files (every rank)
         rank-00000.pt                 this rank's EMA slice and RNG states
-        unmask_state.json             step, tokens, loader position, config, hashes (rank 0)
+        unmask_state.json             step, tokens, loader position, config, hashes, and the
+                                      size and sha256 of every other file (rank 0, last)
     RUN/checkpoints/latest            "step-00000100", moved after every rank finished
 
 A process killed while writing leaves ``latest`` on the previous complete checkpoint; the
 half-written directory is overwritten when that step is saved again, or pruned.
+
+Integrity: ``unmask_state.json`` records every file of the checkpoint, so a truncated or
+altered file is found before anything is loaded (:func:`verify_checkpoint`), and resume
+falls back to the newest intact checkpoint, naming the broken one. Every torch file is
+read with ``pipeline.safe_load`` (data only, never code), DeepSpeed's included.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import logging
 import random
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,14 +36,28 @@ from data_prep.atomic_files import atomic_write_bytes
 from pipeline.distributed import Distributed
 from pipeline.ema import EMA
 from pipeline.errors import UserError
+from pipeline.safe_load import deepspeed_loads_safely, find_unloadable, load_torch_file
 
 __all__ = ["CHECKPOINTS_DIR", "TrainState", "CheckpointManager", "STATE_FILE", "step_tag", "read_state",
-           "rank_file", "resolve_checkpoint", "set_latest", "TAG_PATTERN"]
+           "rank_file", "resolve_checkpoint", "set_latest", "TAG_PATTERN", "verify_checkpoint",
+           "intact_checkpoint", "DiskFull", "write_failure"]
+
+log = logging.getLogger("unmask.checkpoint")
 
 CHECKPOINTS_DIR = "checkpoints"  # in the run directory; also what marks a directory as a run
 STATE_FILE = "unmask_state.json"
 LATEST_FILE = "latest"
 TAG_PATTERN = re.compile(r"^step-(\d{8})$")
+# Files hashed at once when a checkpoint is recorded or verified (hashlib releases the GIL).
+HASH_THREADS = 4
+HASH_BLOCK = 1 << 22
+# A write that failed on a disk with less than this free failed for want of space: torch's
+# zip writer reports a full disk as "unexpected pos", without the OS error.
+FULL_DISK_MARGIN = 16 << 20
+
+
+class DiskFull(UserError):
+    """The run's disk filled up; the message names the file and the last intact checkpoint."""
 
 
 def step_tag(step: int) -> str:
@@ -55,8 +79,14 @@ class TrainState:
     loader: dict | None = None     # StreamingLoader.state_dict() (the same on every rank)
 
 
+# ----------------------------------------------------------------------------- RNG state
 def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """Every generator the loop draws from, as tensors and plain values (loadable with
+    ``weights_only``: numpy's own state would need numpy's constructors)."""
+    kind, keys, position, has_gauss, gauss = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                       "has_gauss": int(has_gauss), "gauss": float(gauss)}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -64,17 +94,94 @@ def _rng_state() -> dict[str, Any]:
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    numpy_state = state["numpy"]
+    if isinstance(numpy_state, dict):
+        numpy_state = (numpy_state["kind"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["position"],
+                       numpy_state["has_gauss"], numpy_state["gauss"])
+    np.random.set_state(numpy_state)  # a tuple in checkpoints of earlier versions
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+# ----------------------------------------------------------------------------- integrity
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _file_records(directory: Path) -> dict[str, dict[str, Any]]:
+    """``{name: {"bytes", "sha256"}}`` of every file of a checkpoint but its state file."""
+    paths = sorted(p for p in directory.iterdir() if p.is_file() and p.name != STATE_FILE)
+    with ThreadPoolExecutor(HASH_THREADS) as pool:
+        digests = list(pool.map(_sha256, paths))
+    return {p.name: {"bytes": p.stat().st_size, "sha256": d} for p, d in zip(paths, digests)}
 
 
 def read_state(directory: Path) -> dict[str, Any]:
     path = directory / STATE_FILE
     if not path.is_file():
         raise UserError(f"{directory}: not a complete unmask checkpoint (no {STATE_FILE})")
-    return json.loads(path.read_text())
+    try:
+        state = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: truncated or corrupt ({err}); use an older checkpoint") from None
+    if not isinstance(state, dict) or "step" not in state or "world_size" not in state:
+        raise UserError(f"{path}: not an unmask checkpoint state (no step or world_size); use an older checkpoint")
+    return state
+
+
+def verify_checkpoint(directory: Path) -> str | None:
+    """Why ``directory`` cannot be trusted (a missing, truncated or altered file), or None.
+
+    Checkpoints of earlier versions record no files: only their state file is checked.
+    """
+    try:
+        state = read_state(directory)
+    except UserError as err:
+        return str(err)
+    records = state.get("files", {})
+    for name, record in records.items():
+        path = directory / name
+        if not path.is_file():
+            return f"{path} is missing"
+        size = path.stat().st_size
+        if size != record["bytes"]:
+            return f"{path} has {size} bytes, {record['bytes']} were written (truncated or overwritten)"
+    paths = [directory / name for name in records]
+    with ThreadPoolExecutor(HASH_THREADS) as pool:
+        for path, digest in zip(paths, pool.map(_sha256, paths)):
+            if digest != records[path.name]["sha256"]:
+                return f"{path}: its sha256 differs from the one recorded when it was written (corrupt)"
+    return None
+
+
+def _complete_tags(root: Path) -> list[str]:
+    """Checkpoint directories with a state file, newest first."""
+    if not root.is_dir():
+        return []
+    tags = [d.name for d in root.iterdir() if TAG_PATTERN.match(d.name) and (d / STATE_FILE).is_file()]
+    return sorted(tags, reverse=True)
+
+
+def intact_checkpoint(run_dir: Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint at or before ``latest`` that verifies, and why each newer one
+    was passed over."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    latest = root / LATEST_FILE
+    if not latest.is_file():
+        return None, []
+    newest = latest.read_text().strip()
+    broken = []
+    for tag in [t for t in _complete_tags(root) if t <= newest] or [newest]:
+        problem = verify_checkpoint(root / tag)
+        if problem is None:
+            return root / tag, broken
+        broken.append(f"{tag}: {problem}")
+    return None, broken
 
 
 def resolve_checkpoint(run_dir: Path, step: int | None = None) -> Path:
@@ -83,8 +190,7 @@ def resolve_checkpoint(run_dir: Path, step: int | None = None) -> Path:
     if step is not None:
         directory = root / step_tag(step)
         if not (directory / STATE_FILE).is_file():
-            have = sorted(int(m.group(1)) for d in root.glob("step-*") if (m := TAG_PATTERN.match(d.name))
-                          and (d / STATE_FILE).is_file()) if root.is_dir() else []
+            have = sorted(int(TAG_PATTERN.match(t).group(1)) for t in _complete_tags(root))
             raise UserError(f"{run_dir}: no complete checkpoint at step {step}; available: {have or 'none'}")
         return directory
     latest = root / LATEST_FILE
@@ -98,35 +204,97 @@ def set_latest(run_dir: Path, tag: str) -> None:
     atomic_write_bytes(Path(run_dir) / CHECKPOINTS_DIR / LATEST_FILE, tag.encode())
 
 
+# ----------------------------------------------------------------------------- failures
+def _is_disk_full(err: BaseException, directory: Path) -> bool:
+    """ENOSPC, or a library's wrapped write failure on a disk that has (almost) no room left."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if "No space left on device" in str(err):
+        return True
+    for path in (directory, *directory.parents):
+        if path.exists():
+            return shutil.disk_usage(path).free < FULL_DISK_MARGIN
+    return False
+
+
+def write_failure(err: BaseException, path: Path, run_dir: Path) -> UserError:
+    """One line for a failed write during training: disk full (with the last intact
+    checkpoint to resume from), or the error itself with the file it was writing."""
+    intact, _ = intact_checkpoint(run_dir)
+    resume = f"the last intact checkpoint is {intact}" if intact else "no intact checkpoint was written yet"
+    if _is_disk_full(err, path if path.is_dir() else path.parent):
+        return DiskFull(f"No space left on device while writing {path}; {resume}. Free space (or move "
+                        f"the run to a bigger disk) and rerun the same command with --resume auto")
+    return UserError(f"writing {path} failed ({type(err).__name__}: {err}); {resume}")
+
+
+# ----------------------------------------------------------------------------- the manager
 class CheckpointManager:
     """Saves and restores the engine, the EMA and the loop state of one run."""
 
     def __init__(self, run_dir: Path, dist: Distributed, keep_last: int) -> None:
-        self.root = Path(run_dir) / CHECKPOINTS_DIR
+        self.run_dir = Path(run_dir)
+        self.root = self.run_dir / CHECKPOINTS_DIR
         self.dist, self.keep_last = dist, keep_last
 
     def latest(self) -> Path | None:
         path = self.root / LATEST_FILE
         return self.root / path.read_text().strip() if path.is_file() else None
 
+    def newest_intact(self) -> Path | None:
+        """The checkpoint to resume from, decided by rank 0 (which verifies the files) and
+        the same on every rank; each newer, broken one is named in a warning."""
+        chosen = None
+        if self.dist.is_main:
+            intact, broken = intact_checkpoint(self.run_dir)
+            for problem in broken:
+                log.warning("checkpoint %s: not used; resuming from %s instead", problem,
+                            intact.name if intact else "scratch")
+            if broken and intact is None:
+                raise UserError(f"{self.root}: no intact checkpoint ({'; '.join(broken)}); delete the run "
+                                "directory's checkpoints to start over, or restore them")
+            chosen = intact.name if intact else None
+        chosen = self.dist.broadcast(chosen)
+        return self.root / chosen if chosen else None
+
     def save(self, engine, ema: EMA, state: TrainState, meta: dict[str, Any]) -> Path:
         """Write checkpoint ``state.step`` on every rank; commit it with ``latest``."""
-        tag = step_tag(state.step)
-        directory = self.root / tag
-        if self.dist.is_main and directory.exists():
-            shutil.rmtree(directory)  # a half-written save of this step by a killed run
-        self.dist.barrier()
-        engine.save_checkpoint(str(self.root), tag=tag, save_latest=False)
-        directory.mkdir(parents=True, exist_ok=True)
-        torch.save({"ema": ema.state_dict(), "rng": _rng_state()}, rank_file(directory, self.dist.rank))
-        self.dist.barrier()
+        directory = self.root / step_tag(state.step)
+        failure: BaseException | None = None
+        try:
+            if self.dist.is_main and directory.exists():
+                shutil.rmtree(directory)  # a half-written save of this step by a killed run
+            self.dist.barrier()
+            engine.save_checkpoint(str(self.root), tag=directory.name, save_latest=False)
+            directory.mkdir(parents=True, exist_ok=True)
+            torch.save({"ema": ema.state_dict(), "rng": _rng_state()}, rank_file(directory, self.dist.rank))
+        except (OSError, RuntimeError) as err:
+            failure = err
+        self._raise_if_any_failed(failure, directory)
         if self.dist.is_main:
-            payload = {**asdict(state), **meta, "world_size": self.dist.world_size}
-            atomic_write_bytes(directory / STATE_FILE, json.dumps(payload, indent=2, sort_keys=True).encode())
-            set_latest(self.root.parent, tag)
-            self._prune()
-        self.dist.barrier()
+            try:
+                self._commit(directory, {**asdict(state), **meta, "world_size": self.dist.world_size})
+            except OSError as err:
+                failure = err
+        self._raise_if_any_failed(failure, directory)
         return directory
+
+    def _commit(self, directory: Path, payload: dict[str, Any]) -> None:
+        payload["files"] = _file_records(directory)
+        atomic_write_bytes(directory / STATE_FILE, json.dumps(payload, indent=2, sort_keys=True).encode())
+        set_latest(self.run_dir, directory.name)
+        self._prune()
+
+    def _raise_if_any_failed(self, failure: BaseException | None, directory: Path) -> None:
+        """All ranks stop together when one could not write (none waits at a barrier)."""
+        if not self.dist.any(failure is not None):
+            self.dist.barrier()
+            return
+        error = UserError(f"another rank failed to write checkpoint {directory}; see its message") \
+            if failure is None else write_failure(failure, directory, self.run_dir)  # before space is freed
+        if self.dist.is_main:
+            shutil.rmtree(directory, ignore_errors=True)  # frees the space a partial save took
+        raise error from failure
 
     def load(self, engine, ema: EMA, directory: Path) -> dict[str, Any]:
         """Restore engine, EMA and RNG from ``directory``; return its unmask state."""
@@ -135,10 +303,18 @@ class CheckpointManager:
             raise UserError(f"{directory} was written by {saved['world_size']} ranks, this run has "
                             f"{self.dist.world_size}: the data order and ZeRO partitions depend on the "
                             f"world size; resume with the same number of processes")
-        load_path, _ = engine.load_checkpoint(str(self.root), tag=directory.name)
+        try:
+            with deepspeed_loads_safely():
+                load_path, _ = engine.load_checkpoint(str(self.root), tag=directory.name)
+        except Exception as err:  # DeepSpeed does not say which file it was reading
+            culprit = find_unloadable(directory)
+            if culprit is not None:
+                raise culprit from None
+            raise UserError(f"{directory}: DeepSpeed could not load this checkpoint ({type(err).__name__}: "
+                            f"{err})") from err
         if load_path is None:
             raise UserError(f"{directory}: DeepSpeed could not load this checkpoint")
-        rank_state = torch.load(rank_file(directory, self.dist.rank), weights_only=False)
+        rank_state = load_torch_file(rank_file(directory, self.dist.rank))
         ema.load_state_dict(rank_state["ema"])
         _set_rng_state(rank_state["rng"])
         return saved

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from pipeline.config import Config, load_config, parse_overrides
-from pipeline.errors import UserError
+from pipeline.errors import UserError, output_dir
 
 RAW = argparse.RawDescriptionHelpFormatter
 
@@ -56,8 +56,24 @@ def _train_config(args: argparse.Namespace) -> Config:
     return config
 
 
+def _check_paths(args: argparse.Namespace, config: Config) -> None:
+    """The data and run directories, before DeepSpeed or Ray start. With --launcher ray and
+    --ray-address they are the cluster's paths, which this machine may not see: not checked."""
+    if args.launcher == "ray" and args.ray_address is not None:
+        return
+    data = Path(config.data.path)
+    if not data.is_dir():
+        raise UserError(f"--data {config.data.path} (data.path): {'is a file' if data.exists() else 'does not exist'}"
+                        f"; pass the --out directory of `unmask prep`")
+    if not (data / "manifest.json").is_file():
+        raise UserError(f"--data {config.data.path} (data.path): no manifest.json, so not the output of a "
+                        f"finished `unmask prep`; run (or rerun) `unmask prep --out {config.data.path}`")
+    output_dir(args.run_dir, "--run-dir")
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     config = _train_config(args)
+    _check_paths(args, config)
     configure_logging()
     if args.launcher == "ray":
         return _train_with_ray(args, config)
@@ -89,8 +105,16 @@ def _train_with_ray(args: argparse.Namespace, config: Config) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from pipeline.export import export
+    from pipeline.export import CONFIG_FILE, WEIGHTS_FILE, export
 
+    if not Path(args.run_dir).is_dir():
+        raise UserError(f"{args.run_dir}: {'is a file' if Path(args.run_dir).exists() else 'does not exist'}, "
+                        f"not a training run directory (the --run-dir of `unmask train`)")
+    if args.out is not None:
+        out = output_dir(args.out, "--out")
+        if any(out.iterdir()) and not ((out / CONFIG_FILE).is_file() or (out / WEIGHTS_FILE).is_file()):
+            raise UserError(f"--out {args.out}: holds files that are not an export, and an export replaces "
+                            f"its directory whole; choose a new or empty directory")
     out = export(args.run_dir, step=args.checkpoint, weights=args.weights, out_dir=args.out)
     print(f"exported {args.weights} weights to {out}")
     return 0
@@ -196,7 +220,9 @@ def _print_run_summary(summary: dict) -> None:
         print(f"  {name}: perplexity <= {record['perplexity_bound']:.2f}, {record['nelbo_per_token']:.4f} "
               f"nats/token, {record['bits_per_byte']:.4f} bits/byte")
     print(f"  report: {summary['report']}")
-    print(f"  MLflow: run {summary['mlflow']['run_id']} at {summary['mlflow']['tracking_uri']}")
+    mlflow = summary["mlflow"]
+    print(f"  MLflow: run {mlflow['run_id']} at {mlflow['tracking_uri']}" if mlflow else
+          "  MLflow: not logged (the server did not answer; see the warning above)")
 
 
 def register_run(commands: argparse._SubParsersAction) -> None:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
@@ -122,6 +124,10 @@ class LoggingSection:
     experiment: str = field(default="unmask", metadata=RESUME_SAFE)   # MLflow experiment name
     run_name: str | None = field(default=None, metadata=RESUME_SAFE)  # None: MLflow picks one
     progress: bool = field(default=True, metadata=RESUME_SAFE)        # a progress bar on rank 0
+    mlflow: bool = field(default=True, metadata=RESUME_SAFE)          # false: metrics.jsonl only, no MLflow run
+    # A tracking server that does not answer at the start stops the run (within 30 s);
+    # false: train without it, with a warning (metrics stay in RUN/metrics.jsonl).
+    mlflow_required: bool = field(default=True, metadata=RESUME_SAFE)
 
 
 @dataclass(frozen=True)
@@ -208,19 +214,70 @@ def load_config(path: str | Path | None, overrides: dict[str, str] | None = None
     source = "<defaults>"
     if path is not None:
         source = str(path)
-        try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise UserError(f"{path}: config file not found") from None
-        except (yaml.YAMLError, UnicodeDecodeError) as err:
-            raise UserError(f"{path}: not a valid YAML file ({err})") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise UserError(f"{path}: the top level must be a mapping of sections")
+        loaded = _read_yaml(Path(path))
+        if loaded is None:
+            _warn_empty(Path(path))
+        elif not isinstance(loaded, dict):
+            raise UserError(f"{path}: the top level must be a mapping of sections (model:, train:, ...), "
+                            f"not {type(loaded).__name__} {loaded!r:.40}")
         raw = loaded or {}
     config = _build(Config, raw, source, "")
     for dotted, text in (overrides or {}).items():
         config = _override(config, dotted, text)
     return config.validate()
+
+
+def _read_yaml(path: Path) -> Any:
+    """The YAML value of a config file; a UserError naming the file (line, column) and the fix."""
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, not a YAML config file; pass a file such as "
+                        f"configs/tiny.yaml to --config")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{path}: config file not found") from None
+    except OSError as err:
+        raise UserError(f"{path}: cannot read the config file ({err.strerror or err})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line, column = data.count(b"\n", 0, err.start) + 1, err.start - data.rfind(b"\n", 0, err.start)
+        raise UserError(f"{path} line {line}, column {column}: byte 0x{data[err.start]:02x} is not "
+                        f"UTF-8; save the file as UTF-8") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise UserError(f"{path}{_yaml_problem(err)}; fix the YAML syntax there") from None
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """" line L, column C: not valid YAML: PROBLEM (CONTEXT at line L', column C')", one line."""
+    mark = getattr(err, "problem_mark", None)
+    if mark is None:
+        return f": not valid YAML ({' '.join(str(err).split())})"
+    where = f" line {mark.line + 1}, column {mark.column + 1}"
+    context, context_mark = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and context_mark is not None:
+        context = f" ({context} at line {context_mark.line + 1}, column {context_mark.column + 1})"
+    return f"{where}: not valid YAML: {err.problem}{context or ''}"
+
+
+# Config files already warned about as empty, so that `unmask run` (which loads the config
+# again for its train stage) says it once.
+_WARNED_EMPTY: set[str] = set()
+
+
+def _warn_empty(path: Path) -> None:
+    """An empty config (or only comments) is allowed, but what it means is worth saying."""
+    if str(path) in _WARNED_EMPTY or os.environ.get("RANK", "0") != "0":
+        return
+    _WARNED_EMPTY.add(str(path))
+    defaults = Config()
+    logging.getLogger("unmask.config").warning(
+        "warning: %s holds no settings (empty, or only comments): every field keeps its default, "
+        "including train.max_steps = %d, train.global_batch_size = %d and model.preset = %r; "
+        "write the fields to change into it (README: the config reference)",
+        path, defaults.train.max_steps, defaults.train.global_batch_size, defaults.model.preset)
 
 
 def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
@@ -250,7 +307,13 @@ def _override(config: Config, dotted: str, text: str) -> Config:
     hints = typing.get_type_hints(type(section))
     if key not in hints:
         raise UserError(f"unknown config override --{dotted}; {section_name} has {sorted(hints)}")
-    value = _coerce(yaml.safe_load(text) if text != "" else "", hints[key], f"flag --{dotted}")
+    try:
+        parsed = yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or " ".join(str(err).split())
+        raise UserError(f"flag --{dotted} {text!r}: not a valid YAML value ({problem}); write it as in "
+                        f"the config file, quoted for the shell") from None
+    value = _coerce(parsed, hints[key], f"flag --{dotted}")
     return replace(config, **{section_name: replace(section, **{key: value})})
 
 

@@ -69,6 +69,13 @@ class Distributed:
         dist.broadcast_object_list(box, src=0, device=self._collective_device)
         return box[0]
 
+    def shutdown(self) -> None:
+        """Leave the process group together: a rank that exits while others still use it
+        can abort in gloo's destructor ("terminate called without an active exception")."""
+        if self.world_size > 1 and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
     @property
     def _collective_device(self) -> torch.device:
         # NCCL moves only CUDA tensors; gloo only CPU ones.

@@ -24,7 +24,7 @@ from typing import Callable
 
 from pipeline.checkpoint import TAG_PATTERN, resolve_checkpoint
 from pipeline.config import Config, load_config
-from pipeline.errors import UserError
+from pipeline.errors import UserError, output_dir
 
 __all__ = ["RunRequest", "run_pipeline", "DEMO_CONFIG", "SUMMARY_FILE"]
 
@@ -160,10 +160,29 @@ STAGES: tuple[tuple[str, Callable[[RunRequest, Config], str]], ...] = (
     ("prep", _stage_prep), ("train", _stage_train), ("export", _stage_export), ("eval", _stage_eval))
 
 
+def _check_request(request: RunRequest) -> None:
+    """The flags that later stages read, before the first stage starts: a bad --datasets or
+    --samples must not wait for the end of a training."""
+    from evaluation.evaluate import EvalConfig
+
+    checks = [("--prep-workers", request.prep_workers >= 1, "must be >= 1"),
+              ("--seq-len", request.seq_len is None or request.seq_len >= 2, "must be >= 2"),
+              ("--val-fraction", request.val_fraction is None or 0 <= request.val_fraction < 1,
+               "must lie in [0, 1)"),
+              ("--num-samples", request.num_samples >= 0, "must be >= 0"),
+              ("--sample-steps", request.sample_steps >= 1, "must be >= 1")]
+    for flag, ok, requirement in checks:
+        if not ok:
+            raise UserError(f"{flag} {requirement}")
+    EvalConfig(datasets=request.datasets, data_dir=request.data_dir, shards=str(request.run_dir / DATA_DIR),
+               samples_per_block=request.eval_samples).check(shards_pending=True)
+
+
 def run_pipeline(request: RunRequest, *, say: Callable[[str], None] = print) -> dict:
     """Run every stage that is not up to date; the summary (also in ``RUN/run_summary.json``)."""
     config = load_config(request.config or DEMO_CONFIG, request.overrides)  # fail before any work
-    request.run_dir.mkdir(parents=True, exist_ok=True)
+    _check_request(request)
+    output_dir(request.run_dir, "--run-dir")
     start, stages = time.perf_counter(), {}
     for name, stage in STAGES:
         say(f"unmask run: stage {name}")

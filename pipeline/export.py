@@ -13,6 +13,7 @@ exports the live weights instead, through DeepSpeed's own ZeRO-to-fp32 conversio
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -24,10 +25,12 @@ from safetensors.torch import load_file, save_file
 from data_prep.atomic_files import atomic_write_bytes
 from data_prep.tokenizer import Tokenizer, load_tokenizer
 from model.transformer import Transformer, TransformerConfig
-from pipeline.checkpoint import CHECKPOINTS_DIR, rank_file, read_state, resolve_checkpoint
+from pipeline.checkpoint import (CHECKPOINTS_DIR, intact_checkpoint, rank_file, read_state, resolve_checkpoint,
+                                 verify_checkpoint)
 from pipeline.ema import full_state
 from pipeline.errors import UserError
 from pipeline.run_setup import TOKENIZER_DIR
+from pipeline.safe_load import deepspeed_loads_safely, find_unloadable, load_torch_file
 
 __all__ = ["export", "has_ema", "resolve_export", "training_run_of", "write_export", "load_export", "Exported", "EXPORT_DIR", "canonical_name"]
 
@@ -35,6 +38,9 @@ EXPORT_DIR = "export"
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 EXPORT_FORMAT_VERSION = 1
+# How long export waits for a tracking server that does not answer (it only adds an artifact).
+TRACKING_WAIT_S = 5.0
+log = logging.getLogger("unmask.export")
 # Activation checkpointing wraps blocks; their parameter names gain this component.
 _WRAPPER_PREFIX = "_checkpoint_wrapped_module."
 
@@ -55,16 +61,23 @@ def _ema_weights(checkpoint: Path, world_size: int) -> dict[str, torch.Tensor]:
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise UserError(f"{checkpoint}: EMA files missing: {missing}; the checkpoint is incomplete")
-    first = torch.load(paths[0], weights_only=False)["ema"]
-    states = [first] + [torch.load(p, weights_only=False)["ema"] for p in paths[1:]] if first["partitioned"] \
-        else [first]
+    first = load_torch_file(paths[0])["ema"]
+    states = [first] + [load_torch_file(p)["ema"] for p in paths[1:]] if first["partitioned"] else [first]
     return full_state(states)
 
 
 def _model_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.parent), tag=checkpoint.name)
+    try:
+        with deepspeed_loads_safely():
+            return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.parent), tag=checkpoint.name)
+    except Exception as err:  # DeepSpeed does not say which file it was reading
+        culprit = find_unloadable(checkpoint)
+        if culprit is not None:
+            raise culprit from None
+        raise UserError(f"{checkpoint}: DeepSpeed could not read its ZeRO files ({type(err).__name__}: {err})") \
+            from err
 
 
 def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["ema", "model"] = "ema",
@@ -72,6 +85,12 @@ def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["em
     """Write the export of checkpoint ``step`` (latest: None); returns the export directory."""
     run_dir = Path(run_dir)
     checkpoint = resolve_checkpoint(run_dir, step)
+    problem = verify_checkpoint(checkpoint)
+    if problem is not None:
+        intact, _ = intact_checkpoint(run_dir)
+        fix = f"export the newest intact one with --step {read_state(intact)['step']}" if intact else \
+            "no intact checkpoint is left"
+        raise UserError(f"cannot export {checkpoint.name}: {problem}; {fix}")
     state = read_state(checkpoint)
     if weights not in ("ema", "model"):
         raise UserError(f"--weights must be 'ema' or 'model', got {weights!r}")
@@ -101,12 +120,19 @@ def write_export(out: Path, tensors: dict[str, torch.Tensor], config: dict, toke
 
 
 def _track(run_dir: Path, out: Path) -> None:
-    """Attach the export's config to the training's MLflow run, when it has one."""
-    from pipeline.tracking import Tracker
+    """Attach the export's config to the training's MLflow run, when it has one. The export
+    is written already: a tracking server that is down costs a warning, not the export."""
+    from mlflow.exceptions import MlflowException
 
-    tracker = Tracker.attach(run_dir)
-    if tracker is not None:
-        tracker.log_artifact(out / CONFIG_FILE, artifact_path=out.name)
+    from pipeline.tracking import Tracker, TrackingUnreachable
+
+    try:
+        tracker = Tracker.attach(run_dir, wait_s=TRACKING_WAIT_S)
+        if tracker is not None:
+            tracker.log_artifact(out / CONFIG_FILE, artifact_path=out.name)
+    except (TrackingUnreachable, MlflowException, OSError) as err:
+        log.warning("%s: exported, but its config was not attached to the MLflow run (%s)", out,
+                    str(err).split("; ")[0])
 
 
 def _check_complete(tensors: dict[str, torch.Tensor], network: TransformerConfig, checkpoint: Path) -> None:

@@ -53,10 +53,22 @@ def find_tokenizer(manifest: Manifest, data_dir: Path) -> Tokenizer:
             except UserError:
                 continue
             if tokenizer.sha256 == manifest.tokenizer["sha256"]:
+                _check_vocab_size(tokenizer, manifest, data_dir)
                 return tokenizer
     raise UserError(f"{data_dir}/manifest.json: tokenizer {recorded!r} (sha256 "
                     f"{manifest.tokenizer['sha256'][:12]}...) not found at any of "
                     f"{[str(c) for c in candidates]}; the run needs it for export")
+
+
+def _check_vocab_size(tokenizer: Tokenizer, manifest: Manifest, data_dir: Path) -> None:
+    """The manifest's vocabulary sizes the network: one that disagrees with the tokenizer the
+    shards were made with (a hand-edited manifest) would fail at the first step, or worse,
+    silently train a network too small or too large for the data."""
+    recorded = manifest.tokenizer["vocab_size"]
+    if recorded != tokenizer.vocab_size:
+        raise UserError(f"{data_dir}/manifest.json: tokenizer.vocab_size is {recorded}, but the tokenizer the "
+                        f"shards were made with ({tokenizer.path}) has {tokenizer.vocab_size} tokens; restore "
+                        f"the manifest (or rerun `unmask prep`)")
 
 
 def git_commit() -> str:

@@ -6,12 +6,18 @@ the same MLflow run instead of forking a new one. Without a tracking server the 
 directory holds its own store (``mlflow.db``) and artifacts (``mlflow-artifacts/``)::
 
     mlflow ui --backend-store-uri sqlite:///path/to/run_dir/mlflow.db
+
+A tracking server is a service around the run, and may be down: :meth:`Tracker.open` first
+checks that an ``http(s)`` server answers (:func:`check_reachable`, at most
+``REACHABLE_WAIT_S``), and the training loop logs through
+``pipeline.background_tracking`` so that an outage never blocks a step.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -32,8 +38,59 @@ DEFAULT_EXPERIMENT = "unmask"
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 RECORD_KEYS = ("tracking_uri", "run_id", "experiment_id")
 # Creating a store logs its schema creation and every migration step at INFO.
-QUIETED_LOGGERS = ("alembic", "mlflow.store.db.utils")
+QUIETED_LOGGERS = ("alembic",)
+# MLflow's SQL store logs every database error with its traceback, then raises it: the
+# caller (background_tracking) reports it in one line, so the log would only repeat it.
+SILENCED_LOGGERS = ("mlflow.store.db.utils",)
 MS_PER_SECOND = 1000
+# How long a tracking server may take to answer at the start before the run gives up on it.
+REACHABLE_WAIT_S = 30.0
+# When the run may go on without the server, one try is enough.
+OPTIONAL_WAIT_S = 5.0
+PROBE_TIMEOUT_S = 5.0
+PROBE_PAUSE_S = 1.0
+# MLflow's own HTTP client retries a failed request 7 times with doubling pauses and waits up
+# to 120 s for each answer: one call to a server that went away blocks for minutes. unmask
+# retries on its own terms (background_tracking), so its requests fail fast unless the user
+# set these variables.
+HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+                     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+
+
+class TrackingUnreachable(UserError):
+    """The tracking server did not answer at the start of a run."""
+
+
+def _is_http(uri: str) -> bool:
+    return urlparse(uri).scheme in ("http", "https")
+
+
+def check_reachable(uri: str, wait_s: float = REACHABLE_WAIT_S) -> None:
+    """Return once the server at ``uri`` answers any HTTP request (``/health``), or raise
+    :class:`TrackingUnreachable` naming the URI after ``wait_s``. Other stores (SQLite,
+    files) are local and are not probed."""
+    if not _is_http(uri):
+        return
+    import requests
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            requests.get(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S)
+            return
+        except requests.RequestException as err:
+            if time.monotonic() + PROBE_PAUSE_S >= deadline:
+                raise TrackingUnreachable(
+                    f"MLflow tracking server {uri} did not answer for {wait_s:.0f} s ({type(err).__name__}); "
+                    "start it or fix --mlflow-uri, or pass --logging.mlflow_required false to train "
+                    "without it (metrics stay in RUN/metrics.jsonl)") from None
+        time.sleep(PROBE_PAUSE_S)
+
+
+def fail_fast_http() -> None:
+    """MLflow HTTP requests from this process fail within seconds (see HTTP_ENV_DEFAULTS)."""
+    for name, value in HTTP_ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
 
 
 def default_tracking_uri(run_dir: Path) -> str:
@@ -83,6 +140,8 @@ def _now_ms() -> int:
 def _quiet_migration_logs() -> None:
     for name in QUIETED_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name in SILENCED_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def _same_uri(a: str, b: str) -> bool:
@@ -131,8 +190,8 @@ class Tracker:
         self.experiment_id = experiment_id
 
     @classmethod
-    def open(cls, run_dir: Path, *, tracking_uri: str | None = None,
-             experiment: str = DEFAULT_EXPERIMENT, run_name: str | None = None) -> Tracker:
+    def open(cls, run_dir: Path, *, tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT,
+             run_name: str | None = None, wait_s: float = REACHABLE_WAIT_S) -> Tracker:
         """Create the MLflow run, or resume the one recorded in ``run_dir/mlflow_run.json``.
 
         ``tracking_uri=None`` means the URI recorded in that file, else
@@ -142,21 +201,27 @@ class Tracker:
         creating: a resumed run stays where it was created.
         """
         _quiet_migration_logs()
+        fail_fast_http()
         run_dir = Path(run_dir)
         record_path = run_dir / TRACKING_FILE
         record = _read_record(record_path)
+        check_reachable(tracking_uri or (record or {}).get("tracking_uri") or default_tracking_uri(run_dir), wait_s)
         if record is not None:
             return cls._resume(record, record_path, tracking_uri)
         return cls._create(run_dir, tracking_uri, experiment, run_name)
 
     @classmethod
-    def attach(cls, run_dir: Path) -> Tracker | None:
+    def attach(cls, run_dir: Path, *, wait_s: float = REACHABLE_WAIT_S) -> Tracker | None:
         """The run recorded in ``run_dir`` with its status unchanged, or None when there is
         none: later stages (export, evaluation) add artifacts to the training's run."""
         _quiet_migration_logs()
+        fail_fast_http()
         record_path = Path(run_dir) / TRACKING_FILE
         record = _read_record(record_path)
-        return None if record is None else cls._resume(record, record_path, None, mark_running=False)
+        if record is None:
+            return None
+        check_reachable(record["tracking_uri"], wait_s)
+        return cls._resume(record, record_path, None, mark_running=False)
 
     @classmethod
     def _resume(cls, record: dict[str, str], record_path: Path,
@@ -217,11 +282,25 @@ class Tracker:
         if new:
             self.client.log_batch(self.run_id, params=new)
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Log all metrics of one step in one batch; NaN and inf are logged as they are."""
-        timestamp = _now_ms()
+    def log_metrics(self, metrics: dict[str, float], step: int, timestamp_ms: int | None = None) -> None:
+        """Log all metrics of one step in one batch; NaN and inf are logged as they are.
+        ``timestamp_ms``: when they were measured (default now), for late delivery."""
+        timestamp = _now_ms() if timestamp_ms is None else timestamp_ms
         batch = [Metric(key, float(value), timestamp, step) for key, value in metrics.items()]
         self.client.log_batch(self.run_id, metrics=batch)
+
+    def log_metric_points(self, points: list[Metric]) -> None:
+        """Log metric points of any steps, with their own timestamps, in one request
+        (``MlflowClient.log_batch`` splits what exceeds MLflow's per-request limits)."""
+        self.client.log_batch(self.run_id, metrics=points)
+
+    def logged_steps_after(self, step: int) -> dict[str, set[int]]:
+        """For each metric of the run, the steps after ``step`` it already holds: what a run
+        resumed from checkpoint ``step`` must not log a second time."""
+        keys = self.client.get_run(self.run_id).data.metrics
+        logged = {key: {m.step for m in self.client.get_metric_history(self.run_id, key) if m.step > step}
+                  for key in keys}
+        return {key: steps for key, steps in logged.items() if steps}
 
     def set_tags(self, tags: dict[str, str]) -> None:
         """Set (or overwrite) run tags; over-long values are truncated with a marker."""

@@ -6,8 +6,12 @@ rank and world size from the environment (``pipeline.distributed``). Rank 0 logs
 tracks; every rank takes part in the collectives and writes its part of each checkpoint.
 
 Stopping is always safe: a checkpoint is written every ``checkpoint.every`` steps, at the
-end and on SIGTERM (preemption), and ``resume="auto"`` continues from the latest one with
-the same losses, bit for bit on CPU, as a run that never stopped.
+end, on SIGTERM (preemption) and SIGINT (Ctrl-C), and before a failure of what surrounds
+the steps (a full disk under ``metrics.jsonl``, a failed validation) while the weights are
+sound. ``resume="auto"`` continues from the newest intact checkpoint with the same losses,
+bit for bit on CPU, as a run that never stopped. Rank 0 holds the run directory's lock
+(``pipeline.run_lock``) for the whole run, and tracks through a background queue
+(``pipeline.background_tracking``): a tracking server that goes down costs no step.
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ from typing import Callable, Iterator
 import torch
 from tqdm import tqdm
 
+from data_prep.atomic_files import atomic_write_bytes
 from data_prep.loader import StreamingLoader
 from data_prep.shards import Manifest
 from model.transformer import Transformer
-from pipeline.checkpoint import CheckpointManager, TrainState, read_state
+from pipeline.background_tracking import FAILED_CLOSE_WAIT_S, BackgroundTracker
+from pipeline.checkpoint import CheckpointManager, TrainState, read_state, write_failure
 from pipeline.config import Config, config_differences
 from pipeline.distributed import Distributed, init_distributed
 from pipeline.ema import EMA
@@ -37,7 +43,9 @@ from pipeline.engine import (BatchPlan, build_engine, choose_zero_stage, deepspe
 from pipeline.errors import UserError
 from pipeline.metrics import flops_per_token, mfu, peak_flops
 from pipeline.objective import NATS_PER_BIT, MicroBatchSlot, make_objective
+from pipeline.run_lock import RunLock
 from pipeline.run_setup import TOKENIZER_DIR, find_tokenizer, git_commit, network_config
+from pipeline.tracking import OPTIONAL_WAIT_S, REACHABLE_WAIT_S, TrackingUnreachable
 from pipeline.validation import ValidationResult, validate
 
 __all__ = ["TrainResult", "train", "METRICS_FILE", "CONFIG_FILE", "CheckpointHook"]
@@ -67,7 +75,10 @@ class TrainResult:
 
 
 class _Preemption:
-    """Turns SIGTERM into a flag the loop checks at each step boundary."""
+    """Turns SIGTERM and SIGINT into a flag the loop checks at each step boundary; a second
+    SIGINT interrupts at once (the user insists)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self) -> None:
         self.requested = False
@@ -75,14 +86,17 @@ class _Preemption:
         # thread and handles preemption itself.
         self._installed = threading.current_thread() is threading.main_thread()
         if self._installed:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
 
     def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.requested:
+            raise KeyboardInterrupt
         self.requested = True
 
     def restore(self) -> None:
         if self._installed:
-            signal.signal(signal.SIGTERM, self._previous)
+            for signum, previous in self._previous.items():
+                signal.signal(signum, previous)
 
 
 def _endless(loader: StreamingLoader) -> Iterator[torch.Tensor]:
@@ -119,7 +133,10 @@ class Trainer:
                                         chunk_rows=config.train.chunked_cross_entropy)
         self.checkpoints = CheckpointManager(run_dir, dist, config.checkpoint.keep_last)
         self.state = TrainState(loader=self.train_loader.state_dict())
-        self.tracker = None
+        self.tracker: BackgroundTracker | None = None
+        # A failure of rank 0's own bookkeeping (metrics.jsonl), raised once every rank has
+        # checkpointed at the next step boundary.
+        self.deferred_failure: UserError | None = None
         self.config_changes: list[str] = []
         self.flops_per_token = flops_per_token(self.network_config, self.manifest.seq_len)
         self.peak = peak_flops(dist.device)
@@ -148,13 +165,25 @@ class Trainer:
         if mode == "never":
             raise UserError(f"{self.run_dir} already has checkpoints (latest {latest.name}); pass "
                             f"--resume auto to continue it or choose a new --run-dir")
-        saved = self._check_compatible(latest, allow_config_change)
-        self.checkpoints.load(self.engine, self.ema, latest)
+        intact = self.checkpoints.newest_intact()
+        saved = self._check_compatible(intact, allow_config_change)
+        self.checkpoints.load(self.engine, self.ema, intact)
         self.state = TrainState(**{k: saved[k] for k in asdict(TrainState())})
         # Every rank stands at the same position; the record is rank 0's.
         self.train_loader.load_state_dict({**self.state.loader, "rank": self.dist.rank})
         if self.dist.is_main:
-            log.info("resumed from %s (step %d, %d tokens seen)", latest, self.state.step, self.state.tokens_seen)
+            self._forget_metrics_after(self.state.step)
+            log.info("resumed from %s (step %d, %d tokens seen)", intact, self.state.step, self.state.tokens_seen)
+
+    def _forget_metrics_after(self, step: int) -> None:
+        """Drop the records of steps after the checkpoint: the resumed run logs them again."""
+        path = self.run_dir / METRICS_FILE
+        if not path.is_file():
+            return
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if _record_step(line) <= step]
+        if len(kept) != len(lines):
+            atomic_write_bytes(path, "".join(kept).encode("utf-8"))
 
     def _check_compatible(self, directory: Path, allow_config_change: bool) -> dict:
         saved = read_state(directory)
@@ -173,13 +202,35 @@ class Trainer:
 
     # ------------------------------------------------------------------ tracking
     def start_tracking(self) -> None:
-        if not self.dist.is_main:
+        if not (self.dist.is_main and self.config.logging.mlflow):
             return
-        from pipeline.tracking import Tracker, flatten_params
+        from pipeline.tracking import Tracker
 
         logging_ = self.config.logging
-        self.tracker = Tracker.open(self.run_dir, tracking_uri=logging_.mlflow_uri,
-                                    experiment=logging_.experiment, run_name=logging_.run_name)
+        try:
+            tracker = Tracker.open(self.run_dir, tracking_uri=logging_.mlflow_uri, experiment=logging_.experiment,
+                                   run_name=logging_.run_name,
+                                   wait_s=REACHABLE_WAIT_S if logging_.mlflow_required else OPTIONAL_WAIT_S)
+            self._log_run_identity(tracker)
+            skip = tracker.logged_steps_after(self.state.step)
+        except TrackingUnreachable as err:
+            if logging_.mlflow_required:
+                raise
+            log.warning("%s. Training without MLflow (logging.mlflow_required is false); metrics go to %s",
+                        str(err).split("; ")[0], self.run_dir / METRICS_FILE)
+            return
+        except UserError:
+            raise
+        except Exception as err:  # the server failed between its health check and our first requests
+            raise TrackingUnreachable(f"MLflow at {logging_.mlflow_uri or 'the run directory'} failed at the start "
+                                      f"of the run ({type(err).__name__}: {str(err)[:300]}); retry, or pass "
+                                      "--logging.mlflow_required false to train without it") from None
+        self.tracker = BackgroundTracker(tracker, skip=skip, metrics_file=str(self.run_dir / METRICS_FILE))
+
+    def _log_run_identity(self, tracker) -> None:
+        """Params, tags and config artifacts, once at the start (before any step)."""
+        from pipeline.tracking import flatten_params
+
         derived = {"world_size": self.dist.world_size, "micro_batch": self.plan.micro_batch,
                    "accumulation": self.plan.accumulation, "zero_stage": self.zero_stage,
                    "precision": self.precision, "parameters": self.parameters,
@@ -191,12 +242,12 @@ class Trainer:
             # the change, with the step it took effect, as a tag.
             changed = {change.split(":")[0] for change in self.config_changes}
             params = {k: v for k, v in params.items() if k not in changed}
-            self.tracker.set_tags({f"config_change.step_{self.state.step}": "; ".join(self.config_changes)})
-        self.tracker.log_params(params)
-        self.tracker.set_tags({"git_commit": git_commit(), "data_manifest_sha256": self.manifest.sha256(),
+            tracker.set_tags({f"config_change.step_{self.state.step}": "; ".join(self.config_changes)})
+        tracker.log_params(params)
+        tracker.set_tags({"git_commit": git_commit(), "data_manifest_sha256": self.manifest.sha256(),
                                "tokenizer_sha256": self.tokenizer.sha256, "data_dir": str(self.data_dir)})
-        self.tracker.log_text(json.dumps(self.config.to_dict(), indent=2), CONFIG_FILE)
-        self.tracker.log_text(json.dumps(deepspeed_config(self.config, self.plan, self.zero_stage,
+        tracker.log_text(json.dumps(self.config.to_dict(), indent=2), CONFIG_FILE)
+        tracker.log_text(json.dumps(deepspeed_config(self.config, self.plan, self.zero_stage,
                                                           self.precision), indent=2), "deepspeed_config.json")
 
     def write_run_files(self) -> None:
@@ -208,9 +259,14 @@ class Trainer:
         self.dist.barrier()
 
     def _record(self, metrics: dict[str, float], step: int) -> None:
-        """Rank 0: append to metrics.jsonl and log to MLflow."""
-        with open(self.run_dir / METRICS_FILE, "a", encoding="utf-8") as out:
-            out.write(json.dumps({"step": step, **metrics}) + "\n")
+        """Rank 0: append to metrics.jsonl and queue for MLflow. A failed write is raised at
+        the next step boundary, after every rank has checkpointed."""
+        path = self.run_dir / METRICS_FILE
+        try:
+            with open(path, "a", encoding="utf-8") as out:
+                out.write(json.dumps({"step": step, **metrics}) + "\n")
+        except OSError as err:
+            self.deferred_failure = self.deferred_failure or write_failure(err, path, self.run_dir)
         if self.tracker is not None:
             self.tracker.log_metrics(metrics, step)
 
@@ -219,7 +275,6 @@ class Trainer:
         config, dist = self.config, self.dist
         preemption = _Preemption()
         batches = _endless(self.train_loader)
-        stall_after = int(os.environ.get(STALL_ENV, "-1"))
         bar = tqdm(total=config.train.max_steps, initial=self.state.step, unit="step", dynamic_ncols=True,
                    disable=not (dist.is_main and config.logging.progress))
         interval = _Interval(dist.device)
@@ -230,30 +285,49 @@ class Trainer:
             if self.state.step == 0 and config.eval.every:
                 validation = self._validate()  # the curve starts at the initial weights
             while self.state.step < config.train.max_steps:
-                self._step(batches, interval)
+                self._step(batches, interval)  # a failure inside a step leaves no sound state to save
                 step = self.state.step
                 bar.update(1)
                 last = step == config.train.max_steps
-                if step % config.logging.every == 0 or last:
-                    self._log_interval(interval, bar)
-                if (config.eval.every and step % config.eval.every == 0) or last:
-                    validation = self._validate()
-                if step == stall_after:
-                    _stall(preemption, step, self.run_dir, dist.rank)
-                preempted = dist.any(preemption.requested)
+                validation = self._between_steps(step, last, interval, bar, preemption) or validation
+                failed = dist.any(self.deferred_failure is not None)
+                preempted = dist.any(preemption.requested) or failed
                 if step % config.checkpoint.every == 0 or last or preempted:
                     self._save()
+                if failed:
+                    raise self.deferred_failure or UserError("rank 0 failed; its message says why")
                 if preempted:
                     break
         finally:
             bar.close()
             preemption.restore()
         if self.tracker is not None:
-            self.tracker.finish("KILLED" if preempted else "FINISHED")
+            self.tracker.close("KILLED" if preempted else "FINISHED")
         if preempted and dist.is_main:
-            log.warning("SIGTERM: checkpoint written at step %d; resume with --resume auto", self.state.step)
+            log.warning("stopped by a signal: checkpoint written at step %d; resume with --resume auto",
+                        self.state.step)
         return TrainResult(self.run_dir, self.state.step, self.state.tokens_seen, self.checkpoints.latest(),
                            validation, preempted, self.tracker.run_id if self.tracker else None)
+
+    def _between_steps(self, step: int, last: bool, interval: "_Interval", bar: tqdm,
+                       preemption: _Preemption) -> ValidationResult | None:
+        """Logging and validation after a completed step. Alone in the job, a failure here
+        first checkpoints the (sound) state of the completed step; with other ranks it cannot
+        (they wait in a collective this rank will not reach), and the failure ends the job."""
+        config, validation = self.config, None
+        try:
+            if step % config.logging.every == 0 or last:
+                self._log_interval(interval, bar)
+            if (config.eval.every and step % config.eval.every == 0) or last:
+                validation = self._validate()
+            if step == int(os.environ.get(STALL_ENV, "-1")):
+                _stall(preemption, step, self.run_dir, self.dist.rank)
+        except Exception:
+            if self.dist.world_size == 1 and self.state.consecutive_skipped == 0:
+                log.error("step %d: failed after the step; writing a checkpoint first", step)
+                self._save()
+            raise
+        return validation
 
     def _log_setup(self) -> None:
         """What the run resolved to, "auto" settings included: the line to read when it is slow."""
@@ -362,6 +436,14 @@ class _Interval:
         return loss, tokens, seconds, steps
 
 
+def _record_step(line: str) -> int:
+    """The step of a metrics.jsonl line (a torn last line counts as after every step)."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return 1 << 62
+
+
 def _grad_norm(engine) -> float:
     norm = engine.get_global_grad_norm()
     return float(norm) if norm is not None else float("nan")
@@ -388,7 +470,25 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
     if resume not in ("auto", "never"):
         raise UserError(f"--resume must be 'auto' or 'never', got {resume!r}")
     dist = init_distributed()
-    trainer = Trainer(config, Path(data_dir), Path(run_dir), dist, on_checkpoint)
+    lock = RunLock(run_dir)
+    refusal = None
+    if dist.is_main:
+        try:
+            lock.acquire()
+        except UserError as err:
+            refusal = err
+    if dist.any(refusal is not None):
+        raise refusal or UserError(f"{run_dir}: rank 0 could not lock the run directory; its message says why")
+    try:
+        return _train_locked(config, dist, Path(data_dir), Path(run_dir), resume, allow_config_change,
+                             on_checkpoint)
+    finally:
+        lock.release()
+
+
+def _train_locked(config: Config, dist: Distributed, data_dir: Path, run_dir: Path, resume: str,
+                  allow_config_change: bool, on_checkpoint: CheckpointHook | None) -> TrainResult:
+    trainer = Trainer(config, data_dir, run_dir, dist, on_checkpoint)
     trainer.resume(resume, allow_config_change)
     trainer.write_run_files()
     trainer.start_tracking()
@@ -396,5 +496,5 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
         return trainer.run()
     except BaseException:
         if trainer.tracker is not None:
-            trainer.tracker.finish("FAILED")
+            trainer.tracker.close("FAILED", wait_s=FAILED_CLOSE_WAIT_S)
         raise

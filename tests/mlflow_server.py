@@ -35,7 +35,7 @@ SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((HOST, 0))
         return sock.getsockname()[1]
@@ -91,16 +91,17 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @contextmanager
-def running_mlflow_server(root: Path) -> Iterator[str]:
+def running_mlflow_server(root: Path, port: int | None = None) -> Iterator[str]:
     """Start ``mlflow server`` with its store under ``root``, yield its URL
-    (``http://127.0.0.1:PORT``) once ``/health`` answers, and stop it afterwards."""
+    (``http://127.0.0.1:PORT``) once ``/health`` answers, and stop it afterwards. The same
+    ``root`` and ``port`` again restart the same server (an outage and its end)."""
     root.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = port or free_port()
     url = f"http://{HOST}:{port}"
     log = root / "server.log"
     # A file, not a pipe: nobody reads the server's output while tests run, and a full
     # pipe would block it.
-    with open(log, "wb") as sink:
+    with open(log, "ab") as sink:
         process = subprocess.Popen(
             server_command(root, port), stdin=subprocess.DEVNULL, stdout=sink,
             stderr=subprocess.STDOUT, env={**os.environ, **SERVER_ENV}, start_new_session=True)

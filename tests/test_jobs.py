@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from tests.ray_head import head_env, processes_naming, ray_head
 from tests.shard_fixtures import tree_bytes
 from tests.train_helpers import REPO, RUN_TIMEOUT_S, SHARED, TINY, write_config
+from tests.upload_fixtures import CODE, SECRETS, seed_project, uploaded_names
 
 pytestmark = pytest.mark.slow
 
@@ -145,10 +146,11 @@ def _uploaded_package(head, marker: str) -> Path:
     return packages.pop()
 
 
-def test_submit_uploads_code_without_data_checkpoints_git_or_venv(head, tmp_path):
+def test_submit_uploads_code_without_data_checkpoints_git_venv_or_secrets(head, tmp_path):
     project = tmp_path / "project"
     files = ["marker_7f3a.txt", "configs/tiny.yaml", "pipeline/x.py", ".git/HEAD", ".venv/bin/python", "runs/a/log",
-             "data/train/shard-000000.tar", "shards/b.tar", "out/checkpoints/step-1/model.pt", "export/model.safetensors"]
+             "data/train/shard-000000.tar", "shards/b.tar", "out/checkpoints/step-1/model.pt",
+             "export/model.safetensors", ".env", ".ssh/id_rsa", ".ray/auth_token"]
     for name in files:
         (project / name).parent.mkdir(parents=True, exist_ok=True)
         (project / name).write_text(name)
@@ -160,6 +162,22 @@ def test_submit_uploads_code_without_data_checkpoints_git_or_venv(head, tmp_path
     assert uploaded == ["configs/tiny.yaml", "marker_7f3a.txt", "pipeline/x.py"]
     job_id = done.stdout.splitlines()[0].strip()
     assert "unmask " in unmask(["jobs", "logs", job_id, "--address", head.dashboard_url]).stdout
+
+
+def test_submit_from_a_checkout_uploads_its_code_and_no_secret(head, tmp_path):
+    """The package that reaches the head holds exactly the code: no secret (tracked or not,
+    by name or by a private key inside), nothing .gitignore'd, nothing linked from outside."""
+    project = seed_project(tmp_path / "checkout", tmp_path / "outside", git=True)
+    done = unmask(["submit", "--address", head.dashboard_url, "--working-dir", str(project), "--wait", "--",
+                   "version"])
+    if done.returncode != 0 and done.stdout:  # the job's own log says why
+        done.stderr += unmask(["jobs", "logs", done.stdout.split()[0], "--address", head.dashboard_url]).stdout
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"uploading {len(CODE)} files" in done.stderr
+    assert f"left out {len(SECRETS)} secret-looking files: .bash_history, .env, " in done.stderr
+    package = _uploaded_package(head, "marker_5e2d.txt")
+    assert uploaded_names(package) == sorted(CODE)
+    assert not [path for path in package.rglob("*") if path.is_symlink()]
 
 
 def test_token_auth_from_env_or_file_and_a_clear_error_without(head, tmp_path):

@@ -1,6 +1,7 @@
 """The streaming loader: coverage, balance across ranks, determinism, exact resume."""
 
 import itertools
+import json
 
 import pytest
 import torch
@@ -111,3 +112,48 @@ def test_bad_requests_are_refused(data_dir, tmp_path):
     (tmp_path / "train" / "shard-000001.tar").unlink()
     with pytest.raises(UserError, match="shard-000001.tar: shard listed in the manifest is missing"):
         list(StreamingLoader(tmp_path, "train", 2, shuffle=False))
+
+
+# ----------------------------------------------------------------------------- integrity
+TAR_HEADER_BYTES, NPY_HEADER_BYTES = 512, 128  # npy format 1.0 pads its header to 128 bytes here
+
+
+def _flip_payload_byte(path) -> None:
+    """Change the first token of a shard's first chunk (not the tar headers): the tar still parses."""
+    data = bytearray(path.read_bytes())
+    position = TAR_HEADER_BYTES + NPY_HEADER_BYTES  # the first member's array data
+    data[position] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_shard_with_flipped_payload_bytes_stops_the_loader_with_its_name(tmp_path):
+    write_numbered_split(tmp_path, [4, 4])
+    shard = tmp_path / "train" / "shard-000001.tar"
+    _flip_payload_byte(shard)
+    unverified = list(itertools.chain(*_ids(StreamingLoader(tmp_path, "train", 1, shuffle=False, verify=False))))
+    assert unverified != list(range(8)), "the flip must change the data, or the test proves nothing"
+    with pytest.raises(UserError, match=r"shard-000001.tar: its sha256 differs from the manifest's"):
+        list(StreamingLoader(tmp_path, "train", 1, shuffle=False))
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_truncated_shard_is_named_with_the_fix(tmp_path, num_workers):
+    write_numbered_split(tmp_path, [4, 4])
+    shard = tmp_path / "train" / "shard-000000.tar"
+    shard.write_bytes(shard.read_bytes()[:700])
+    with pytest.raises(UserError, match=r"shard-000000.tar: 700 bytes, the manifest says \d+ \(truncated"):
+        list(StreamingLoader(tmp_path, "train", 1, shuffle=False, num_workers=num_workers))
+    with pytest.raises(UserError, match=r"shard-000000.tar: truncated or corrupt shard"):
+        list(StreamingLoader(tmp_path, "train", 1, shuffle=False, verify=False))
+
+
+@pytest.mark.parametrize("path", ["../outside.tar", "/etc/passwd", "train/../../outside.tar"])
+def test_manifest_paths_outside_the_data_dir_are_refused(tmp_path, path):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    write_numbered_split(data_dir, [4])
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    manifest["splits"]["train"]["shards"][0]["path"] = path
+    (data_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="leaves the data directory"):
+        StreamingLoader(data_dir, "train", 1)

@@ -202,6 +202,79 @@ def test_repaired_skipped_and_empty_documents_are_counted(ray_local, gpt2, tmp_p
         assert manifest.counts["empty_skipped"] == 1 and manifest.splits["val"].documents == 0
 
 
+def test_binary_inputs_are_skipped_counted_and_named(ray_local, gpt2, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("first paragraph\n\nsecond one\n")
+    (corpus / "logo").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR" * 10)
+    (corpus / "notes.txt").write_bytes("UTF-16 notes\n".encode("utf-16"))
+    result = prep(PrepConfig(inputs=(str(corpus),), seq_len=8, val_fraction=0.0), gpt2, tmp_path / "out",
+                  progress=False)
+    manifest = result.manifest
+    assert manifest.counts["binary_files_skipped"] == 2 and manifest.counts["documents"] == 2
+    skipped = {Path(entry["uri"]).name: entry.get("skipped") for entry in manifest.inputs}
+    assert skipped["a.txt"] is None and "NUL bytes" in skipped["logo"] and "UTF-16" in skipped["notes.txt"]
+    warning = "\n".join(result.warnings())
+    assert "skipped 2 input file(s) as binary" in warning and "iconv -f UTF-16 -t UTF-8" in warning
+    assert str(corpus / "logo") in warning and str(corpus / "notes.txt") in warning
+
+
+def _policy_corpus(root: Path) -> tuple[str, ...]:
+    """Three JSONL files in several units each: invalid UTF-8 in a text field of the first, a
+    line that is not JSON at the very end of the last (the last unit, so the others finish)."""
+    lines = [json.dumps({"text": f"document number {i}: " + "word " * (i % 7)}) for i in range(60)]
+    (root / "a.jsonl").write_bytes("\n".join(lines[:20]).encode() + b'\n{"text": "caf\xe9 au lait"}\n')
+    (root / "b.jsonl").write_text("\n".join(lines[20:40]) + "\n")
+    (root / "c.jsonl").write_text("\n".join(lines[40:]) + "\nnot json\n")
+    return tuple(str(root / name) for name in ("a.jsonl", "b.jsonl", "c.jsonl"))
+
+
+def test_a_changed_error_policy_resumes_a_failed_prep_to_the_uninterrupted_output(ray_local, gpt2, tmp_path):
+    inputs = _policy_corpus(tmp_path)
+    small = dict(inputs=inputs, seq_len=16, val_fraction=0.2, unit_bytes=400)
+    units = plan_units(resolve_inputs(inputs), ReadOptions(), 400)
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match=r"c.jsonl:21: not valid JSON.*--bad-json skip"):
+        prep(PrepConfig(**small), gpt2, out, progress=False)
+    assert len(list((out / WORK_DIR / "ledger").glob("unit-*.json"))) == len(units) - 1
+    final = ReadOptions(bad_json="skip", bad_utf8="skip")
+    resumed = prep(PrepConfig(**small, read=final), gpt2, out, progress=False)  # no --overwrite needed
+    # Only the unit with the invalid UTF-8 (--bad-utf8 changed) and the failed one are redone.
+    assert (resumed.units_resumed, resumed.units_run) == (len(units) - 2, 2)
+    assert "--bad-utf8 replace -> skip" in resumed.summary() and "--bad-json error -> skip" in resumed.summary()
+    assert resumed.manifest.counts["bad_utf8_skipped"] == 1 and resumed.manifest.counts["bad_json_skipped"] == 1
+    reference = tmp_path / "reference"
+    prep(PrepConfig(**small, read=final), gpt2, reference, progress=False)
+    assert tree_bytes(out) == tree_bytes(reference)
+    # Any other change to an unfinished prep is still a different prep.
+    (out / "manifest.json").unlink()
+    (out / WORK_DIR / "units").mkdir(parents=True)
+    (out / WORK_DIR / "identity.json").write_text(json.dumps({"sha256": "another", "config": {"read": {}}}))
+    with pytest.raises(UserError, match="unfinished work of a different prep; pass --overwrite"):
+        prep(PrepConfig(**small, read=final), gpt2, out, progress=False)
+
+
+def test_a_policy_change_that_retrained_the_tokenizer_redoes_every_unit(ray_local, gpt2, tmp_path):
+    """`unmask prep --vocab-size` trains its tokenizer from the inputs and read flags: a changed
+    flag may change the tokenizer, and then every unit is redone (still no --overwrite)."""
+    from data_prep.tokenizer import train_sentencepiece
+
+    inputs = _policy_corpus(tmp_path)
+    small = dict(inputs=inputs, seq_len=16, val_fraction=0.2, unit_bytes=400)
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match="not valid JSON"):
+        prep(PrepConfig(**small), gpt2, out, progress=False)
+    final = PrepConfig(**small, read=ReadOptions(bad_json="skip"))
+    retrained = train_sentencepiece(_documents(final), tmp_path / "tokenizer", 300)
+    with pytest.raises(UserError, match="unfinished work of a different prep"):  # a tokenizer given by the user
+        prep(final, retrained, out, progress=False)
+    resumed = prep(final, retrained, out, progress=False, tokenizer_follows_inputs=True)
+    assert resumed.units_resumed == 0 and "retrained the tokenizer" in resumed.summary()
+    reference = tmp_path / "reference"
+    prep(final, retrained, reference, progress=False)
+    assert tree_bytes(out) == tree_bytes(reference)
+
+
 def test_cli_prints_errors_without_a_traceback(tmp_path):
     result = subprocess.run([UNMASK, "prep", "--input", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "o"),
                              "--seq-len", "16", "--tokenizer", str(GPT2)], capture_output=True, text=True)

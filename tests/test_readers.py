@@ -398,6 +398,24 @@ def test_jsonl_units_concatenate_to_the_whole_file(tmp_path):
         assert read_pieces([path], options, target) == (whole, counters), f"target {target}"
 
 
+def test_binary_files_are_skipped_whole_and_counted_once(tmp_path):
+    text = "a paragraph\n\nanother one\n"
+    binary = bytes(range(256)) * 40  # NUL in the first block, as in an executable or an image
+    paths = [write(tmp_path, "a.txt", text), write(tmp_path, "b", binary),
+             write(tmp_path, "c.jsonl.gz", gzip.compress(b'{"text": "x"}\n\0\n')),
+             write(tmp_path, "d.txt", "hello\n\nworld\n".encode("utf-16")),   # with a byte-order mark
+             write(tmp_path, "e.txt", binary[:1] + b"x" * readers.BINARY_CHECK_BYTES)]  # NUL first
+    pieces, counters = read_pieces(paths, ReadOptions(), target=1000)  # the binary file makes 11 units
+    assert [p.text for p in pieces] == ["a paragraph", "another one"]
+    assert counters.binary_files_skipped == 4 and counters.documents == 2
+    reasons = {Path(file.uri).name: readers.binary_reason(file) for file in resolve_inputs([str(p) for p in paths])}
+    assert reasons["a.txt"] is None and "UTF-16 text (byte-order mark)" in reasons["d.txt"]
+    assert "NUL bytes in its first 8000 bytes" in reasons["b"] and reasons["c.jsonl.gz"] and reasons["e.txt"]
+    # A NUL past the first block does not make a file binary (git and grep look no further).
+    late = write(tmp_path, "late.txt", "x" * readers.BINARY_CHECK_BYTES + "\0 tail\n")
+    assert readers.binary_reason(resolve_inputs([str(late)])[0]) is None
+
+
 @pytest.mark.parametrize("line, problem", [
     ("not json", "not valid JSON"),
     ('["a list"]', "expected a JSON object, got an array"),
@@ -550,8 +568,8 @@ def test_bad_options_name_the_flag(field, value, flag):
 
 def test_counters_add_up():
     total = ReadCounters(documents=2, utf8_bytes=10) + ReadCounters(documents=1, bad_json_skipped=4)
-    assert total.to_dict() == {"documents": 3, "utf8_bytes": 10, "empty_skipped": 0,
-                               "bad_utf8_repaired": 0, "bad_utf8_skipped": 0, "bad_json_skipped": 4}
+    assert total.to_dict() == {"documents": 3, "utf8_bytes": 10, "empty_skipped": 0, "bad_utf8_repaired": 0,
+                               "bad_utf8_skipped": 0, "bad_json_skipped": 4, "binary_files_skipped": 0}
     assert sum([ReadCounters(documents=1)] * 3, ReadCounters()).documents == 3
 
 

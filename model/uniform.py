@@ -1,0 +1,265 @@
+"""Uniform (D3PM) diffusion: tokens are replaced by uniformly random tokens; there is no mask.
+
+Notation as in MATH.md (tokens 0..V-1, alpha(t) a guarded ``Schedule``), per position: x the
+clean token, z = z_t^n the noisy one, mu = softmax(f(z_t, t)) the prediction of x (the
+network sees z_t in [0, V)^L and predicts the clean token: x0 parameterization).
+
+Forward process. q(z_t | x) = alpha_t onehot(x) + (1 - alpha_t) / V, the marginal of a chain
+that at rate beta_t = -alpha'_t / alpha_t replaces the token by a uniform one (possibly itself):
+q(z_t | z_s) has the same form with alpha_{t|s} = alpha_t / alpha_s. We write it
+q_t(j | y) = c_t (1 + rho_t [j = y]) with c_t = (1 - alpha_t) / V and the signal-to-noise
+ratio rho_t = V alpha_t / (1 - alpha_t).
+
+Reverse process. By Bayes, for s < t, q(z_s = j | z_t = z, y) = q(z | j) q_s(j | y) / q_t(z | y)
+= kappa (1 + rho_{t|s} [j = z]) (1 + rho_s [j = y]) / (1 + rho_t [z = y]), kappa = c_{t|s} c_s / c_t,
+rho_{t|s} = V alpha_t / (alpha_s - alpha_t). The model mixes these posteriors with the prediction,
+p(z_s | z_t) = sum_y mu_y q(z_s | z_t, y), which sums in closed form to
+
+    p(z_s = j | z_t = z) = kappa (1 + rho_{t|s} [j = z]) B_j(mu),
+    B_j(mu) = 1 - mu_z rho_t / (1 + rho_t) + rho_s mu_j / (1 + rho_t [j = z]),
+
+and q(z_s | z_t, x) is the same with mu = onehot(x). With mu = P(x_n | z_t) (the exact
+posterior of an enumerable p, which weighs x by prod_n q_t(z_n | x_n)), this is the exact
+reverse of each position.
+
+Discrete-time bound (D3PM). Every position (not only the changed ones) contributes, per step,
+KL(q(z_s | z_t, x) || p(z_s | z_t)) = sum_j q(z_s = j | z_t, x) log(B_j(onehot x) / B_j(mu)),
+plus the endpoint terms below. The factors kappa (1 + rho_{t|s}[j = z]) cancel in the ratio.
+
+Continuous time. As s -> t, the reverse chain jumps from z to j != z at the rate
+(beta_t / V) q_t(j | x) / q_t(z | x) given x (the time reversal of the forward rate beta_t / V),
+and the model at the mixture rate (beta_t / V) g_j with g_j = sum_y mu_y q_t(j | y) / q_t(z | y).
+In closed form, for j != z,
+
+    r_j = q_t(j | x) / q_t(z | x) = (1 + rho_t [j = x]) / (1 + rho_t [z = x]),
+    g_j = 1 + rho_t mu_j - mu_z rho_t / (1 + rho_t),
+    g_j - r_j = rho_t (mu_j - [j = x]) - (rho_t / (1 + rho_t)) (mu_z - [z = x]),
+
+and the per-step KL divided by dt tends to the generalized KL between the two sets of rates:
+
+    NELBO(x) = E_{t ~ U[0,1]} E_{z_t ~ q(.|x)} [ (-alpha'_t / (V alpha_t)) sum_n sum_{j != z_n}
+                   (g_j - r_j - r_j log(g_j / r_j)) ]  + reconstruction + prior,
+
+each summand >= 0 and 0 iff g = r. We evaluate it as r_j phi((g_j - r_j) / r_j) with
+phi(u) = u - log(1 + u), from the difference above, so no two large numbers are subtracted.
+(This is the mixture-of-posteriors counterpart of UDLM's continuous uniform bound.) With the
+exact posterior mu it equals -log p(x) up to the endpoint terms.
+
+Endpoint terms (the guard keeps alpha(0) = 1 - eps < 1 and alpha(1) = eps > 0):
+- reconstruction at t = 0: E_{z_0} sum_n -log p(x_n | z_0) with the denoiser at t = 0 ("model",
+  one network call per sequence), or with the decoder p(x_n | z_0) = q_0(z_0^n | x_n) that
+  ignores the network (Bayes with a uniform prior over clean tokens; the columns of q_0 sum to
+  1), through its exact expectation L H(q_0(. | x)) = L [-(alpha_0 + c_0) log(alpha_0 + c_0)
+  - (V - 1) c_0 log c_0] ("uniform", about L eps (log(V / eps) + 1));
+- prior at t = 1: L KL(q_1(. | x) || Uniform(V)) = L [(alpha_1 + c_1) log(V (alpha_1 + c_1))
+  + (V - 1) c_1 log(V c_1)], about L (V - 1) alpha_1^2 / 2.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from model.diffusion import (Denoiser, DiffusionProcess, Generators, NelboTerms, Reconstruction,
+                             _num_scored, _sum_by_row, _uniforms)
+from model.sampling import reverse_sample
+from model.schedules import Schedule
+
+__all__ = ["UniformDiffusion"]
+
+
+class UniformDiffusion(DiffusionProcess):
+    """D3PM's uniform diffusion over ``vocab_size`` tokens with the guarded ``schedule``.
+
+    The same interface as ``MaskedDiffusion``. z_t holds ids in [0, V): there is no mask
+    token, so ``num_masked`` in ``NelboTerms`` counts the positions whose token the noise
+    changed, and a sampling ``prompt`` marks the positions to generate with ``generate_id``
+    (= V, one past the vocabulary, as the mask id in the absorbing processes); they start
+    from uniform random tokens, the others are kept. The denoiser does not see which tokens
+    are kept: it treats them as noisy, as it treats padding outside ``positions``.
+    """
+
+    def __init__(self, schedule: Schedule, vocab_size: int, *, validate: bool = True) -> None:
+        if not isinstance(schedule, Schedule):
+            raise ValueError(f"schedule must be a model.schedules.Schedule, got {schedule!r}")
+        super().__init__(vocab_size, validate=validate)
+        self.schedule = schedule
+
+    # ---------------------------------------------------------------- forward process
+    def corrupt(self, x0: Tensor, t: Tensor, generator: Generators = None, *,
+                positions: Tensor | None = None) -> Tensor:
+        """Sample z_t ~ q(z_t | x0): each token kept with prob alpha(t), otherwise replaced by a
+        uniform token (itself included). Positions where ``positions`` is False are kept."""
+        self._check_tokens(x0, "x0", allow_mask=False)
+        self._check_times(t, x0.shape[0])
+        self._check_positions(positions, x0)
+        return self._corrupt(x0, t, generator, positions)
+
+    def _corrupt(self, x0: Tensor, t: Tensor, generator: Generators,
+                 positions: Tensor | None = None) -> Tensor:
+        alpha = self.schedule.alpha(t.to(torch.float64)).to(x0.device)[:, None]
+        # One float64 uniform per position: below alpha keeps the token, the rest of [0, 1)
+        # rescaled to [0, 1) picks the uniform replacement.
+        u = _uniforms(x0.shape, generator, x0.device)
+        noise = torch.floor((u - alpha) / (1.0 - alpha) * self.vocab_size).long().clamp_(0, self.vocab_size - 1)
+        keep = u < alpha
+        if positions is not None:
+            keep |= ~positions
+        return torch.where(keep, x0, noise)
+
+    # ---------------------------------------------------------------- schedule quantities
+    def _signal_to_noise(self, t: Tensor) -> Tensor:
+        """rho_t = V alpha_t / (1 - alpha_t), float64."""
+        return self.vocab_size * self.schedule.alpha(t) / self.schedule.masking_rate(t)
+
+    def _jump_rate(self, t: Tensor) -> Tensor:
+        """beta_t / V = -alpha'_t / (V alpha_t): the forward rate of a jump to each given token."""
+        return -self.schedule.alpha_derivative(t) / (self.vocab_size * self.schedule.alpha(t))
+
+    # ---------------------------------------------------------------- bounds
+    def nelbo_terms(self, denoiser: Denoiser, x0: Tensor, t: Tensor | None = None,
+                    generator: Generators = None, *,
+                    reconstruction: Reconstruction = "model",
+                    positions: Tensor | None = None) -> NelboTerms:
+        """``MaskedDiffusion.nelbo_terms`` for the uniform process (module docstring);
+        ``num_masked`` counts the positions the noise changed."""
+        self._check_tokens(x0, "x0", allow_mask=False)
+        self._check_positions(positions, x0)
+        self._check_reconstruction(reconstruction)
+        t = self._times(t, x0, generator)
+        z_t = self._corrupt(x0, t, generator, positions)
+        return NelboTerms(
+            t=t,
+            diffusion=self._continuous_loss(denoiser, x0, z_t, t, _scored(x0, positions)),
+            reconstruction=self._reconstruction(denoiser, x0, generator, reconstruction, positions),
+            prior=self._prior(x0, positions),
+            num_masked=(z_t != x0).sum(-1),
+        )
+
+    def nelbo_discrete(self, denoiser: Denoiser, x0: Tensor, steps: int,
+                       generator: Generators = None, *, u: Tensor | None = None,
+                       positions: Tensor | None = None) -> Tensor:
+        """One-sample unbiased estimate of D3PM's T-step NELBO per sequence [B]: step i drawn
+        as in ``MaskedDiffusion.nelbo_discrete``, T times its KL summed over the scored
+        positions, plus the endpoint terms (reconstruction by the model)."""
+        self._check_tokens(x0, "x0", allow_mask=False)
+        self._check_positions(positions, x0)
+        t, s = self._step_times(steps, u, x0, generator)
+        z_t = self._corrupt(x0, t, generator, positions)
+        return (steps * self._step_kl(denoiser, x0, z_t, t, s, _scored(x0, positions))
+                + self._reconstruction(denoiser, x0, generator, "model", positions)
+                + self._prior(x0, positions))
+
+    def _continuous_loss(self, denoiser: Denoiser, x0: Tensor, z_t: Tensor, t: Tensor, scored: Tensor) -> Tensor:
+        """(-alpha'_t / (V alpha_t)) sum over the scored positions of sum_{j != z} (g_j - r_j
+        - r_j log(g_j / r_j)) (module docstring), float64 [B]."""
+        rows, x, z, log_mu = self._prediction(denoiser, x0, z_t, t, scored)
+        t = t.to(torch.float64)
+        rho = self._signal_to_noise(t).to(device=log_mu.device, dtype=log_mu.dtype)[rows, None]
+        divergence = _sum_by_row(self._rate_divergence(x, z, log_mu.exp(), rho), rows, x0.shape[0])
+        return self._jump_rate(t).to(x0.device) * divergence
+
+    def _step_kl(self, denoiser: Denoiser, x0: Tensor, z_t: Tensor, t: Tensor, s: Tensor,
+                 scored: Tensor) -> Tensor:
+        """sum over the scored positions of KL(q(z_s | z_t, x) || p(z_s | z_t)), float64 [B]."""
+        rows, x, z, log_mu = self._prediction(denoiser, x0, z_t, t, scored)
+        ratios = [r.to(device=log_mu.device, dtype=log_mu.dtype)[rows, None] for r in self._step_ratios(t, s)]
+        model = self._posterior_weights(z, log_mu.exp(), *ratios)
+        truth = self._posterior_weights(z, F.one_hot(x, self.vocab_size).to(log_mu.dtype), *ratios)
+        kl = (truth / truth.sum(-1, keepdim=True) * (truth.log() - model.log())).sum(-1)
+        return _sum_by_row(kl, rows, x0.shape[0])
+
+    def _prediction(self, denoiser: Denoiser, x0: Tensor, z_t: Tensor, t: Tensor, scored: Tensor,
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(rows, x, z, log mu) at the scored positions; log mu in float32 for a network
+        (bf16 upcast), float64 for float64 logits."""
+        rows = scored.nonzero(as_tuple=True)[0]
+        logits = self._masked_logits(denoiser, z_t, t.to(z_t.device), scored, rows.numel())
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        return rows, x0[scored], z_t[scored], torch.log_softmax(logits.to(dtype), dim=-1)
+
+    def _rate_divergence(self, x: Tensor, z: Tensor, mu: Tensor, rho: Tensor) -> Tensor:
+        """sum_{j != z} (g_j - r_j - r_j log(g_j / r_j)) per position (module docstring)."""
+        x_hot = F.one_hot(x, self.vocab_size).to(mu.dtype)
+        x_is_z = (x == z).to(mu.dtype)[:, None]
+        mu_z = mu.gather(1, z[:, None])
+        gap = rho * (mu - x_hot) - rho / (1.0 + rho) * (mu_z - x_is_z)     # g_j - r_j
+        ratio = (1.0 + rho * x_hot) / (1.0 + rho * x_is_z)                 # r_j
+        relative = gap / ratio
+        divergence = ratio * (relative - torch.log1p(relative))
+        return divergence.scatter(1, z[:, None], 0.0).sum(-1)               # j = z is no jump
+
+    def _step_ratios(self, t: Tensor, s: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(rho_t, rho_s, rho_{t|s}) float64; rho_{t|s} = V alpha_t / (alpha_s - alpha_t)."""
+        t, s = t.to(torch.float64), s.to(torch.float64)
+        gap = self.schedule.masking_rate(t) - self.schedule.masking_rate(s)   # alpha_s - alpha_t
+        return (self._signal_to_noise(t), self._signal_to_noise(s),
+                self.vocab_size * self.schedule.alpha(t) / gap)
+
+    def _posterior_weights(self, z: Tensor, mu: Tensor, rho_t: Tensor, rho_s: Tensor,
+                           rho_ts: Tensor) -> Tensor:
+        """(1 + rho_{t|s} [j = z]) B_j(mu) [N, V]: p(z_s = j | z_t = z) up to the factor kappa."""
+        z_hot = F.one_hot(z, self.vocab_size).to(mu.dtype)
+        mu_z = mu.gather(1, z[:, None])
+        b = 1.0 - mu_z * rho_t / (1.0 + rho_t) + rho_s * mu / (1.0 + rho_t * z_hot)
+        return (1.0 + rho_ts * z_hot) * b
+
+    def _reconstruction(self, denoiser: Denoiser, x0: Tensor, generator: Generators,
+                        kind: Reconstruction, positions: Tensor | None) -> Tensor:
+        self._check_reconstruction(kind)
+        if kind == "uniform":
+            alpha0 = self._endpoint_alpha(0.0)
+            noise = (1.0 - alpha0) / self.vocab_size
+            entropy = -(torch.xlogy(alpha0 + noise, alpha0 + noise)
+                        + (self.vocab_size - 1) * torch.xlogy(noise, noise))
+            return entropy * _num_scored(_scored(x0, positions))
+        zero_time = torch.zeros(x0.shape[0], dtype=torch.float64, device=x0.device)
+        z_0 = self._corrupt(x0, zero_time, generator, positions)
+        scored = _scored(x0, positions)
+        rows, x, _, log_mu = self._prediction(denoiser, x0, z_0, zero_time, scored)
+        return _sum_by_row(-log_mu.gather(1, x[:, None]).squeeze(1), rows, x0.shape[0])
+
+    def _prior(self, x0: Tensor, positions: Tensor | None) -> Tensor:
+        """L KL(q_1(. | x) || Uniform(V)), the real tokens only."""
+        alpha1 = self._endpoint_alpha(1.0)
+        noise = (1.0 - alpha1) / self.vocab_size
+        kl = (torch.xlogy(alpha1 + noise, self.vocab_size * (alpha1 + noise))
+              + (self.vocab_size - 1) * torch.xlogy(noise, self.vocab_size * noise))
+        return kl * _num_scored(_scored(x0, positions))
+
+    def _endpoint_alpha(self, t: float) -> Tensor:
+        return self.schedule.alpha(torch.tensor(t, dtype=torch.float64))
+
+    # ---------------------------------------------------------------- sampling
+    def sample(self, denoiser: Denoiser, num_samples: int, seq_len: int, steps: int,
+               generator: torch.Generator | None = None, grid: str = "uniform",
+               prompt: Tensor | None = None, *, top_p: float | None = None, cache: bool = True,
+               device: torch.device | str | None = None, return_stats: bool = False):
+        """Ancestral sampling from Uniform(V)^L at t = 1 with p(z_s | z_t) (module docstring),
+        see ``model.sampling.reverse_sample``. ``prompt`` keeps its tokens and generates where
+        it holds ``generate_id``. Every step needs the network (any token may still change);
+        ``cache`` reuses an output only for a ``time_independent`` denoiser and an unchanged row."""
+        tokens, stats = reverse_sample(
+            self, denoiser, num_samples=num_samples, seq_len=seq_len, steps=steps,
+            generator=generator, grid=grid, prompt=prompt, top_p=top_p, cache=cache, device=device)
+        return (tokens, stats) if return_stats else tokens
+
+    def _prior_tokens(self, z: Tensor, free: Tensor, generator: torch.Generator | None) -> Tensor:
+        u = torch.rand(z.shape, generator=generator, dtype=torch.float64, device=z.device)
+        return torch.where(free, torch.floor(u * self.vocab_size).long(), z)
+
+    def _changeable(self, z: Tensor) -> Tensor:
+        return torch.ones_like(z, dtype=torch.bool)
+
+    def _reverse_kernel(self, z: Tensor, mu: Tensor, t: float, s: float | None) -> Tensor:
+        """p(z_s | z_t = z) up to a constant; ``s=None`` (the last step) draws from mu."""
+        if s is None:
+            return mu
+        ratios = self._step_ratios(torch.tensor([t], dtype=torch.float64), torch.tensor([s], dtype=torch.float64))
+        return self._posterior_weights(z, mu, *(r.to(mu.device)[:, None] for r in ratios))
+
+
+def _scored(x0: Tensor, positions: Tensor | None) -> Tensor:
+    return torch.ones_like(x0, dtype=torch.bool) if positions is None else positions
+

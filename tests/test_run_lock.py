@@ -1,0 +1,102 @@
+"""One trainer per run directory: the lock, its holder's name, stale locks, the same job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from pipeline.run_lock import JOB_ID_ENV, LOCK_FILE, RunDirLocked, RunLock
+from tests.train_helpers import REPO, RUN_TIMEOUT_S, run_train, train_command, write_config
+
+HOLD = """
+import sys
+from pipeline.run_lock import RunLock
+RunLock(sys.argv[1]).acquire()
+print("locked", flush=True)
+sys.stdin.read()   # hold until the test closes stdin or kills us
+"""
+
+
+def _holder(run_dir, env=None) -> subprocess.Popen:
+    """Another process holding the run directory's lock."""
+    process = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], cwd=REPO, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    assert process.stdout.readline().strip() == "locked"
+    return process
+
+
+def test_a_second_holder_is_refused_with_the_first_ones_name(tmp_path):
+    holder = _holder(tmp_path)
+    try:
+        with pytest.raises(RunDirLocked, match=rf"is being trained by pid {holder.pid} on host .*: wait for it"):
+            RunLock(tmp_path).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path, caplog):
+    holder = _holder(tmp_path)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == holder.pid  # the dead holder's record
+    caplog.set_level("INFO", logger="unmask.train")
+    with RunLock(tmp_path):
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert f"from pid {holder.pid}" in caplog.text and "no longer running" in caplog.text
+
+
+def test_the_same_job_waits_for_its_previous_worker(tmp_path, monkeypatch):
+    holder = _holder(tmp_path, env={JOB_ID_ENV: "job-1"})
+    monkeypatch.setenv(JOB_ID_ENV, "job-1")
+    acquired = threading.Event()
+    lock = RunLock(tmp_path)
+    waiter = threading.Thread(target=lambda: (lock.acquire(), acquired.set()))
+    waiter.start()
+    holder.stdin.close()  # the previous worker of the job exits
+    holder.wait()
+    waiter.join(timeout=60)
+    assert acquired.is_set()
+    lock.release()
+
+
+def test_another_job_does_not_wait(tmp_path, monkeypatch):
+    holder = _holder(tmp_path, env={JOB_ID_ENV: "job-1"})
+    monkeypatch.setenv(JOB_ID_ENV, "job-2")
+    try:
+        with pytest.raises(RunDirLocked):
+            RunLock(tmp_path).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.slow
+def test_a_second_trainer_on_a_run_dir_exits_at_once_naming_the_first(tinyshakespeare_shards, tmp_path):
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path / "c.yaml", {"train": {"max_steps": 4}})
+    args = ["--config", str(config), "--data", str(tinyshakespeare_shards), "--run-dir", str(run_dir)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "UNMASK_TRAIN_STALL_AFTER_STEP": "2"}
+    first = subprocess.Popen(train_command(1, args), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in first.stdout:
+            if "unmask: stalling after step" in line:
+                break
+        second = run_train(run_dir, tinyshakespeare_shards, config, check=False)
+        assert second.returncode != 0
+        assert f"is being trained by pid {first.pid}" in second.output
+        first.send_signal(signal.SIGTERM)  # the first one checkpoints and finishes normally
+        assert first.wait(timeout=RUN_TIMEOUT_S) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if "train/loss" in line]
+    assert steps == [1, 2], "the second trainer wrote nothing"
