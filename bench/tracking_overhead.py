@@ -54,7 +54,7 @@ def _config(args: argparse.Namespace, root: Path, mlflow: bool) -> Path:
 
 
 def _command(args: argparse.Namespace, config: Path, run_dir: Path, uri: str | None) -> list[str]:
-    command = [sys.executable, "-m", "pipeline.cli", "train", "--config", str(config), "--data", args.data,
+    command = [sys.executable, "-m", "orchestration.cli", "train", "--config", str(config), "--data", args.data,
                "--run-dir", str(run_dir)]
     return command + (["--mlflow-uri", uri] if uri else [])
 

@@ -43,7 +43,7 @@ def _config(args: argparse.Namespace, stage: int) -> dict:
 
 
 def _command(world: int, config: Path, data: str, run_dir: Path) -> list[str]:
-    train = ["-m", "pipeline.cli", "train", "--config", str(config), "--data", data, "--run-dir", str(run_dir)]
+    train = ["-m", "orchestration.cli", "train", "--config", str(config), "--data", data, "--run-dir", str(run_dir)]
     if world == 1:
         return [sys.executable, *train]
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",

@@ -20,7 +20,7 @@ import sysconfig
 from pathlib import Path
 from typing import Iterator
 
-from data_prep.atomic_files import atomic_write_bytes
+from common.atomic_files import atomic_write_bytes
 
 __all__ = ["cpython_documents", "write_cpython_corpus", "CORPUS_TEXT_FIELD"]
 

@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from data_prep.atomic_files import atomic_write_bytes
+from common.atomic_files import atomic_write_bytes
 
 # Testing aid: a process that has recorded this many entries stalls (sleeps) instead of
 # going on, so a test can SIGKILL a prep at a known point midway. Unset in normal use.

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from common.errors import UserError
 from data_prep.shards import Manifest, ShardInfo, iter_chunks, verify_shard
-from pipeline.errors import UserError
 
 __all__ = ["StreamingLoader"]
 

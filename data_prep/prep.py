@@ -37,16 +37,35 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from common.atomic_files import atomic_write_bytes
+from common.errors import UserError, output_dir
+from common.ray_runtime import ray_session
 from data_prep.ledger import Ledger
-from data_prep.readers import (DEFAULT_UNIT_BYTES, InputFile, Piece, ReadCounters, ReadOptions,
-                               WorkUnit, binary_reason, plan_units, read_unit, resolve_inputs)
-from data_prep.atomic_files import atomic_write_bytes
-from data_prep.shards import (FORMAT_VERSION, MANIFEST_NAME, SPLITS, Manifest, ShardInfo, SplitInfo,
-                              chunk_rows, shard_path, token_dtype, write_shard)
+from data_prep.readers import (
+    DEFAULT_UNIT_BYTES,
+    InputFile,
+    Piece,
+    ReadCounters,
+    ReadOptions,
+    WorkUnit,
+    binary_reason,
+    plan_units,
+    read_unit,
+    resolve_inputs,
+)
+from data_prep.shards import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    SPLITS,
+    Manifest,
+    ShardInfo,
+    SplitInfo,
+    chunk_rows,
+    shard_path,
+    token_dtype,
+    write_shard,
+)
 from data_prep.tokenizer import Tokenizer
-from orchestration.ray_runtime import ray_session
-from pipeline.errors import UserError, output_dir
-
 
 WORK_DIR = ".prep-work"
 IDENTITY_NAME = "identity.json"

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.errors import UserError
+from common.errors import UserError
 
 __all__ = [
     "DEFAULT_PIECE_BYTES", "DEFAULT_UNIT_BYTES", "MAX_JSONL_LINE_BYTES", "MIN_PIECE_BYTES",

@@ -26,8 +26,8 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from data_prep.atomic_files import atomic_write_bytes
-from pipeline.errors import UserError
+from common.atomic_files import atomic_write_bytes
+from common.errors import UserError
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"

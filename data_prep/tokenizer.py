@@ -31,8 +31,8 @@ import sentencepiece as spm
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from data_prep.atomic_files import atomic_write_bytes
-from pipeline.errors import UserError
+from common.atomic_files import atomic_write_bytes
+from common.errors import UserError
 
 # Files written by ``train_sentencepiece``; ``SentencePieceTokenizer.save`` writes the model alone.
 SP_MODEL_FILE = "tokenizer.model"

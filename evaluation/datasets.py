@@ -45,8 +45,8 @@ from typing import Callable, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from common.errors import UserError
 from evaluation.detokenizers import DETOKENIZERS
-from pipeline.errors import UserError
 
 __all__ = ["DATASET_NAMES", "FILE_SPLIT", "EvalDataset", "check_text_file", "dataset_file", "load_dataset",
            "load_text_file"]

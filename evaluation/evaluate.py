@@ -26,16 +26,21 @@ from typing import Callable
 import numpy as np
 import torch
 
+from common.errors import UserError
 from data_prep.loader import StreamingLoader
 from data_prep.shards import Manifest
-from evaluation.datasets import (DATASET_NAMES, EvalDataset, check_text_file, dataset_file, load_dataset,
-                                 load_text_file)
-from evaluation.estimator import (BoundEstimate, Blocks, autoregressive_nll, estimate_bound,
-                                  per_time_contributions, wrap_blocks)
+from evaluation.datasets import DATASET_NAMES, EvalDataset, check_text_file, dataset_file, load_dataset, load_text_file
+from evaluation.estimator import (
+    Blocks,
+    BoundEstimate,
+    autoregressive_nll,
+    estimate_bound,
+    per_time_contributions,
+    wrap_blocks,
+)
 from model.autoregressive import Autoregressive
 from model.diffusion import MaskedDiffusion
 from model.schedules import make_schedule
-from pipeline.errors import UserError
 from pipeline.export import Exported
 
 __all__ = ["EvalConfig", "check_datasets", "evaluate_dataset", "evaluate", "VAL_DATASET"]

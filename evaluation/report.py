@@ -53,9 +53,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from data_prep.atomic_files import atomic_write_bytes
-from evaluation.references import (REFERENCE_SEQ_LEN, REFERENCE_TOKENIZER, Reference, protocol_note,
-                                   references_for)
+from common.atomic_files import atomic_write_bytes
+from evaluation.references import REFERENCE_SEQ_LEN, REFERENCE_TOKENIZER, Reference, protocol_note, references_for
 
 __all__ = ["MARKDOWN_NAME", "HTML_NAME", "JSON_NAME", "PLOTS_DIR", "ReportFiles", "write_report"]
 

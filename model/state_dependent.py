@@ -73,8 +73,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.diffusion import (Denoiser, Generators, MaskedDiffusion, NelboTerms, Reconstruction, _sum_by_row,
-                             _uniforms)
+from model.diffusion import Denoiser, Generators, MaskedDiffusion, NelboTerms, Reconstruction, _sum_by_row, _uniforms
 from model.sampling import reverse_sample
 from model.schedules import DEFAULT_ENDPOINT_EPS, _check_times
 

@@ -61,8 +61,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.diffusion import (Denoiser, DiffusionProcess, Generators, NelboTerms, Reconstruction,
-                             _num_scored, _sum_by_row, _uniforms)
+from model.diffusion import (
+    Denoiser,
+    DiffusionProcess,
+    Generators,
+    NelboTerms,
+    Reconstruction,
+    _num_scored,
+    _sum_by_row,
+    _uniforms,
+)
 from model.sampling import reverse_sample
 from model.schedules import Schedule
 

@@ -1,6 +1,6 @@
 """Ray Jobs: submit any ``unmask`` command to a cluster, then list, follow and stop it.
 
-A job runs ``python -m pipeline.cli ARGS`` on the head node in a copy of the working
+A job runs ``python -m orchestration.cli ARGS`` on the head node in a copy of the working
 directory: the project's code and configs. Which files go is decided here, not by Ray
 (``orchestration.upload``): the files git lists in a checkout (so ``.gitignore`` holds),
 never data, checkpoints, ``.git`` or a virtual environment (``EXCLUDES``), never a file that
@@ -11,7 +11,7 @@ storage the cluster sees (a shared filesystem or a URI).
 
 Clusters that require a token (Ray's default since 2.52) are reached with the token in
 ``RAY_AUTH_TOKEN``, in ``RAY_AUTH_TOKEN_PATH`` or in ``~/.ray/auth_token`` (where ``ray
-start`` writes it on the head): ``orchestration.ray_runtime.use_token_auth_if_available``
+start`` writes it on the head): ``common.ray_runtime.use_token_auth_if_available``
 turns Ray's token mode on when one of them is there.
 """
 
@@ -26,10 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from orchestration.ray_runtime import TOKEN_FIX, use_token_auth_if_available
-from orchestration.upload import (EXCLUDES, MAX_UPLOAD_MB, SECRET_PATTERNS, UploadPlan, plan_upload,
-                                  write_package)
-from pipeline.errors import UserError
+from common.errors import UserError
+from common.ray_runtime import TOKEN_FIX, use_token_auth_if_available
+from orchestration.upload import EXCLUDES, MAX_UPLOAD_MB, SECRET_PATTERNS, UploadPlan, plan_upload, write_package
 
 __all__ = ["JobRequest", "EXCLUDES", "SECRET_PATTERNS", "MAX_UPLOAD_MB", "connect", "submit", "wait",
            "TERMINAL_STATUSES", "ADDRESS_ENV"]
@@ -85,7 +84,7 @@ class JobRequest:
     entrypoint_num_gpus: float = 0.0
 
     def entrypoint(self) -> str:
-        return shlex.join([self.python, "-m", "pipeline.cli", *self.args])
+        return shlex.join([self.python, "-m", "orchestration.cli", *self.args])
 
     def plan(self) -> UploadPlan:
         """The files that will be uploaded (see ``orchestration.upload.plan_upload``)."""

@@ -24,9 +24,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from common.errors import UserError
+from common.logs import configure_logging
 from pipeline.checkpoint import CHECKPOINTS_DIR, TAG_PATTERN, resolve_checkpoint, set_latest
 from pipeline.config import Config
-from pipeline.errors import UserError
 from pipeline.run_lock import JOB_ID_ENV
 
 __all__ = ["RayLaunch", "launch", "restore_newer_checkpoint"]
@@ -109,7 +110,6 @@ def _worker_loop(payload: dict) -> None:
     import ray.train
     import torch.distributed
 
-    from pipeline.commands import configure_logging
     from pipeline.trainer import train
 
     configure_logging()
@@ -139,7 +139,7 @@ def _local_cpus(launch: RayLaunch) -> int:
 def launch(config: Config, ray_launch: RayLaunch, *, data_dir: str | Path, run_dir: str | Path,
            resume: str = "auto", allow_config_change: bool = False) -> dict:
     """Train ``config`` with ``ray_launch.num_workers`` Ray Train workers; the run's summary."""
-    from orchestration.ray_runtime import ray_session
+    from common.ray_runtime import ray_session
 
     ray_launch.check()
     run_dir = Path(run_dir).resolve()

@@ -23,7 +23,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.errors import UserError
+from common.errors import UserError
 
 __all__ = ["EXCLUDES", "SECRET_PATTERNS", "MAX_UPLOAD_MB", "UploadPlan", "plan_upload", "write_package"]
 

@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from data_prep.atomic_files import atomic_write_bytes
+from common.atomic_files import atomic_write_bytes
+from common.errors import UserError
 from pipeline.distributed import Distributed
 from pipeline.ema import EMA
-from pipeline.errors import UserError
 from pipeline.safe_load import deepspeed_loads_safely, find_unloadable, load_torch_file
 
 __all__ = ["CHECKPOINTS_DIR", "TrainState", "CheckpointManager", "STATE_FILE", "step_tag", "read_state",

@@ -25,9 +25,9 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
+from common.errors import UserError
 from model.schedules import make_schedule
 from model.transformer import PRESETS
-from pipeline.errors import UserError
 
 __all__ = ["ModelSection", "DataSection", "OptimSection", "TrainSection", "EvalSection",
            "CheckpointSection", "LoggingSection", "Config", "load_config", "parse_overrides",

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
 
+from common.errors import UserError
 from model.transformer import Block, Transformer, TransformerConfig, parameter_counts
 from pipeline.config import Config, OptimSection
 from pipeline.distributed import Distributed
-from pipeline.errors import UserError
 from pipeline.lr_schedule import make_lr_scheduler
 
 __all__ = ["BatchPlan", "plan_batches", "choose_zero_stage", "resolve_precision",

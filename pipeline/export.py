@@ -22,13 +22,19 @@ from typing import Literal
 import torch
 from safetensors.torch import load_file, save_file
 
-from data_prep.atomic_files import atomic_write_bytes
+from common.atomic_files import atomic_write_bytes
+from common.errors import UserError
 from data_prep.tokenizer import Tokenizer, load_tokenizer
 from model.transformer import Transformer, TransformerConfig
-from pipeline.checkpoint import (CHECKPOINTS_DIR, intact_checkpoint, rank_file, read_state, resolve_checkpoint,
-                                 verify_checkpoint)
+from pipeline.checkpoint import (
+    CHECKPOINTS_DIR,
+    intact_checkpoint,
+    rank_file,
+    read_state,
+    resolve_checkpoint,
+    verify_checkpoint,
+)
 from pipeline.ema import full_state
-from pipeline.errors import UserError
 from pipeline.run_setup import TOKENIZER_DIR
 from pipeline.safe_load import deepspeed_loads_safely, find_unloadable, load_torch_file
 

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.errors import UserError
+from common.errors import UserError
 
 __all__ = ["RunLock", "RunDirLocked", "LOCK_FILE", "JOB_ID_ENV"]
 

@@ -4,17 +4,16 @@ the network shape, the tokenizer, and the identity (hashes, commit) a checkpoint
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
+from common.errors import UserError
 from data_prep.shards import Manifest
 from data_prep.tokenizer import Tokenizer, load_tokenizer
 from model.transformer import TransformerConfig, preset
 from pipeline.config import ModelSection
-from pipeline.errors import UserError
 
-__all__ = ["network_config", "find_tokenizer", "git_commit"]
+__all__ = ["network_config", "find_tokenizer"]
 
 TOKENIZER_DIR = "tokenizer"
 
@@ -69,13 +68,3 @@ def _check_vocab_size(tokenizer: Tokenizer, manifest: Manifest, data_dir: Path) 
         raise UserError(f"{data_dir}/manifest.json: tokenizer.vocab_size is {recorded}, but the tokenizer the "
                         f"shards were made with ({tokenizer.path}) has {tokenizer.vocab_size} tokens; restore "
                         f"the manifest (or rerun `unmask prep`)")
-
-
-def git_commit() -> str:
-    """The commit of the unmask checkout, or "unknown" outside a git checkout."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "unknown"

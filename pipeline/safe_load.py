@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 import torch
 
-from pipeline.errors import UserError
+from common.errors import UserError
 
 __all__ = ["load_torch_file", "deepspeed_loads_safely", "find_unloadable", "UnsafeOrCorruptFile"]
 

@@ -28,8 +28,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
 
-from data_prep.atomic_files import atomic_write_bytes
-from pipeline.errors import UserError
+from common.atomic_files import atomic_write_bytes
+from common.errors import UserError
 
 TRACKING_FILE = "mlflow_run.json"
 LOCAL_STORE_FILE = "mlflow.db"

@@ -29,7 +29,9 @@ from typing import Callable, Iterator
 import torch
 from tqdm import tqdm
 
-from data_prep.atomic_files import atomic_write_bytes
+from common.atomic_files import atomic_write_bytes
+from common.errors import UserError
+from common.provenance import git_commit
 from data_prep.loader import StreamingLoader
 from data_prep.shards import Manifest
 from model.transformer import Transformer
@@ -38,13 +40,20 @@ from pipeline.checkpoint import CheckpointManager, TrainState, read_state, write
 from pipeline.config import Config, config_differences
 from pipeline.distributed import Distributed, init_distributed
 from pipeline.ema import EMA
-from pipeline.engine import (BatchPlan, build_engine, choose_zero_stage, deepspeed_config, device_memory_bytes,
-                             plan_batches, resolve_activation_checkpointing, resolve_precision)
-from pipeline.errors import UserError
+from pipeline.engine import (
+    BatchPlan,
+    build_engine,
+    choose_zero_stage,
+    deepspeed_config,
+    device_memory_bytes,
+    plan_batches,
+    resolve_activation_checkpointing,
+    resolve_precision,
+)
 from pipeline.metrics import flops_per_token, mfu, peak_flops
 from pipeline.objective import NATS_PER_BIT, MicroBatchSlot, make_objective
 from pipeline.run_lock import RunLock
-from pipeline.run_setup import TOKENIZER_DIR, find_tokenizer, git_commit, network_config
+from pipeline.run_setup import TOKENIZER_DIR, find_tokenizer, network_config
 from pipeline.tracking import OPTIONAL_WAIT_S, REACHABLE_WAIT_S, TrackingUnreachable
 from pipeline.validation import ValidationResult, validate
 

@@ -1,6 +1,6 @@
 """Shared test helpers."""
 
-from orchestration.ray_runtime import pin_local_ray_to_loopback
+from common.ray_runtime import pin_local_ray_to_loopback
 
 pin_local_ray_to_loopback()  # before anything imports ray: tests talk to 127.0.0.1 only
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from orchestration.ray_runtime import LOCAL_NODE_IP, LOOPBACK_ONLY_ENV
+from common.ray_runtime import LOCAL_NODE_IP, LOOPBACK_ONLY_ENV
 from pipeline.distributed import free_port
 
 RAY = Path(sys.executable).parent / "ray"

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from pipeline.checkpoint import STATE_FILE, _file_records, verify_checkpoint
-from pipeline.errors import UserError
+from common.errors import UserError
 from pipeline.export import export
 from pipeline.safe_load import UnsafeOrCorruptFile, load_torch_file
 from tests.train_helpers import REPO, run_train, write_config
@@ -75,7 +75,7 @@ def run_copy(trained, tmp_path):
 
 
 def _unmask(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "orchestration.cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 

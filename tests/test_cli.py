@@ -39,7 +39,7 @@ def test_unknown_commands_and_flags_fail_with_usage(args):
 @pytest.mark.parametrize("command", [["tokenizer", "train"], ["prep"], ["train"], ["export"], ["eval"], ["sample"],
                                      ["run"], ["submit"], ["jobs", "list"], ["jobs", "logs"]])
 def test_every_command_explains_itself_with_an_example(command, capsys):
-    from pipeline.cli import main
+    from orchestration.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main([*command, "--help"])

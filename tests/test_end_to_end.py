@@ -33,7 +33,7 @@ def test_builtin_corpus_is_python_prose_in_a_fixed_order(tmp_path):
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", "run", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "orchestration.cli", "run", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
 
 

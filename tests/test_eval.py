@@ -40,12 +40,12 @@ def _eval(args: list[str], *, world_size: int = 1) -> subprocess.CompletedProces
     from tests.train_helpers import _env
 
     if world_size == 1:
-        command = [sys.executable, "-m", "pipeline.cli", "eval", *args]
+        command = [sys.executable, "-m", "orchestration.cli", "eval", *args]
     else:
         from pipeline.distributed import free_port
 
         command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world_size}",
-                   "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "pipeline.cli", "eval", *args]
+                   "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "orchestration.cli", "eval", *args]
     return subprocess.run(command, cwd=REPO, env=_env(None), capture_output=True, text=True, timeout=600)
 
 

@@ -15,7 +15,7 @@ from evaluation.detokenizers import (
     DETOKENIZERS, LAMBADA_GPT2_PREFIX, lambada_detokenize, lambada_plain_detokenize,
     lm1b_detokenize, ptb_detokenize, wikitext_detokenize,
 )
-from pipeline.errors import UserError
+from common.errors import UserError
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(

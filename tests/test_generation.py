@@ -12,11 +12,13 @@ import torch
 
 from data_prep.tokenizer import train_sentencepiece
 from evaluation import generation
-from evaluation.generation import Sample, build_prompt, generate, resolve_export
+from evaluation.generation import Sample, build_prompt, generate
+from orchestration.commands import sample as sample_command
+from pipeline.export import resolve_export
 from model.diffusion import MaskedDiffusion
 from model.schedules import make_schedule
 from model.transformer import Transformer, preset
-from pipeline.errors import UserError
+from common.errors import UserError
 from pipeline.export import EXPORT_DIR, Exported, load_export, write_export
 
 VOCAB_SIZE = 320
@@ -68,9 +70,9 @@ def autoregressive(exports) -> Exported:
 
 
 def _sample_cli(argv: list[str]) -> int:
-    """Run ``unmask sample`` through its own parser, as ``pipeline.cli`` would."""
+    """Run ``unmask sample`` through its own parser, as ``orchestration.cli`` would."""
     parser = argparse.ArgumentParser(prog="unmask")
-    generation.register(parser.add_subparsers(dest="command"))
+    sample_command.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["sample", *argv])
     return args.handler(args)
 

@@ -24,7 +24,7 @@ from pipeline.config import Config, config_differences, load_config
 from pipeline.engine import (BLOCK_ACTIVATION_WIDTHS, BLOCK_FLOAT32_WIDTHS, USABLE_MEMORY_SHARE,
                              activation_memory_bytes, build_optimizer, model_state_bytes, plan_batches,
                              prepare_model, resolve_activation_checkpointing)
-from pipeline.errors import UserError
+from common.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

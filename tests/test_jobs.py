@@ -20,7 +20,7 @@ from tests.upload_fixtures import CODE, SECRETS, seed_project, uploaded_names
 
 pytestmark = pytest.mark.slow
 
-UNMASK = [sys.executable, "-m", "pipeline.cli"]
+UNMASK = [sys.executable, "-m", "orchestration.cli"]
 JOB_TIMEOUT_S = 2 * RUN_TIMEOUT_S
 POLL_S = 0.2  # how often to look for a job's process
 PREP_CHARS = 200_000  # several work units and train shards at the sizes below

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from data_prep.loader import StreamingLoader
-from pipeline.errors import UserError
+from common.errors import UserError
 from tests.shard_fixtures import write_numbered_split
 
 SHARDS = [7, 5, 9, 3, 6]  # 30 sequences, uneven shards, chunks of 3 rows

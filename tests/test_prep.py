@@ -19,7 +19,7 @@ from data_prep.prep import WORK_DIR, PrepConfig, prep
 from data_prep.readers import ReadCounters, ReadOptions, plan_units, read_unit, resolve_inputs
 from data_prep.shards import Manifest, iter_chunks
 from data_prep.tokenizer import load_tokenizer
-from pipeline.errors import UserError
+from common.errors import UserError
 from tests.shard_fixtures import tree_bytes
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -23,7 +23,7 @@ POLL_S = 0.2  # how often to look for the stalled worker's pid file
 
 
 def _command(config: Path, data: Path, run_dir: Path, extra: list[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "pipeline.cli", "train", "--launcher", "ray", "--num-workers", "2",
+    return [sys.executable, "-m", "orchestration.cli", "train", "--launcher", "ray", "--num-workers", "2",
             "--config", str(config), "--data", str(data), "--run-dir", str(run_dir), *extra]
 
 
@@ -84,7 +84,7 @@ def test_a_newer_checkpoint_in_storage_is_restored_into_an_empty_run_dir(tinysha
     from orchestration.ray_train import restore_newer_checkpoint
 
     source = tmp_path / "source"
-    run = subprocess.run([sys.executable, "-m", "pipeline.cli", "train", "--config", str(_config(tmp_path)),
+    run = subprocess.run([sys.executable, "-m", "orchestration.cli", "train", "--config", str(_config(tmp_path)),
                           "--data", str(tinyshakespeare_shards), "--run-dir", str(source), "--train.max_steps", "4"],
                          cwd=REPO, env=_env(None), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert run.returncode == 0, run.stderr[-4000:]

@@ -18,7 +18,7 @@ from data_prep.readers import (
     DEFAULT_PIECE_BYTES, DEFAULT_UNIT_BYTES, READ_BLOCK_BYTES, InputFile, Piece, ReadCounters,
     ReadOptions, WorkUnit, plan_units, read_unit, resolve_inputs,
 )
-from pipeline.errors import UserError
+from common.errors import UserError
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 BOM = codecs.BOM_UTF8

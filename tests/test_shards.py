@@ -10,7 +10,7 @@ import webdataset as wds
 
 from data_prep.shards import (CHUNK_BYTES, MANIFEST_NAME, Manifest, chunk_rows, iter_chunks, token_dtype,
                               write_shard)
-from pipeline.errors import UserError
+from common.errors import UserError
 from tests.shard_fixtures import write_numbered_split
 
 

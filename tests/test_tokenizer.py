@@ -26,7 +26,7 @@ from data_prep.tokenizer import (
     load_tokenizer,
     train_sentencepiece,
 )
-from pipeline.errors import UserError
+from common.errors import UserError
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 GPT2_DIR = DATA / "gpt2-bpe"

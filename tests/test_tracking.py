@@ -14,7 +14,7 @@ from mlflow.utils.validation import (
     MAX_PARAMS_TAGS_PER_BATCH,
 )
 
-from pipeline.errors import UserError
+from common.errors import UserError
 from pipeline.tracking import (
     LOCAL_ARTIFACTS_DIR,
     TRACKING_FILE,

@@ -15,7 +15,7 @@ from model.transformer import Transformer, preset
 from pipeline.config import Config, OptimSection, config_differences, load_config, parse_overrides
 from pipeline.ema import EMA, ema_decay, full_state
 from pipeline.engine import choose_zero_stage, deepspeed_config, model_state_bytes, plan_batches
-from pipeline.errors import UserError
+from common.errors import UserError
 from pipeline.lr_schedule import lr_multiplier
 from pipeline.metrics import flops_per_token
 from pipeline.objective import MicroBatchSlot, step_generator
@@ -85,7 +85,7 @@ def test_bad_config_fails_on_the_command_line_before_any_work(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("train:\n  ema_decay: 1.5\n")
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "train", "--config", str(bad), "--data",
+    proc = subprocess.run([sys.executable, "-m", "orchestration.cli", "train", "--config", str(bad), "--data",
                            str(tmp_path), "--run-dir", str(run_dir)], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 2
     assert "train.ema_decay = 1.5: must lie in [0, 1)" in proc.stderr

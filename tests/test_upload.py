@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from orchestration.upload import EXCLUDES, SECRET_PATTERNS, _matches, _rules, plan_upload, write_package
-from pipeline.cli import main
-from pipeline.errors import UserError
+from orchestration.cli import main
+from common.errors import UserError
 from tests.upload_fixtures import (CODE, OUTSIDE_LINK, PRIVATE_KEY_FILES, SECRETS, seed_project, uploaded_names)
 
 REPO = Path(__file__).resolve().parents[1]

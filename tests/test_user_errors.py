@@ -1,7 +1,7 @@
 """Mistakes a user can make on the command line end in one clear message (no traceback, exit 2)
 before any work is done, and lose nothing already done (issue 14).
 
-Most cases call ``pipeline.cli.main`` in this process (an escaped exception fails the test just
+Most cases call ``orchestration.cli.main`` in this process (an escaped exception fails the test just
 as a traceback would); a few run the installed ``unmask`` to see what a user sees."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
+from orchestration.cli import main
 from pipeline.config import load_config
-from pipeline.errors import UserError
+from common.errors import UserError
 
 UNMASK = str(Path(sys.executable).parent / "unmask")
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -84,7 +84,7 @@ def test_an_override_that_is_not_yaml_names_the_flag():
 
 # ---------------------------------------------------------------- output paths
 def test_output_paths_that_are_files_or_below_files_are_refused(a_file):
-    from pipeline.errors import output_dir, output_file
+    from common.errors import output_dir, output_file
 
     with pytest.raises(UserError, match=r"--out .*a-file: is a file, not a directory"):
         output_dir(a_file, "--out")
@@ -95,7 +95,7 @@ def test_output_paths_that_are_files_or_below_files_are_refused(a_file):
 
 
 def test_an_unwritable_output_directory_is_named(tmp_path, monkeypatch):
-    from pipeline.errors import output_dir
+    from common.errors import output_dir
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")

@@ -1,6 +1,6 @@
 """Helpers for training tests: real shards of tinyshakespeare and real training processes.
 
-Training runs in subprocesses exactly as users start it: ``python -m pipeline.cli train``
+Training runs in subprocesses exactly as users start it: ``python -m orchestration.cli train``
 for one process, ``torch.distributed.run`` (torchrun) for two, rendezvousing on 127.0.0.1.
 """
 
@@ -69,9 +69,9 @@ def write_config(path: Path, overrides: dict | None = None) -> Path:
 
 def train_command(world_size: int, args: list[str]) -> list[str]:
     if world_size == 1:
-        return [sys.executable, "-m", "pipeline.cli", "train", *args]
+        return [sys.executable, "-m", "orchestration.cli", "train", *args]
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world_size}", "--nnodes=1",
-            "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "pipeline.cli", "train", *args]
+            "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "orchestration.cli", "train", *args]
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:

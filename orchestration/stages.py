@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from common.errors import UserError, output_dir
 from pipeline.checkpoint import TAG_PATTERN, resolve_checkpoint
 from pipeline.config import Config, load_config
-from pipeline.errors import UserError, output_dir
 
 __all__ = ["RunRequest", "run_pipeline", "DEMO_CONFIG", "SUMMARY_FILE"]
 
@@ -64,7 +64,7 @@ class RunRequest:
 
 
 def _cli(argv: list[str]) -> None:
-    from pipeline.cli import main
+    from orchestration.cli import main
 
     if main(argv) != 0:  # the command printed its error
         raise UserError(f"stage `unmask {argv[0]}` failed (see above); fix it and rerun `unmask run`: "

@@ -9,12 +9,19 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
 
-from data_prep.atomic_files import atomic_write_bytes
+from common.atomic_files import atomic_write_bytes
+from common.errors import UserError, output_dir
 from data_prep.prep import DEFAULT_SHARD_BYTES, DEFAULT_VAL_FRACTION, PrepConfig, prep
-from data_prep.readers import (DEFAULT_UNIT_BYTES, ReadCounters, ReadOptions, binary_reason, plan_units,
-                               read_unit, resolve_inputs)
+from data_prep.readers import (
+    DEFAULT_UNIT_BYTES,
+    ReadCounters,
+    ReadOptions,
+    binary_reason,
+    plan_units,
+    read_unit,
+    resolve_inputs,
+)
 from data_prep.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
-from pipeline.errors import UserError, output_dir
 
 TOKENIZER_SUBDIR = "tokenizer"
 # Written next to a tokenizer that `unmask prep --vocab-size` trained, to reuse it on rerun.

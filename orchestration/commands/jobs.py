@@ -7,7 +7,7 @@ import datetime
 import sys
 from pathlib import Path
 
-from pipeline.errors import UserError
+from common.errors import UserError
 
 RAW = argparse.RawDescriptionHelpFormatter
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.errors import UserError
+from common.errors import UserError
 
 LOCAL_NODE_IP = "127.0.0.1"
 # Ray turns a loopback node IP into the machine's routable address unless this is "0"

@@ -1,18 +1,15 @@
-"""The ``unmask`` command line. Each stage adds its subcommand here."""
+"""The ``unmask`` command line: the top of the house. Each group of subcommands lives in
+``orchestration.commands``; below this floor everything is a library."""
 
 from __future__ import annotations
 
 import argparse
 import platform
 import sys
-from importlib import metadata
 
-from data_prep import commands as data_prep_commands
-from evaluation import commands as evaluation_commands
-from evaluation import generation as generation_commands
-from orchestration import commands as orchestration_commands
-from pipeline import commands as pipeline_commands
-from pipeline.errors import UserError
+from common.errors import UserError
+from common.provenance import package_version
+from orchestration.commands import data, evaluate, jobs, run, sample, train
 
 DESCRIPTION = """\
 unmask: pretrain and evaluate masked diffusion language models (MDLM / MD4).
@@ -39,14 +36,6 @@ examples:
 REPORTED_PACKAGES = ("torch", "deepspeed", "ray", "mlflow", "webdataset", "sentencepiece")
 
 
-def package_version(name: str) -> str:
-    """The installed version of distribution ``name``, or "not installed"."""
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def _cmd_version(args: argparse.Namespace) -> int:
     print(f"unmask {package_version('unmask')}")
     if args.all:
@@ -67,12 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  unmask version --all", formatter_class=argparse.RawDescriptionHelpFormatter)
     version.add_argument("--all", action="store_true", help="also print Python and dependency versions")
     version.set_defaults(handler=_cmd_version)
-    data_prep_commands.register(commands)
-    pipeline_commands.register(commands)
-    pipeline_commands.register_run(commands)
-    evaluation_commands.register(commands)
-    generation_commands.register(commands)
-    orchestration_commands.register(commands)
+    for group in (data, train, run, evaluate, sample, jobs):
+        group.register(commands)
     return parser
 
 

@@ -8,7 +8,9 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline.errors import UserError, output_dir
+from common.errors import UserError, output_dir
+from common.logs import configure_logging
+from common.provenance import git_commit, package_version
 
 RAW = argparse.RawDescriptionHelpFormatter
 log = logging.getLogger("unmask.eval")
@@ -18,7 +20,7 @@ examples:
   unmask eval runs/tiny --datasets ptb,wikitext2,lambada,lm1b --data-dir ../shared/data
   unmask eval runs/tiny --datasets val --shards shards/ --samples 32
   unmask eval runs/m/export --datasets wikitext103 --data-dir data/ --target-rel-error 0.002
-  torchrun --nproc-per-node 8 -m pipeline.cli eval runs/m --datasets lambada,ptb --data-dir data/
+  torchrun --nproc-per-node 8 -m orchestration.cli eval runs/m --datasets lambada,ptb --data-dir data/
 """
 REPORT_DIR = "report"
 VAL_METRIC = "val/nelbo_per_token"
@@ -94,7 +96,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from pipeline.distributed import init_distributed
     from pipeline.export import load_export, resolve_export, training_run_of
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    configure_logging()
     config = EvalConfig(
         datasets=tuple(name.strip() for name in args.datasets.split(",") if name.strip()),
         data_dir=args.data_dir, shards=args.shards, split=args.split, samples_per_block=args.samples,
@@ -130,8 +132,6 @@ def _finish(results: dict, exported, export_dir: Path, run_dir: Path | None, out
             args: argparse.Namespace) -> None:
     """Rank 0: samples, MLflow, report files, summary."""
     from evaluation.report import write_report
-    from pipeline.cli import package_version
-    from pipeline.run_setup import git_commit
 
     results["model"] = _model_record(export_dir, exported)
     if run_dir is not None:

@@ -1,0 +1,98 @@
+"""``unmask run``: every stage in one run directory (``orchestration.stages``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from common.logs import configure_logging
+from orchestration.commands.train import RAW, add_launcher_arguments
+from pipeline.config import parse_overrides
+
+RUN_EPILOG = """\
+config overrides: any --SECTION.FIELD VALUE after the flags, e.g. --train.max_steps 50
+
+examples:
+  unmask run                                   # the demo: CPython's docs, configs/demo.yaml, runs/demo
+  unmask run --config configs/tiny.yaml --input corpus/*.jsonl --run-dir runs/tiny \\
+      --datasets val,ptb,wikitext2 --data-dir ../shared/data
+  unmask submit --address http://HEAD:8265 -- run --config configs/small.yaml --input s3://b/owt/ \\
+      --run-dir /shared/runs/small --launcher ray --num-workers 8 --gpus-per-worker 1
+"""
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from orchestration.stages import DEMO_CONFIG, RunRequest, run_pipeline
+
+    config = args.config or str(DEMO_CONFIG)
+    read_args = [*(["--text-format", args.text_format] if args.text_format else []),
+                 *(["--text-field", args.text_field] if args.text_field else []),
+                 *(["--text-column", args.text_column] if args.text_column else [])]
+    train_args = ["--launcher", args.launcher, "--num-workers", str(args.num_workers),
+                  "--gpus-per-worker", str(args.gpus_per_worker), "--cpus-per-worker", str(args.cpus_per_worker),
+                  "--max-failures", str(args.max_failures),
+                  *(["--ray-address", args.ray_address] if args.ray_address else []),
+                  *(["--storage", args.storage] if args.storage else [])]
+    request = RunRequest(
+        run_dir=Path(args.run_dir or Path("runs") / Path(config).stem), config=config,
+        overrides=parse_overrides(args.overrides), inputs=tuple(args.input or ()), read_args=tuple(read_args),
+        seq_len=args.seq_len, val_fraction=args.val_fraction, tokenizer=args.tokenizer, vocab_size=args.vocab_size, prep_workers=args.prep_workers,
+        ray_address=args.ray_address, train_args=tuple(train_args),
+        datasets=tuple(name.strip() for name in args.datasets.split(",") if name.strip()),
+        data_dir=args.data_dir, eval_samples=args.samples, num_samples=args.num_samples,
+        sample_steps=args.sample_steps, mlflow_uri=args.mlflow_uri)
+    configure_logging()
+    summary = run_pipeline(request)
+    _print_run_summary(summary)
+    return 0
+
+
+def _print_run_summary(summary: dict) -> None:
+    print(f"\nunmask run: finished in {summary['seconds']:.0f} s: {summary['run_dir']}")
+    for stage, outcome in summary["stages"].items():
+        print(f"  {stage:>6}: {outcome}")
+    training = summary.get("training")
+    if training:
+        print(f"  bound on the validation split: {training['untrained_val_nelbo_per_token']:.3f} nats/token "
+              f"untrained -> {training['final_val_nelbo_per_token']:.3f} at step {training['final_step']}")
+    for name, record in summary["datasets"].items():
+        print(f"  {name}: perplexity <= {record['perplexity_bound']:.2f}, {record['nelbo_per_token']:.4f} "
+              f"nats/token, {record['bits_per_byte']:.4f} bits/byte")
+    print(f"  report: {summary['report']}")
+    mlflow = summary["mlflow"]
+    print(f"  MLflow: run {mlflow['run_id']} at {mlflow['tracking_uri']}" if mlflow else
+          "  MLflow: not logged (the server did not answer; see the warning above)")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``run`` (every stage, each skipped when up to date) to the ``unmask`` command."""
+    run = commands.add_parser(
+        "run", help="prep -> train -> export -> eval -> report in one run directory (idempotent)",
+        description="Run every stage in RUN: prep into RUN/data, train, export, evaluate and write "
+                    "RUN/report/. Each stage is skipped when its output is up to date, so a rerun "
+                    "continues where a failed or killed one stopped. With no --input: the "
+                    "documentation text shipped with CPython and configs/demo.yaml.",
+        epilog=RUN_EPILOG, formatter_class=RAW)
+    run.add_argument("--config", help="YAML config (default configs/demo.yaml)")
+    run.add_argument("--input", nargs="+", metavar="PATH", help="corpus files, directories, globs or URIs "
+                                                                "(default: the built-in CPython docs)")
+    run.add_argument("--run-dir", help="the run directory (default runs/CONFIG_NAME)")
+    prep = run.add_argument_group("data (unmask prep)")
+    prep.add_argument("--text-format", choices=["paragraphs", "lines", "file"])
+    prep.add_argument("--text-field", help="JSONL field holding the text")
+    prep.add_argument("--text-column", help="Parquet column holding the text")
+    prep.add_argument("--seq-len", type=int, help="tokens per sequence (default: model.max_seq_len or the preset's)")
+    prep.add_argument("--val-fraction", type=float, help="share of documents held out (default: prep's; "
+                                                         "5%% for the built-in corpus)")
+    prep.add_argument("--tokenizer", help="an existing tokenizer (default: train a sentencepiece one)")
+    prep.add_argument("--vocab-size", type=int, default=4096, help="size of the trained tokenizer (default 4096)")
+    prep.add_argument("--prep-workers", type=int, default=1, help="tokenizer actors")
+    evaluation = run.add_argument_group("evaluation (unmask eval)")
+    evaluation.add_argument("--datasets", default="val", help="comma-separated (default val: the held-out split)")
+    evaluation.add_argument("--data-dir", help="root of the standard eval files (layout of ../shared/data)")
+    evaluation.add_argument("--samples", type=int, default=16, help="time samples per block K (default 16)")
+    evaluation.add_argument("--num-samples", type=int, default=2, help="generated samples in the report")
+    evaluation.add_argument("--sample-steps", type=int, default=128, help="sampling steps")
+    run.add_argument("--mlflow-uri", help="MLflow tracking server (default: sqlite in the run dir)")
+    add_launcher_arguments(run)
+    run.set_defaults(handler=_cmd_run, accepts_overrides=True)

@@ -1,0 +1,91 @@
+"""``unmask sample``: generate text from an export (``evaluation.generation``)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from common.atomic_files import atomic_write_bytes
+from common.errors import output_file
+from evaluation.generation import DEFAULT_BATCH_SIZE, DEFAULT_GRID, GRIDS, INFILL_SYNTAX, Sample, generate
+from pipeline.export import resolve_export
+
+RAW = argparse.RawDescriptionHelpFormatter
+SAMPLE_SEPARATOR = "----- sample {index} (network calls: {calls}) -----"
+
+
+SAMPLE_DESCRIPTION = """\
+Sample text from an export. Diffusion exports run the ancestral sampler with cached
+network calls (steps >> seq-len costs at most seq-len evaluations per sample);
+autoregressive exports sample left to right. Text goes to stdout, one block per sample,
+or to --out as JSONL (text, tokens, network_calls, steps, prompt). The text stops at the
+first EOS after the last kept token of the prompt or template.
+"""
+
+SAMPLE_EPILOG = f"""\
+infill templates: literal text is kept in place; {INFILL_SYNTAX}.
+The template must fit in --seq-len; the positions after it are generated too.
+
+examples:
+  unmask sample runs/tiny --num 4 --steps 1000
+  unmask sample runs/tiny/export --num 2 --steps 256 --grid cosine --top-p 0.9 --prompt "Once upon a time"
+  unmask sample runs/tiny --num 1 --steps 128 --infill "The [MASK*8] sat on the [MASK*3]." --seq-len 32
+  unmask sample runs/tiny-ar --num 8 --prompt "The" --seq-len 128 --out samples.jsonl
+"""
+
+
+def _cmd_sample(args: argparse.Namespace) -> int:
+    from pipeline.export import load_export
+
+    if args.out is not None:
+        output_file(args.out, "--out")  # before sampling, not after it
+    exported = load_export(resolve_export(Path(args.run_or_export)))
+    samples = generate(exported, num=args.num, steps=args.steps, seq_len=args.seq_len, grid=args.grid,
+                       prompt=args.prompt, infill=args.infill, top_p=args.top_p, seed=args.seed,
+                       batch_size=args.batch_size, device=args.device)
+    if args.out is None:
+        _print_samples(samples)
+        return 0
+    lines = "".join(json.dumps(dataclasses.asdict(sample), ensure_ascii=False) + "\n" for sample in samples)
+    atomic_write_bytes(Path(args.out), lines.encode("utf-8"))
+    print(f"wrote {len(samples)} samples to {args.out}")
+    return 0
+
+
+def _print_samples(samples: list[Sample]) -> None:
+    for index, sample in enumerate(samples, start=1):
+        print(SAMPLE_SEPARATOR.format(index=index, calls=sample.network_calls))
+        print(sample.text)
+    sys.stdout.flush()
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``sample`` to the ``unmask`` command."""
+    parser = commands.add_parser(
+        "sample", help="generate text from an export (unconditional, --prompt or --infill)",
+        description=SAMPLE_DESCRIPTION,
+        epilog=SAMPLE_EPILOG, formatter_class=RAW)
+    parser.add_argument("run_or_export", metavar="RUN_OR_EXPORT", help="a training run (uses RUN/export) "
+                        "or an export directory")
+    parser.add_argument("--num", type=int, required=True, help="number of samples")
+    parser.add_argument("--steps", type=int, help="reverse diffusion steps (required for diffusion "
+                        "exports; autoregressive exports generate one token per step)")
+    parser.add_argument("--grid", choices=GRIDS, default=DEFAULT_GRID,
+                        help="time grid of the reverse steps (default: %(default)s)")
+    conditioning = parser.add_mutually_exclusive_group()
+    conditioning.add_argument("--prompt", metavar="TEXT", help="text to continue: kept at the start")
+    conditioning.add_argument("--infill", metavar="TEMPLATE",
+                              help=f"text with spans to fill: {INFILL_SYNTAX} (diffusion only)")
+    parser.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling: keep the most likely "
+                        "tokens holding mass P, in (0, 1] (default: the full distribution)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    parser.add_argument("--seq-len", type=int, metavar="L", help="sequence length in tokens (default: "
+                        "the network's max_seq_len)")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, metavar="B",
+                        help="samples drawn together (default: %(default)s); samples depend on it")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default: %(default)s)")
+    parser.add_argument("--out", metavar="FILE.jsonl", help="write JSONL here instead of text to stdout")
+    parser.set_defaults(handler=_cmd_sample)
