@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast bench gpu-check clean
 
 install: $(STAMP)
 
@@ -32,6 +32,14 @@ test-fast: install
 
 bench: install
 	$(PY) bench/model_cpu.py
+
+# On a GPU machine (the CUDA build of torch in .venv): the whole suite, the CUDA tests
+# (marker gpu) included, then the GPU training/evaluation/sampling benchmark.
+gpu-check: install
+	$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device (is the CUDA build of torch in .venv?)')"
+	$(PY) -m pytest -m gpu -v
+	$(PY) -m pytest
+	$(PY) bench/train_gpu.py --presets small medium
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

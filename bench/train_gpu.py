@@ -46,9 +46,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
+import os
 import platform
+import resource
 import sys
 import tempfile
 import time
@@ -64,23 +67,24 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 # Siblings in bench/ (the script's own directory is on sys.path).
-from eval_throughput import inference_precision, measure as measure_evaluation, synchronize  # noqa: E402
+from eval_throughput import inference_precision, synchronize  # noqa: E402
+from eval_throughput import measure as measure_evaluation
 from prep_and_load import SHARED_DATA, SOURCES  # noqa: E402
 
 from data_prep.loader import StreamingLoader  # noqa: E402
 from data_prep.prep import PrepConfig, prep  # noqa: E402
 from data_prep.shards import Manifest  # noqa: E402
 from data_prep.tokenizer import load_tokenizer  # noqa: E402
+from model.denoiser import FunctionDenoiser  # noqa: E402
 from model.diffusion import MaskedDiffusion  # noqa: E402
 from model.schedules import make_schedule  # noqa: E402
 from model.transformer import PRESETS, Transformer, TransformerConfig  # noqa: E402
 from pipeline.config import Config, ModelSection, load_config  # noqa: E402
 from pipeline.distributed import Distributed, init_distributed  # noqa: E402
 from pipeline.ema import EMA  # noqa: E402
-from pipeline.engine import (build_engine, build_optimizer, plan_batches, prepare_model,  # noqa: E402
-                             resolve_precision)
+from pipeline.engine import build_engine, build_optimizer, plan_training, prepare_model, resolve_precision  # noqa: E402
 from pipeline.metrics import flops_per_token, mfu, peak_flops  # noqa: E402
-from pipeline.objective import MicroBatchSlot, make_objective  # noqa: E402
+from pipeline.objective import MicroBatchSlot, make_objective, model_spec  # noqa: E402
 from pipeline.run_setup import network_config  # noqa: E402
 
 GPT2_BPE = SHARED_DATA / "gpt2-bpe"
@@ -98,6 +102,7 @@ DEFAULT_CHUNK_ROWS = 4096
 SAMPLE_STEPS = 1000             # the README's and the papers' sampling budget
 GPU_SEQ_LEN = 1024              # the papers' sequence length
 CPU_SEQ_LEN = 64                # a CPU run is a smoke test: short sequences keep it to minutes
+KIB = 1024                      # getrusage reports ru_maxrss in KiB on Linux
 WARMUP_SAMPLE_STEPS = 8         # a short sampling run first: kernels and allocator
 
 
@@ -155,30 +160,19 @@ def prepare_data(args: argparse.Namespace, scratch: Path) -> Path:
 StepFn = Callable[[int], float]   # step index -> seconds the host waited for data
 
 
-class _FullLogits:
-    """The network without ``accepts_output_mask``: the loss then asks for logits at every
-    position and picks the masked rows itself."""
-
-    def __init__(self, network: torch.nn.Module) -> None:
-        self.network = network
-
-    def __call__(self, z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return self.network(z, t)
-
-
 def _pipeline_step(config: Config, network: TransformerConfig, variant: Variant, data: Path,
                    dist: Distributed) -> tuple[StepFn, Callable[[], None]]:
     """A step of the pipeline's engine, objective and EMA on the real loader; and its teardown."""
-    plan = plan_batches(config, dist.world_size)
-    precision = resolve_precision(config, dist.device)
+    plan = dataclasses.replace(plan_training(config, network, dist.world_size, dist.device),
+                               zero_stage=variant.zero_stage,
+                               activation_checkpointing=config.train.activation_checkpointing is True)
     torch.manual_seed(config.train.seed)
-    checkpointing = config.train.activation_checkpointing is True
-    engine = build_engine(Transformer(network).to(dist.device), config, dist, plan, variant.zero_stage, precision,
-                          checkpointing=checkpointing)
+    engine = build_engine(Transformer(network).to(dist.device), plan, config.optim, config.train.max_steps,
+                          dist.device)
     ema = EMA(engine.module, config.train.ema_decay, warmup=config.train.ema_warmup)
-    objective = make_objective(config.model, network.vocab_size, validate=dist.device.type == "cpu",
+    objective = make_objective(model_spec(config.model, network), validate=dist.device.type == "cpu",
                                chunk_rows=config.train.chunked_cross_entropy)
-    loader = StreamingLoader(data, config.data.train_split, plan.micro_batch, rank=dist.rank,
+    loader = StreamingLoader(data, config.data.train_split, plan.batches.micro_batch, rank=dist.rank,
                              world_size=dist.world_size, seed=config.train.seed,
                              num_workers=config.data.num_workers,
                              pin_memory=dist.device.type == "cuda" and "no-pin" not in variant.options)
@@ -208,12 +202,14 @@ def _torch_step(config: Config, network: TransformerConfig, variant: Variant,
     """A step of a plain PyTorch loop on random tokens; and its (empty) teardown."""
     torch.manual_seed(config.train.seed)
     model = Transformer(network).to(device)
-    prepare_model(model, config, checkpointing=config.train.activation_checkpointing is True)
+    prepare_model(model, checkpointing=config.train.activation_checkpointing is True, compile=config.train.compile)
     optimizer = build_optimizer(model, config.optim, device,
                                 fused=device.type == "cuda" and "foreach-adamw" not in variant.options)
-    objective = make_objective(config.model, network.vocab_size, validate=False,
+    objective = make_objective(model_spec(config.model, network), validate=False,
                                chunk_rows=config.train.chunked_cross_entropy)
-    denoiser = _FullLogits(model) if "full-logits" in variant.options else model
+    # A plain function of the network: the loss then asks for logits at every position and
+    # picks the masked rows itself.
+    denoiser = FunctionDenoiser(model) if "full-logits" in variant.options else model
     bf16 = resolve_precision(config, device) == "bf16"
     micro, length = config.train.micro_batch_size, network.max_seq_len
     generator = torch.Generator(device).manual_seed(config.train.seed)
@@ -255,6 +251,12 @@ def _timed_steps(step: StepFn, warmup: int, steps: int, device: torch.device) ->
     return elapsed / steps, waited / elapsed
 
 
+def _host_rss_bytes() -> int:
+    """Resident host memory of this process now (Linux: /proc/self/statm, in pages)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def _release_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -284,6 +286,7 @@ def measure_training(args: argparse.Namespace, preset: str, micro_batch: int, va
         try:
             with _attention_kernels(variant):
                 step_time, wait_share = _timed_steps(step, args.warmup, args.steps, device)
+            row["host_rss_bytes"] = _host_rss_bytes()  # this rank's host memory with the model live
         finally:
             teardown()
     except torch.OutOfMemoryError:
@@ -292,7 +295,8 @@ def measure_training(args: argparse.Namespace, preset: str, micro_batch: int, va
     return {**row, "step_time_s": step_time, "tokens_per_s": tokens_per_s,
             "mfu": mfu(tokens_per_s, flops_per_token(network, manifest.seq_len), peak_flops(device), 1),
             "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-            "loader_wait_share": None if variant.zero_stage is None else wait_share}
+            "loader_wait_share": None if variant.zero_stage is None else wait_share,
+            "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KIB}
 
 
 # ------------------------------------------------------------------ evaluation and sampling

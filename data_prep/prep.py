@@ -23,6 +23,7 @@ document the change acts on are kept, the others redone (``_resume_with_policy``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -154,11 +155,14 @@ class _SplitRule:
     """Train or val by a keyed hash of the document's first piece: duplicates share a split."""
 
     def __init__(self, seed: int, val_fraction: float) -> None:
-        self.key = seed.to_bytes(8, "little", signed=True)
+        # The keyed state, copied per document: cheaper than keying a new hash each time.
+        self._keyed = hashlib.blake2b(digest_size=8, key=seed.to_bytes(8, "little", signed=True))
         self.threshold = val_fraction * HASH_SPACE
 
-    def split(self, text: str) -> str:
-        digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8, key=self.key)
+    def split(self, data: bytes) -> str:
+        """The split of the document whose first piece has the UTF-8 bytes ``data``."""
+        digest = self._keyed.copy()
+        digest.update(data)
         return "val" if int.from_bytes(digest.digest(), "little") < self.threshold else "train"
 
 
@@ -172,13 +176,16 @@ class _UnitOutput:
         self._handle = open(self._tmp, "wb")
         self.dtype = dtype
         self.docs: list[tuple[int, int]] = []
+        self.pending: list[list[int]] = []  # the ids of the pieces of this batch, in order
         self.tokens = 0
 
-    def write(self, ids: list[list[int]]) -> None:
-        count = sum(map(len, ids))
-        array = np.fromiter(itertools.chain.from_iterable(ids), dtype=self.dtype, count=count)
+    def flush(self) -> None:
+        """Write the pending ids."""
+        count = sum(map(len, self.pending))
+        array = np.fromiter(itertools.chain.from_iterable(self.pending), dtype=self.dtype, count=count)
         self._handle.write(array.tobytes())
         self.tokens += count
+        self.pending.clear()
 
     def close(self) -> None:
         self._handle.close()
@@ -197,27 +204,31 @@ def _batched(pieces: Iterable[Piece], size: int) -> Iterator[list[Piece]]:
 
 def tokenize_unit(unit: WorkUnit, tokenizer: Tokenizer, options: ReadOptions, rule: _SplitRule,
                   prefix: Path, dtype: np.dtype) -> dict:
-    """Tokenize one unit into ``prefix.{split}.tokens``; return its ledger entry."""
+    """Tokenize one unit into ``prefix.{split}.tokens``; return its ledger entry.
+
+    The loop runs once per piece, and with short documents its own cost is of the order of the
+    encoder's: each piece is turned into bytes once (for the split hash and the byte count)."""
     counters = ReadCounters()
     outputs = {split: _UnitOutput(prefix, split, dtype) for split in SPLITS}
-    split, doc_tokens, doc_bytes = "train", 0, 0
+    eos_id = tokenizer.eos_id
+    output, doc_tokens, doc_bytes = outputs["train"], 0, 0
     for batch in _batched(read_unit(unit, options, counters), ENCODE_BATCH_PIECES):
-        encoded = tokenizer.encode_batch([piece.text for piece in batch])
-        pending: dict[str, list[list[int]]] = {name: [] for name in SPLITS}
-        for piece, ids in zip(batch, encoded):
+        texts = [piece.text for piece in batch]
+        for piece, text, ids in zip(batch, texts, tokenizer.encode_batch(texts)):
+            data = text.encode("utf-8")
             if piece.first:
-                split, doc_tokens, doc_bytes = rule.split(piece.text), 0, 0
+                output, doc_tokens, doc_bytes = outputs[rule.split(data)], 0, 0
             if piece.last:
-                ids = ids + [tokenizer.eos_id]
-            pending[split].append(ids)
+                ids.append(eos_id)  # a fresh list from the encoder: extending it copies nothing
+            output.pending.append(ids)
             doc_tokens += len(ids)
-            doc_bytes += len(piece.text.encode("utf-8"))
+            doc_bytes += len(data)
             if piece.last:
-                outputs[split].docs.append((doc_tokens, doc_bytes))
-        for name, ids in pending.items():
-            outputs[name].write(ids)
-    for output in outputs.values():
-        output.close()
+                output.docs.append((doc_tokens, doc_bytes))
+        for split_output in outputs.values():
+            split_output.flush()
+    for split_output in outputs.values():
+        split_output.close()
     entry = {"index": unit.index, "counters": counters.to_dict(),
              "splits": {name: {"tokens": out.tokens, "documents": len(out.docs),
                                "utf8_bytes": int(sum(b for _, b in out.docs))}
@@ -228,7 +239,8 @@ def tokenize_unit(unit: WorkUnit, tokenizer: Tokenizer, options: ReadOptions, ru
 
 
 class _UnitTokenizer:
-    """Ray Data actor: holds the tokenizer and tokenizes the units it is handed."""
+    """Holds the tokenizer and tokenizes the units it is handed: a Ray Data actor (``__call__``
+    takes a batch of unit indices), or a plain object in a one-worker prep (``tokenize``)."""
 
     def __init__(self, tokenizer: Tokenizer, units: list[WorkUnit], config: PrepConfig, work: str) -> None:
         self.tokenizer, self.units, self.config = tokenizer, units, config
@@ -237,26 +249,29 @@ class _UnitTokenizer:
         self.ledger = Ledger(self.work / "ledger")
         self.dtype = token_dtype(tokenizer.vocab_size)
 
+    def tokenize(self, index: int) -> dict:
+        """Tokenize unit ``index`` and record it in the ledger. Returns its row: tokens, busy
+        seconds, and the message of the user error that stopped it ("" if none)."""
+        prefix = self.work / "units" / f"{index:06d}"
+        started = time.perf_counter()
+        try:
+            entry = tokenize_unit(self.units[index], self.tokenizer, self.config.read, self.rule,
+                                  prefix, self.dtype)
+        except UserError as err:  # travels as data: Ray keeps only the text of exceptions
+            entry, error = None, str(err)
+        except OSError as err:  # e.g. a full disk
+            entry, error = None, f"tokenizing {self.units[index].file.uri} into {prefix}: {err}"
+        else:
+            self.ledger.record(_unit_key(index), entry)
+            error = ""
+        tokens = sum(s["tokens"] for s in entry["splits"].values()) if entry else 0
+        return {"index": index, "tokens": tokens, "seconds": time.perf_counter() - started, "error": error}
+
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        tokens, errors, seconds = [], [], []
-        for index in batch["index"].tolist():
-            prefix = self.work / "units" / f"{index:06d}"
-            started = time.perf_counter()
-            try:
-                entry = tokenize_unit(self.units[index], self.tokenizer, self.config.read, self.rule,
-                                      prefix, self.dtype)
-            except UserError as err:  # travels as data: Ray keeps only the text of exceptions
-                entry, error = None, str(err)
-            except OSError as err:  # e.g. a full disk
-                entry, error = None, f"tokenizing {self.units[index].file.uri} into {prefix}: {err}"
-            else:
-                self.ledger.record(_unit_key(index), entry)
-                error = ""
-            tokens.append(sum(s["tokens"] for s in entry["splits"].values()) if entry else 0)
-            errors.append(error)
-            seconds.append(time.perf_counter() - started)
-        return {"index": batch["index"], "tokens": np.array(tokens, dtype=np.int64),
-                "seconds": np.array(seconds), "error": np.array(errors, dtype=object)}
+        rows = [self.tokenize(index) for index in batch["index"].tolist()]
+        return {"index": batch["index"], "tokens": np.array([r["tokens"] for r in rows], dtype=np.int64),
+                "seconds": np.array([r["seconds"] for r in rows]),
+                "error": np.array([r["error"] for r in rows], dtype=object)}
 
 
 def _unit_key(index: int) -> str:
@@ -440,8 +455,8 @@ def _prepare_output(out: Path, identity: dict, overwrite: bool,
     return None, note
 
 
-def _run_stage(ds, description: str, total: int, progress: bool) -> tuple[int, float]:
-    """Drive a Ray Data pipeline to completion with a progress bar.
+def _run_stage(rows: Iterable[dict], description: str, total: int, progress: bool) -> tuple[int, float]:
+    """Drive a stage's rows to completion with a progress bar.
 
     Returns the sums of the rows' ``tokens`` and ``seconds`` (worker busy time) where
     present. Workers report a user's mistake in an ``error`` column; the first one stops
@@ -449,7 +464,7 @@ def _run_stage(ds, description: str, total: int, progress: bool) -> tuple[int, f
     tokens, busy = 0, 0.0
     start = time.perf_counter()
     with tqdm(total=total, desc=description, unit="item", disable=not progress) as bar:
-        for row in ds.iter_rows():
+        for row in rows:
             if row["error"]:
                 raise UserError(row["error"])
             bar.update(1)
@@ -459,12 +474,57 @@ def _run_stage(ds, description: str, total: int, progress: bool) -> tuple[int, f
     return tokens, busy
 
 
+def _runs_in_process(workers: int, ray_address: str | None) -> bool:
+    """Whether the prep runs in this process, without Ray: one worker on no named cluster.
+    Ray's start-up (a local instance, an actor that imports Ray Data, a task pool, the
+    shutdown: 6 to 9 s of a one-worker prep on two cores) buys one worker nothing, and the
+    output is the same either way (it never depends on the workers)."""
+    return workers == 1 and ray_address is None
+
+
+@contextlib.contextmanager
+def _ray_data(ray_address: str | None, workers: int) -> Iterator[None]:
+    """A Ray session (``ray_session``) with Ray Data quiet."""
+    with ray_session(ray_address, num_cpus=workers + 1 if ray_address is None else None):
+        import ray.data
+
+        # Ray Data logs its plan and progress on every run; the console is for our own
+        # progress bar and summary (set after the import, which configures its loggers).
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        yield
+
+
+def _tokenize_rows(in_process: bool, pending_units: list[int], workers: int,
+                   actor_args: tuple) -> Iterable[dict]:
+    """The rows of stage 1: each pending unit tokenized, here or by ``workers`` Ray actors."""
+    if in_process:
+        return map(_UnitTokenizer(*actor_args).tokenize, pending_units)
+    import ray.data
+
+    return ray.data.from_items([{"index": i} for i in pending_units]).map_batches(
+        _UnitTokenizer, batch_size=1, compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1,
+        fn_constructor_args=actor_args).iter_rows()
+
+
+def _shard_rows(in_process: bool, pending_shards: list[dict], workers: int, shard_args: dict) -> Iterable[dict]:
+    """The rows of stage 2: each pending shard written, here or by ``workers`` Ray tasks."""
+    if in_process:
+        return (write_one_shard(row, **shard_args) for row in pending_shards)
+    import ray.data
+
+    return ray.data.from_items(pending_shards).map(
+        write_one_shard, compute=ray.data.TaskPoolStrategy(size=workers), num_cpus=1,
+        fn_kwargs=shard_args).iter_rows()
+
+
 def prep(config: PrepConfig, tokenizer: Tokenizer, out_dir: str | Path, *, workers: int = 1,
          ray_address: str | None = None, overwrite: bool = False, progress: bool = True,
          tokenizer_follows_inputs: bool = False) -> PrepResult:
-    """Run (or resume, or skip) a prep; see the module docstring. ``tokenizer_follows_inputs``:
-    the tokenizer was trained from these inputs and read flags (``unmask prep --vocab-size``),
-    so a change of --bad-utf8 / --bad-json may have changed it too."""
+    """Run (or resume, or skip) a prep; see the module docstring. One worker without
+    ``ray_address`` runs in this process (``_runs_in_process``), more in Ray.
+    ``tokenizer_follows_inputs``: the tokenizer was trained from these inputs and read flags
+    (``unmask prep --vocab-size``), so a change of --bad-utf8 / --bad-json may have changed it too."""
     if workers < 1:
         raise UserError(f"--workers must be >= 1, got {workers}")
     started = time.perf_counter()
@@ -479,19 +539,12 @@ def prep(config: PrepConfig, tokenizer: Tokenizer, out_dir: str | Path, *, worke
     units = plan_units(files, config.read, config.unit_bytes)
     pending_units = [u.index for u in units if not ledger.done(_unit_key(u.index))]
     dtype = token_dtype(tokenizer.vocab_size)
-    with ray_session(ray_address, num_cpus=workers + 1 if ray_address is None else None):
-        import ray.data
-
-        # Ray Data logs its plan and progress on every run; the console is for our own
-        # progress bar and summary (set after the import, which configures its loggers).
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
-        ray.data.DataContext.get_current().enable_progress_bars = False
+    in_process = _runs_in_process(workers, ray_address)
+    with contextlib.nullcontext() if in_process else _ray_data(ray_address, workers):
         tokens_run, busy, tokenize_started = 0, 0.0, time.perf_counter()
         if pending_units:
-            ds = ray.data.from_items([{"index": i} for i in pending_units]).map_batches(
-                _UnitTokenizer, batch_size=1, compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1,
-                fn_constructor_args=(tokenizer, units, config, str(work)))
-            tokens_run, busy = _run_stage(ds, "tokenize", len(pending_units), progress)
+            rows = _tokenize_rows(in_process, pending_units, workers, (tokenizer, units, config, str(work)))
+            tokens_run, busy = _run_stage(rows, "tokenize", len(pending_units), progress)
         tokenize_seconds = time.perf_counter() - tokenize_started
         layouts = _layouts(ledger, units, config.seq_len, tokenizer)
         rows_per_chunk = chunk_rows(config.seq_len, dtype)
@@ -500,11 +553,10 @@ def prep(config: PrepConfig, tokenizer: Tokenizer, out_dir: str | Path, *, worke
         shards = [row for layout in layouts.values() for row in _plan_shards(layout, per_shard)]
         pending_shards = [r for r in shards if not ledger.done(_shard_key(r["split"], r["index"]))]
         if pending_shards:
-            ds = ray.data.from_items(pending_shards).map(
-                write_one_shard, compute=ray.data.TaskPoolStrategy(size=workers), num_cpus=1,
-                fn_kwargs=dict(layouts=layouts, work=str(work), out=str(out), dtype=dtype,
-                               rows_per_chunk=rows_per_chunk))
-            _run_stage(ds, "shards", len(pending_shards), progress)
+            shard_args = {"layouts": layouts, "work": str(work), "out": str(out), "dtype": dtype,
+                          "rows_per_chunk": rows_per_chunk}
+            _run_stage(_shard_rows(in_process, pending_shards, workers, shard_args), "shards",
+                       len(pending_shards), progress)
     manifest = _assemble_manifest(config, tokenizer, identity, ledger, units, layouts, shards, rows_per_chunk)
     manifest.write(out)
     shutil.rmtree(work)

@@ -1,8 +1,11 @@
-"""Tokenizers: a trained SentencePiece model or GPT-2's byte-level BPE, behind one interface.
+"""Tokenizers behind one interface (``Tokenizer``), and ``load_tokenizer``, which finds the kind
+a path holds: a trained SentencePiece model (here, with its training), GPT-2's byte-level BPE
+(``data_prep.gpt2_bpe``) or a Hugging Face ``tokenizer.json`` (``data_prep.hf_tokenizer``).
 
-Both are exact: ``decode(encode(text)) == text`` for every string. SentencePiece gets there
-by training with an identity normalizer and byte fallback (characters outside the vocabulary
-become UTF-8 byte pieces, never ``<unk>``); GPT-2's BPE works on bytes by construction.
+SentencePiece and GPT-2's BPE are exact: ``decode(encode(text)) == text`` for every string.
+SentencePiece gets there by training with an identity normalizer and byte fallback (characters
+outside the vocabulary become UTF-8 byte pieces, never ``<unk>``); GPT-2's BPE works on bytes
+by construction. A ``tokenizer.json`` is as exact as its pipeline.
 
 A tokenizer pickles with its model bytes rather than a path, so a Ray actor on another
 machine gets the same tokenizer without shared storage. ``sha256`` identifies the model
@@ -18,31 +21,25 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import random
 import re
-from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers
 
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
+from data_prep.gpt2_bpe import GPT2_ENCODER_FILE, GPT2_MERGES_FILE, GPT2BPETokenizer
+from data_prep.hf_tokenizer import NO_SPECIAL_TOKENS, TOKENIZER_JSON_FILE, HuggingFaceTokenizer, SpecialTokens
+from data_prep.tokenizer_base import Tokenizer, refuse_lone_surrogates
 
 # Files written by ``train_sentencepiece``; ``SentencePieceTokenizer.save`` writes the model alone.
 SP_MODEL_FILE = "tokenizer.model"
 SP_VOCAB_FILE = "tokenizer.vocab"  # "piece<TAB>score" per id, for reading, never loaded
-SP_METADATA_FILE = "tokenizer.json"
-
-# GPT-2's files, as OpenAI published them.
-GPT2_ENCODER_FILE = "encoder.json"
-GPT2_MERGES_FILE = "vocab.bpe"
-GPT2_EOS_TOKEN = "<|endoftext|>"
+SP_METADATA_FILE = "tokenizer.json"  # a record of the training, not a Hugging Face tokenizer.json
 
 # Special ids of a trained SentencePiece model. SentencePiece's defaults for unk, bos and
 # eos, plus a pad id (SentencePiece disables pad by default) for fixed-length batches of
@@ -101,7 +98,6 @@ _SP_TRAIN_OPTIONS: dict[str, Any] = {
 # Batch encodes run on one thread: ``unmask prep`` runs one tokenizer per core in Ray
 # workers, and a library thread pool per worker would oversubscribe the cores.
 ENCODE_THREADS = 1
-HF_PARALLELISM_ENV = "TOKENIZERS_PARALLELISM"
 
 # SentencePiece writes a space as U+2581 and decodes every U+2581 back to a space, so a
 # literal U+2581 in the text would come back as a space. Text holding one is encoded
@@ -112,58 +108,18 @@ __all__ = [
     "CHARACTER_COVERAGE",
     "DEFAULT_SAMPLE_SENTENCES",
     "GPT2BPETokenizer",
+    "HuggingFaceTokenizer",
     "MAX_SENTENCE_BYTES",
     "MIN_VOCAB_SIZE",
     "MODEL_TYPES",
     "SentencePieceTokenizer",
     "SentenceSample",
+    "SpecialTokens",
     "Tokenizer",
     "draw_sentence_sample",
     "load_tokenizer",
     "train_sentencepiece",
 ]
-
-
-class Tokenizer(ABC):
-    """Text to token ids and back, exactly: ``decode(encode(text)) == text``.
-
-    ``encode`` adds no special tokens; callers add ``eos_id`` (and ``bos_id``) themselves.
-    """
-
-    kind: str             # "sentencepiece" or "gpt2-bpe"
-    path: str             # where the model was loaded from ("" if built from bytes)
-    sha256: str           # identity of the model files
-    vocab_size: int       # ids are 0..vocab_size-1
-    eos_id: int
-    bos_id: int | None
-    pad_id: int | None
-
-    @abstractmethod
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``."""
-
-    @abstractmethod
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """``[encode(t) for t in texts]`` through the library's native batch path."""
-
-    @abstractmethod
-    def decode(self, ids: Sequence[int]) -> str:
-        """The text of ``ids``."""
-
-    @abstractmethod
-    def save(self, directory: str | Path) -> None:
-        """Write the model files into ``directory``; ``load_tokenizer(directory)`` then
-        gives a tokenizer with the same ``sha256``."""
-
-    def describe(self) -> dict[str, Any]:
-        """The JSON-able record of this tokenizer for the data manifest."""
-        return {"kind": self.kind, "path": self.path, "sha256": self.sha256,
-                "vocab_size": self.vocab_size, "eos_id": self.eos_id,
-                "bos_id": self.bos_id, "pad_id": self.pad_id}
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(path={self.path!r}, vocab_size={self.vocab_size}, "
-                f"sha256={self.sha256[:12]}...)")
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -199,10 +155,7 @@ class SentencePieceTokenizer(Tokenizer):
         except OSError as err:
             raise UserError(f"cannot read tokenizer model {path}: {err.strerror}") from None
         except RuntimeError:
-            raise UserError(
-                f"{path} is not a SentencePiece model; pass a .model file, a directory holding "
-                f"{SP_MODEL_FILE}, or a directory holding GPT-2's {GPT2_ENCODER_FILE} and "
-                f"{GPT2_MERGES_FILE}") from None
+            raise UserError(f"{path} is not a SentencePiece model; pass {_KINDS}") from None
 
     @property
     def processor(self) -> spm.SentencePieceProcessor:
@@ -215,12 +168,14 @@ class SentencePieceTokenizer(Tokenizer):
         return ids if all(self._sp.is_byte(i) for i in ids) else None
 
     def encode(self, text: str) -> list[int]:
-        if self._meta_space_ids and _META_SPACE in text:
-            return self._encode_around_meta_space(text)
-        return self._sp.encode(text)
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        batch = self._sp.encode(texts, num_threads=ENCODE_THREADS)
+        try:
+            batch = self._sp.encode(texts, num_threads=ENCODE_THREADS)
+        except TypeError:  # what the library says of a lone surrogate
+            refuse_lone_surrogates(texts)
+            raise
         if self._meta_space_ids:
             for i, text in enumerate(texts):
                 if _META_SPACE in text:
@@ -256,81 +211,34 @@ class SentencePieceTokenizer(Tokenizer):
         self.__init__(**state)
 
 
-class GPT2BPETokenizer(Tokenizer):
-    """GPT-2's byte-level BPE from OpenAI's ``encoder.json`` and ``vocab.bpe``.
-
-    ``sha256`` is the hash of the bytes of ``encoder.json`` followed by those of
-    ``vocab.bpe``. Following GPT-2, ``<|endoftext|>`` is both eos and bos, and there is no
-    pad. It is not registered as a special token: text that happens to contain the string
-    ``<|endoftext|>`` is encoded as ordinary text, so a document cannot forge a boundary.
-    """
-
-    kind = "gpt2-bpe"
-
-    def __init__(self, encoder_json: bytes, vocab_bpe: bytes, path: str | Path = "") -> None:
-        self._encoder_json = bytes(encoder_json)
-        self._vocab_bpe = bytes(vocab_bpe)
-        self.path = str(path)
-        self.sha256 = hashlib.sha256(self._encoder_json + self._vocab_bpe).hexdigest()
-        encoder = _parse_encoder(self._encoder_json, Path(self.path) / GPT2_ENCODER_FILE)
-        merges = _parse_merges(self._vocab_bpe, Path(self.path) / GPT2_MERGES_FILE)
-        # One thread per tokenizer (see ENCODE_THREADS): each prep worker is one core.
-        os.environ.setdefault(HF_PARALLELISM_ENV, "false")
-        self._tokenizer = HFTokenizer(models.BPE(vocab=encoder, merges=merges))
-        self._tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        self._tokenizer.decoder = decoders.ByteLevel()
-        self.vocab_size = self._tokenizer.get_vocab_size()
-        self.eos_id = encoder[GPT2_EOS_TOKEN]
-        self.bos_id = self.eos_id
-        self.pad_id = None
-
-    @classmethod
-    def from_directory(cls, directory: str | Path) -> GPT2BPETokenizer:
-        """Load ``encoder.json`` and ``vocab.bpe`` from ``directory``."""
-        directory = Path(directory)
-        return cls(_read_bytes(directory / GPT2_ENCODER_FILE),
-                   _read_bytes(directory / GPT2_MERGES_FILE), directory)
-
-    def encode(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text).ids
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        # The fast variant skips computing character offsets, which nothing here uses.
-        return [encoding.ids for encoding in self._tokenizer.encode_batch_fast(texts)]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(ids)
-
-    def save(self, directory: str | Path) -> None:
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(directory / GPT2_ENCODER_FILE, self._encoder_json)
-        atomic_write_bytes(directory / GPT2_MERGES_FILE, self._vocab_bpe)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"encoder_json": self._encoder_json, "vocab_bpe": self._vocab_bpe,
-                "path": self.path}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)
+_KINDS = (f"a SentencePiece .model file, a directory holding {SP_MODEL_FILE} (from `unmask tokenizer "
+          f"train`), a directory holding GPT-2's {GPT2_ENCODER_FILE} and {GPT2_MERGES_FILE}, or a Hugging Face "
+          f"{TOKENIZER_JSON_FILE} (the file, or a directory holding it)")
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load a tokenizer from a SentencePiece ``.model`` file, a directory holding
-    ``tokenizer.model`` (``train_sentencepiece``'s output), or a directory holding GPT-2's
-    ``encoder.json`` and ``vocab.bpe``."""
+def load_tokenizer(path: str | Path, special_tokens: SpecialTokens = NO_SPECIAL_TOKENS) -> Tokenizer:
+    """Load the tokenizer at ``path``: a SentencePiece ``.model`` file, a directory holding
+    ``tokenizer.model`` (``train_sentencepiece``'s output, whose ``tokenizer.json`` is a record,
+    not a Hugging Face file), a directory holding GPT-2's ``encoder.json`` and ``vocab.bpe``,
+    or a Hugging Face ``tokenizer.json`` file or a directory holding one. ``special_tokens``
+    (``--eos-token`` ...) applies to a ``tokenizer.json`` only: the other kinds fix their roles."""
     path = Path(path)
-    if path.is_file():
-        return SentencePieceTokenizer.from_file(path)
-    if (path / SP_MODEL_FILE).is_file():
-        return SentencePieceTokenizer.from_file(path / SP_MODEL_FILE)
-    if (path / GPT2_ENCODER_FILE).is_file() and (path / GPT2_MERGES_FILE).is_file():
-        return GPT2BPETokenizer.from_directory(path)
-    problem = "is a directory without tokenizer files" if path.is_dir() else "does not exist"
-    raise UserError(
-        f"tokenizer path {path} {problem}: expected a SentencePiece .model file, a directory "
-        f"holding {SP_MODEL_FILE} (from train_sentencepiece), or a directory holding GPT-2's "
-        f"{GPT2_ENCODER_FILE} and {GPT2_MERGES_FILE}")
+    if path.is_file() and path.suffix == ".json":
+        return HuggingFaceTokenizer.from_file(path, special_tokens)
+    if (path / SP_MODEL_FILE).is_file() or path.is_file():
+        tokenizer = SentencePieceTokenizer.from_file(path if path.is_file() else path / SP_MODEL_FILE)
+    elif (path / GPT2_ENCODER_FILE).is_file() and (path / GPT2_MERGES_FILE).is_file():
+        tokenizer = GPT2BPETokenizer.from_directory(path)
+    elif (path / TOKENIZER_JSON_FILE).is_file():
+        return HuggingFaceTokenizer.from_file(path / TOKENIZER_JSON_FILE, special_tokens)
+    else:
+        problem = "is a directory without tokenizer files" if path.is_dir() else "does not exist"
+        raise UserError(f"tokenizer path {path} {problem}: expected {_KINDS}")
+    if special_tokens.given():
+        flags = ", ".join(f"--{role}-token" for role in special_tokens.given())
+        raise UserError(f"{flags}: only a Hugging Face {TOKENIZER_JSON_FILE} takes special tokens; {path} "
+                        f"holds a {tokenizer.kind} tokenizer, whose special tokens are fixed: leave the flags out")
+    return tokenizer
 
 
 @dataclass(frozen=True)
@@ -473,40 +381,3 @@ def _vocab_size_error(message: str, options: dict[str, Any],
 def _optional_id(token_id: int) -> int | None:
     """SentencePiece reports a disabled special token as id -1."""
     return token_id if token_id >= 0 else None
-
-
-def _parse_encoder(data: bytes, path: Path) -> dict[str, int]:
-    try:
-        encoder = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"{path} is not valid JSON ({err}); "
-                        f"expected GPT-2's token -> id map") from None
-    if not isinstance(encoder, dict) or GPT2_EOS_TOKEN not in encoder:
-        raise UserError(f"{path} is not GPT-2's encoder.json: expected a token -> id map "
-                        f"holding {GPT2_EOS_TOKEN}")
-    return encoder
-
-
-def _parse_merges(data: bytes, path: Path) -> list[tuple[str, str]]:
-    """The merge rules of ``vocab.bpe``: one "left right" pair a line after a version header."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise UserError(f"{path} is not UTF-8 text ({err}); expected GPT-2's merge rules") from None
-    merges = []
-    for line_number, line in enumerate(text.split("\n"), start=1):
-        if not line or line.startswith("#version"):
-            continue
-        left, space, right = line.partition(" ")
-        if not (left and space and right) or " " in right:
-            raise UserError(f"{path}:{line_number}: expected a merge rule 'left right', "
-                            f"got {line!r}")
-        merges.append((left, right))
-    return merges
-
-
-def _read_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as err:
-        raise UserError(f"cannot read tokenizer file {path}: {err.strerror}") from None

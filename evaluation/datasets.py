@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common.errors import UserError
+from data_prep.readers.lines import is_blank_line
 from evaluation.detokenizers import DETOKENIZERS
 
 __all__ = ["DATASET_NAMES", "FILE_SPLIT", "EvalDataset", "check_text_file", "dataset_file", "load_dataset",
@@ -260,10 +261,10 @@ def _read_generic(path: Path, suffix: str, field: str) -> tuple[bytes, list[str]
 
 
 def _paragraphs(text: str) -> list[str]:
-    """Runs of non-blank lines, each joined with "\\n"."""
+    """Runs of non-blank lines, each joined with "\\n" (blank as in prep's readers)."""
     paragraphs: list[list[str]] = [[]]
     for line in text.split("\n"):
-        if line.strip():
+        if not is_blank_line(line):
             paragraphs[-1].append(line)
         elif paragraphs[-1]:
             paragraphs.append([])
@@ -274,7 +275,7 @@ def _jsonl_field(path: Path, text: str, field: str) -> list[str]:
     """The string ``field`` of every non-blank JSON line."""
     values = []
     for number, line in enumerate(text.split("\n"), start=1):
-        if line.strip():
+        if not is_blank_line(line):
             values.append(_json_string(path, number, line, field))
     return values
 

@@ -87,8 +87,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from model.autoregressive import Autoregressive
-from model.diffusion import Denoiser, MaskedDiffusion, NelboTerms, check_token_ids, low_discrepancy_times
+from model.autoregressive import Autoregressive, CausalNetwork
+from model.checks import check_token_ids
+from model.denoiser import DenoiserLike
+from model.diffusion import MaskedDiffusion, NelboTerms, low_discrepancy_times
 
 __all__ = ["Blocks", "BoundEstimate", "TimeContributions", "Z_95", "autoregressive_nll",
            "estimate_bound", "per_time_contributions", "wrap_blocks"]
@@ -256,7 +258,7 @@ def _work(blocks: Blocks, replicates: range, plan: _Plan) -> Iterator[tuple[Tens
         yield ks[start:start + plan.batch_size], ids[start:start + plan.batch_size]
 
 
-def _score_batches(diffusion: MaskedDiffusion, denoiser: Denoiser, blocks: Blocks,
+def _score_batches(diffusion: MaskedDiffusion, denoiser: DenoiserLike, blocks: Blocks,
                    replicates: range, plan: _Plan, discrete_steps: int | None,
                    ) -> Iterator[tuple[Tensor, Tensor, Tensor, Tensor | NelboTerms]]:
     """Yield (replicate, block, u, result) per batch: result is the NelboTerms (continuous) or
@@ -276,7 +278,7 @@ def _score_batches(diffusion: MaskedDiffusion, denoiser: Denoiser, blocks: Block
 
 
 @torch.no_grad()
-def _replicate_partials(diffusion: MaskedDiffusion, denoiser: Denoiser, blocks: Blocks,
+def _replicate_partials(diffusion: MaskedDiffusion, denoiser: DenoiserLike, blocks: Blocks,
                         replicates: range, plan: _Plan, discrete_steps: int | None) -> list[float]:
     """This rank's share of S_k = sum_blocks NELBO_k and Q_k = sum_blocks NELBO_k^2, for k in
     ``replicates``, as [S..., Q...] (a sum over ranks gives the totals)."""
@@ -311,7 +313,7 @@ def _summarize(sums: list[float], squares: list[float], blocks: Blocks, kind: st
 
 
 # ------------------------------------------------------------------------------ public
-def estimate_bound(diffusion: MaskedDiffusion, denoiser: Denoiser, blocks: Blocks, *,
+def estimate_bound(diffusion: MaskedDiffusion, denoiser: DenoiserLike, blocks: Blocks, *,
                    samples_per_block: int = 1, seed: int = 0, batch_size: int = 32,
                    device: torch.device | str = "cpu", discrete_steps: int | None = None,
                    target_rel_error: float | None = None, max_samples_per_block: int = 1024,
@@ -358,7 +360,7 @@ def estimate_bound(diffusion: MaskedDiffusion, denoiser: Denoiser, blocks: Block
 
 
 @torch.no_grad()
-def per_time_contributions(diffusion: MaskedDiffusion, denoiser: Denoiser, blocks: Blocks, *,
+def per_time_contributions(diffusion: MaskedDiffusion, denoiser: DenoiserLike, blocks: Blocks, *,
                            samples_per_block: int = 1, seed: int = 0, batch_size: int = 32,
                            device: torch.device | str = "cpu", rank: int = 0,
                            world_size: int = 1) -> TimeContributions:
@@ -383,7 +385,7 @@ def per_time_contributions(diffusion: MaskedDiffusion, denoiser: Denoiser, block
 
 
 @torch.no_grad()
-def autoregressive_nll(autoregressive: Autoregressive, network: Denoiser, blocks: Blocks, *,
+def autoregressive_nll(autoregressive: Autoregressive, network: CausalNetwork, blocks: Blocks, *,
                        batch_size: int = 32, device: torch.device | str = "cpu", rank: int = 0,
                        world_size: int = 1, all_reduce: AllReduce | None = None) -> BoundEstimate:
     """Exact -log p per real token of a causal ``network`` (padding not scored); SE 0."""

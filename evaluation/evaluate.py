@@ -11,8 +11,8 @@ The ``val`` dataset is the val split of the training shards: its sequences are t
 (already packed with EOS), and the manifest gives its UTF-8 bytes. Its tokenizer must be the
 export's; anything else is refused.
 
-Every number comes with the protocol that produced it (``results["protocol"]`` and each
-dataset's own record), so it can be reproduced.
+Every number comes with the protocol that produced it (``EvalScores.protocol`` and each
+dataset's own record, ``evaluation.results``), so it can be reproduced.
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ from evaluation.estimator import (
     per_time_contributions,
     wrap_blocks,
 )
+from evaluation.results import ABSENT, DatasetResult, EvalScores, PerTimeContributions, Protocol
 from model.autoregressive import Autoregressive
 from model.diffusion import MaskedDiffusion
-from model.schedules import make_schedule
+from model.spec import build_process
 from pipeline.export import Exported
 
 __all__ = ["EvalConfig", "check_datasets", "evaluate_dataset", "evaluate", "VAL_DATASET"]
@@ -162,8 +163,8 @@ def _val_blocks(exported: Exported, shards: str | None) -> tuple[Blocks, int, di
 
 
 def evaluate_dataset(name: str, exported: Exported, config: EvalConfig, *, device: torch.device,
-                     rank: int = 0, world_size: int = 1, all_reduce: AllReduce | None = None) -> dict:
-    """The result record of one dataset (see ``evaluation.report`` for its schema)."""
+                     rank: int = 0, world_size: int = 1, all_reduce: AllReduce | None = None) -> DatasetResult:
+    """The bound on one dataset (all ranks get the same one; only rank 0's has ``per_t``)."""
     seq_len = config.seq_len or exported.network.config.max_seq_len
     if seq_len > exported.network.config.max_seq_len:
         raise UserError(f"--seq-len {seq_len} exceeds the model's max_seq_len "
@@ -188,53 +189,47 @@ def _precision(device: torch.device):
 
 
 def _estimate(record: dict, blocks: Blocks, utf8_bytes: int, exported: Exported, network, config: EvalConfig,
-              common: dict, all_reduce: AllReduce | None) -> dict:
+              common: dict, all_reduce: AllReduce | None) -> DatasetResult:
     rank = common["rank"]
-    if exported.config["objective"] == "autoregressive":
-        estimate = autoregressive_nll(Autoregressive(exported.network.config.vocab_size, validate=False),
-                                      network, blocks, all_reduce=all_reduce, **common)
+    # The blocks hold ids of the export's own tokenizer: no value checks (each a host sync).
+    process = build_process(exported.spec, validate=False)
+    if isinstance(process, Autoregressive):
+        estimate = autoregressive_nll(process, network, blocks, all_reduce=all_reduce, **common)
         per_t = None
     else:
-        diffusion = _diffusion(exported)
-        estimate = estimate_bound(diffusion, network, blocks, samples_per_block=config.samples_per_block,
+        estimate = estimate_bound(process, network, blocks, samples_per_block=config.samples_per_block,
                                   seed=config.seed, discrete_steps=config.discrete_steps,
                                   target_rel_error=config.target_rel_error, all_reduce=all_reduce, **common)
-        per_t = _per_t(diffusion, network, blocks, config, common) if rank == 0 else None
+        per_t = _per_t(process, network, blocks, config, common) if rank == 0 else None
     return _record(record, estimate, utf8_bytes, per_t)
 
 
-def _diffusion(exported: Exported) -> MaskedDiffusion:
-    config = exported.config
-    schedule = make_schedule(config["schedule"], **config.get("schedule_args", {}))
-    return MaskedDiffusion(schedule, exported.network.config.vocab_size, validate=False)
-
-
-def _per_t(diffusion: MaskedDiffusion, network, blocks: Blocks, config: EvalConfig, common: dict) -> dict:
+def _per_t(diffusion: MaskedDiffusion, network, blocks: Blocks, config: EvalConfig,
+           common: dict) -> PerTimeContributions:
     """Per-time contributions of the first PER_T_BLOCKS blocks, one time sample each (rank 0)."""
     count = min(blocks.num_blocks, PER_T_BLOCKS)
     subset = Blocks(blocks.tokens[:count], blocks.positions[:count])
     records = per_time_contributions(diffusion, network, subset, samples_per_block=1, seed=config.seed,
                                      **{**common, "rank": 0, "world_size": 1})
-    return {"t": records.t.tolist(), "contribution": records.diffusion_per_token.tolist()}
+    return PerTimeContributions(t=records.t.tolist(), contribution=records.diffusion_per_token.tolist())
 
 
-def _record(dataset: dict, estimate: BoundEstimate, utf8_bytes: int, per_t: dict | None) -> dict:
-    low, high = estimate.perplexity_interval()
-    out = {"dataset": dataset, "estimate": estimate.to_dict(), "nelbo_per_token": estimate.nelbo_per_token,
-           "standard_error": estimate.standard_error, "perplexity_bound": estimate.perplexity_bound,
-           "perplexity_interval": [low, high], "bits_per_byte": estimate.bits_per_byte(utf8_bytes),
-           "num_tokens": estimate.num_tokens}
-    if per_t is not None:
-        out["per_t"] = per_t
+def _record(dataset: dict, estimate: BoundEstimate, utf8_bytes: int,
+            per_t: PerTimeContributions | None) -> DatasetResult:
+    result = DatasetResult(dataset=dataset, estimate=estimate.to_dict(), nelbo_per_token=estimate.nelbo_per_token,
+                           standard_error=estimate.standard_error, perplexity_bound=estimate.perplexity_bound,
+                           perplexity_interval=estimate.perplexity_interval(),
+                           bits_per_byte=estimate.bits_per_byte(utf8_bytes), num_tokens=estimate.num_tokens,
+                           per_t=ABSENT if per_t is None else per_t)
     if not math.isfinite(estimate.nelbo_per_token):
         raise UserError(f"the bound on {dataset['name']} is not finite: the export's weights are broken")
-    return out
+    return result
 
 
 def evaluate(exported: Exported, config: EvalConfig, *, device: torch.device, rank: int = 0,
              world_size: int = 1, all_reduce: AllReduce | None = None,
-             progress: Callable[[str], None] = lambda message: None) -> dict:
-    """Every dataset of ``config``: ``{"datasets": {name: record}, "protocol": {...}}``."""
+             progress: Callable[[str], None] = lambda message: None) -> EvalScores:
+    """The bound on every dataset of ``config``, and the protocol that produced them."""
     config.check()
     torch.manual_seed(config.seed)
     np.random.seed(config.seed)
@@ -243,20 +238,21 @@ def evaluate(exported: Exported, config: EvalConfig, *, device: torch.device, ra
         progress(f"evaluating {name}")
         datasets[name] = evaluate_dataset(name, exported, config, device=device, rank=rank,
                                           world_size=world_size, all_reduce=all_reduce)
-    return {"datasets": datasets, "protocol": _protocol(exported, config, world_size)}
+    return EvalScores(datasets=datasets, protocol=_protocol(exported, config, world_size))
 
 
-def _protocol(exported: Exported, config: EvalConfig, world_size: int) -> dict:
+def _protocol(exported: Exported, config: EvalConfig, world_size: int) -> Protocol:
     objective = exported.config["objective"]
     estimator = "autoregressive" if objective == "autoregressive" else (
         "discrete" if config.discrete_steps else "continuous")
-    return {"seq_len": config.seq_len or exported.network.config.max_seq_len,
-            "samples_per_block": config.samples_per_block, "seed": config.seed, "estimator": estimator,
-            "discrete_steps": config.discrete_steps, "target_rel_error": config.target_rel_error,
-            "add_eos": config.add_eos, "split": config.split, "max_documents": config.max_documents,
-            "wrapping": "documents + EOS concatenated and cut into seq_len blocks; the last block padded, "
-                        "padding never masked nor scored; no BOS",
-            "bound": "continuous-time NELBO with both endpoint terms (reconstruction scored by the model)"
-                     if estimator == "continuous" else estimator,
-            "precision": "bf16 autocast on GPU, float32 on CPU; log-softmax float32; sums float64",
-            "world_size": world_size}
+    return Protocol(
+        seq_len=config.seq_len or exported.network.config.max_seq_len,
+        samples_per_block=config.samples_per_block, seed=config.seed, estimator=estimator,
+        discrete_steps=config.discrete_steps, target_rel_error=config.target_rel_error,
+        add_eos=config.add_eos, split=config.split, max_documents=config.max_documents,
+        wrapping="documents + EOS concatenated and cut into seq_len blocks; the last block padded, "
+                 "padding never masked nor scored; no BOS",
+        bound="continuous-time NELBO with both endpoint terms (reconstruction scored by the model)"
+              if estimator == "continuous" else estimator,
+        precision="bf16 autocast on GPU, float32 on CPU; log-softmax float32; sums float64",
+        world_size=world_size)

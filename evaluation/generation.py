@@ -1,4 +1,5 @@
-"""``unmask sample``: generate text from an export, unconditionally, after a prompt, or by infilling.
+"""Text generation from an export, unconditionally, after a prompt, or by infilling (the
+library behind ``unmask sample``, whose command line is ``orchestration.commands.sample``).
 
     exported = load_export(resolve_export(Path("runs/tiny")))
     samples = generate(exported, num=4, steps=1000, prompt="Once upon a time")
@@ -6,11 +7,12 @@
 
 Diffusion exports sample with ``MaskedDiffusion.sample`` (ancestral, cached network calls)
 under the schedule they were trained with. Conditioning is a tensor of kept tokens and mask
-ids: ``--prompt`` keeps its tokens at the start of the sequence and generates the rest;
-``--infill`` takes a template whose literal text is kept in place and whose placeholders
+ids: ``prompt`` keeps its tokens at the start of the sequence and generates the rest;
+``infill`` takes a template whose literal text is kept in place and whose placeholders
 (``INFILL_SYNTAX``) are generated, as is everything after the template. Autoregressive
 exports sample left to right (temperature 1, optional nucleus ``top_p``) and continue a
-``--prompt``; they cannot infill.
+``prompt``; they cannot infill. Bad arguments raise ``UserError`` naming the flag of
+``unmask sample`` that sets them.
 
 Text. ``Sample.tokens`` is the whole sampled sequence (``seq_len`` ids). ``Sample.text``
 decodes it up to, not including, the first EOS after the last kept token (the prompt's
@@ -41,15 +43,15 @@ from torch import Tensor
 
 from common.errors import UserError
 from data_prep.tokenizer import Tokenizer
-from model.diffusion import MaskedDiffusion
+from model.denoiser import Denoiser
 
 # The diffusion sampler's float64 inverse-CDF draw: the AR sampler draws its tokens the same way.
 from model.sampling import GRIDS, inverse_cdf, top_p_filter
-from model.schedules import make_schedule
+from model.spec import build_process
 from pipeline.export import Exported
 
-__all__ = ["INFILL_PLACEHOLDER", "INFILL_SYNTAX", "Sample", "build_prompt", "generate", "GRIDS",
-           "DEFAULT_BATCH_SIZE", "DEFAULT_GRID"]
+__all__ = ["INFILL_PLACEHOLDER", "INFILL_SYNTAX", "Sample", "build_prompt", "generate", "resolve_device",
+           "GRIDS", "DEFAULT_BATCH_SIZE", "DEFAULT_GRID"]
 
 # An infill placeholder: "[MASK]" is one generated token, "[MASK*n]" n of them (n >= 1).
 INFILL_PLACEHOLDER = re.compile(r"\[MASK(?:\*(\d+))?\]")
@@ -60,6 +62,8 @@ _PLACEHOLDER_START = "[MASK"
 DIFFUSION, AUTOREGRESSIVE = "diffusion", "autoregressive"
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_GRID = "uniform"
+
+
 @dataclass(frozen=True)
 class Sample:
     """One generated sequence; see the module docstring for ``text`` and ``network_calls``."""
@@ -68,10 +72,9 @@ class Sample:
     tokens: list[int]        # the whole sequence, seq_len ids
     network_calls: int       # network evaluations of this sequence
     steps: int               # diffusion: reverse steps; autoregressive: tokens generated
-    prompt: str | None       # the --prompt text or the --infill template
+    prompt: str | None       # the prompt text or the infill template
 
 
-# ------------------------------------------------------------------ locating the export
 # ------------------------------------------------------------------ conditioning
 def build_prompt(tokenizer: Tokenizer, seq_len: int, mask_id: int, *, prompt: str | None = None,
                  infill: str | None = None) -> torch.LongTensor | None:
@@ -155,7 +158,7 @@ def generate(exported: Exported, *, num: int, steps: int | None, seq_len: int | 
     seq_len = exported.network.config.max_seq_len if seq_len is None else seq_len
     _check_arguments(exported, objective, num=num, steps=steps, seq_len=seq_len, grid=grid,
                      infill=infill, top_p=top_p, batch_size=batch_size)
-    target = _device(device)
+    target = resolve_device(device)
     network = exported.network.to(target).eval()
     generator = torch.Generator(device=target).manual_seed(seed)
     sizes = _batches(num, batch_size)
@@ -195,7 +198,9 @@ def _check_positive(flag: str, value: int) -> None:
         raise UserError(f"{flag} must be an integer >= 1, got {value!r}")
 
 
-def _device(name: str) -> torch.device:
+def resolve_device(name: str) -> torch.device:
+    """The torch device ``name`` (cpu, cuda, cuda:1); a UserError naming ``--device`` when it
+    is not one or is not on this machine."""
     try:
         device = torch.device(name)
     except RuntimeError as err:
@@ -213,12 +218,9 @@ def _batches(num: int, batch_size: int) -> list[int]:
 def _sample_diffusion(exported: Exported, network: torch.nn.Module, sizes: list[int], *, steps: int,
                       seq_len: int, grid: str, prompt: str | None, infill: str | None,
                       top_p: float | None, generator: torch.Generator, device: torch.device) -> list[Sample]:
-    config = exported.config
-    vocab_size = exported.network.config.vocab_size
-    schedule = make_schedule(config["schedule"], **config.get("schedule_args", {}))
-    diffusion = MaskedDiffusion(schedule, vocab_size)
-    conditioning = build_prompt(exported.tokenizer, seq_len, diffusion.mask_id, prompt=prompt, infill=infill)
-    kept_end = _conditioning_end(conditioning, diffusion.mask_id)
+    diffusion = build_process(exported.spec, validate=True)  # checks the prompt's token ids
+    conditioning = build_prompt(exported.tokenizer, seq_len, diffusion.generate_id, prompt=prompt, infill=infill)
+    kept_end = _conditioning_end(conditioning, diffusion.generate_id)
     shown = prompt if infill is None else infill
     samples = []
     for rows in sizes:
@@ -277,13 +279,12 @@ def _left_to_right(network: torch.nn.Module, vocab_size: int, prefix: list[int],
     return tokens
 
 
-def _next_token_logits(network: torch.nn.Module, context: Tensor) -> Tensor:
-    """Logits [B, V] at the last position of ``context``."""
-    if getattr(network, "accepts_output_mask", False):
-        last = torch.zeros(context.shape, dtype=torch.bool, device=context.device)
-        last[:, -1] = True
-        return network(context, None, output_mask=last)  # skips the projection elsewhere
-    return network(context, None)[:, -1]
+def _next_token_logits(network: Denoiser, context: Tensor) -> Tensor:
+    """Logits [B, V] at the last position of ``context`` (a ``Transformer`` skips the output
+    projection elsewhere)."""
+    last = torch.zeros(context.shape, dtype=torch.bool, device=context.device)
+    last[:, -1] = True
+    return network.logits_at(context, None, last)
 
 
 def _sample(tokenizer: Tokenizer, tokens: list[int], kept_end: int, calls: int, steps: int,

@@ -1,11 +1,14 @@
-"""Masked diffusion math and networks: schedules, the diffusion process and its bounds,
-the sampler, the transformer denoiser and the autoregressive baseline. No I/O, no
-distributed code."""
+"""Masked diffusion math and networks: schedules, the diffusion processes and their bounds,
+the samplers, the denoiser interface, the transformer denoiser, the autoregressive baseline
+and the spec a model is built from. No I/O, no distributed code."""
 
+from model.denoiser import Denoiser, FunctionDenoiser, as_denoiser
 from model.diffusion import DiffusionProcess, MaskedDiffusion, NelboTerms, low_discrepancy_times
 from model.schedules import make_schedule
+from model.spec import ModelSpec, build_network, build_process
 from model.state_dependent import LearnedMaskedDiffusion, LearnedSchedule
 from model.uniform import UniformDiffusion
 
-__all__ = ["DiffusionProcess", "LearnedMaskedDiffusion", "LearnedSchedule", "MaskedDiffusion", "NelboTerms",
-           "UniformDiffusion", "low_discrepancy_times", "make_schedule"]
+__all__ = ["Denoiser", "DiffusionProcess", "FunctionDenoiser", "LearnedMaskedDiffusion", "LearnedSchedule",
+           "MaskedDiffusion", "ModelSpec", "NelboTerms", "UniformDiffusion", "as_denoiser", "build_network",
+           "build_process", "low_discrepancy_times", "make_schedule"]

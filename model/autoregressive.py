@@ -8,21 +8,25 @@ start token is the id V, the row of the embedding that the diffusion model uses 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.diffusion import Denoiser, check_token_ids
+from model.checks import check_token_ids, check_vocab_size
 
-__all__ = ["Autoregressive"]
+__all__ = ["Autoregressive", "CausalNetwork"]
+
+# A causal network: (ids [B, L], None) -> next-token logits [B, L, V] (``Transformer`` with causal=True).
+CausalNetwork = Callable[[Tensor, None], Tensor]
 
 
 class Autoregressive:
     """Next-token objective over ``vocab_size`` tokens with start id ``vocab_size``."""
 
     def __init__(self, vocab_size: int, *, validate: bool = True) -> None:
-        if not (isinstance(vocab_size, int) and vocab_size >= 2):
-            raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
+        check_vocab_size(vocab_size)
         self.vocab_size = vocab_size
         self.validate = validate
 
@@ -30,7 +34,7 @@ class Autoregressive:
     def start_id(self) -> int:
         return self.vocab_size
 
-    def nll(self, network: Denoiser, x0: Tensor, positions: Tensor | None = None) -> Tensor:
+    def nll(self, network: CausalNetwork, x0: Tensor, positions: Tensor | None = None) -> Tensor:
         """Exact -log p(x0) per sequence in nats (float64) under a causal ``network``.
 
         ``positions`` (bool [B, L]) sums only the True tokens (the padding of a partial

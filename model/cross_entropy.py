@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from model.checks import check_positive_int
+
 __all__ = ["chunked_cross_entropy"]
 
 Projection = Callable[[Tensor], Tensor]
@@ -38,8 +40,7 @@ def chunked_cross_entropy(hidden: Tensor, targets: Tensor, project: Projection, 
     ``project`` maps [n, d] to logits [n, V] (the output head). At most ``chunk_rows`` rows
     of logits exist at a time, in the forward and in the backward.
     """
-    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
+    check_positive_int("chunk_rows", chunk_rows)
     if hidden.shape[:-1] != targets.shape:
         raise ValueError(f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} must share "
                          f"their leading shape")

@@ -18,14 +18,12 @@ here is a one-sample unbiased estimate of its bound, so averages of it are upper
 -log p(x) in expectation.
 
 A denoiser is any callable ``(z_t: LongTensor[B, L], t: FloatTensor[B]) -> logits[B, L, V]``
-over the V clean tokens (SUBS: no mask logit, so the mask is never predicted). A denoiser
-whose ``accepts_output_mask`` attribute is true may instead be called with
-``output_mask=BoolTensor[B, L]`` and return logits ``[N, V]`` for just the N selected
-positions, which skips the output projection everywhere else. When the diffusion has a
-``cross_entropy_chunk_rows``, a denoiser whose ``accepts_targets`` attribute is true is
-called with ``output_mask``, ``targets=LongTensor[N]`` (the clean tokens there) and
-``chunk_rows``, and returns -log p(target) [N] in float32 itself, without materializing
-the [N, V] float32 logits (``model.cross_entropy``; the same loss to float rounding).
+over the V clean tokens (SUBS: no mask logit, so the mask is never predicted), or a
+``model.denoiser.Denoiser``. The bounds ask it for logits at the scored positions only
+(``logits_at``: a ``Transformer`` then skips the output projection everywhere else). When
+the diffusion has a ``cross_entropy_chunk_rows``, they ask instead for -log p(target) [N]
+at those positions (``nll_at``), which a ``Transformer`` computes without materializing the
+[N, V] float32 logits (``model.cross_entropy``; the same loss to float rounding).
 
 Scoring only some positions (``positions``, bool [B, L], True = a real token): the others
 (padding of a partial evaluation block) are never masked and never scored, so they stay
@@ -33,10 +31,8 @@ visible as given, like a prompt, and the bound is one on -log p(real tokens | th
 The endpoint terms then count only the real tokens. ``positions=None`` scores every token
 and draws exactly the same random numbers as before (the mask is only ANDed with it).
 
-Randomness per row: ``generator`` may also be a sequence of generators, one per row; row i
-then draws its uniforms from its own generator (on that generator's device), so its masks
-do not depend on which other rows share its batch. The zero-shot estimator uses this to
-make its result independent of batch size and of the split over data-parallel ranks.
+Randomness per row: ``generator`` may also be a sequence of generators, one per row
+(``model.generators``).
 """
 
 from __future__ import annotations
@@ -44,35 +40,31 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.sampling import ancestral_sample
+from model.checks import (
+    check_logits,
+    check_nll,
+    check_positions,
+    check_positive_int,
+    check_reconstruction,
+    check_row_times,
+    check_token_ids,
+    check_vocab_size,
+)
+from model.denoiser import DenoiserLike, as_denoiser
+from model.generators import Generators, batch_generator, uniforms
+from model.positions import count_scored, sum_by_row
+from model.sampling import SamplingStats, ancestral_sample
 from model.schedules import Schedule
 
-Denoiser = Callable[..., Tensor]
 Reconstruction = Literal["model", "uniform"]
-# One generator for the whole batch, or one per row (see the module docstring).
-Generators = torch.Generator | Sequence[torch.Generator] | None
 
-__all__ = ["Denoiser", "DiffusionProcess", "Generators", "MaskedDiffusion", "NelboTerms",
-           "check_token_ids", "low_discrepancy_times"]
-
-
-def check_token_ids(x: Tensor, name: str, max_id: int, *, check_values: bool = True) -> None:
-    """Raise ValueError naming ``name`` unless x is a LongTensor [B, L] with ids in [0, max_id]."""
-    if not isinstance(x, Tensor) or x.dtype != torch.long:
-        got = x.dtype if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"{name} must be a LongTensor, got {got}")
-    if x.dim() != 2 or x.shape[0] < 1 or x.shape[1] < 1:
-        raise ValueError(f"{name} must have shape [batch, length], got {tuple(x.shape)}")
-    if check_values:
-        low, high = int(x.min()), int(x.max())
-        if low < 0 or high > max_id:
-            raise ValueError(f"{name} holds token ids in [{low}, {high}], outside [0, {max_id}]")
+__all__ = ["DiffusionProcess", "MaskedDiffusion", "NelboTerms", "Reconstruction", "low_discrepancy_times"]
 
 
 def low_discrepancy_times(
@@ -135,8 +127,7 @@ class DiffusionProcess(ABC):
     """
 
     def __init__(self, vocab_size: int, *, validate: bool = True) -> None:
-        if not (isinstance(vocab_size, int) and vocab_size >= 2):
-            raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
+        check_vocab_size(vocab_size)
         self.vocab_size = vocab_size
         self.validate = validate
 
@@ -150,25 +141,26 @@ class DiffusionProcess(ABC):
         """Sample z_t ~ q(z_t | x0)."""
 
     @abstractmethod
-    def nelbo_terms(self, denoiser: Denoiser, x0: Tensor, t: Tensor | None = None,
+    def nelbo_terms(self, denoiser: DenoiserLike, x0: Tensor, t: Tensor | None = None,
                     generator: Generators = None, *, reconstruction: Reconstruction = "model",
                     positions: Tensor | None = None) -> NelboTerms:
         """The continuous-time NELBO estimate per sequence with its terms kept apart."""
 
     @abstractmethod
-    def nelbo_discrete(self, denoiser: Denoiser, x0: Tensor, steps: int,
+    def nelbo_discrete(self, denoiser: DenoiserLike, x0: Tensor, steps: int,
                        generator: Generators = None, *, u: Tensor | None = None,
                        positions: Tensor | None = None) -> Tensor:
         """One-sample unbiased estimate of the T-step NELBO per sequence [B]."""
 
     @abstractmethod
-    def sample(self, denoiser: Denoiser, num_samples: int, seq_len: int, steps: int,
+    def sample(self, denoiser: DenoiserLike, num_samples: int, seq_len: int, steps: int,
                generator: torch.Generator | None = None, grid: str = "uniform",
                prompt: Tensor | None = None, *, top_p: float | None = None, cache: bool = True,
-               device: torch.device | str | None = None, return_stats: bool = False):
+               device: torch.device | str | None = None, return_stats: bool = False,
+               ) -> Tensor | tuple[Tensor, SamplingStats]:
         """Ancestral sampling from the prior at t = 1 to t = 0."""
 
-    def nelbo(self, denoiser: Denoiser, x0: Tensor, t: Tensor | None = None,
+    def nelbo(self, denoiser: DenoiserLike, x0: Tensor, t: Tensor | None = None,
               generator: Generators = None, *,
               reconstruction: Reconstruction = "model", positions: Tensor | None = None) -> Tensor:
         """One-sample unbiased estimate of the continuous-time NELBO per sequence, nats [B].
@@ -188,70 +180,28 @@ class DiffusionProcess(ABC):
     def _times(self, t: Tensor | None, x0: Tensor, generator: Generators, name: str = "t") -> Tensor:
         """The given per-row times (checked), or low-discrepancy ones over this batch."""
         if t is None:
-            t = low_discrepancy_times(x0.shape[0], _single(generator, name), device=x0.device)
-        self._check_times(t, x0.shape[0])
+            t = low_discrepancy_times(x0.shape[0], batch_generator(generator, name), device=x0.device)
+        check_row_times(t, x0.shape[0], check_values=self.validate)
         return t
 
     def _step_times(self, steps: int, u: Tensor | None, x0: Tensor,
                     generator: Generators) -> tuple[Tensor, Tensor]:
         """(t(i), s(i)) = (i/T, (i-1)/T) float64 [B] for the step i = floor(u T) + 1 of each row."""
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+        check_positive_int("steps", steps)
         u = self._times(u, x0, generator, "u")
         step = torch.floor(u.to(torch.float64) * steps).clamp(max=steps - 1) + 1  # in {1, ..., T}
         return step / steps, (step - 1) / steps
 
-    def _masked_logits(self, denoiser: Denoiser, z_t: Tensor, t: Tensor, masked: Tensor, count: int) -> Tensor:
+    def _logits_at(self, denoiser: DenoiserLike, z_t: Tensor, t: Tensor, selected: Tensor, count: int) -> Tensor:
         """The denoiser's logits [count, V] at the selected positions."""
-        if getattr(denoiser, "accepts_output_mask", False):
-            logits = denoiser(z_t, t, output_mask=masked)
-            self._check_logits(logits, (count, self.vocab_size))
-            return logits
-        logits = denoiser(z_t, t)
-        self._check_logits(logits, (*z_t.shape, self.vocab_size))
-        return logits[masked]
+        logits = as_denoiser(denoiser).logits_at(z_t, t, selected)
+        check_logits(logits, (count, self.vocab_size), self.vocab_size)
+        return logits
 
-    # ---------------------------------------------------------------- validation
     def _check_tokens(self, x: Tensor, name: str, *, allow_mask: bool) -> None:
         """Clean tokens are in [0, V - 1]; ``allow_mask`` also admits V (mask or prompt gap)."""
         top = self.vocab_size if allow_mask else self.vocab_size - 1
         check_token_ids(x, name, top, check_values=self.validate)
-
-    def _check_positions(self, positions: Tensor | None, x0: Tensor) -> None:
-        if positions is None:
-            return
-        if not isinstance(positions, Tensor) or positions.dtype != torch.bool:
-            got = positions.dtype if isinstance(positions, Tensor) else type(positions).__name__
-            raise ValueError(f"positions must be a BoolTensor, got {got}")
-        if positions.shape != x0.shape:
-            raise ValueError(f"positions must have the shape of x0 {tuple(x0.shape)}, "
-                             f"got {tuple(positions.shape)}")
-
-    def _check_times(self, t: Tensor, batch: int) -> None:
-        if not isinstance(t, Tensor) or not t.is_floating_point():
-            raise ValueError(f"t must be a floating-point tensor, got "
-                             f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}")
-        if t.shape != (batch,):
-            raise ValueError(f"t must have shape [{batch}] (one time per sequence), got {tuple(t.shape)}")
-        if self.validate and not bool(((t >= 0) & (t <= 1)).all()):
-            raise ValueError(f"t must lie in [0, 1], got values in [{float(t.min())}, {float(t.max())}]")
-
-    def _check_reconstruction(self, kind: str) -> None:
-        if kind not in ("model", "uniform"):
-            raise ValueError(f"reconstruction must be 'model' or 'uniform', got {kind!r}")
-
-    def _check_nll(self, nll: Tensor, count: int) -> None:
-        if not isinstance(nll, Tensor) or not nll.is_floating_point() or tuple(nll.shape) != (count,):
-            got = tuple(nll.shape) if isinstance(nll, Tensor) else type(nll).__name__
-            raise ValueError(f"denoiser called with targets returned {got}, expected float [{count}] "
-                             f"(-log p of each target)")
-
-    def _check_logits(self, logits: Tensor, expected: tuple[int, ...]) -> None:
-        if not isinstance(logits, Tensor) or not logits.is_floating_point():
-            raise ValueError(f"denoiser must return floating-point logits, got {type(logits).__name__}")
-        if tuple(logits.shape) != expected:
-            raise ValueError(f"denoiser returned logits of shape {tuple(logits.shape)}, expected "
-                             f"{expected} (logits over the {self.vocab_size} clean tokens, no mask logit)")
 
 
 class MaskedDiffusion(DiffusionProcess):
@@ -259,9 +209,9 @@ class MaskedDiffusion(DiffusionProcess):
 
     ``validate`` checks token ranges and times on every call; each check synchronizes the
     host with the device, so a GPU trainer fed by validated shards may turn it off.
-    ``cross_entropy_chunk_rows`` > 0 lets a denoiser that ``accepts_targets`` compute the
-    masked cross-entropy that many rows at a time (see the module docstring); 0 asks every
-    denoiser for logits.
+    ``cross_entropy_chunk_rows`` > 0 asks the denoiser for the masked cross-entropy itself,
+    that many rows at a time (``Denoiser.nll_at``, see the module docstring); 0 asks it for
+    logits.
     """
 
     schedule_type: type = Schedule  # what ``schedule`` must be (a subclass may widen it)
@@ -290,15 +240,15 @@ class MaskedDiffusion(DiffusionProcess):
         Positions where ``positions`` is False are never masked.
         """
         self._check_tokens(x0, "x0", allow_mask=False)
-        self._check_times(t, x0.shape[0])
-        self._check_positions(positions, x0)
+        check_row_times(t, x0.shape[0], check_values=self.validate)
+        check_positions(positions, x0)
         return self._corrupt(x0, t, generator, positions)[0]
 
     def _corrupt(self, x0: Tensor, t: Tensor, generator: Generators,
                  positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         masking_rate = self.schedule.masking_rate(t.to(torch.float64)).to(x0.device)
         # float64 uniforms: masking rates near t = 0 are ~1e-4 and must not be quantized.
-        u = _uniforms(x0.shape, generator, x0.device)
+        u = uniforms(x0.shape, generator, x0.device)
         masked = u < masking_rate[:, None]
         if positions is not None:  # the same draws either way: padding just never masks
             masked &= positions
@@ -309,14 +259,14 @@ class MaskedDiffusion(DiffusionProcess):
     # calls the denoiser only on the sequences that have a masked token at t = 0 (about
     # L * endpoint_eps of them); "uniform" costs exactly L * (1 - alpha(0)) * log V.
 
-    def nelbo_terms(self, denoiser: Denoiser, x0: Tensor, t: Tensor | None = None,
+    def nelbo_terms(self, denoiser: DenoiserLike, x0: Tensor, t: Tensor | None = None,
                     generator: Generators = None, *,
                     reconstruction: Reconstruction = "model",
                     positions: Tensor | None = None) -> NelboTerms:
         """``nelbo`` with its terms kept apart (evaluation plots the per-t contribution)."""
         self._check_tokens(x0, "x0", allow_mask=False)
-        self._check_positions(positions, x0)
-        self._check_reconstruction(reconstruction)
+        check_positions(positions, x0)
+        check_reconstruction(reconstruction)
         t = self._times(t, x0, generator)
         # Schedule math runs where t lives: CPU times keep a GPU step free of host syncs.
         weight = self.schedule.weight(t.to(torch.float64)).to(x0.device)
@@ -329,7 +279,7 @@ class MaskedDiffusion(DiffusionProcess):
             num_masked=num_masked,
         )
 
-    def nelbo_discrete(self, denoiser: Denoiser, x0: Tensor, steps: int,
+    def nelbo_discrete(self, denoiser: DenoiserLike, x0: Tensor, steps: int,
                        generator: Generators = None, *, u: Tensor | None = None,
                        positions: Tensor | None = None) -> Tensor:
         """One-sample unbiased estimate of the T-step discrete-time NELBO per sequence [B].
@@ -341,7 +291,7 @@ class MaskedDiffusion(DiffusionProcess):
         instead of drawing them here, as ``t`` does for ``nelbo``.
         """
         self._check_tokens(x0, "x0", allow_mask=False)
-        self._check_positions(positions, x0)
+        check_positions(positions, x0)
         t, s = self._step_times(steps, u, x0, generator)
         alpha_t, alpha_s = self.schedule.alpha(t), self.schedule.alpha(s)
         step_weight = (steps * (alpha_s - alpha_t) / self.schedule.masking_rate(t)).to(x0.device)
@@ -350,7 +300,7 @@ class MaskedDiffusion(DiffusionProcess):
                 + self._reconstruction(denoiser, x0, generator, "model", positions)
                 + self._prior(x0, positions))
 
-    def _masked_cross_entropy(self, denoiser: Denoiser, x0: Tensor, t: Tensor,
+    def _masked_cross_entropy(self, denoiser: DenoiserLike, x0: Tensor, t: Tensor,
                               generator: Generators, positions: Tensor | None,
                               ) -> tuple[Tensor, Tensor]:
         """Sample z_t; return sum over masked n of -log p(x_n | z_t, t) per sequence (float64)
@@ -359,32 +309,31 @@ class MaskedDiffusion(DiffusionProcess):
         t = t.to(x0.device)
         return self.masked_token_nll(denoiser, z_t, t, x0, masked), masked.sum(-1)
 
-    def masked_token_nll(self, denoiser: Denoiser, z_t: Tensor, t: Tensor, x0: Tensor,
+    def masked_token_nll(self, denoiser: DenoiserLike, z_t: Tensor, t: Tensor, x0: Tensor,
                          masked: Tensor) -> Tensor:
         """Sum over masked positions of -log softmax(f(z_t, t))[x0], per sequence, float64.
 
         The log-softmax runs in float32 even when the network returns bf16 logits.
         """
-        batch = x0.shape[0]
         rows = masked.nonzero(as_tuple=True)[0]
         targets = x0[masked]
-        if self.cross_entropy_chunk_rows and getattr(denoiser, "accepts_targets", False):
-            nll = denoiser(z_t, t, output_mask=masked, targets=targets, chunk_rows=self.cross_entropy_chunk_rows)
-            self._check_nll(nll, rows.numel())
+        if self.cross_entropy_chunk_rows:
+            nll = as_denoiser(denoiser).nll_at(z_t, t, masked, targets, self.cross_entropy_chunk_rows)
+            check_nll(nll, rows.numel())
         else:
-            nll = F.cross_entropy(self._masked_logits(denoiser, z_t, t, masked, rows.numel()).float(), targets,
+            nll = F.cross_entropy(self._logits_at(denoiser, z_t, t, masked, rows.numel()).float(), targets,
                                   reduction="none")
-        return _sum_by_row(nll, rows, batch)
+        return sum_by_row(nll, rows, x0.shape[0])
 
-    def _reconstruction(self, denoiser: Denoiser, x0: Tensor, generator: Generators,
+    def _reconstruction(self, denoiser: DenoiserLike, x0: Tensor, generator: Generators,
                         kind: Reconstruction, positions: Tensor | None = None) -> Tensor:
         batch, length = x0.shape
         if kind == "uniform":
             rate = self._endpoint_masking_rate(0.0)
             if positions is not None:
-                return rate * _num_scored(positions) * math.log(self.vocab_size)
+                return rate * count_scored(positions) * math.log(self.vocab_size)
             return x0.new_full((batch,), rate * length * math.log(self.vocab_size), dtype=torch.float64)
-        self._check_reconstruction(kind)
+        check_reconstruction(kind)
         zero_time = torch.zeros(batch, dtype=torch.float64, device=x0.device)
         z_0, masked = self._corrupt(x0, zero_time, generator, positions)
         needed = masked.any(-1)
@@ -398,17 +347,18 @@ class MaskedDiffusion(DiffusionProcess):
         batch, length = x0.shape
         alpha_one = 1.0 - self._endpoint_masking_rate(1.0)
         if positions is not None:  # KL(q(z_1 | x) || p(z_1)) of the real tokens only
-            return alpha_one * _num_scored(positions) * math.log(self.vocab_size)
+            return alpha_one * count_scored(positions) * math.log(self.vocab_size)
         return x0.new_full((batch,), alpha_one * length * math.log(self.vocab_size), dtype=torch.float64)
 
     def _endpoint_masking_rate(self, t: float) -> float:
         return float(self.schedule.masking_rate(torch.tensor([t], dtype=torch.float64)))
 
     # ---------------------------------------------------------------- sampling
-    def sample(self, denoiser: Denoiser, num_samples: int, seq_len: int, steps: int,
+    def sample(self, denoiser: DenoiserLike, num_samples: int, seq_len: int, steps: int,
                generator: torch.Generator | None = None, grid: str = "uniform",
                prompt: Tensor | None = None, *, top_p: float | None = None, cache: bool = True,
-               device: torch.device | str | None = None, return_stats: bool = False):
+               device: torch.device | str | None = None, return_stats: bool = False,
+               ) -> Tensor | tuple[Tensor, SamplingStats]:
         """Ancestral sampling from all-mask at t = 1 to t = 0; see ``model.sampling``.
 
         Returns ``LongTensor[num_samples, seq_len]``, or ``(tokens, SamplingStats)`` with
@@ -419,33 +369,3 @@ class MaskedDiffusion(DiffusionProcess):
             generator=generator, grid=grid, prompt=prompt, top_p=top_p, cache=cache,
             device=device)
         return (tokens, stats) if return_stats else tokens
-
-
-# -------------------------------------------------------------------- helpers
-def _uniforms(shape: torch.Size, generator: Generators, device: torch.device) -> Tensor:
-    """float64 U[0, 1) of ``shape`` [B, L]: from one generator, or row b from generator[b]."""
-    if generator is None or isinstance(generator, torch.Generator):
-        return torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
-    if len(generator) != shape[0]:
-        raise ValueError(f"got {len(generator)} generators for a batch of {shape[0]} rows")
-    # Each row on its own generator's device: a row's masks then do not depend on the device.
-    rows = [torch.rand(shape[1:], generator=g, dtype=torch.float64, device=g.device) for g in generator]
-    return torch.stack(rows).to(device)
-
-
-def _single(generator: Generators, drawn: str) -> torch.Generator | None:
-    """The batch generator, for a draw shared by the batch (its low-discrepancy times)."""
-    if generator is None or isinstance(generator, torch.Generator):
-        return generator
-    raise ValueError(f"with one generator per row, pass {drawn} (the times are shared by the batch)")
-
-
-def _sum_by_row(per_position: Tensor, rows: Tensor, num_rows: int) -> Tensor:
-    """Sum values of selected positions into their rows (``rows``: row of each), float64 [num_rows]."""
-    return torch.zeros(num_rows, dtype=torch.float64, device=rows.device).index_add_(
-        0, rows, per_position.to(torch.float64))
-
-
-def _num_scored(positions: Tensor) -> Tensor:
-    """Real tokens per sequence, float64 [B]."""
-    return positions.sum(-1, dtype=torch.float64)

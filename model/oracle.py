@@ -38,20 +38,18 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from model.denoiser import Denoiser, DenoiserFunction, DenoiserLike, as_denoiser
 from model.diffusion import DiffusionProcess, MaskedDiffusion
 from model.sampling import time_grid
 from model.schedules import Schedule
 from model.uniform import UniformDiffusion
 
 __all__ = ["EnumerableDistribution"]
-
-ExactDenoiser = Callable[[Tensor, Tensor], Tensor]
 
 # Quadrature of the continuous bound: 10 Gauss-Legendre nodes on each of [2^-(k+1), 2^-k],
 # k < 40, and on [0, 2^-40]. The integrands are smooth inside each interval; at t = 0 they
@@ -187,11 +185,12 @@ def _endpoint_alphas(schedule: Schedule) -> tuple[float, float]:
     return float(alpha[0]), float(alpha[1])
 
 
-class EnumerableDistribution:
+class EnumerableDistribution(Denoiser):
     """A distribution over sequences in {0..V-1}^L given by its probability table.
 
     ``probs[i]`` is the probability of the i-th sequence in lexicographic order
     (``itertools.product(range(V), repeat=L)``). Meant for V^L up to a few thousand.
+    As a ``Denoiser`` it is the optimal one of ``MaskedDiffusion``: its exact conditionals.
     """
 
     def __init__(self, probs: Tensor, vocab_size: int, seq_len: int) -> None:
@@ -243,12 +242,14 @@ class EnumerableDistribution:
         joint = torch.einsum("bs,slv->blv", weights, self._onehot)                 # [B, L, V]
         return joint.log() - weights.sum(-1).log()[:, None, None]
 
-    # The absorbing process's optimal denoiser ignores t: samplers may reuse its outputs.
-    time_independent = True
+    def logits(self, z_t: Tensor, t: Tensor) -> Tensor:
+        """The optimal denoiser of ``MaskedDiffusion``: the exact conditionals, whatever t."""
+        return self.conditional_logits(z_t).to(z_t.device)
 
-    def __call__(self, z: Tensor, t: Tensor) -> Tensor:
-        """The optimal (time-independent) denoiser of ``MaskedDiffusion``."""
-        return self.conditional_logits(z).to(z.device)
+    @property
+    def time_independent(self) -> bool:
+        """The absorbing process's optimal denoiser ignores t: samplers may reuse its outputs."""
+        return True
 
     # ------------------------------------------------------------------ exact bounds
     def _masked_nll_by_pattern(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -290,7 +291,7 @@ class EnumerableDistribution:
         return total + self._endpoint_terms(nll, num_masked, schedule)
 
     # ------------------------------------------------------------------ any process
-    def exact_denoiser(self, process: DiffusionProcess, known: Tensor | None = None) -> ExactDenoiser:
+    def exact_denoiser(self, process: DiffusionProcess, known: Tensor | None = None) -> DenoiserFunction:
         """The exact posterior P(x_n = v | z_t) under ``process``'s forward process, as a
         denoiser ``(z_t, t) -> log-probabilities [B, L, V]`` (float64, time-dependent).
 
@@ -324,15 +325,15 @@ class EnumerableDistribution:
         """Every z in {0..K-1}^L, lexicographic, [K^L, L]."""
         return torch.tensor(list(itertools.product(range(channel.states), repeat=self.seq_len)), dtype=torch.long)
 
-    def _prediction(self, channel: _Channel, denoiser: ExactDenoiser | Callable, states: Tensor,
-                    t: Tensor) -> Tensor:
+    def _prediction(self, channel: _Channel, denoiser: DenoiserLike, states: Tensor, t: Tensor) -> Tensor:
         """mu'[N, Z, L, V]: softmax of the denoiser at every state and time, restricted to the
         clean values that can produce z_n at t (carry-over: the token itself where unmasked)."""
         times, count = t.shape[0], states.shape[0]
         rows = states.repeat(times, 1)
         row_times = t.repeat_interleave(count)
+        denoiser = as_denoiser(denoiser)
         with torch.no_grad():
-            logits = torch.cat([denoiser(z, tt) for z, tt in zip(rows.split(CHUNK_ROWS), row_times.split(CHUNK_ROWS))])
+            logits = torch.cat([denoiser.logits(z, tt) for z, tt in zip(rows.split(CHUNK_ROWS), row_times.split(CHUNK_ROWS))])
         mu = torch.softmax(logits.to(torch.float64).cpu(), dim=-1).view(times, count, self.seq_len, -1)
         possible = channel.marginal(t)[:, None, :, :].expand(-1, count, -1, -1).gather(
             3, states[None, :, None, :].expand(times, -1, self.vocab_size, -1)).transpose(2, 3) > 0
@@ -343,7 +344,7 @@ class EnumerableDistribution:
         """q_t(z | x) = prod_n marginal[x_n, z_n], [N, Z, X]."""
         return marginal[:, x[None, :, :], states[:, None, :]].prod(-1)
 
-    def _expected_divergence(self, channel: _Channel, denoiser: Callable, x: Tensor, t: Tensor,
+    def _expected_divergence(self, channel: _Channel, denoiser: DenoiserLike, x: Tensor, t: Tensor,
                              s: Tensor | None) -> Tensor:
         """E_{z_t ~ q(.|x)} sum_n of the rate divergence (s=None) or of the step KL from t to s,
         [N, X]."""
@@ -359,7 +360,7 @@ class EnumerableDistribution:
         probability = self._state_probs(channel.marginal(t), states, x)
         return torch.where(probability > 0, probability * divergence.sum((-1, -2)), 0.0).sum(1)
 
-    def _exact_endpoints(self, channel: _Channel, denoiser: Callable, x: Tensor) -> Tensor:
+    def _exact_endpoints(self, channel: _Channel, denoiser: DenoiserLike, x: Tensor) -> Tensor:
         """Reconstruction by the denoiser at t = 0 plus KL(q(z_1 | x) || p(z_1)), per sequence."""
         zero = torch.zeros(1, dtype=torch.float64)
         states = self._noisy_states(channel)
@@ -372,7 +373,7 @@ class EnumerableDistribution:
         return reconstruction + token_kl[x].sum(-1)
 
     def exact_process_nelbo(self, x: Tensor, process: DiffusionProcess,
-                            denoiser: Callable | None = None) -> Tensor:
+                            denoiser: DenoiserLike | None = None) -> Tensor:
         """The expectation of ``process.nelbo(denoiser, x)`` (default: the exact posterior),
         per sequence, from the forward matrices (module docstring), float64 [B]."""
         channel, x = _Channel(process), x.cpu()
@@ -384,7 +385,7 @@ class EnumerableDistribution:
         return total + self._exact_endpoints(channel, denoiser, x)
 
     def exact_process_nelbo_discrete(self, x: Tensor, process: DiffusionProcess, steps: int,
-                                     denoiser: Callable | None = None) -> Tensor:
+                                     denoiser: DenoiserLike | None = None) -> Tensor:
         """The expectation of ``process.nelbo_discrete(denoiser, x, steps)`` (default: the
         exact posterior), per sequence, float64 [B]."""
         channel, x = _Channel(process), x.cpu()
@@ -395,7 +396,7 @@ class EnumerableDistribution:
             total += self._expected_divergence(channel, denoiser, x, t, s).sum(0)
         return total + self._exact_endpoints(channel, denoiser, x)
 
-    def sampler_law(self, process: DiffusionProcess, denoiser: Callable, steps: int,
+    def sampler_law(self, process: DiffusionProcess, denoiser: DenoiserLike, steps: int,
                     grid: str = "uniform", prompt: Tensor | None = None) -> Tensor:
         """The exact distribution [V^L] over clean sequences of ``process.sample(denoiser, ...,
         steps, grid=grid, prompt=prompt)`` without top_p, from the mixture-of-posteriors kernel

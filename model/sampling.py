@@ -20,8 +20,8 @@ whether a position changes at all (GenMD4's state-dependent unmasking, uniform d
 at every step, every position that can still change draws z_s from the process's reverse
 kernel p(z_s | z_t) = sum_x mu(x) q(z_s | z_t, x), by inverse CDF from one float64 uniform
 per position per step. The network is then needed at every step; its output is reused only
-when the denoiser declares ``time_independent = True`` (its output depends on z_t alone) and
-the row did not change since it was computed. Again the same uniforms are drawn whatever is
+when the denoiser is ``time_independent`` (``model.denoiser``: its output depends on z_t
+alone) and the row did not change since it was computed. Again the same uniforms are drawn whatever is
 reused, so ``cache=False`` returns the same samples.
 """
 
@@ -29,18 +29,54 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from model.diffusion import Denoiser, DiffusionProcess, MaskedDiffusion
+from model.checks import check_logits, check_positive_int, check_token_ids
+from model.denoiser import DenoiserLike, as_denoiser
+from model.schedules import Schedule
 
 GRIDS = ("uniform", "cosine")
 
-__all__ = ["GRIDS", "SamplingStats", "ancestral_sample", "inverse_cdf", "is_time_independent",
-           "reverse_sample", "time_grid", "top_p_filter"]
+__all__ = ["GRIDS", "AbsorbingProcess", "ReverseProcess", "SampledProcess", "SamplingStats", "ancestral_sample",
+           "inverse_cdf", "reverse_sample", "time_grid", "top_p_filter"]
+
+
+class SampledProcess(Protocol):
+    """What every sampler reads of its process."""
+
+    vocab_size: int     # V clean tokens
+    validate: bool      # check the prompt's token ids (a host sync)
+
+    @property
+    def generate_id(self) -> int:
+        """The id (V) that marks, in a prompt, a position to generate."""
+
+
+class AbsorbingProcess(SampledProcess, Protocol):
+    """What ``ancestral_sample`` reads of an absorbing process (``MaskedDiffusion``)."""
+
+    schedule: Schedule
+
+    @property
+    def mask_id(self) -> int:
+        """The absorbing state (V)."""
+
+
+class ReverseProcess(SampledProcess, Protocol):
+    """What ``reverse_sample`` reads of a process: its prior and its reverse kernel."""
+
+    def prior_tokens(self, z: Tensor, free: Tensor, generator: torch.Generator | None) -> Tensor:
+        """z with its ``free`` positions drawn from the prior at t = 1."""
+
+    def changeable(self, z: Tensor) -> Tensor:
+        """bool [B, L]: the positions whose reverse kernel is not the identity."""
+
+    def reverse_kernel(self, z: Tensor, mu: Tensor, t: float, s: float | None) -> Tensor:
+        """Weights over the states of z_s (up to a constant) for z_t = z and prediction mu [N, V];
+        ``s=None`` on the last step (to t = 0)."""
 
 
 @dataclass(frozen=True)
@@ -59,8 +95,7 @@ def time_grid(steps: int, grid: str, dtype: torch.dtype = torch.float64) -> Tens
     from x = 1 down to x = 0, so steps are short near t = 1 (the first tokens committed)
     and long near t = 0.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    check_positive_int("steps", steps)
     x = 1.0 - torch.arange(steps + 1, dtype=dtype) / steps
     if grid == "uniform":
         return x
@@ -89,37 +124,30 @@ def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     return index.clamp_(max=probs.shape[-1] - 1)
 
 
-def is_time_independent(denoiser: "Denoiser") -> bool:
-    """True when the denoiser declares that its output depends on z_t only (attribute
-    ``time_independent``), so an output computed at another time may be reused."""
-    return bool(getattr(denoiser, "time_independent", False))
-
-
-def _initial_tokens(diffusion: "DiffusionProcess", num_samples: int, seq_len: int,
+def _initial_tokens(process: SampledProcess, num_samples: int, seq_len: int,
                     prompt: Tensor | None, device: torch.device) -> Tensor:
     """The prompt (or nothing) as [num_samples, seq_len], with ``generate_id`` where to generate."""
     if prompt is None:
-        return torch.full((num_samples, seq_len), diffusion.generate_id, dtype=torch.long, device=device)
+        return torch.full((num_samples, seq_len), process.generate_id, dtype=torch.long, device=device)
     if prompt.dim() == 1:
         prompt = prompt.unsqueeze(0).expand(num_samples, -1)
     if prompt.dim() != 2 or prompt.shape[1] != seq_len or prompt.shape[0] != num_samples:
         raise ValueError(f"prompt must have shape [{seq_len}] or [{num_samples}, {seq_len}], "
                          f"got {tuple(prompt.shape)}")
-    diffusion._check_tokens(prompt, "prompt", allow_mask=True)
+    check_token_ids(prompt, "prompt", process.generate_id, check_values=process.validate)
     return prompt.to(device).clone()
 
 
 def _check_sizes(num_samples: int, seq_len: int, top_p: float | None) -> None:
-    for name, value in (("num_samples", num_samples), ("seq_len", seq_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    check_positive_int("num_samples", num_samples)
+    check_positive_int("seq_len", seq_len)
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
 
 
 def ancestral_sample(
-    diffusion: "MaskedDiffusion",
-    denoiser: "Denoiser",
+    process: AbsorbingProcess,
+    denoiser: DenoiserLike,
     *,
     num_samples: int,
     seq_len: int,
@@ -139,24 +167,25 @@ def ancestral_sample(
     last prediction.
     """
     _check_sizes(num_samples, seq_len, top_p)
+    denoiser = as_denoiser(denoiser)
     times = time_grid(steps, grid)
     device = torch.device(device) if device is not None else (
         prompt.device if prompt is not None else torch.device("cpu"))
-    z = _initial_tokens(diffusion, num_samples, seq_len, prompt, device)
-    alphas = diffusion.schedule.alpha(times)
+    z = _initial_tokens(process, num_samples, seq_len, prompt, device)
+    alphas = process.schedule.alpha(times)
     unmask_prob = ((alphas[1:] - alphas[:-1]) / (1.0 - alphas[:-1])).tolist()
     unmask_prob[-1] = 1.0  # the last step fills every leftover mask
     calls = rows_evaluated = 0
     for step in range(steps):
         u_unmask = torch.rand(z.shape, generator=generator, dtype=torch.float64, device=device)
         u_token = torch.rand(z.shape, generator=generator, dtype=torch.float64, device=device)
-        unmask = (z == diffusion.mask_id) & (u_unmask < unmask_prob[step])
+        unmask = (z == process.mask_id) & (u_unmask < unmask_prob[step])
         rows = unmask.any(-1) if cache else torch.ones(num_samples, dtype=torch.bool, device=device)
         if not bool(rows.any()):
             continue
         t = torch.full((int(rows.sum()),), float(times[step]), dtype=torch.float64, device=device)
-        logits = denoiser(z[rows], t)
-        diffusion._check_logits(logits, (t.shape[0], seq_len, diffusion.vocab_size))
+        logits = denoiser.logits(z[rows], t)
+        check_logits(logits, (t.shape[0], seq_len, process.vocab_size), process.vocab_size)
         calls, rows_evaluated = calls + 1, rows_evaluated + t.shape[0]
         chosen = unmask[rows]
         probs = torch.softmax(logits[chosen].to(torch.float64), dim=-1)
@@ -169,8 +198,8 @@ def ancestral_sample(
 
 
 def reverse_sample(
-    process: "DiffusionProcess",
-    denoiser: "Denoiser",
+    process: ReverseProcess,
+    denoiser: DenoiserLike,
     *,
     num_samples: int,
     seq_len: int,
@@ -188,32 +217,32 @@ def reverse_sample(
     to generate; those positions start from the prior (the mask, or uniform tokens) and the
     kept ones never change. ``top_p`` filters the prediction mu before it enters the kernel.
     The last step (to t = 0) draws every changeable position from mu itself, as if
-    alpha(0) = 1. The process provides ``_prior_tokens(z, free, generator)``,
-    ``_changeable(z)`` (positions whose kernel is not the identity) and
-    ``_reverse_kernel(z, mu, t, s)`` (weights over z_s; ``s=None`` on the last step).
+    alpha(0) = 1. The process provides its prior, the positions that can change and its
+    kernel (``ReverseProcess``).
     """
     _check_sizes(num_samples, seq_len, top_p)
+    denoiser = as_denoiser(denoiser)
     times = time_grid(steps, grid).tolist()
     device = torch.device(device) if device is not None else (
         prompt.device if prompt is not None else torch.device("cpu"))
     z = _initial_tokens(process, num_samples, seq_len, prompt, device)
     free = z == process.generate_id
-    z = process._prior_tokens(z, free, generator)
-    reuse = cache and is_time_independent(denoiser)
+    z = process.prior_tokens(z, free, generator)
+    reuse = cache and denoiser.time_independent
     outputs: Tensor | None = None                     # last logits per row, when reused
     stale = torch.ones(num_samples, dtype=torch.bool, device=device)
     calls = rows_evaluated = 0
     for step in range(steps):
         u = torch.rand(z.shape, generator=generator, dtype=torch.float64, device=device)
-        active = free & process._changeable(z)
+        active = free & process.changeable(z)
         rows = active.any(-1)
         if not bool(rows.any()):
             continue
         evaluate = rows & stale if reuse else rows
         if bool(evaluate.any()):
             t = torch.full((int(evaluate.sum()),), times[step], dtype=torch.float64, device=device)
-            logits = denoiser(z[evaluate], t)
-            process._check_logits(logits, (t.shape[0], seq_len, process.vocab_size))
+            logits = denoiser.logits(z[evaluate], t)
+            check_logits(logits, (t.shape[0], seq_len, process.vocab_size), process.vocab_size)
             calls, rows_evaluated = calls + 1, rows_evaluated + t.shape[0]
             if reuse:
                 outputs = logits.new_empty((num_samples, seq_len, process.vocab_size)) if outputs is None else outputs
@@ -223,7 +252,7 @@ def reverse_sample(
         if top_p is not None and top_p < 1.0:
             mu = top_p_filter(mu, top_p)
         last = step == steps - 1
-        new = inverse_cdf(process._reverse_kernel(z[active], mu, times[step], None if last else times[step + 1]),
+        new = inverse_cdf(process.reverse_kernel(z[active], mu, times[step], None if last else times[step + 1]),
                           u[active])
         changed = torch.zeros_like(active)
         changed[active] = new != z[active]

@@ -25,6 +25,8 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
+from model.checks import check_schedule_times
+
 # MD4's guard: alpha(0) = 1 - 1e-4. It costs about 1e-4 * log(V) nats per token in the
 # prior term (0.001 nats/token for V = 50k) and keeps w(0) <= 1e4 for the linear schedule.
 DEFAULT_ENDPOINT_EPS = 1e-4
@@ -42,15 +44,6 @@ __all__ = [
     "SCHEDULES",
     "make_schedule",
 ]
-
-
-def _check_times(t: Tensor, name: str = "t") -> None:
-    if not isinstance(t, Tensor) or not t.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor, got {type(t).__name__}"
-                         + (f" of dtype {t.dtype}" if isinstance(t, Tensor) else ""))
-    if t.numel() and not bool(((t >= 0) & (t <= 1)).all()):
-        raise ValueError(f"{name} must lie in [0, 1]; got values in "
-                         f"[{t.min().item():.6g}, {t.max().item():.6g}]")
 
 
 class Schedule(ABC):
@@ -73,19 +66,19 @@ class Schedule(ABC):
 
     def masking_rate(self, t: Tensor) -> Tensor:
         """1 - alpha(t): the probability that a token is masked at time t."""
-        _check_times(t)
+        check_schedule_times(t)
         eps = self.endpoint_eps
         return eps + (1.0 - 2.0 * eps) * self.masking_rate_raw(t)
 
     def alpha(self, t: Tensor) -> Tensor:
         """alpha(t): the probability that a token is still clean at time t."""
-        _check_times(t)
+        check_schedule_times(t)
         eps = self.endpoint_eps
         return (1.0 - eps) - (1.0 - 2.0 * eps) * self.masking_rate_raw(t)
 
     def alpha_derivative(self, t: Tensor) -> Tensor:
         """alpha'(t) <= 0."""
-        _check_times(t)
+        check_schedule_times(t)
         return -(1.0 - 2.0 * self.endpoint_eps) * self.masking_rate_raw_derivative(t)
 
     def weight(self, t: Tensor) -> Tensor:

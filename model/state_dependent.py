@@ -73,9 +73,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.diffusion import Denoiser, Generators, MaskedDiffusion, NelboTerms, Reconstruction, _sum_by_row, _uniforms
-from model.sampling import reverse_sample
-from model.schedules import DEFAULT_ENDPOINT_EPS, _check_times
+from model.checks import (
+    check_positions,
+    check_positive_int,
+    check_reconstruction,
+    check_schedule_times,
+    check_vocab_size,
+)
+from model.denoiser import DenoiserLike
+from model.diffusion import MaskedDiffusion, NelboTerms, Reconstruction
+from model.generators import Generators, uniforms
+from model.positions import sum_by_row
+from model.sampling import SamplingStats, reverse_sample
+from model.schedules import DEFAULT_ENDPOINT_EPS
 
 __all__ = ["LearnedSchedule", "LearnedMaskedDiffusion"]
 
@@ -96,8 +106,7 @@ class LearnedSchedule(nn.Module):
     def __init__(self, vocab_size: int, *, initial_exponent: float = DEFAULT_INITIAL_EXPONENT,
                  endpoint_eps: float = DEFAULT_ENDPOINT_EPS) -> None:
         super().__init__()
-        if not (isinstance(vocab_size, int) and vocab_size >= 2):
-            raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
+        check_vocab_size(vocab_size)
         if not initial_exponent > 0:
             raise ValueError(f"initial_exponent must be > 0, got {initial_exponent}")
         if not 0.0 < endpoint_eps < 0.5:
@@ -118,7 +127,7 @@ class LearnedSchedule(nn.Module):
     def _power(self, t: Tensor, offset: float = 0.0) -> Tensor:
         """t^(w_v + offset) as [..., V]. At t = 0 it is 0^(w + offset) without a gradient:
         d/dw t^w = t^w log t is 0 * inf there."""
-        _check_times(t)
+        check_schedule_times(t)
         t = t.to(device=self.theta.device, dtype=torch.float64)[..., None]
         exponent = self.exponents() + offset
         positive = t > 0
@@ -186,8 +195,7 @@ class LearnedMaskedDiffusion(MaskedDiffusion):
         super().__init__(schedule, vocab_size, validate=validate)
         if schedule.vocab_size != vocab_size:
             raise ValueError(f"schedule has {schedule.vocab_size} exponents for vocab_size={vocab_size}")
-        if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
-            raise ValueError(f"draws must be an int >= 1, got {draws!r}")
+        check_positive_int("draws", draws)
         self.draws = draws
 
     # ---------------------------------------------------------------- forward process
@@ -199,7 +207,7 @@ class LearnedMaskedDiffusion(MaskedDiffusion):
                  positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         with torch.no_grad():
             rate = self._at_tokens(self.schedule.masking_rate(t), x0)
-        masked = _uniforms(x0.shape, generator, x0.device) < rate
+        masked = uniforms(x0.shape, generator, x0.device) < rate
         if positions is not None:
             masked &= positions
         return torch.where(masked, self.mask_id, x0), masked
@@ -208,7 +216,7 @@ class LearnedMaskedDiffusion(MaskedDiffusion):
         batch, length = x0.shape
         rate = self._at_tokens(self.schedule.masking_rate(t), x0)[:, None]       # [B, 1, L]
         clean = self._at_tokens(self.schedule.alpha(t), x0)[:, None]
-        masked = _uniforms((batch, self.draws, length), generator, x0.device) < rate.detach()
+        masked = uniforms((batch, self.draws, length), generator, x0.device) < rate.detach()
         log_q = torch.where(masked, rate.log(), clean.log())
         if positions is not None:  # padding is never masked: no randomness, no score
             masked &= positions[:, None]
@@ -230,15 +238,15 @@ class LearnedMaskedDiffusion(MaskedDiffusion):
         return (loss + score).mean(1)
 
     # ---------------------------------------------------------------- bounds
-    def nelbo_terms(self, denoiser: Denoiser, x0: Tensor, t: Tensor | None = None,
+    def nelbo_terms(self, denoiser: DenoiserLike, x0: Tensor, t: Tensor | None = None,
                     generator: Generators = None, *,
                     reconstruction: Reconstruction = "model",
                     positions: Tensor | None = None) -> NelboTerms:
         """``MaskedDiffusion.nelbo_terms`` for GenMD4: ``diffusion`` is the surrogate of (*)
         (module docstring) over the K draws, ``num_masked`` their mean masked count."""
         self._check_tokens(x0, "x0", allow_mask=False)
-        self._check_positions(positions, x0)
-        self._check_reconstruction(reconstruction)
+        check_positions(positions, x0)
+        check_reconstruction(reconstruction)
         t = self._times(t, x0, generator)
         draws = self._draw(x0, t, generator, positions)
         loss = self._continuous_loss(denoiser, draws).view(x0.shape[0], self.draws)
@@ -250,13 +258,13 @@ class LearnedMaskedDiffusion(MaskedDiffusion):
             num_masked=draws.masked.sum(-1, dtype=torch.float64).view(-1, self.draws).mean(1),
         )
 
-    def nelbo_discrete(self, denoiser: Denoiser, x0: Tensor, steps: int,
+    def nelbo_discrete(self, denoiser: DenoiserLike, x0: Tensor, steps: int,
                        generator: Generators = None, *, u: Tensor | None = None,
                        positions: Tensor | None = None) -> Tensor:
         """``MaskedDiffusion.nelbo_discrete`` for GenMD4: T times the KL of the drawn step
         (module docstring), averaged over the K draws as a surrogate, plus the endpoint terms."""
         self._check_tokens(x0, "x0", allow_mask=False)
-        self._check_positions(positions, x0)
+        check_positions(positions, x0)
         t, s = self._step_times(steps, u, x0, generator)
         draws = self._draw(x0, t, generator, positions)
         loss = steps * self._step_kl(denoiser, draws, s.repeat_interleave(self.draws, 0))
@@ -264,25 +272,25 @@ class LearnedMaskedDiffusion(MaskedDiffusion):
                 + self._reconstruction(denoiser, x0, generator, "model", positions)
                 + self._prior(x0, positions))
 
-    def _prediction(self, denoiser: Denoiser, draws: _Draws) -> tuple[Tensor, Tensor, Tensor]:
+    def _prediction(self, denoiser: DenoiserLike, draws: _Draws) -> tuple[Tensor, Tensor, Tensor]:
         """(rows, clean tokens, log mu) at the masked positions. log mu is float32 for a
         network (bf16 logits are upcast, as in ``masked_token_nll``), float64 for float64 logits."""
         rows = draws.masked.nonzero(as_tuple=True)[0]
         t = draws.t.to(draws.x.device)
-        logits = self._masked_logits(denoiser, draws.z_t, t, draws.masked, rows.numel())
+        logits = self._logits_at(denoiser, draws.z_t, t, draws.masked, rows.numel())
         dtype = torch.promote_types(logits.dtype, torch.float32)
         return rows, draws.x[draws.masked], torch.log_softmax(logits.to(dtype), dim=-1)
 
-    def _continuous_loss(self, denoiser: Denoiser, draws: _Draws) -> Tensor:
+    def _continuous_loss(self, denoiser: DenoiserLike, draws: _Draws) -> Tensor:
         """(*) summed over the masked positions of each draw, float64 [BK]."""
         rows, target, log_mu = self._prediction(denoiser, draws)
         hazard = self.schedule.weight(draws.t).to(device=log_mu.device, dtype=log_mu.dtype)[rows]  # [N, V]
         hazard_x = hazard.gather(1, target[:, None])                                               # [N, 1]
         nll = -log_mu.gather(1, target[:, None])
         per_position = hazard_x * nll + (log_mu.exp() * (hazard - hazard_x)).sum(-1, keepdim=True)
-        return _sum_by_row(per_position.squeeze(1), rows, draws.x.shape[0])
+        return sum_by_row(per_position.squeeze(1), rows, draws.x.shape[0])
 
-    def _step_kl(self, denoiser: Denoiser, draws: _Draws, s: Tensor) -> Tensor:
+    def _step_kl(self, denoiser: DenoiserLike, draws: _Draws, s: Tensor) -> Tensor:
         """KL(q(z_s | z_t, x) || p(z_s | z_t)) summed over the masked positions, float64 [BK]."""
         rows, target, log_mu = self._prediction(denoiser, draws)
         rate_t, rate_s = self.schedule.masking_rate(draws.t), self.schedule.masking_rate(s)   # [BK, V]
@@ -292,7 +300,7 @@ class LearnedMaskedDiffusion(MaskedDiffusion):
         nll = -log_mu.gather(1, target[:, None])
         model_stay = torch.logsumexp(log_mu + stay.log(), dim=-1, keepdim=True)  # log sum_v mu_v (1 - a_v)
         per_position = unmask_x * nll + stay_x * (stay_x.log() - model_stay)
-        return _sum_by_row(per_position.squeeze(1), rows, draws.x.shape[0])
+        return sum_by_row(per_position.squeeze(1), rows, draws.x.shape[0])
 
     def _endpoint_masking_rate(self, t: float) -> float:
         """1 - alpha at t = 0 or 1, the same for every token value (t^w is t there, whatever
@@ -301,26 +309,29 @@ class LearnedMaskedDiffusion(MaskedDiffusion):
         return eps + (1.0 - 2.0 * eps) * t
 
     # ---------------------------------------------------------------- sampling
-    def sample(self, denoiser: Denoiser, num_samples: int, seq_len: int, steps: int,
+    def sample(self, denoiser: DenoiserLike, num_samples: int, seq_len: int, steps: int,
                generator: torch.Generator | None = None, grid: str = "uniform",
                prompt: Tensor | None = None, *, top_p: float | None = None, cache: bool = True,
-               device: torch.device | str | None = None, return_stats: bool = False):
+               device: torch.device | str | None = None, return_stats: bool = False,
+               ) -> Tensor | tuple[Tensor, SamplingStats]:
         """Ancestral sampling from all-mask with the state-dependent reverse step (module
         docstring), see ``model.sampling.reverse_sample``. Because unmasking depends on the
         prediction, every step with a masked position needs the network; ``cache`` reuses an
-        output only for a denoiser that declares ``time_independent`` and an unchanged row."""
+        output only for a ``time_independent`` denoiser and an unchanged row."""
         tokens, stats = reverse_sample(
             self, denoiser, num_samples=num_samples, seq_len=seq_len, steps=steps,
             generator=generator, grid=grid, prompt=prompt, top_p=top_p, cache=cache, device=device)
         return (tokens, stats) if return_stats else tokens
 
-    def _prior_tokens(self, z: Tensor, free: Tensor, generator: torch.Generator | None) -> Tensor:
+    def prior_tokens(self, z: Tensor, free: Tensor, generator: torch.Generator | None) -> Tensor:
+        """z with its ``free`` positions masked (the prior at t = 1)."""
         return torch.where(free, self.mask_id, z)
 
-    def _changeable(self, z: Tensor) -> Tensor:
+    def changeable(self, z: Tensor) -> Tensor:
+        """The masked positions: only they change in a reverse step."""
         return z == self.mask_id
 
-    def _reverse_kernel(self, z: Tensor, mu: Tensor, t: float, s: float | None) -> Tensor:
+    def reverse_kernel(self, z: Tensor, mu: Tensor, t: float, s: float | None) -> Tensor:
         """Weights over the V tokens and the mask (last) of z_s for masked z_t = m: mu_v a_v
         and sum_v mu_v (1 - a_v); ``s=None`` is the last step, which unmasks everything."""
         if s is None:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.cross_entropy import chunked_cross_entropy
+from model.denoiser import Denoiser
 
 __all__ = ["TransformerConfig", "Transformer", "ParameterCounts", "PRESETS", "preset",
            "parameter_counts", "count_parameters"]
@@ -200,7 +201,7 @@ class TimeEmbedding(nn.Module):
 
 
 # --------------------------------------------------------------------------- network
-class Transformer(nn.Module):
+class Transformer(nn.Module, Denoiser):
     """The denoiser: ``(z_t [B, L] ids in [0, V], t [B] or None) -> logits [B, L, V]``.
 
     With ``output_mask`` (bool [B, L]) it returns logits only at the selected positions,
@@ -213,15 +214,10 @@ class Transformer(nn.Module):
     float32 logits of all rows never exist at once. It goes through ``forward`` rather
     than a separate method so that wrappers that only see calls (DeepSpeed's engine and
     its ZeRO-3 parameter gathering, torch.compile) see it too.
+
+    As a ``Denoiser``: ``logits``, ``logits_at`` and ``nll_at`` are these three calls of
+    ``forward``, and it is ``time_independent`` without time conditioning.
     """
-
-    accepts_output_mask = True
-    accepts_targets = True
-
-    @property
-    def time_independent(self) -> bool:
-        """Whether the output depends on z alone (no time conditioning): samplers may reuse it."""
-        return not self.config.time_conditioning
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -273,6 +269,21 @@ class Transformer(nn.Module):
         if targets is not None:
             return chunked_cross_entropy(x, targets, self.output_logits, chunk_rows)
         return self.output_logits(x)
+
+    # ------------------------------------------------------------------- as a Denoiser
+    def logits(self, z_t: Tensor, t: Tensor | None = None) -> Tensor:
+        return self(z_t, t)
+
+    def logits_at(self, z_t: Tensor, t: Tensor | None, selected: Tensor) -> Tensor:
+        return self(z_t, t, output_mask=selected)
+
+    def nll_at(self, z_t: Tensor, t: Tensor | None, selected: Tensor, targets: Tensor, chunk_rows: int) -> Tensor:
+        return self(z_t, t, output_mask=selected, targets=targets, chunk_rows=chunk_rows)
+
+    @property
+    def time_independent(self) -> bool:
+        """Whether the output depends on z alone (no time conditioning): samplers may reuse it."""
+        return not self.config.time_conditioning
 
     def output_logits(self, hidden: Tensor) -> Tensor:
         """Project final hidden states [..., d] to logits over the V clean tokens."""

@@ -61,17 +61,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.diffusion import (
-    Denoiser,
-    DiffusionProcess,
-    Generators,
-    NelboTerms,
-    Reconstruction,
-    _num_scored,
-    _sum_by_row,
-    _uniforms,
-)
-from model.sampling import reverse_sample
+from model.checks import check_positions, check_reconstruction, check_row_times
+from model.denoiser import DenoiserLike
+from model.diffusion import DiffusionProcess, NelboTerms, Reconstruction
+from model.generators import Generators, uniforms
+from model.positions import count_scored, scored_positions, sum_by_row
+from model.sampling import SamplingStats, reverse_sample
 from model.schedules import Schedule
 
 __all__ = ["UniformDiffusion"]
@@ -100,8 +95,8 @@ class UniformDiffusion(DiffusionProcess):
         """Sample z_t ~ q(z_t | x0): each token kept with prob alpha(t), otherwise replaced by a
         uniform token (itself included). Positions where ``positions`` is False are kept."""
         self._check_tokens(x0, "x0", allow_mask=False)
-        self._check_times(t, x0.shape[0])
-        self._check_positions(positions, x0)
+        check_row_times(t, x0.shape[0], check_values=self.validate)
+        check_positions(positions, x0)
         return self._corrupt(x0, t, generator, positions)
 
     def _corrupt(self, x0: Tensor, t: Tensor, generator: Generators,
@@ -109,7 +104,7 @@ class UniformDiffusion(DiffusionProcess):
         alpha = self.schedule.alpha(t.to(torch.float64)).to(x0.device)[:, None]
         # One float64 uniform per position: below alpha keeps the token, the rest of [0, 1)
         # rescaled to [0, 1) picks the uniform replacement.
-        u = _uniforms(x0.shape, generator, x0.device)
+        u = uniforms(x0.shape, generator, x0.device)
         noise = torch.floor((u - alpha) / (1.0 - alpha) * self.vocab_size).long().clamp_(0, self.vocab_size - 1)
         keep = u < alpha
         if positions is not None:
@@ -126,49 +121,49 @@ class UniformDiffusion(DiffusionProcess):
         return -self.schedule.alpha_derivative(t) / (self.vocab_size * self.schedule.alpha(t))
 
     # ---------------------------------------------------------------- bounds
-    def nelbo_terms(self, denoiser: Denoiser, x0: Tensor, t: Tensor | None = None,
+    def nelbo_terms(self, denoiser: DenoiserLike, x0: Tensor, t: Tensor | None = None,
                     generator: Generators = None, *,
                     reconstruction: Reconstruction = "model",
                     positions: Tensor | None = None) -> NelboTerms:
         """``MaskedDiffusion.nelbo_terms`` for the uniform process (module docstring);
         ``num_masked`` counts the positions the noise changed."""
         self._check_tokens(x0, "x0", allow_mask=False)
-        self._check_positions(positions, x0)
-        self._check_reconstruction(reconstruction)
+        check_positions(positions, x0)
+        check_reconstruction(reconstruction)
         t = self._times(t, x0, generator)
         z_t = self._corrupt(x0, t, generator, positions)
         return NelboTerms(
             t=t,
-            diffusion=self._continuous_loss(denoiser, x0, z_t, t, _scored(x0, positions)),
+            diffusion=self._continuous_loss(denoiser, x0, z_t, t, scored_positions(x0, positions)),
             reconstruction=self._reconstruction(denoiser, x0, generator, reconstruction, positions),
             prior=self._prior(x0, positions),
             num_masked=(z_t != x0).sum(-1),
         )
 
-    def nelbo_discrete(self, denoiser: Denoiser, x0: Tensor, steps: int,
+    def nelbo_discrete(self, denoiser: DenoiserLike, x0: Tensor, steps: int,
                        generator: Generators = None, *, u: Tensor | None = None,
                        positions: Tensor | None = None) -> Tensor:
         """One-sample unbiased estimate of D3PM's T-step NELBO per sequence [B]: step i drawn
         as in ``MaskedDiffusion.nelbo_discrete``, T times its KL summed over the scored
         positions, plus the endpoint terms (reconstruction by the model)."""
         self._check_tokens(x0, "x0", allow_mask=False)
-        self._check_positions(positions, x0)
+        check_positions(positions, x0)
         t, s = self._step_times(steps, u, x0, generator)
         z_t = self._corrupt(x0, t, generator, positions)
-        return (steps * self._step_kl(denoiser, x0, z_t, t, s, _scored(x0, positions))
+        return (steps * self._step_kl(denoiser, x0, z_t, t, s, scored_positions(x0, positions))
                 + self._reconstruction(denoiser, x0, generator, "model", positions)
                 + self._prior(x0, positions))
 
-    def _continuous_loss(self, denoiser: Denoiser, x0: Tensor, z_t: Tensor, t: Tensor, scored: Tensor) -> Tensor:
+    def _continuous_loss(self, denoiser: DenoiserLike, x0: Tensor, z_t: Tensor, t: Tensor, scored: Tensor) -> Tensor:
         """(-alpha'_t / (V alpha_t)) sum over the scored positions of sum_{j != z} (g_j - r_j
         - r_j log(g_j / r_j)) (module docstring), float64 [B]."""
         rows, x, z, log_mu = self._prediction(denoiser, x0, z_t, t, scored)
         t = t.to(torch.float64)
         rho = self._signal_to_noise(t).to(device=log_mu.device, dtype=log_mu.dtype)[rows, None]
-        divergence = _sum_by_row(self._rate_divergence(x, z, log_mu.exp(), rho), rows, x0.shape[0])
+        divergence = sum_by_row(self._rate_divergence(x, z, log_mu.exp(), rho), rows, x0.shape[0])
         return self._jump_rate(t).to(x0.device) * divergence
 
-    def _step_kl(self, denoiser: Denoiser, x0: Tensor, z_t: Tensor, t: Tensor, s: Tensor,
+    def _step_kl(self, denoiser: DenoiserLike, x0: Tensor, z_t: Tensor, t: Tensor, s: Tensor,
                  scored: Tensor) -> Tensor:
         """sum over the scored positions of KL(q(z_s | z_t, x) || p(z_s | z_t)), float64 [B]."""
         rows, x, z, log_mu = self._prediction(denoiser, x0, z_t, t, scored)
@@ -176,14 +171,14 @@ class UniformDiffusion(DiffusionProcess):
         model = self._posterior_weights(z, log_mu.exp(), *ratios)
         truth = self._posterior_weights(z, F.one_hot(x, self.vocab_size).to(log_mu.dtype), *ratios)
         kl = (truth / truth.sum(-1, keepdim=True) * (truth.log() - model.log())).sum(-1)
-        return _sum_by_row(kl, rows, x0.shape[0])
+        return sum_by_row(kl, rows, x0.shape[0])
 
-    def _prediction(self, denoiser: Denoiser, x0: Tensor, z_t: Tensor, t: Tensor, scored: Tensor,
+    def _prediction(self, denoiser: DenoiserLike, x0: Tensor, z_t: Tensor, t: Tensor, scored: Tensor,
                     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(rows, x, z, log mu) at the scored positions; log mu in float32 for a network
         (bf16 upcast), float64 for float64 logits."""
         rows = scored.nonzero(as_tuple=True)[0]
-        logits = self._masked_logits(denoiser, z_t, t.to(z_t.device), scored, rows.numel())
+        logits = self._logits_at(denoiser, z_t, t.to(z_t.device), scored, rows.numel())
         dtype = torch.promote_types(logits.dtype, torch.float32)
         return rows, x0[scored], z_t[scored], torch.log_softmax(logits.to(dtype), dim=-1)
 
@@ -213,20 +208,20 @@ class UniformDiffusion(DiffusionProcess):
         b = 1.0 - mu_z * rho_t / (1.0 + rho_t) + rho_s * mu / (1.0 + rho_t * z_hot)
         return (1.0 + rho_ts * z_hot) * b
 
-    def _reconstruction(self, denoiser: Denoiser, x0: Tensor, generator: Generators,
+    def _reconstruction(self, denoiser: DenoiserLike, x0: Tensor, generator: Generators,
                         kind: Reconstruction, positions: Tensor | None) -> Tensor:
-        self._check_reconstruction(kind)
+        check_reconstruction(kind)
         if kind == "uniform":
             alpha0 = self._endpoint_alpha(0.0)
             noise = (1.0 - alpha0) / self.vocab_size
             entropy = -(torch.xlogy(alpha0 + noise, alpha0 + noise)
                         + (self.vocab_size - 1) * torch.xlogy(noise, noise))
-            return entropy * _num_scored(_scored(x0, positions))
+            return entropy * count_scored(scored_positions(x0, positions))
         zero_time = torch.zeros(x0.shape[0], dtype=torch.float64, device=x0.device)
         z_0 = self._corrupt(x0, zero_time, generator, positions)
-        scored = _scored(x0, positions)
+        scored = scored_positions(x0, positions)
         rows, x, _, log_mu = self._prediction(denoiser, x0, z_0, zero_time, scored)
-        return _sum_by_row(-log_mu.gather(1, x[:, None]).squeeze(1), rows, x0.shape[0])
+        return sum_by_row(-log_mu.gather(1, x[:, None]).squeeze(1), rows, x0.shape[0])
 
     def _prior(self, x0: Tensor, positions: Tensor | None) -> Tensor:
         """L KL(q_1(. | x) || Uniform(V)), the real tokens only."""
@@ -234,16 +229,17 @@ class UniformDiffusion(DiffusionProcess):
         noise = (1.0 - alpha1) / self.vocab_size
         kl = (torch.xlogy(alpha1 + noise, self.vocab_size * (alpha1 + noise))
               + (self.vocab_size - 1) * torch.xlogy(noise, self.vocab_size * noise))
-        return kl * _num_scored(_scored(x0, positions))
+        return kl * count_scored(scored_positions(x0, positions))
 
     def _endpoint_alpha(self, t: float) -> Tensor:
         return self.schedule.alpha(torch.tensor(t, dtype=torch.float64))
 
     # ---------------------------------------------------------------- sampling
-    def sample(self, denoiser: Denoiser, num_samples: int, seq_len: int, steps: int,
+    def sample(self, denoiser: DenoiserLike, num_samples: int, seq_len: int, steps: int,
                generator: torch.Generator | None = None, grid: str = "uniform",
                prompt: Tensor | None = None, *, top_p: float | None = None, cache: bool = True,
-               device: torch.device | str | None = None, return_stats: bool = False):
+               device: torch.device | str | None = None, return_stats: bool = False,
+               ) -> Tensor | tuple[Tensor, SamplingStats]:
         """Ancestral sampling from Uniform(V)^L at t = 1 with p(z_s | z_t) (module docstring),
         see ``model.sampling.reverse_sample``. ``prompt`` keeps its tokens and generates where
         it holds ``generate_id``. Every step needs the network (any token may still change);
@@ -253,21 +249,19 @@ class UniformDiffusion(DiffusionProcess):
             generator=generator, grid=grid, prompt=prompt, top_p=top_p, cache=cache, device=device)
         return (tokens, stats) if return_stats else tokens
 
-    def _prior_tokens(self, z: Tensor, free: Tensor, generator: torch.Generator | None) -> Tensor:
+    def prior_tokens(self, z: Tensor, free: Tensor, generator: torch.Generator | None) -> Tensor:
+        """z with its ``free`` positions drawn from Uniform(V) (the prior at t = 1)."""
         u = torch.rand(z.shape, generator=generator, dtype=torch.float64, device=z.device)
         return torch.where(free, torch.floor(u * self.vocab_size).long(), z)
 
-    def _changeable(self, z: Tensor) -> Tensor:
+    def changeable(self, z: Tensor) -> Tensor:
+        """Every position: any token may still change."""
         return torch.ones_like(z, dtype=torch.bool)
 
-    def _reverse_kernel(self, z: Tensor, mu: Tensor, t: float, s: float | None) -> Tensor:
+    def reverse_kernel(self, z: Tensor, mu: Tensor, t: float, s: float | None) -> Tensor:
         """p(z_s | z_t = z) up to a constant; ``s=None`` (the last step) draws from mu."""
         if s is None:
             return mu
         ratios = self._step_ratios(torch.tensor([t], dtype=torch.float64), torch.tensor([s], dtype=torch.float64))
         return self._posterior_weights(z, mu, *(r.to(mu.device)[:, None] for r in ratios))
-
-
-def _scored(x0: Tensor, positions: Tensor | None) -> Tensor:
-    return torch.ones_like(x0, dtype=torch.bool) if positions is None else positions
 

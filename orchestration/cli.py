@@ -9,7 +9,8 @@ import sys
 
 from common.errors import UserError
 from common.provenance import package_version
-from orchestration.commands import data, evaluate, jobs, run, sample, train
+from orchestration.commands import config, data, evaluate, jobs, run, sample, train
+from pipeline.hooks import TrainHooks
 
 DESCRIPTION = """\
 unmask: pretrain and evaluate masked diffusion language models (MDLM / MD4).
@@ -33,7 +34,7 @@ examples:
 """
 
 # Reported by `unmask version`: the packages whose versions decide numerical results.
-REPORTED_PACKAGES = ("torch", "deepspeed", "ray", "mlflow", "webdataset", "sentencepiece")
+REPORTED_PACKAGES = ("torch", "deepspeed", "ray", "mlflow", "webdataset", "sentencepiece", "tiktoken", "tokenizers")
 
 
 def _cmd_version(args: argparse.Namespace) -> int:
@@ -56,17 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  unmask version --all", formatter_class=argparse.RawDescriptionHelpFormatter)
     version.add_argument("--all", action="store_true", help="also print Python and dependency versions")
     version.set_defaults(handler=_cmd_version)
-    for group in (data, train, run, evaluate, sample, jobs):
+    for group in (data, train, run, evaluate, sample, jobs, config):
         group.register(commands)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, hooks: TrainHooks = TrainHooks()) -> int:
+    """Run ``unmask ARGV``; the exit status. ``hooks`` run inside every training loop the
+    command starts (a script embedding the command line may watch or pause its steps)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "accepts_overrides", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.overrides = extra
+    args.overrides, args.hooks = extra, hooks
     if args.command is None:
         parser.print_help()
         return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,16 +27,18 @@ from typing import Any
 
 from common.errors import UserError
 from common.logs import configure_logging
-from pipeline.checkpoint import CHECKPOINTS_DIR, TAG_PATTERN, resolve_checkpoint, set_latest
+from common.ray_runtime import ray_session
+from pipeline.checkpoint import latest_step, set_latest
 from pipeline.config import Config
+from pipeline.hooks import StepHook, TrainHooks
+from pipeline.run_layout import TAG_PATTERN, RunLayout
 from pipeline.run_lock import JOB_ID_ENV
+from pipeline.trainer import train
 
 __all__ = ["RayLaunch", "launch", "restore_newer_checkpoint"]
 
 log = logging.getLogger("unmask.ray_train")
 
-# Ray Train's own records (worker group state, reported metrics) when no --storage is given.
-RAY_TRAIN_DIR = "ray_train"
 
 
 @dataclass(frozen=True)
@@ -61,16 +64,13 @@ class RayLaunch:
 
 def _storage_path(launch: RayLaunch, run_dir: Path) -> str:
     if launch.storage is None:
-        return str(run_dir / RAY_TRAIN_DIR)
+        return str(RunLayout(run_dir).ray_train)
     return launch.storage if "://" in launch.storage else str(Path(launch.storage).resolve())
 
 
 def _local_step(run_dir: Path) -> int:
-    try:
-        match = TAG_PATTERN.match(resolve_checkpoint(run_dir).name)
-    except UserError:
-        return -1
-    return int(match.group(1)) if match else -1
+    step = latest_step(run_dir)
+    return -1 if step is None else step
 
 
 def restore_newer_checkpoint(checkpoint: Any, run_dir: Path) -> bool:
@@ -82,12 +82,10 @@ def restore_newer_checkpoint(checkpoint: Any, run_dir: Path) -> bool:
     match = TAG_PATTERN.match(tag)
     if match is None or int(match.group(1)) <= _local_step(run_dir):
         return False
-    target = run_dir / CHECKPOINTS_DIR / tag
+    target = RunLayout(run_dir).checkpoints / tag
     partial = target.with_name(tag + ".partial")
     checkpoint.to_directory(str(partial))
     if target.exists():
-        import shutil
-
         shutil.rmtree(target)
     partial.rename(target)
     set_latest(run_dir, tag)
@@ -110,8 +108,6 @@ def _worker_loop(payload: dict) -> None:
     import ray.train
     import torch.distributed
 
-    from pipeline.trainer import train
-
     configure_logging()
     # A restarted group is the same job: its rank 0 waits for the old one's run-dir lock.
     os.environ[JOB_ID_ENV] = payload["job_id"]
@@ -119,15 +115,10 @@ def _worker_loop(payload: dict) -> None:
     if mirror and ray.train.get_context().get_world_rank() == 0:
         restore_newer_checkpoint(ray.train.get_checkpoint(), run_dir)
     torch.distributed.barrier()  # every rank resumes from the same latest
+    hooks = TrainHooks(on_step=payload["on_step"], on_checkpoint=_mirror_checkpoint if mirror else None)
     result = train(payload["config"], data_dir=payload["data_dir"], run_dir=run_dir, resume="auto",
-                   allow_config_change=payload["allow_config_change"],
-                   on_checkpoint=_mirror_checkpoint if mirror else None)
-    summary = {"step": result.step, "tokens_seen": result.tokens_seen, "checkpoint": str(result.checkpoint),
-               "mlflow_run_id": result.mlflow_run_id}
-    if result.validation is not None:
-        summary.update(val_nelbo_per_token=result.validation.nelbo_per_token,
-                       val_bits_per_byte=result.validation.bits_per_byte)
-    ray.train.report(summary)
+                   allow_config_change=payload["allow_config_change"], hooks=hooks)
+    ray.train.report(result.summary())
 
 
 def _local_cpus(launch: RayLaunch) -> int:
@@ -137,10 +128,9 @@ def _local_cpus(launch: RayLaunch) -> int:
 
 
 def launch(config: Config, ray_launch: RayLaunch, *, data_dir: str | Path, run_dir: str | Path,
-           resume: str = "auto", allow_config_change: bool = False) -> dict:
-    """Train ``config`` with ``ray_launch.num_workers`` Ray Train workers; the run's summary."""
-    from common.ray_runtime import ray_session
-
+           resume: str = "auto", allow_config_change: bool = False, on_step: StepHook | None = None) -> dict:
+    """Train ``config`` with ``ray_launch.num_workers`` Ray Train workers; the run's summary.
+    ``on_step`` (picklable: it travels to the workers) runs on every rank after each step."""
     ray_launch.check()
     run_dir = Path(run_dir).resolve()
     if resume == "never" and _local_step(run_dir) >= 0:
@@ -148,7 +138,7 @@ def launch(config: Config, ray_launch: RayLaunch, *, data_dir: str | Path, run_d
                         f"or choose a new --run-dir")
     payload = {"config": config, "data_dir": str(Path(data_dir).resolve()), "run_dir": str(run_dir),
                "allow_config_change": allow_config_change, "mirror": ray_launch.storage is not None,
-               "job_id": f"ray-train-{uuid.uuid4().hex}"}
+               "job_id": f"ray-train-{uuid.uuid4().hex}", "on_step": on_step}
     with ray_session(ray_launch.address, num_cpus=_local_cpus(ray_launch), log_to_driver=True):
         result = _trainer(config, ray_launch, run_dir, payload).fit()
     if result.error is not None:

@@ -1,15 +1,17 @@
 """``unmask run``: prep -> train -> export -> eval (with its report), in one run directory.
 
-Each stage is the ``unmask`` command of the same name, run in this process, and each is
-skipped when its output is already up to date, so rerunning a finished run does nothing
-and rerunning a failed or killed one continues where it stopped:
+Each stage calls its library (``data_prep.prepare``, ``pipeline.trainer.train`` or
+``orchestration.ray_train.launch``, ``pipeline.export.export``, ``evaluation.zero_shot``)
+in this process with the typed request below, and each is skipped when its output is
+already up to date, so rerunning a finished run does nothing and rerunning a failed or
+killed one continues where it stopped:
 
-- prep: ``RUN/data`` (the prep itself finds a matching manifest and does nothing);
+- prep: the prep itself finds a matching manifest in ``RUN/data`` and does nothing;
 - train: skipped when the latest checkpoint is at ``train.max_steps``; otherwise resumed;
 - export: skipped when ``RUN/export`` holds the latest checkpoint;
 - eval: skipped when ``RUN/report/results.json`` scored that export on the same datasets.
 
-With no ``--input`` the corpus is the documentation text shipped with CPython
+With no inputs the corpus is the documentation text shipped with CPython
 (``data_prep.builtin_corpus``) and the config ``configs/demo.yaml``: a demo that needs no
 download and finishes in minutes on a laptop CPU.
 """
@@ -18,185 +20,196 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from common.errors import UserError, output_dir
-from pipeline.checkpoint import TAG_PATTERN, resolve_checkpoint
-from pipeline.config import Config, load_config
+from data_prep.builtin_corpus import write_cpython_corpus
+from data_prep.prep import DEFAULT_VAL_FRACTION, PrepConfig
+from data_prep.prepare import PrepRequest, prepare
+from data_prep.readers import ReadOptions
+from evaluation.evaluate import EvalConfig
+from evaluation.results import EvalResults, TrainingRecord
+from evaluation.zero_shot import ReportOptions, is_up_to_date, run_zero_shot
+from model.transformer import PRESETS
+from orchestration.ray_train import RayLaunch, launch
+from pipeline.checkpoint import latest_step
+from pipeline.config import Config
+from pipeline.export import CONFIG_FILE, export
+from pipeline.run_layout import RunLayout
+from pipeline.trainer import train
 
-__all__ = ["RunRequest", "run_pipeline", "DEMO_CONFIG", "SUMMARY_FILE"]
+__all__ = ["RunRequest", "EvalStage", "RunSummary", "run_pipeline", "DEMO_CONFIG"]
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-DEMO_CONFIG = CONFIGS / "demo.yaml"
-DATA_DIR = "data"                  # in the run directory: the shards of `unmask prep`
-CORPUS_DIR = "corpus"              # the built-in corpus, written once
-REPORT_RESULTS = Path("report") / "results.json"
-SUMMARY_FILE = "run_summary.json"
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 # The built-in corpus is small (about 0.4M tokens): prep's default 0.5% would leave a handful
 # of validation sequences, too few for a stable bound.
 BUILTIN_VAL_FRACTION = 0.05
+SUMMARY_METRICS = ("nelbo_per_token", "perplexity_bound", "bits_per_byte")
+
+
+@dataclass(frozen=True)
+class EvalStage:
+    """What the eval stage scores and puts in the report."""
+
+    datasets: tuple[str, ...] = ("val",)     # "val": the held-out split of RUN/data
+    data_dir: str | None = None              # root of the standard eval files
+    samples_per_block: int = 16
+    num_samples: int = 2                     # generated samples in the report
+    sample_steps: int = 128
 
 
 @dataclass(frozen=True)
 class RunRequest:
-    """What ``unmask run`` was asked to do (its flags)."""
+    """What ``unmask run`` was asked to do: the config (loaded once), the data and the stages."""
 
     run_dir: Path
-    config: str | None = None                   # None: configs/demo.yaml
-    overrides: dict[str, str] = field(default_factory=dict)
-    inputs: tuple[str, ...] = ()                # empty: the built-in CPython corpus
-    read_args: tuple[str, ...] = ()             # --text-format etc., passed to prep
-    seq_len: int | None = None                  # None: model.max_seq_len or the preset's
-    val_fraction: float | None = None           # None: prep's default (BUILTIN_VAL_FRACTION for the demo)
-    tokenizer: str | None = None
+    config: Config
+    inputs: tuple[str, ...] = ()             # empty: the built-in CPython corpus
+    read: ReadOptions = ReadOptions()
+    seq_len: int | None = None               # None: model.max_seq_len or the preset's
+    val_fraction: float | None = None        # None: prep's default (BUILTIN_VAL_FRACTION for the demo)
+    tokenizer: str | None = None             # None: train a sentencepiece tokenizer of vocab_size
     vocab_size: int = 4096
     prep_workers: int = 1
-    ray_address: str | None = None
-    train_args: tuple[str, ...] = ()            # --launcher ray --num-workers N ...
-    datasets: tuple[str, ...] = ("val",)
-    data_dir: str | None = None                 # root of the standard eval files
-    eval_samples: int = 16
-    num_samples: int = 2
-    sample_steps: int = 128
-    mlflow_uri: str | None = None
+    ray_address: str | None = None           # the cluster of prep (and of the Ray launcher)
+    launch: RayLaunch | None = None          # None: train in this process
+    evaluation: EvalStage = EvalStage()
+
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout(self.run_dir)
+
+    def check(self) -> None:
+        """The flags that later stages read, before the first stage starts: a bad dataset or
+        sample count must not wait for the end of a training."""
+        evaluation = self.evaluation
+        checks = [("--prep-workers", self.prep_workers >= 1, "must be >= 1"),
+                  ("--seq-len", self.seq_len is None or self.seq_len >= 2, "must be >= 2"),
+                  ("--val-fraction", self.val_fraction is None or 0 <= self.val_fraction < 1,
+                   "must lie in [0, 1)"),
+                  ("--num-samples", evaluation.num_samples >= 0, "must be >= 0"),
+                  ("--sample-steps", evaluation.sample_steps >= 1, "must be >= 1")]
+        for flag, ok, requirement in checks:
+            if not ok:
+                raise UserError(f"{flag} {requirement}")
+        if self.launch is not None:
+            self.launch.check()
+        self.eval_config().check(shards_pending=True)
+
+    def eval_config(self) -> EvalConfig:
+        evaluation = self.evaluation
+        return EvalConfig(datasets=evaluation.datasets, data_dir=evaluation.data_dir, shards=str(self.layout.data),
+                          samples_per_block=evaluation.samples_per_block)
+
+    def report_options(self) -> ReportOptions:
+        return ReportOptions(num_samples=self.evaluation.num_samples, sample_steps=self.evaluation.sample_steps)
 
 
-def _cli(argv: list[str]) -> None:
-    from orchestration.cli import main
+@dataclass(frozen=True)
+class RunSummary:
+    """What ``unmask run`` did and found (``RUN/run_summary.json``)."""
 
-    if main(argv) != 0:  # the command printed its error
-        raise UserError(f"stage `unmask {argv[0]}` failed (see above); fix it and rerun `unmask run`: "
-                        f"finished stages are kept and skipped")
+    run_dir: str
+    seconds: float
+    stages: dict[str, str]                   # stage -> what it did, or why it was skipped
+    step: int | None                         # of the evaluated export
+    training: TrainingRecord | None
+    datasets: dict[str, dict[str, float]]    # name -> SUMMARY_METRICS
+    report: str
+    mlflow: dict | None                      # tracking_uri and run_id; None when MLflow did not answer
 
-
-def _latest_step(run_dir: Path) -> int | None:
-    try:
-        return int(TAG_PATTERN.match(resolve_checkpoint(run_dir).name).group(1))
-    except (UserError, AttributeError):
-        return None
-
-
-def _seq_len(request: RunRequest, config: Config) -> int:
-    from model.transformer import PRESETS
-
-    if request.seq_len is not None:
-        return request.seq_len
-    return config.model.max_seq_len or PRESETS[config.model.preset]["max_seq_len"]
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
 
 
-def _stage_prep(request: RunRequest, config: Config) -> str:
-    data = request.run_dir / DATA_DIR
-    inputs, val_fraction = list(request.inputs), request.val_fraction
+# ------------------------------------------------------------------ the stages
+def _seq_len(request: RunRequest) -> int:
+    model = request.config.model
+    return request.seq_len or model.max_seq_len or PRESETS[model.preset]["max_seq_len"]
+
+
+def _stage_prep(request: RunRequest, say: Callable[[str], None]) -> str:
+    layout = request.layout
+    inputs, val_fraction = request.inputs, request.val_fraction
     if not inputs:
-        from data_prep.builtin_corpus import write_cpython_corpus
-
-        inputs = [str(write_cpython_corpus(request.run_dir / CORPUS_DIR))]
+        inputs = (str(write_cpython_corpus(layout.corpus)),)
         val_fraction = BUILTIN_VAL_FRACTION if val_fraction is None else val_fraction
-    split = ["--val-fraction", str(val_fraction)] if val_fraction is not None else []
-    tokenizer = ["--tokenizer", request.tokenizer] if request.tokenizer else ["--vocab-size", str(request.vocab_size)]
-    cluster = ["--ray-address", request.ray_address] if request.ray_address else []
-    manifest = data / "manifest.json"
-    before = manifest.stat().st_mtime_ns if manifest.is_file() else None
-    _cli(["prep", "--input", *inputs, *request.read_args, "--out", str(data), "--seq-len",
-          str(_seq_len(request, config)), *tokenizer, "--workers", str(request.prep_workers),
-          "--seed", str(config.train.seed), *split, *cluster])
-    if manifest.stat().st_mtime_ns == before:
-        return f"skipped: {data} is up to date"
-    return f"shards in {data}"
+    config = PrepConfig(inputs=inputs, seq_len=_seq_len(request), seed=request.config.train.seed,
+                        val_fraction=DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction,
+                        read=request.read)
+    result = prepare(PrepRequest(config, layout.data, tokenizer=request.tokenizer,
+                                 vocab_size=None if request.tokenizer else request.vocab_size,
+                                 workers=request.prep_workers, ray_address=request.ray_address))
+    for warning in result.warnings():
+        say(f"unmask run: warning: {warning}")
+    say(result.summary())
+    return f"skipped: {layout.data} is up to date" if result.nothing_to_do else f"shards in {layout.data}"
 
 
-def _override_args(request: RunRequest) -> list[str]:
-    return [arg for key, value in request.overrides.items() for arg in (f"--{key}", value)]
-
-
-def _stage_train(request: RunRequest, config: Config) -> str:
-    step = _latest_step(request.run_dir)
+def _stage_train(request: RunRequest, say: Callable[[str], None]) -> str:
+    run_dir, config = request.run_dir, request.config
+    step = latest_step(run_dir)
     if step is not None and step >= config.train.max_steps:
         return f"skipped: already trained to step {step}"
-    mlflow = ["--mlflow-uri", request.mlflow_uri] if request.mlflow_uri else []
-    _cli(["train", "--config", str(request.config or DEMO_CONFIG), "--data", str(request.run_dir / DATA_DIR),
-          "--run-dir", str(request.run_dir), *mlflow, *request.train_args, *_override_args(request)])
-    return f"trained to step {_latest_step(request.run_dir)}"
+    config = replace(config, data=replace(config.data, path=str(request.layout.data)))
+    if request.launch is None:
+        train(config, data_dir=request.layout.data, run_dir=run_dir)
+    else:
+        launch(config, request.launch, data_dir=request.layout.data, run_dir=run_dir)
+    return f"trained to step {latest_step(run_dir)}"
 
 
-def _exported_step(run_dir: Path) -> int | None:
-    from pipeline.export import CONFIG_FILE, EXPORT_DIR
-
-    path = run_dir / EXPORT_DIR / CONFIG_FILE
+def _exported_step(layout: RunLayout) -> int | None:
+    path = layout.export / CONFIG_FILE
     return json.loads(path.read_text()).get("step") if path.is_file() else None
 
 
-def _stage_export(request: RunRequest, config: Config) -> str:
-    step = _latest_step(request.run_dir)
-    if _exported_step(request.run_dir) == step:
+def _stage_export(request: RunRequest, say: Callable[[str], None]) -> str:
+    step = latest_step(request.run_dir)
+    if _exported_step(request.layout) == step:
         return f"skipped: the export holds step {step}"
-    _cli(["export", str(request.run_dir)])
+    export(request.run_dir)
     return f"exported step {step} (EMA weights)"
 
 
-def _evaluated(request: RunRequest) -> bool:
-    path = request.run_dir / REPORT_RESULTS
-    if not path.is_file():
-        return False
-    results = json.loads(path.read_text())
-    return (results["model"]["step"] == _exported_step(request.run_dir)
-            and sorted(results["datasets"]) == sorted(request.datasets)
-            and results["protocol"]["samples_per_block"] == request.eval_samples)
+def _stage_eval(request: RunRequest, say: Callable[[str], None]) -> str:
+    config, options = request.eval_config(), request.report_options()
+    if is_up_to_date(request.run_dir, config, options):
+        return f"skipped: {request.layout.results} is up to date"
+    run_zero_shot(request.run_dir, config, options)
+    return f"report in {request.layout.report}"
 
 
-def _stage_eval(request: RunRequest, config: Config) -> str:
-    if _evaluated(request):
-        return f"skipped: {request.run_dir / REPORT_RESULTS} is up to date"
-    data_dir = ["--data-dir", request.data_dir] if request.data_dir else []
-    _cli(["eval", str(request.run_dir), "--datasets", ",".join(request.datasets), *data_dir,
-          "--shards", str(request.run_dir / DATA_DIR), "--samples", str(request.eval_samples),
-          "--num-samples", str(request.num_samples), "--sample-steps", str(request.sample_steps)])
-    return f"report in {request.run_dir / 'report'}"
-
-
-STAGES: tuple[tuple[str, Callable[[RunRequest, Config], str]], ...] = (
+STAGES: tuple[tuple[str, Callable[[RunRequest, Callable[[str], None]], str]], ...] = (
     ("prep", _stage_prep), ("train", _stage_train), ("export", _stage_export), ("eval", _stage_eval))
 
 
-def _check_request(request: RunRequest) -> None:
-    """The flags that later stages read, before the first stage starts: a bad --datasets or
-    --samples must not wait for the end of a training."""
-    from evaluation.evaluate import EvalConfig
-
-    checks = [("--prep-workers", request.prep_workers >= 1, "must be >= 1"),
-              ("--seq-len", request.seq_len is None or request.seq_len >= 2, "must be >= 2"),
-              ("--val-fraction", request.val_fraction is None or 0 <= request.val_fraction < 1,
-               "must lie in [0, 1)"),
-              ("--num-samples", request.num_samples >= 0, "must be >= 0"),
-              ("--sample-steps", request.sample_steps >= 1, "must be >= 1")]
-    for flag, ok, requirement in checks:
-        if not ok:
-            raise UserError(f"{flag} {requirement}")
-    EvalConfig(datasets=request.datasets, data_dir=request.data_dir, shards=str(request.run_dir / DATA_DIR),
-               samples_per_block=request.eval_samples).check(shards_pending=True)
-
-
-def run_pipeline(request: RunRequest, *, say: Callable[[str], None] = print) -> dict:
-    """Run every stage that is not up to date; the summary (also in ``RUN/run_summary.json``)."""
-    config = load_config(request.config or DEMO_CONFIG, request.overrides)  # fail before any work
-    _check_request(request)
+def run_pipeline(request: RunRequest, *, say: Callable[[str], None] = print) -> RunSummary:
+    """Run every stage that is not up to date; the summary (also in ``RUN/run_summary.json``).
+    A stage that fails raises; rerunning the same request continues from it."""
+    request.check()
     output_dir(request.run_dir, "--run-dir")
     start, stages = time.perf_counter(), {}
     for name, stage in STAGES:
         say(f"unmask run: stage {name}")
-        stages[name] = stage(request, config)
+        try:
+            stages[name] = stage(request, say)
+        except UserError as err:
+            raise UserError(f"stage {name} failed: {err}. Fix it and rerun the same `unmask run`: finished "
+                            f"stages are kept and skipped") from None
         say(f"unmask run: stage {name}: {stages[name]}")
     summary = _summary(request, stages, time.perf_counter() - start)
-    (request.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    request.layout.summary.write_text(summary.to_json())
     return summary
 
 
-def _summary(request: RunRequest, stages: dict[str, str], seconds: float) -> dict:
-    results = json.loads((request.run_dir / REPORT_RESULTS).read_text())
-    return {"run_dir": str(request.run_dir), "seconds": round(seconds, 1), "stages": stages,
-            "step": results["model"]["step"], "training": results.get("training"),
-            "datasets": {name: {key: record[key] for key in ("nelbo_per_token", "perplexity_bound", "bits_per_byte")}
-                         for name, record in results["datasets"].items()},
-            "report": str(request.run_dir / "report" / "report.html"), "mlflow": results["mlflow"]}
+def _summary(request: RunRequest, stages: dict[str, str], seconds: float) -> RunSummary:
+    results = EvalResults.read(request.layout.results)
+    datasets = {name: {key: getattr(record, key) for key in SUMMARY_METRICS}
+                for name, record in results.datasets.items()}
+    mlflow = results.mlflow.to_json() if results.mlflow else None
+    return RunSummary(run_dir=str(request.run_dir), seconds=round(seconds, 1), stages=stages,
+                      step=results.model.step, training=results.training or None, datasets=datasets,
+                      report=str(request.layout.report / "report.html"), mlflow=mlflow)

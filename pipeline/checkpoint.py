@@ -22,10 +22,9 @@ import hashlib
 import json
 import logging
 import random
-import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +35,16 @@ from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
 from pipeline.distributed import Distributed
 from pipeline.ema import EMA
+from pipeline.run_layout import TAG_PATTERN, RunLayout
 from pipeline.safe_load import deepspeed_loads_safely, find_unloadable, load_torch_file
 
-__all__ = ["CHECKPOINTS_DIR", "TrainState", "CheckpointManager", "STATE_FILE", "step_tag", "read_state",
-           "rank_file", "resolve_checkpoint", "set_latest", "TAG_PATTERN", "verify_checkpoint",
-           "intact_checkpoint", "DiskFull", "write_failure"]
+__all__ = ["TrainState", "CheckpointMeta", "CheckpointManager", "STATE_FILE", "read_state", "rank_file",
+           "resolve_checkpoint", "set_latest", "verify_checkpoint", "intact_checkpoint", "DiskFull",
+           "write_failure"]
 
 log = logging.getLogger("unmask.checkpoint")
 
-CHECKPOINTS_DIR = "checkpoints"  # in the run directory; also what marks a directory as a run
 STATE_FILE = "unmask_state.json"
-LATEST_FILE = "latest"
-TAG_PATTERN = re.compile(r"^step-(\d{8})$")
 # Files hashed at once when a checkpoint is recorded or verified (hashlib releases the GIL).
 HASH_THREADS = 4
 HASH_BLOCK = 1 << 22
@@ -58,10 +55,6 @@ FULL_DISK_MARGIN = 16 << 20
 
 class DiskFull(UserError):
     """The run's disk filled up; the message names the file and the last intact checkpoint."""
-
-
-def step_tag(step: int) -> str:
-    return f"step-{step:08d}"
 
 
 def rank_file(directory: Path, rank: int) -> Path:
@@ -77,6 +70,44 @@ class TrainState:
     skipped_steps: int = 0         # steps whose gradients were not finite
     consecutive_skipped: int = 0
     loader: dict | None = None     # StreamingLoader.state_dict() (the same on every rank)
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """``unmask_state.json``: the loop's state at the checkpoint and what the run was made
+    of (config, data, tokenizer, network, how it ran), so that a resume or an export can
+    check and rebuild it; ``files`` records every other file of the checkpoint."""
+
+    state: TrainState
+    config: dict                   # Config.to_dict() of the run
+    config_sha256: str
+    data_sha256: str               # of the data's manifest.json
+    tokenizer_sha256: str
+    network: dict                  # the TransformerConfig's fields
+    zero_stage: int
+    precision: str
+    batch_plan: dict               # BatchPlan's fields
+    world_size: int
+    files: dict[str, dict] = field(default_factory=dict)   # name -> {"bytes", "sha256"}
+
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    def to_json(self) -> str:
+        """One flat object: the state's fields next to the others (the format since v0.1)."""
+        record = {**asdict(self.state), **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "state"}}
+        return json.dumps(record, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, path: Path) -> "CheckpointMeta":
+        record = json.loads(text)
+        state_keys = {f.name for f in fields(TrainState)}
+        try:
+            state = TrainState(**{k: v for k, v in record.items() if k in state_keys})
+            return cls(state=state, **{k: v for k, v in record.items() if k not in state_keys})
+        except TypeError as err:
+            raise UserError(f"{path}: not an unmask checkpoint state ({err}); use an older checkpoint") from None
 
 
 # ----------------------------------------------------------------------------- RNG state
@@ -121,17 +152,15 @@ def _file_records(directory: Path) -> dict[str, dict[str, Any]]:
     return {p.name: {"bytes": p.stat().st_size, "sha256": d} for p, d in zip(paths, digests)}
 
 
-def read_state(directory: Path) -> dict[str, Any]:
+def read_state(directory: Path) -> CheckpointMeta:
+    """The metadata of the checkpoint in ``directory``."""
     path = directory / STATE_FILE
     if not path.is_file():
         raise UserError(f"{directory}: not a complete unmask checkpoint (no {STATE_FILE})")
     try:
-        state = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
+        return CheckpointMeta.from_json(path.read_text(), path)
+    except (ValueError, UnicodeDecodeError, AttributeError) as err:
         raise UserError(f"{path}: truncated or corrupt ({err}); use an older checkpoint") from None
-    if not isinstance(state, dict) or "step" not in state or "world_size" not in state:
-        raise UserError(f"{path}: not an unmask checkpoint state (no step or world_size); use an older checkpoint")
-    return state
 
 
 def verify_checkpoint(directory: Path) -> str | None:
@@ -140,10 +169,9 @@ def verify_checkpoint(directory: Path) -> str | None:
     Checkpoints of earlier versions record no files: only their state file is checked.
     """
     try:
-        state = read_state(directory)
+        records = read_state(directory).files
     except UserError as err:
         return str(err)
-    records = state.get("files", {})
     for name, record in records.items():
         path = directory / name
         if not path.is_file():
@@ -159,49 +187,54 @@ def verify_checkpoint(directory: Path) -> str | None:
     return None
 
 
-def _complete_tags(root: Path) -> list[str]:
+def _complete_tags(layout: RunLayout) -> list[str]:
     """Checkpoint directories with a state file, newest first."""
-    if not root.is_dir():
+    if not layout.checkpoints.is_dir():
         return []
-    tags = [d.name for d in root.iterdir() if TAG_PATTERN.match(d.name) and (d / STATE_FILE).is_file()]
+    tags = [d.name for d in layout.checkpoints.iterdir() if TAG_PATTERN.match(d.name) and (d / STATE_FILE).is_file()]
     return sorted(tags, reverse=True)
 
 
 def intact_checkpoint(run_dir: Path) -> tuple[Path | None, list[str]]:
     """The newest checkpoint at or before ``latest`` that verifies, and why each newer one
     was passed over."""
-    root = Path(run_dir) / CHECKPOINTS_DIR
-    latest = root / LATEST_FILE
-    if not latest.is_file():
+    layout = RunLayout(run_dir)
+    if not layout.latest.is_file():
         return None, []
-    newest = latest.read_text().strip()
+    newest = layout.latest.read_text().strip()
     broken = []
-    for tag in [t for t in _complete_tags(root) if t <= newest] or [newest]:
-        problem = verify_checkpoint(root / tag)
+    for tag in [t for t in _complete_tags(layout) if t <= newest] or [newest]:
+        problem = verify_checkpoint(layout.checkpoints / tag)
         if problem is None:
-            return root / tag, broken
+            return layout.checkpoints / tag, broken
         broken.append(f"{tag}: {problem}")
     return None, broken
 
 
 def resolve_checkpoint(run_dir: Path, step: int | None = None) -> Path:
     """The directory of checkpoint ``step`` of a run, or of its latest one."""
-    root = Path(run_dir) / CHECKPOINTS_DIR
+    layout = RunLayout(run_dir)
     if step is not None:
-        directory = root / step_tag(step)
+        directory = layout.checkpoint(step)
         if not (directory / STATE_FILE).is_file():
-            have = sorted(int(TAG_PATTERN.match(t).group(1)) for t in _complete_tags(root))
+            have = sorted(int(TAG_PATTERN.match(t).group(1)) for t in _complete_tags(layout))
             raise UserError(f"{run_dir}: no complete checkpoint at step {step}; available: {have or 'none'}")
         return directory
-    latest = root / LATEST_FILE
-    if not latest.is_file():
-        raise UserError(f"{run_dir}: no checkpoint yet ({latest} is missing); train first")
-    return root / latest.read_text().strip()
+    if not layout.latest.is_file():
+        raise UserError(f"{run_dir}: no checkpoint yet ({layout.latest} is missing); train first")
+    return layout.checkpoints / layout.latest.read_text().strip()
+
+
+def latest_step(run_dir: Path) -> int | None:
+    """The step of the run's latest checkpoint, or None before the first."""
+    latest = RunLayout(run_dir).latest
+    match = TAG_PATTERN.match(latest.read_text().strip()) if latest.is_file() else None
+    return int(match.group(1)) if match else None
 
 
 def set_latest(run_dir: Path, tag: str) -> None:
     """Point the run's ``latest`` at checkpoint ``tag`` (atomically: a reader sees old or new)."""
-    atomic_write_bytes(Path(run_dir) / CHECKPOINTS_DIR / LATEST_FILE, tag.encode())
+    atomic_write_bytes(RunLayout(run_dir).latest, tag.encode())
 
 
 # ----------------------------------------------------------------------------- failures
@@ -234,11 +267,12 @@ class CheckpointManager:
 
     def __init__(self, run_dir: Path, dist: Distributed, keep_last: int) -> None:
         self.run_dir = Path(run_dir)
-        self.root = self.run_dir / CHECKPOINTS_DIR
+        self.layout = RunLayout(run_dir)
+        self.root = self.layout.checkpoints
         self.dist, self.keep_last = dist, keep_last
 
     def latest(self) -> Path | None:
-        path = self.root / LATEST_FILE
+        path = self.layout.latest
         return self.root / path.read_text().strip() if path.is_file() else None
 
     def newest_intact(self) -> Path | None:
@@ -257,9 +291,9 @@ class CheckpointManager:
         chosen = self.dist.broadcast(chosen)
         return self.root / chosen if chosen else None
 
-    def save(self, engine, ema: EMA, state: TrainState, meta: dict[str, Any]) -> Path:
-        """Write checkpoint ``state.step`` on every rank; commit it with ``latest``."""
-        directory = self.root / step_tag(state.step)
+    def save(self, engine, ema: EMA, meta: CheckpointMeta) -> Path:
+        """Write checkpoint ``meta.step`` on every rank; commit it with ``latest``."""
+        directory = self.layout.checkpoint(meta.step)
         failure: BaseException | None = None
         try:
             if self.dist.is_main and directory.exists():
@@ -273,15 +307,15 @@ class CheckpointManager:
         self._raise_if_any_failed(failure, directory)
         if self.dist.is_main:
             try:
-                self._commit(directory, {**asdict(state), **meta, "world_size": self.dist.world_size})
+                self._commit(directory, replace(meta, world_size=self.dist.world_size))
             except OSError as err:
                 failure = err
         self._raise_if_any_failed(failure, directory)
         return directory
 
-    def _commit(self, directory: Path, payload: dict[str, Any]) -> None:
-        payload["files"] = _file_records(directory)
-        atomic_write_bytes(directory / STATE_FILE, json.dumps(payload, indent=2, sort_keys=True).encode())
+    def _commit(self, directory: Path, meta: CheckpointMeta) -> None:
+        recorded = replace(meta, files=_file_records(directory))
+        atomic_write_bytes(directory / STATE_FILE, recorded.to_json().encode())
         set_latest(self.run_dir, directory.name)
         self._prune()
 
@@ -296,11 +330,11 @@ class CheckpointManager:
             shutil.rmtree(directory, ignore_errors=True)  # frees the space a partial save took
         raise error from failure
 
-    def load(self, engine, ema: EMA, directory: Path) -> dict[str, Any]:
-        """Restore engine, EMA and RNG from ``directory``; return its unmask state."""
+    def load(self, engine, ema: EMA, directory: Path) -> CheckpointMeta:
+        """Restore engine, EMA and RNG from ``directory``; return its metadata."""
         saved = read_state(directory)
-        if saved["world_size"] != self.dist.world_size:
-            raise UserError(f"{directory} was written by {saved['world_size']} ranks, this run has "
+        if saved.world_size != self.dist.world_size:
+            raise UserError(f"{directory} was written by {saved.world_size} ranks, this run has "
                             f"{self.dist.world_size}: the data order and ZeRO partitions depend on the "
                             f"world size; resume with the same number of processes")
         try:
@@ -321,8 +355,8 @@ class CheckpointManager:
 
     def _prune(self) -> None:
         steps = sorted(int(m.group(1)) for d in self.root.iterdir() if (m := TAG_PATTERN.match(d.name)))
-        complete = [s for s in steps if (self.root / step_tag(s) / STATE_FILE).is_file()]
+        complete = [s for s in steps if (self.layout.checkpoint(s) / STATE_FILE).is_file()]
         keep = set(complete[-self.keep_last:])
         for step in steps:
             if step not in keep and step < max(keep):
-                shutil.rmtree(self.root / step_tag(step), ignore_errors=True)
+                shutil.rmtree(self.layout.checkpoint(step), ignore_errors=True)

@@ -34,6 +34,9 @@ __all__ = ["ModelSection", "DataSection", "OptimSection", "TrainSection", "EvalS
            "config_differences"]
 
 RESUME_SAFE = {"resume_safe": True}
+# A config's key naming the config it builds on (see _read_layers), and where presets live.
+BASE_KEY = "base"
+PRESET_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 @dataclass(frozen=True)
@@ -208,23 +211,66 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
 
 # --------------------------------------------------------------------------- loading
 def load_config(path: str | Path | None, overrides: dict[str, str] | None = None) -> Config:
-    """Read a YAML config (None: the defaults), apply ``{"section.field": "value"}``
-    overrides (as strings, coerced like YAML values), and validate."""
+    """Read a YAML config (None: the defaults) and the configs it builds on (``base:``),
+    apply ``{"section.field": "value"}`` overrides (as strings, coerced like YAML values),
+    and validate."""
     raw: dict[str, Any] = {}
     source = "<defaults>"
     if path is not None:
         source = str(path)
-        loaded = _read_yaml(Path(path))
-        if loaded is None:
-            _warn_empty(Path(path))
-        elif not isinstance(loaded, dict):
-            raise UserError(f"{path}: the top level must be a mapping of sections (model:, train:, ...), "
-                            f"not {type(loaded).__name__} {loaded!r:.40}")
-        raw = loaded or {}
+        raw = _read_layers(Path(path), ())
     config = _build(Config, raw, source, "")
     for dotted, text in (overrides or {}).items():
         config = _override(config, dotted, text)
     return config.validate()
+
+
+def _read_layers(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """The sections of ``path`` over those of its ``base:`` (and its base's...), field by
+    field: a config names a preset it starts from and says only what differs."""
+    loaded = _read_yaml(path)
+    if loaded is None:
+        _warn_empty(path)
+        return {}
+    if not isinstance(loaded, dict):
+        raise UserError(f"{path}: the top level must be a mapping of sections (model:, train:, ...), "
+                        f"not {type(loaded).__name__} {loaded!r:.40}")
+    base = loaded.pop(BASE_KEY, None)
+    if base is None:
+        return loaded
+    base_path = _base_path(base, path)
+    if base_path.resolve() in {p.resolve() for p in (*chain, path)}:
+        cycle = " -> ".join(str(p) for p in (*chain, path, base_path))
+        raise UserError(f"{path}: base: {base!r} makes a cycle ({cycle}); a config may not build on itself")
+    return _merge(_read_layers(base_path, (*chain, path)), loaded)
+
+
+def _base_path(base: Any, path: Path) -> Path:
+    """``base:`` is a path relative to the config that names it, or a shipped preset's name."""
+    if not isinstance(base, str) or not base:
+        raise UserError(f"{path}: base: must name a config file or a preset ({', '.join(shipped_configs())}), "
+                        f"got {base!r}")
+    for candidate in (path.parent / base, PRESET_CONFIGS / base, PRESET_CONFIGS / f"{base}.yaml"):
+        if candidate.is_file():
+            return candidate
+    raise UserError(f"{path}: base: {base!r} is neither a file next to it nor a preset; presets: "
+                    f"{', '.join(shipped_configs())}")
+
+
+def shipped_configs() -> list[str]:
+    """The names of the presets in configs/ (what ``base:`` may name without a path)."""
+    return sorted(p.stem for p in PRESET_CONFIGS.glob("*.yaml"))
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``override``'s sections over ``base``'s, field by field."""
+    merged = dict(base)
+    for section, fields_ in override.items():
+        if isinstance(fields_, dict) and isinstance(merged.get(section), dict):
+            merged[section] = {**merged[section], **fields_}
+        else:
+            merged[section] = fields_
+    return merged
 
 
 def _read_yaml(path: Path) -> Any:
@@ -265,6 +311,12 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
 # Config files already warned about as empty, so that `unmask run` (which loads the config
 # again for its train stage) says it once.
 _WARNED_EMPTY: set[str] = set()
+
+
+def config_yaml(config: Config) -> str:
+    """The resolved config as YAML, every field written out (what ``--print-config`` shows):
+    a file that ``load_config`` reads back to the same config."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=False)
 
 
 def _warn_empty(path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pipeline.config import RESUME_SAFE, Config
 
-__all__ = ["reference_markdown", "field_comments"]
+__all__ = ["reference_markdown", "field_comments", "field_docs", "FieldDoc"]
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:")
 _COMMENT_ONLY = re.compile(r"^\s*#\s?(.*)$")
@@ -59,23 +59,35 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _section_rows(name: str, section: type) -> list[str]:
-    comments = field_comments(section)
-    rows = []
-    for field in dataclasses.fields(section):
-        default = json.dumps(_default(field))
-        resume_safe = all(field.metadata.get(key) == value for key, value in RESUME_SAFE.items())
-        safe = " (may change on resume)" if resume_safe else ""
-        rows.append(f"| `{name}.{field.name}` | `{_cell(str(field.type))}` | `{_cell(default)}` | "
-                    f"{_cell(comments.get(field.name, ''))}{safe} |")
-    return rows
+@dataclasses.dataclass(frozen=True)
+class FieldDoc:
+    """One config field as a user reads about it."""
+
+    name: str            # "section.field"
+    type: str
+    default: str         # as JSON
+    meaning: str         # the comment next to the field in pipeline/config.py
+    resume_safe: bool    # may change when a run resumes
+
+
+def field_docs() -> list[FieldDoc]:
+    """Every field of every section, in declaration order."""
+    docs = []
+    for section in dataclasses.fields(Config):
+        comments = field_comments(section.default_factory)
+        for field in dataclasses.fields(section.default_factory):
+            resume_safe = all(field.metadata.get(key) == value for key, value in RESUME_SAFE.items())
+            docs.append(FieldDoc(f"{section.name}.{field.name}", str(field.type), json.dumps(_default(field)),
+                                 comments.get(field.name, ""), resume_safe))
+    return docs
 
 
 def reference_markdown() -> str:
     """The reference table: every field of every section, its type, default and meaning."""
     lines = ["| field | type | default | meaning |", "|---|---|---|---|"]
-    for section in dataclasses.fields(Config):
-        lines += _section_rows(section.name, section.default_factory)
+    for doc in field_docs():
+        safe = " (may change on resume)" if doc.resume_safe else ""
+        lines.append(f"| `{doc.name}` | `{_cell(doc.type)}` | `{_cell(doc.default)}` | {_cell(doc.meaning)}{safe} |")
     return "\n".join(lines) + "\n"
 
 

@@ -16,10 +16,9 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_ac
 from common.errors import UserError
 from model.transformer import Block, Transformer, TransformerConfig, parameter_counts
 from pipeline.config import Config, OptimSection
-from pipeline.distributed import Distributed
 from pipeline.lr_schedule import make_lr_scheduler
 
-__all__ = ["BatchPlan", "plan_batches", "choose_zero_stage", "resolve_precision",
+__all__ = ["BatchPlan", "TrainingPlan", "plan_training", "plan_batches", "choose_zero_stage", "resolve_precision",
            "deepspeed_config", "build_engine", "build_optimizer", "device_memory_bytes", "model_state_bytes",
            "activation_memory_bytes", "resolve_activation_checkpointing", "prepare_model"]
 
@@ -54,6 +53,33 @@ class BatchPlan:
     micro_batch: int
     accumulation: int
     world_size: int
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """What a run's config resolves to on this job and device, every "auto" decided: the one
+    value the engine, the checkpoint's metadata and the tracking params are built from."""
+
+    batches: BatchPlan
+    zero_stage: int
+    precision: str                   # "fp32" | "bf16"
+    activation_checkpointing: bool
+    compile: bool
+    chunked_cross_entropy: int       # rows per chunk of the head and loss; 0: all at once
+    parameters: int                  # of the whole network (before ZeRO-3 partitions it)
+
+
+def plan_training(config: Config, network: TransformerConfig, world_size: int, device: torch.device) -> TrainingPlan:
+    """Resolve ``config.train`` for ``network`` on ``world_size`` ranks of ``device``."""
+    batches = plan_batches(config, world_size)
+    precision = resolve_precision(config, device)
+    parameters = parameter_counts(network).total
+    memory = device_memory_bytes(device)
+    stage = config.train.zero_stage
+    zero_stage = choose_zero_stage(parameters, world_size, precision, memory) if stage == "auto" else stage
+    checkpointing = resolve_activation_checkpointing(config, network, batches, zero_stage, precision, memory)
+    return TrainingPlan(batches, zero_stage, precision, checkpointing, config.train.compile,
+                        config.train.chunked_cross_entropy, parameters)
 
 
 def plan_batches(config: Config, world_size: int) -> BatchPlan:
@@ -153,7 +179,7 @@ def resolve_activation_checkpointing(config: Config, network: TransformerConfig,
     return states + activations > USABLE_MEMORY_SHARE * memory_bytes
 
 
-def prepare_model(model: Transformer, config: Config, *, checkpointing: bool) -> None:
+def prepare_model(model: Transformer, *, checkpointing: bool, compile: bool) -> None:
     """Apply the network-side optimizations in place, before an engine wraps the model.
 
     ``checkpointing`` wraps each block in activation checkpointing. ``train.compile``
@@ -165,19 +191,20 @@ def prepare_model(model: Transformer, config: Config, *, checkpointing: bool) ->
     """
     if checkpointing:
         apply_activation_checkpointing(model, check_fn=lambda module: isinstance(module, Block))
-    if config.train.compile:
+    if compile:
         for block in model.blocks:
             block.compile()
 
 
-def deepspeed_config(config: Config, plan: BatchPlan, zero_stage: int, precision: str) -> dict[str, Any]:
+def deepspeed_config(plan: TrainingPlan, optim: OptimSection) -> dict[str, Any]:
     """The DeepSpeed JSON for this run."""
+    batches, precision = plan.batches, plan.precision
     ds: dict[str, Any] = {
-        "train_batch_size": plan.global_batch,
-        "train_micro_batch_size_per_gpu": plan.micro_batch,
-        "gradient_accumulation_steps": plan.accumulation,
-        "gradient_clipping": config.optim.grad_clip,
-        "zero_optimization": {"stage": zero_stage},
+        "train_batch_size": batches.global_batch,
+        "train_micro_batch_size_per_gpu": batches.micro_batch,
+        "gradient_accumulation_steps": batches.accumulation,
+        "gradient_clipping": optim.grad_clip,
+        "zero_optimization": {"stage": plan.zero_stage},
         "bf16": {"enabled": precision == "bf16"},
         # Our AdamW (torch's, fused on GPU) is the client optimizer under every ZeRO stage.
         "zero_allow_untested_optimizer": True,
@@ -205,21 +232,21 @@ def build_optimizer(model: nn.Module, optim: OptimSection, device: torch.device,
                              eps=optim.eps, fused=fused)
 
 
-def build_engine(model: Transformer, config: Config, dist: Distributed, plan: BatchPlan,
-                 zero_stage: int, precision: str, *, checkpointing: bool):
-    """``deepspeed.initialize`` with our optimizer and LR schedule, after ``prepare_model``
-    (activation checkpointing as decided by ``resolve_activation_checkpointing``,
-    torch.compile); returns the engine."""
+def build_engine(model: Transformer, plan: TrainingPlan, optim: OptimSection, max_steps: int,
+                 device: torch.device):
+    """``deepspeed.initialize`` with our optimizer and LR schedule (``max_steps`` long), after
+    ``prepare_model`` (activation checkpointing and torch.compile as the plan decided);
+    returns the engine."""
     import deepspeed
 
-    prepare_model(model, config, checkpointing=checkpointing)
-    optimizer = build_optimizer(model, config.optim, dist.device)
-    scheduler = make_lr_scheduler(optimizer, config.optim, config.train.max_steps)
-    if zero_stage == 3 and model.head is None:
+    prepare_model(model, checkpointing=plan.activation_checkpointing, compile=plan.compile)
+    optimizer = build_optimizer(model, optim, device)
+    scheduler = make_lr_scheduler(optimizer, optim, max_steps)
+    if plan.zero_stage == 3 and model.head is None:
         # The tied head reads the embedding's weight outside the embedding module's
         # forward; ZeRO-3 must gather it there too.
         deepspeed.zero.register_external_parameter(model, model.embed.weight)
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler,
-        config=deepspeed_config(config, plan, zero_stage, precision))
+        config=deepspeed_config(plan, optim))
     return engine

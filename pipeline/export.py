@@ -1,7 +1,7 @@
 """Export: a checkpoint's EMA weights as one ``model.safetensors``, loadable without DeepSpeed.
 
     RUN/export/model.safetensors   float32 EMA weights, gathered from any ZeRO stage
-    RUN/export/config.json         network shape, objective, schedule, provenance
+    RUN/export/config.json         the model's spec (network shape, objective, process, schedule), provenance
     RUN/export/tokenizer/          the tokenizer the model was trained with
 
 The EMA lives in our own per-rank files (``rank-NNNNN.pt``), so export reads them off line:
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -25,24 +25,28 @@ from safetensors.torch import load_file, save_file
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
 from data_prep.tokenizer import Tokenizer, load_tokenizer
+from model.spec import ModelSpec, build_network
 from model.transformer import Transformer, TransformerConfig
 from pipeline.checkpoint import (
-    CHECKPOINTS_DIR,
+    CheckpointMeta,
     intact_checkpoint,
     rank_file,
     read_state,
     resolve_checkpoint,
     verify_checkpoint,
 )
+from pipeline.config import ModelSection
 from pipeline.ema import full_state
-from pipeline.run_setup import TOKENIZER_DIR
+from pipeline.objective import model_spec
+from pipeline.run_layout import RunLayout
 from pipeline.safe_load import deepspeed_loads_safely, find_unloadable, load_torch_file
 
-__all__ = ["export", "has_ema", "resolve_export", "training_run_of", "write_export", "load_export", "Exported", "EXPORT_DIR", "canonical_name"]
+__all__ = ["export", "has_ema", "resolve_export", "training_run_of", "write_export", "load_export", "Exported",
+           "canonical_name", "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_DIR"]
 
-EXPORT_DIR = "export"
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+TOKENIZER_DIR = "tokenizer"  # inside an export: the tokenizer the model was trained with
 EXPORT_FORMAT_VERSION = 1
 # How long export waits for a tracking server that does not answer (it only adds an artifact).
 TRACKING_WAIT_S = 5.0
@@ -59,7 +63,7 @@ def canonical_name(name: str) -> str:
 def has_ema(checkpoint: Path) -> bool:
     """Whether a checkpoint holds the EMA (every rank's file is there)."""
     state = read_state(checkpoint)
-    return all(rank_file(checkpoint, rank).is_file() for rank in range(state["world_size"]))
+    return all(rank_file(checkpoint, rank).is_file() for rank in range(state.world_size))
 
 
 def _ema_weights(checkpoint: Path, world_size: int) -> dict[str, torch.Tensor]:
@@ -94,21 +98,22 @@ def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["em
     problem = verify_checkpoint(checkpoint)
     if problem is not None:
         intact, _ = intact_checkpoint(run_dir)
-        fix = f"export the newest intact one with --step {read_state(intact)['step']}" if intact else \
+        fix = f"export the newest intact one with --step {read_state(intact).step}" if intact else \
             "no intact checkpoint is left"
         raise UserError(f"cannot export {checkpoint.name}: {problem}; {fix}")
     state = read_state(checkpoint)
     if weights not in ("ema", "model"):
         raise UserError(f"--weights must be 'ema' or 'model', got {weights!r}")
-    raw = _ema_weights(checkpoint, state["world_size"]) if weights == "ema" else _model_weights(checkpoint)
-    network = TransformerConfig(**state["network"])
+    raw = _ema_weights(checkpoint, state.world_size) if weights == "ema" else _model_weights(checkpoint)
+    spec = model_spec(ModelSection(**state.config["model"]), TransformerConfig(**state.network))
     tensors = {canonical_name(name): t.float().contiguous() for name, t in raw.items()}
-    _check_complete(tensors, network, checkpoint)
-    out = Path(out_dir) if out_dir is not None else run_dir / EXPORT_DIR
-    tokenizer_src = run_dir / TOKENIZER_DIR
+    _check_complete(tensors, spec, checkpoint)
+    layout = RunLayout(run_dir)
+    out = Path(out_dir) if out_dir is not None else layout.export
+    tokenizer_src = layout.tokenizer
     if not tokenizer_src.is_dir():
-        raise UserError(f"{run_dir}: no {TOKENIZER_DIR}/ directory (written when training starts)")
-    write_export(out, tensors, _export_config(state, checkpoint, weights), tokenizer_src)
+        raise UserError(f"{run_dir}: no {tokenizer_src.name}/ directory (written when training starts)")
+    write_export(out, tensors, _export_config(spec, state, checkpoint, weights), tokenizer_src)
     _track(run_dir, out)
     return out
 
@@ -128,6 +133,8 @@ def write_export(out: Path, tensors: dict[str, torch.Tensor], config: dict, toke
 def _track(run_dir: Path, out: Path) -> None:
     """Attach the export's config to the training's MLflow run, when it has one. The export
     is written already: a tracking server that is down costs a warning, not the export."""
+    # Imported here, not at the top: MLflow takes a second to import, and load_export's
+    # users (sampling, evaluation) never track through this module.
     from mlflow.exceptions import MlflowException
 
     from pipeline.tracking import Tracker, TrackingUnreachable
@@ -141,8 +148,8 @@ def _track(run_dir: Path, out: Path) -> None:
                     str(err).split("; ")[0])
 
 
-def _check_complete(tensors: dict[str, torch.Tensor], network: TransformerConfig, checkpoint: Path) -> None:
-    expected = {name: tuple(p.shape) for name, p in Transformer(network).state_dict().items()}
+def _check_complete(tensors: dict[str, torch.Tensor], spec: ModelSpec, checkpoint: Path) -> None:
+    expected = {name: tuple(p.shape) for name, p in build_network(spec).state_dict().items()}
     got = {name: tuple(t.shape) for name, t in tensors.items()}
     if expected != got:
         missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
@@ -150,15 +157,13 @@ def _check_complete(tensors: dict[str, torch.Tensor], network: TransformerConfig
                         f"(missing {missing[:5]}, unexpected {extra[:5]}, or shapes differ)")
 
 
-def _export_config(state: dict, checkpoint: Path, weights: str) -> dict:
-    model = state["config"]["model"]
-    return {"format_version": EXPORT_FORMAT_VERSION, "network": state["network"],
-            "objective": model["objective"], "schedule": model["schedule"],
-            "schedule_args": model["schedule_args"], "weights": weights,
-            "ema_decay": state["config"]["train"]["ema_decay"], "step": state["step"],
-            "tokens_seen": state["tokens_seen"], "checkpoint": str(checkpoint.resolve()),
-            "tokenizer_sha256": state["tokenizer_sha256"], "data_sha256": state["data_sha256"],
-            "config_sha256": state["config_sha256"]}
+def _export_config(spec: ModelSpec, state: CheckpointMeta, checkpoint: Path, weights: str) -> dict:
+    """config.json: the spec's keys (``ModelSpec.to_dict``) and the export's provenance."""
+    return {"format_version": EXPORT_FORMAT_VERSION, **spec.to_dict(), "weights": weights,
+            "ema_decay": state.config["train"]["ema_decay"], "step": state.step,
+            "tokens_seen": state.state.tokens_seen, "checkpoint": str(checkpoint.resolve()),
+            "tokenizer_sha256": state.tokenizer_sha256, "data_sha256": state.data_sha256,
+            "config_sha256": state.config_sha256}
 
 
 def resolve_export(path: str | Path) -> Path:
@@ -166,26 +171,29 @@ def resolve_export(path: str | Path) -> Path:
     path = Path(path)
     if (path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file():
         return path
-    if (path / EXPORT_DIR / WEIGHTS_FILE).is_file():
-        return path / EXPORT_DIR
-    if (path / CHECKPOINTS_DIR).is_dir():
+    layout = RunLayout(path)
+    if (layout.export / WEIGHTS_FILE).is_file():
+        return layout.export
+    if layout.is_training_run():
         raise UserError(f"{path}: a training run without an export; run `unmask export {path}` first")
     raise UserError(f"{path}: neither an export (no {WEIGHTS_FILE}) nor a training run "
-                    f"(no {CHECKPOINTS_DIR}/); give RUN or RUN/{EXPORT_DIR}")
+                    f"(no {layout.checkpoints.name}/); give RUN or RUN/{layout.export.name}")
 
 
 def training_run_of(export_dir: Path) -> Path | None:
     """The training run an export directory belongs to, or None for a standalone export."""
-    return export_dir.parent if (export_dir.parent / CHECKPOINTS_DIR).is_dir() else None
+    return export_dir.parent if RunLayout(export_dir.parent).is_training_run() else None
 
 
 @dataclass
 class Exported:
-    """A loaded export: the network (eval mode, float32, CPU), its config and tokenizer."""
+    """A loaded export: the network (eval mode, float32, CPU), its config.json, the model's
+    spec read from it (build the process with ``model.spec.build_process``) and its tokenizer."""
 
     network: Transformer
     config: dict
     tokenizer: Tokenizer
+    spec: ModelSpec
 
 
 def load_export(path: str | Path, *, map_location: str | torch.device = "cpu") -> Exported:
@@ -195,11 +203,14 @@ def load_export(path: str | Path, *, map_location: str | torch.device = "cpu") -
     if not config_path.is_file():
         raise UserError(f"{path}: not an unmask export (no {CONFIG_FILE}); run `unmask export RUN`")
     config = json.loads(config_path.read_text())
-    known = {f.name for f in fields(TransformerConfig)}
-    network = Transformer(TransformerConfig(**{k: v for k, v in config["network"].items() if k in known}))
+    try:
+        spec = ModelSpec.from_dict(config)
+    except ValueError as err:
+        raise UserError(f"{config_path}: {err}") from None
+    network = build_network(spec)
     network.load_state_dict(load_file(str(path / WEIGHTS_FILE), device=str(map_location)))
     tokenizer = load_tokenizer(path / TOKENIZER_DIR)
     if tokenizer.sha256 != config["tokenizer_sha256"]:
         raise UserError(f"{path / TOKENIZER_DIR}: tokenizer sha256 differs from the one the model was "
                         f"trained with ({config['tokenizer_sha256'][:12]}...)")
-    return Exported(network.eval(), config, tokenizer)
+    return Exported(network.eval(), config, tokenizer, spec)

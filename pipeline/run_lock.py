@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 
 from common.errors import UserError
+from pipeline.run_layout import RunLayout
 
-__all__ = ["RunLock", "RunDirLocked", "LOCK_FILE", "JOB_ID_ENV"]
+__all__ = ["RunLock", "RunDirLocked", "JOB_ID_ENV"]
 
 log = logging.getLogger("unmask.train")
 
-LOCK_FILE = "train.lock"
 # Set by a launcher for every worker of one job (Ray Train); torchrun sets its own run id.
 JOB_ID_ENV = "UNMASK_JOB_ID"
 TORCHRUN_JOB_ENV = "TORCHELASTIC_RUN_ID"
@@ -55,7 +55,7 @@ class RunLock:
     """The exclusive lock of one run directory (see the module docstring)."""
 
     def __init__(self, run_dir: str | Path) -> None:
-        self.path = Path(run_dir) / LOCK_FILE
+        self.path = RunLayout(run_dir).lock
         self._fd: int | None = None
 
     def acquire(self) -> None:

@@ -10,12 +10,12 @@ from pathlib import Path
 from common.errors import UserError
 from data_prep.shards import Manifest
 from data_prep.tokenizer import Tokenizer, load_tokenizer
+from data_prep.tokenizer_training import TOKENIZER_SUBDIR
 from model.transformer import TransformerConfig, preset
 from pipeline.config import ModelSection
 
 __all__ = ["network_config", "find_tokenizer"]
 
-TOKENIZER_DIR = "tokenizer"
 
 
 def network_config(model: ModelSection, manifest: Manifest) -> TransformerConfig:
@@ -43,8 +43,8 @@ def find_tokenizer(manifest: Manifest, data_dir: Path) -> Tokenizer:
     relative to the data directory, then as the data directory's own ``tokenizer/``.
     """
     recorded = manifest.tokenizer.get("path") or ""
-    candidates = [Path(recorded), data_dir / recorded, data_dir / TOKENIZER_DIR] if recorded else \
-        [data_dir / TOKENIZER_DIR]
+    candidates = [Path(recorded), data_dir / recorded, data_dir / TOKENIZER_SUBDIR] if recorded else \
+        [data_dir / TOKENIZER_SUBDIR]
     for path in candidates:
         if path.exists():
             try:

@@ -30,10 +30,8 @@ from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
 
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
+from pipeline.run_layout import RunLayout
 
-TRACKING_FILE = "mlflow_run.json"
-LOCAL_STORE_FILE = "mlflow.db"
-LOCAL_ARTIFACTS_DIR = "mlflow-artifacts"
 DEFAULT_EXPERIMENT = "unmask"
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 RECORD_KEYS = ("tracking_uri", "run_id", "experiment_id")
@@ -95,7 +93,7 @@ def fail_fast_http() -> None:
 
 def default_tracking_uri(run_dir: Path) -> str:
     """``sqlite:///<abs run_dir>/mlflow.db`` (works with ``mlflow ui --backend-store-uri ...``)."""
-    return f"sqlite:///{Path(run_dir).resolve() / LOCAL_STORE_FILE}"
+    return f"sqlite:///{RunLayout(Path(run_dir).resolve()).mlflow_store}"
 
 
 def flatten_params(config: dict, prefix: str = "") -> dict[str, str]:
@@ -203,7 +201,7 @@ class Tracker:
         _quiet_migration_logs()
         fail_fast_http()
         run_dir = Path(run_dir)
-        record_path = run_dir / TRACKING_FILE
+        record_path = RunLayout(run_dir).mlflow_record
         record = _read_record(record_path)
         check_reachable(tracking_uri or (record or {}).get("tracking_uri") or default_tracking_uri(run_dir), wait_s)
         if record is not None:
@@ -216,7 +214,7 @@ class Tracker:
         none: later stages (export, evaluation) add artifacts to the training's run."""
         _quiet_migration_logs()
         fail_fast_http()
-        record_path = Path(run_dir) / TRACKING_FILE
+        record_path = RunLayout(run_dir).mlflow_record
         record = _read_record(record_path)
         if record is None:
             return None
@@ -255,12 +253,12 @@ class Tracker:
         client = MlflowClient(tracking_uri=uri)
         # The local default keeps artifacts next to its store: the run directory is
         # self-contained. A server decides its own artifact location.
-        local_artifacts = (run_dir.resolve() / LOCAL_ARTIFACTS_DIR).as_uri()
+        local_artifacts = RunLayout(run_dir.resolve()).mlflow_artifacts.as_uri()
         artifacts = local_artifacts if uri == local_default else None
         experiment_id = _experiment_id(client, experiment, artifacts)
         run = client.create_run(experiment_id, run_name=run_name)
         record = dict(tracking_uri=uri, run_id=run.info.run_id, experiment_id=experiment_id)
-        atomic_write_bytes(run_dir / TRACKING_FILE, (json.dumps(record, indent=2) + "\n").encode())
+        atomic_write_bytes(RunLayout(run_dir).mlflow_record, (json.dumps(record, indent=2) + "\n").encode())
         return cls(client, run.info.run_id, uri, experiment_id)
 
     def log_params(self, params: dict[str, str]) -> None:

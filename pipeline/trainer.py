@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 from tqdm import tqdm
@@ -36,44 +35,29 @@ from data_prep.loader import StreamingLoader
 from data_prep.shards import Manifest
 from model.transformer import Transformer
 from pipeline.background_tracking import FAILED_CLOSE_WAIT_S, BackgroundTracker
-from pipeline.checkpoint import CheckpointManager, TrainState, read_state, write_failure
+from pipeline.checkpoint import CheckpointManager, CheckpointMeta, TrainState, read_state, write_failure
 from pipeline.config import Config, config_differences
 from pipeline.distributed import Distributed, init_distributed
 from pipeline.ema import EMA
-from pipeline.engine import (
-    BatchPlan,
-    build_engine,
-    choose_zero_stage,
-    deepspeed_config,
-    device_memory_bytes,
-    plan_batches,
-    resolve_activation_checkpointing,
-    resolve_precision,
-)
+from pipeline.engine import TrainingPlan, build_engine, deepspeed_config, plan_training
+from pipeline.hooks import TrainHooks
 from pipeline.metrics import flops_per_token, mfu, peak_flops
-from pipeline.objective import NATS_PER_BIT, MicroBatchSlot, make_objective
+from pipeline.objective import NATS_PER_BIT, MicroBatchSlot, make_objective, model_spec
+from pipeline.run_layout import RunLayout
 from pipeline.run_lock import RunLock
-from pipeline.run_setup import TOKENIZER_DIR, find_tokenizer, network_config
-from pipeline.tracking import OPTIONAL_WAIT_S, REACHABLE_WAIT_S, TrackingUnreachable
+from pipeline.run_setup import find_tokenizer, network_config
+from pipeline.tracking import OPTIONAL_WAIT_S, REACHABLE_WAIT_S, Tracker, TrackingUnreachable, flatten_params
 from pipeline.validation import ValidationResult, validate
 
-__all__ = ["TrainResult", "train", "METRICS_FILE", "CONFIG_FILE", "CheckpointHook"]
+__all__ = ["TrainResult", "train"]
 
 log = logging.getLogger("unmask.train")
-
-METRICS_FILE = "metrics.jsonl"      # rank 0's log of every metric, exact floats (JSON repr)
-CONFIG_FILE = "config.json"         # the resolved config of the run
-# Test hook: after this step, wait (checkpoint written if due) until SIGTERM; kill tests use it.
-# Each rank stalls once per run dir (a marker file holds its pid), so a restarted job runs on.
-STALL_ENV = "UNMASK_TRAIN_STALL_AFTER_STEP"
-STALL_MARKER = "stalled-rank-{rank}.pid"
-
-# Called on every rank after each checkpoint is committed: (its directory, the step).
-CheckpointHook = Callable[[Path, int], None]
 
 
 @dataclass(frozen=True)
 class TrainResult:
+    """Where a call to :func:`train` left the run."""
+
     run_dir: Path
     step: int
     tokens_seen: int
@@ -81,6 +65,16 @@ class TrainResult:
     validation: ValidationResult | None
     preempted: bool
     mlflow_run_id: str | None
+
+    def summary(self) -> dict:
+        """The JSON-able summary that ``unmask train`` prints and Ray Train reports."""
+        summary = {"run_dir": str(self.run_dir), "step": self.step, "tokens_seen": self.tokens_seen,
+                   "checkpoint": str(self.checkpoint), "preempted": self.preempted,
+                   "mlflow_run_id": self.mlflow_run_id}
+        if self.validation is not None:
+            summary.update(val_nelbo_per_token=self.validation.nelbo_per_token,
+                           val_bits_per_byte=self.validation.bits_per_byte)
+        return summary
 
 
 class _Preemption:
@@ -117,27 +111,20 @@ class Trainer:
     """One run's loop; built by ``train``."""
 
     def __init__(self, config: Config, data_dir: Path, run_dir: Path, dist: Distributed,
-                 on_checkpoint: CheckpointHook | None = None) -> None:
+                 hooks: TrainHooks = TrainHooks()) -> None:
         self.config, self.data_dir, self.run_dir, self.dist = config, data_dir, run_dir, dist
-        self.on_checkpoint = on_checkpoint
+        self.layout = RunLayout(run_dir)
+        self.hooks = hooks
         self.manifest = Manifest.read(data_dir)
         self.tokenizer = find_tokenizer(self.manifest, data_dir)
         self.network_config = network_config(config.model, self.manifest)
-        self.plan: BatchPlan = plan_batches(config, dist.world_size)
-        self.precision = resolve_precision(config, dist.device)
+        self.plan: TrainingPlan = plan_training(config, self.network_config, dist.world_size, dist.device)
         self.train_loader, self.val_loader = self._loaders()
         torch.manual_seed(config.train.seed)  # the same initial weights on every rank
-        model = Transformer(self.network_config)
-        self.parameters = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
-        stage = config.train.zero_stage
-        self.zero_stage = choose_zero_stage(self.parameters, dist.world_size, self.precision, device_memory_bytes(dist.device)) \
-            if stage == "auto" else stage
-        self.activation_checkpointing = resolve_activation_checkpointing(
-            config, self.network_config, self.plan, self.zero_stage, self.precision, device_memory_bytes(dist.device))
-        self.engine = build_engine(model.to(dist.device), config, dist, self.plan, self.zero_stage, self.precision,
-                                   checkpointing=self.activation_checkpointing)
+        model = Transformer(self.network_config).to(dist.device)
+        self.engine = build_engine(model, self.plan, config.optim, config.train.max_steps, dist.device)
         self.ema = EMA(self.engine.module, config.train.ema_decay, warmup=config.train.ema_warmup)
-        self.objective = make_objective(config.model, self.network_config.vocab_size,
+        self.objective = make_objective(model_spec(config.model, self.network_config),
                                         validate=dist.device.type == "cpu",
                                         chunk_rows=config.train.chunked_cross_entropy)
         self.checkpoints = CheckpointManager(run_dir, dist, config.checkpoint.keep_last)
@@ -153,18 +140,21 @@ class Trainer:
     def _loaders(self) -> tuple[StreamingLoader, StreamingLoader]:
         c, d = self.config, self.dist
         common = dict(rank=d.rank, world_size=d.world_size)
-        train = StreamingLoader(self.data_dir, c.data.train_split, self.plan.micro_batch, seed=c.train.seed,
+        micro_batch = self.plan.batches.micro_batch
+        train = StreamingLoader(self.data_dir, c.data.train_split, micro_batch, seed=c.train.seed,
                                 num_workers=c.data.num_workers, pin_memory=d.device.type == "cuda", **common)
-        val = StreamingLoader(self.data_dir, c.data.val_split, c.eval.micro_batch_size or self.plan.micro_batch,
+        val = StreamingLoader(self.data_dir, c.data.val_split, c.eval.micro_batch_size or micro_batch,
                               seed=c.eval.seed, shuffle=False, **common)
         return train, val
 
     # ------------------------------------------------------------------ identity
-    def meta(self) -> dict:
-        return {"config": self.config.to_dict(), "config_sha256": self.config.sha256(),
-                "data_sha256": self.manifest.sha256(), "tokenizer_sha256": self.tokenizer.sha256,
-                "network": asdict(self.network_config), "zero_stage": self.zero_stage,
-                "precision": self.precision, "batch_plan": asdict(self.plan)}
+    def meta(self) -> CheckpointMeta:
+        """What a checkpoint of this run records besides its tensors."""
+        return CheckpointMeta(state=replace(self.state), config=self.config.to_dict(),
+                              config_sha256=self.config.sha256(), data_sha256=self.manifest.sha256(),
+                              tokenizer_sha256=self.tokenizer.sha256, network=asdict(self.network_config),
+                              zero_stage=self.plan.zero_stage, precision=self.plan.precision,
+                              batch_plan=asdict(self.plan.batches), world_size=self.dist.world_size)
 
     def resume(self, mode: str, allow_config_change: bool) -> None:
         """``mode``: "auto" (latest if any), "never" (refuse a run dir with checkpoints)."""
@@ -177,7 +167,7 @@ class Trainer:
         intact = self.checkpoints.newest_intact()
         saved = self._check_compatible(intact, allow_config_change)
         self.checkpoints.load(self.engine, self.ema, intact)
-        self.state = TrainState(**{k: saved[k] for k in asdict(TrainState())})
+        self.state = replace(saved.state)
         # Every rank stands at the same position; the record is rank 0's.
         self.train_loader.load_state_dict({**self.state.loader, "rank": self.dist.rank})
         if self.dist.is_main:
@@ -186,7 +176,7 @@ class Trainer:
 
     def _forget_metrics_after(self, step: int) -> None:
         """Drop the records of steps after the checkpoint: the resumed run logs them again."""
-        path = self.run_dir / METRICS_FILE
+        path = self.layout.metrics
         if not path.is_file():
             return
         lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
@@ -194,27 +184,25 @@ class Trainer:
         if len(kept) != len(lines):
             atomic_write_bytes(path, "".join(kept).encode("utf-8"))
 
-    def _check_compatible(self, directory: Path, allow_config_change: bool) -> dict:
+    def _check_compatible(self, directory: Path, allow_config_change: bool) -> CheckpointMeta:
         saved = read_state(directory)
-        if saved["tokenizer_sha256"] != self.tokenizer.sha256 or saved["data_sha256"] != self.manifest.sha256():
-            what = "tokenizer" if saved["tokenizer_sha256"] != self.tokenizer.sha256 else "data (manifest.json)"
+        if saved.tokenizer_sha256 != self.tokenizer.sha256 or saved.data_sha256 != self.manifest.sha256():
+            what = "tokenizer" if saved.tokenizer_sha256 != self.tokenizer.sha256 else "data (manifest.json)"
             if not allow_config_change or what == "tokenizer":
                 raise UserError(f"cannot resume {directory}: its {what} differs from {self.data_dir}'s"
                                 + ("" if what == "tokenizer" else "; pass --allow-config-change to "
                                    "continue on the new data anyway"))
-        differ = config_differences(saved["config"], self.config.to_dict())
+        differ = config_differences(saved.config, self.config.to_dict())
         if differ and not allow_config_change:
             raise UserError(f"cannot resume {directory} with a different config: " + "; ".join(differ)
                             + ". Pass --allow-config-change to resume anyway.")
-        self.config_changes = config_differences(saved["config"], self.config.to_dict(), include_resume_safe=True)
+        self.config_changes = config_differences(saved.config, self.config.to_dict(), include_resume_safe=True)
         return saved
 
     # ------------------------------------------------------------------ tracking
     def start_tracking(self) -> None:
         if not (self.dist.is_main and self.config.logging.mlflow):
             return
-        from pipeline.tracking import Tracker
-
         logging_ = self.config.logging
         try:
             tracker = Tracker.open(self.run_dir, tracking_uri=logging_.mlflow_uri, experiment=logging_.experiment,
@@ -226,7 +214,7 @@ class Trainer:
             if logging_.mlflow_required:
                 raise
             log.warning("%s. Training without MLflow (logging.mlflow_required is false); metrics go to %s",
-                        str(err).split("; ")[0], self.run_dir / METRICS_FILE)
+                        str(err).split("; ")[0], self.layout.metrics)
             return
         except UserError:
             raise
@@ -234,16 +222,15 @@ class Trainer:
             raise TrackingUnreachable(f"MLflow at {logging_.mlflow_uri or 'the run directory'} failed at the start "
                                       f"of the run ({type(err).__name__}: {str(err)[:300]}); retry, or pass "
                                       "--logging.mlflow_required false to train without it") from None
-        self.tracker = BackgroundTracker(tracker, skip=skip, metrics_file=str(self.run_dir / METRICS_FILE))
+        self.tracker = BackgroundTracker(tracker, skip=skip, metrics_file=str(self.layout.metrics))
 
     def _log_run_identity(self, tracker) -> None:
         """Params, tags and config artifacts, once at the start (before any step)."""
-        from pipeline.tracking import flatten_params
-
-        derived = {"world_size": self.dist.world_size, "micro_batch": self.plan.micro_batch,
-                   "accumulation": self.plan.accumulation, "zero_stage": self.zero_stage,
-                   "precision": self.precision, "parameters": self.parameters,
-                   "activation_checkpointing": self.activation_checkpointing,
+        plan = self.plan
+        derived = {"world_size": self.dist.world_size, "micro_batch": plan.batches.micro_batch,
+                   "accumulation": plan.batches.accumulation, "zero_stage": plan.zero_stage,
+                   "precision": plan.precision, "parameters": plan.parameters,
+                   "activation_checkpointing": plan.activation_checkpointing,
                    "seq_len": self.manifest.seq_len, "vocab_size": self.network_config.vocab_size}
         params = flatten_params({**self.config.to_dict(), "resolved": derived})
         if self.config_changes:
@@ -255,22 +242,22 @@ class Trainer:
         tracker.log_params(params)
         tracker.set_tags({"git_commit": git_commit(), "data_manifest_sha256": self.manifest.sha256(),
                                "tokenizer_sha256": self.tokenizer.sha256, "data_dir": str(self.data_dir)})
-        tracker.log_text(json.dumps(self.config.to_dict(), indent=2), CONFIG_FILE)
-        tracker.log_text(json.dumps(deepspeed_config(self.config, self.plan, self.zero_stage,
-                                                          self.precision), indent=2), "deepspeed_config.json")
+        tracker.log_text(json.dumps(self.config.to_dict(), indent=2), self.layout.config.name)
+        tracker.log_text(json.dumps(deepspeed_config(self.plan, self.config.optim), indent=2),
+                         "deepspeed_config.json")
 
     def write_run_files(self) -> None:
         """The resolved config and the tokenizer, so that the run dir stands on its own."""
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / CONFIG_FILE).write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
-            self.tokenizer.save(self.run_dir / TOKENIZER_DIR)
+            self.layout.config.write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+            self.tokenizer.save(self.layout.tokenizer)
         self.dist.barrier()
 
     def _record(self, metrics: dict[str, float], step: int) -> None:
         """Rank 0: append to metrics.jsonl and queue for MLflow. A failed write is raised at
         the next step boundary, after every rank has checkpointed."""
-        path = self.run_dir / METRICS_FILE
+        path = self.layout.metrics
         try:
             with open(path, "a", encoding="utf-8") as out:
                 out.write(json.dumps({"step": step, **metrics}) + "\n")
@@ -329,8 +316,8 @@ class Trainer:
                 self._log_interval(interval, bar)
             if (config.eval.every and step % config.eval.every == 0) or last:
                 validation = self._validate()
-            if step == int(os.environ.get(STALL_ENV, "-1")):
-                _stall(preemption, step, self.run_dir, self.dist.rank)
+            if self.hooks.on_step is not None:
+                self.hooks.on_step(step, lambda: preemption.requested)
         except Exception:
             if self.dist.world_size == 1 and self.state.consecutive_skipped == 0:
                 log.error("step %d: failed after the step; writing a checkpoint first", step)
@@ -340,17 +327,17 @@ class Trainer:
 
     def _log_setup(self) -> None:
         """What the run resolved to, "auto" settings included: the line to read when it is slow."""
-        train, plan = self.config.train, self.plan
-        chunks = f"{train.chunked_cross_entropy} rows" if train.chunked_cross_entropy else "off"
+        plan, batches = self.plan, self.plan.batches
+        chunks = f"{plan.chunked_cross_entropy} rows" if plan.chunked_cross_entropy else "off"
         log.info("setup: %d rank(s), micro-batch %d x %d accumulation, ZeRO-%d, %s, activation checkpointing %s%s, "
-                 "compile %s, chunked cross-entropy %s", plan.world_size, plan.micro_batch, plan.accumulation,
-                 self.zero_stage, self.precision, "on" if self.activation_checkpointing else "off",
-                 " (auto)" if train.activation_checkpointing == "auto" else "", "on" if train.compile else "off",
-                 chunks)
+                 "compile %s, chunked cross-entropy %s", batches.world_size, batches.micro_batch, batches.accumulation,
+                 plan.zero_stage, plan.precision, "on" if plan.activation_checkpointing else "off",
+                 " (auto)" if self.config.train.activation_checkpointing == "auto" else "",
+                 "on" if plan.compile else "off", chunks)
 
     def _step(self, batches: Iterator[torch.Tensor], interval: "_Interval") -> None:
         """One optimizer step: the global batch in micro-batches, then EMA and bookkeeping."""
-        plan, state, engine = self.plan, self.state, self.engine
+        plan, state, engine = self.plan.batches, self.state, self.engine
         for micro in range(plan.accumulation):
             x0 = next(batches).to(self.dist.device, non_blocking=True)
             slot = MicroBatchSlot(seed=self.config.train.seed, step=state.step, rank=self.dist.rank,
@@ -414,11 +401,11 @@ class Trainer:
 
     def _save(self) -> None:
         self.state.loader = self.train_loader.state_dict()
-        directory = self.checkpoints.save(self.engine, self.ema, self.state, self.meta())
+        directory = self.checkpoints.save(self.engine, self.ema, self.meta())
         if self.dist.is_main:
             log.info("checkpoint %s", directory)
-        if self.on_checkpoint is not None:
-            self.on_checkpoint(directory, self.state.step)
+        if self.hooks.on_checkpoint is not None:
+            self.hooks.on_checkpoint(directory, self.state.step)
 
 
 class _Interval:
@@ -458,26 +445,18 @@ def _grad_norm(engine) -> float:
     return float(norm) if norm is not None else float("nan")
 
 
-def _stall(preemption: _Preemption, step: int, run_dir: Path, rank: int) -> None:
-    marker = run_dir / STALL_MARKER.format(rank=rank)
-    if marker.exists():
-        return
-    marker.write_text(str(os.getpid()))
-    print(f"unmask: stalling after step {step} ({STALL_ENV}, rank {rank}, pid {os.getpid()}); "
-          f"waiting for SIGTERM", flush=True)
-    while not preemption.requested:
-        time.sleep(0.05)
-
-
 def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: str = "auto",
-          allow_config_change: bool = False, on_checkpoint: CheckpointHook | None = None) -> TrainResult:
+          allow_config_change: bool = False, hooks: TrainHooks = TrainHooks()) -> TrainResult:
     """Train (or continue training) the run in ``run_dir`` on the shards in ``data_dir``.
 
-    ``on_checkpoint`` runs on every rank after each checkpoint is committed (the Ray Train
-    launcher mirrors checkpoints to durable storage through it).
+    ``hooks`` run on every rank: ``on_step`` after each step, ``on_checkpoint`` after each
+    checkpoint is committed (the Ray Train launcher mirrors checkpoints to durable storage
+    through it). A process group this call created is left at the end, by all ranks
+    together; one that existed before (a launcher's) stays.
     """
     if resume not in ("auto", "never"):
         raise UserError(f"--resume must be 'auto' or 'never', got {resume!r}")
+    joined_here = not torch.distributed.is_initialized()
     dist = init_distributed()
     lock = RunLock(run_dir)
     refusal = None
@@ -489,15 +468,17 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
     if dist.any(refusal is not None):
         raise refusal or UserError(f"{run_dir}: rank 0 could not lock the run directory; its message says why")
     try:
-        return _train_locked(config, dist, Path(data_dir), Path(run_dir), resume, allow_config_change,
-                             on_checkpoint)
+        result = _train_locked(config, dist, Path(data_dir), Path(run_dir), resume, allow_config_change, hooks)
     finally:
         lock.release()
+    if joined_here:  # the group this call made; a launcher's (Ray Train's) is the launcher's to end
+        dist.shutdown()
+    return result
 
 
 def _train_locked(config: Config, dist: Distributed, data_dir: Path, run_dir: Path, resume: str,
-                  allow_config_change: bool, on_checkpoint: CheckpointHook | None) -> TrainResult:
-    trainer = Trainer(config, data_dir, run_dir, dist, on_checkpoint)
+                  allow_config_change: bool, hooks: TrainHooks) -> TrainResult:
+    trainer = Trainer(config, data_dir, run_dir, dist, hooks)
     trainer.resume(resume, allow_config_change)
     trainer.write_run_files()
     trainer.start_tracking()

@@ -54,9 +54,16 @@ def chi_square_limit(degrees_of_freedom: int) -> float:
     return k * (1 - 2 / (9 * k) + CHI_SQUARE_NORMAL_QUANTILE * (2 / (9 * k)) ** 0.5) ** 3
 
 
-@pytest.fixture
-def small_oracle() -> EnumerableDistribution:
-    return EnumerableDistribution.random(3, 4, torch.Generator().manual_seed(0))
+# The oracle's (vocabulary size, sequence length) unless a module sets ORACLE_SIZE.
+DEFAULT_ORACLE_SIZE = (3, 4)
+
+
+@pytest.fixture(scope="module")
+def oracle(request) -> EnumerableDistribution:
+    """An exact enumerable distribution over sequences: random (seed 0) of the requesting
+    module's ``ORACLE_SIZE`` = (vocabulary size, sequence length), 3 x 4 by default."""
+    vocab_size, seq_len = getattr(request.module, "ORACLE_SIZE", DEFAULT_ORACLE_SIZE)
+    return EnumerableDistribution.random(vocab_size, seq_len, torch.Generator().manual_seed(0))
 
 
 @pytest.fixture(scope="session")

@@ -10,18 +10,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from pipeline.checkpoint import STATE_FILE, _file_records, verify_checkpoint
 from common.errors import UserError
+from pipeline.checkpoint import STATE_FILE, _file_records, verify_checkpoint
 from pipeline.export import export
 from pipeline.safe_load import UnsafeOrCorruptFile, load_torch_file
-from tests.train_helpers import REPO, run_train, write_config
+from tests.cli_runner import run_unmask
+from tests.train_helpers import run_train, write_config
 
 LAST = "step-00000006"
 EARLIER = "step-00000003"
@@ -74,11 +73,6 @@ def run_copy(trained, tmp_path):
     return copy
 
 
-def _unmask(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestration.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
-
-
 # ----------------------------------------------------------------------------- unit
 def test_a_payload_is_refused_by_name_and_never_runs(tmp_path):
     marker = tmp_path / "pwned"
@@ -117,7 +111,7 @@ def test_a_payload_in_the_ema_file_runs_neither_on_export_nor_eval_nor_resume(ru
 
     with pytest.raises(UserError, match=r"rank-00000.pt: refused: loading it would call posix.system"):
         export(run_copy)
-    evaluated = _unmask("eval", str(run_copy), "--datasets", "val", "--shards", str(shards), "--samples", "2")
+    evaluated = run_unmask(["eval", str(run_copy), "--datasets", "val", "--shards", str(shards), "--samples", "2"])
     assert evaluated.returncode != 0 and "rank-00000.pt: refused" in evaluated.stderr, evaluated.stderr[-2000:]
     resumed = run_train(run_copy, shards, write_config(tmp_path / "c8.yaml", {"train": {"max_steps": 8}}),
                         check=False)

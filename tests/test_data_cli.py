@@ -1,30 +1,20 @@
 """The data commands as users run them: `unmask tokenizer train` and `unmask prep --vocab-size`."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from data_prep.shards import Manifest
 from data_prep.tokenizer import load_tokenizer
+from tests.cli_runner import run_unmask
+from tests.paths import GPT2, PTB, TINY, needs_shared
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-TINY = SHARED / "corpora" / "tinyshakespeare" / "input.txt"
-PTB = SHARED / "ptb" / "ptb.test.txt"
-UNMASK = str(Path(sys.executable).parent / "unmask")
-
-pytestmark = pytest.mark.skipif(not (TINY.is_file() and PTB.is_file()),
-                                reason="real corpora not found in ../shared/data (see shared/data/SOURCES.md)")
-
-
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([UNMASK, *args], capture_output=True, text=True, timeout=600)
+pytestmark = needs_shared(TINY, PTB)
 
 
 def test_tokenizer_train_writes_a_loadable_round_tripping_tokenizer(tmp_path):
-    result = _run("tokenizer", "train", "--input", str(TINY), "--vocab-size", "400", "--out", str(tmp_path / "tok"))
+    result = run_unmask(["tokenizer", "train", "--input", str(TINY), "--vocab-size", "400",
+                         "--out", str(tmp_path / "tok")], installed=True)
     assert result.returncode == 0, result.stderr
     tokenizer = load_tokenizer(tmp_path / "tok")
     assert tokenizer.kind == "sentencepiece" and tokenizer.vocab_size == 400
@@ -34,7 +24,8 @@ def test_tokenizer_train_writes_a_loadable_round_tripping_tokenizer(tmp_path):
 
 
 def test_tokenizer_train_refuses_a_bad_vocab_size_by_flag(tmp_path):
-    result = _run("tokenizer", "train", "--input", str(TINY), "--vocab-size", "10", "--out", str(tmp_path / "t"))
+    result = run_unmask(["tokenizer", "train", "--input", str(TINY), "--vocab-size", "10",
+                         "--out", str(tmp_path / "t")], installed=True)
     assert result.returncode == 2 and "--vocab-size" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -42,12 +33,21 @@ def test_prep_with_a_vocab_size_trains_then_reuses_its_tokenizer(tmp_path):
     out = tmp_path / "shards"
     args = ("prep", "--input", str(PTB), "--text-format", "lines", "--out", str(out), "--seq-len", "64",
             "--vocab-size", "500", "--no-progress", "--json")
-    first = _run(*args)
+    first = run_unmask(args, installed=True)
     assert first.returncode == 0, first.stderr
     manifest = Manifest.read(out)
     assert manifest.tokenizer["kind"] == "sentencepiece" and manifest.tokenizer["vocab_size"] == 500
     assert manifest.tokenizer["sha256"] == load_tokenizer(out / "tokenizer").sha256
     assert manifest.counts["documents"] == 3761  # PTB test: one sentence per line
-    second = _run(*args)
+    second = run_unmask(args, installed=True)
     assert second.returncode == 0, second.stderr
     assert json.loads(second.stdout.strip().splitlines()[-1])["nothing_to_do"] is True
+
+
+@pytest.mark.parametrize("source", [["--vocab-size", "500"], ["--tokenizer", str(GPT2)]])
+def test_prep_refuses_special_token_flags_for_tokenizers_that_fix_their_own(tmp_path, source):
+    result = run_unmask(["prep", "--input", str(PTB), "--out", str(tmp_path / "o"), "--seq-len", "64", *source,
+                         "--eos-token", "</s>", "--pad-token", "<pad>"], installed=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--eos-token, --pad-token" in result.stderr
+    assert not (tmp_path / "o" / "tokenizer").exists()  # refused before any training

@@ -7,15 +7,16 @@ and touches no real disk."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import subprocess
 
 import pytest
 
-from pipeline.checkpoint import verify_checkpoint
-from tests.train_helpers import REPO, RUN_TIMEOUT_S, train_command, write_config
+from pipeline.checkpoint import STATE_FILE, CheckpointMeta, TrainState, verify_checkpoint
+from tests.cli_runner import cli_env, unmask_command
+from tests.paths import REPO
+from tests.train_helpers import RUN_TIMEOUT_S, write_config
 
 # Room for the run's small files and MLflow store and one checkpoint of the micro model
 # (about 2.5 MB), not for a second one.
@@ -36,12 +37,12 @@ def test_a_full_disk_is_named_in_one_line_with_the_last_intact_checkpoint(tinysh
     disk.mkdir()
     run_dir = disk / "run"
     config = write_config(tmp_path / "c.yaml", {"eval": {"every": 0}})  # checkpoints at steps 3 and 6
-    command = train_command(1, ["--config", str(config), "--data", str(tinyshakespeare_shards),
-                                "--run-dir", str(run_dir)])
+    command = unmask_command(["train", "--config", str(config), "--data", str(tinyshakespeare_shards),
+                              "--run-dir", str(run_dir)])
     script = f"mount -t tmpfs -o size={DISK} tmpfs {shlex.quote(str(disk))} && {shlex.join(command)}; " \
              f"status=$?; ls {shlex.quote(str(run_dir / 'checkpoints'))}; exit $status"
     done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script], cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+                          env=cli_env(),
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     output = done.stdout + done.stderr
     assert done.returncode != 0
@@ -56,6 +57,8 @@ def test_a_full_disk_is_named_in_one_line_with_the_last_intact_checkpoint(tinysh
 def test_verify_checkpoint_names_a_missing_file(tmp_path):
     directory = tmp_path / "step-00000001"
     directory.mkdir()
-    (directory / "unmask_state.json").write_text(
-        '{"step": 1, "world_size": 1, "files": {"rank-00000.pt": {"bytes": 3, "sha256": "x"}}}')
+    meta = CheckpointMeta(state=TrainState(step=1), config={}, config_sha256="", data_sha256="", tokenizer_sha256="",
+                          network={}, zero_stage=1, precision="fp32", batch_plan={}, world_size=1,
+                          files={"rank-00000.pt": {"bytes": 3, "sha256": "x"}})
+    (directory / STATE_FILE).write_text(meta.to_json())
     assert verify_checkpoint(directory) == f"{directory / 'rank-00000.pt'} is missing"

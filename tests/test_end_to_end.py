@@ -7,11 +7,9 @@ stage skipped) in tests/test_jobs.py, and as `make demo` in CI.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from data_prep.builtin_corpus import MIN_DOCSTRING_CHARS, cpython_documents, write_cpython_corpus
-from tests.train_helpers import REPO
+from tests.cli_runner import run_unmask
 
 # The corpus must be big enough to train the demo on (pydoc topics alone are ~0.47 MB).
 MIN_CORPUS_CHARS = 1_000_000
@@ -32,15 +30,10 @@ def test_builtin_corpus_is_python_prose_in_a_fixed_order(tmp_path):
     assert write_cpython_corpus(tmp_path) == path and path.stat().st_mtime_ns == stamp  # written once
 
 
-def _run(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestration.cli", "run", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
-
-
 def test_run_checks_its_config_before_doing_anything(tmp_path):
     run_dir = tmp_path / "run"
-    missing = _run(["--config", str(tmp_path / "nope.yaml"), "--run-dir", str(run_dir)])
+    missing = run_unmask(["run", "--config", str(tmp_path / "nope.yaml"), "--run-dir", str(run_dir)])
     assert missing.returncode == 2 and "nope.yaml" in missing.stderr
-    bad = _run(["--run-dir", str(run_dir), "--train.max_steps", "many"])
+    bad = run_unmask(["run", "--run-dir", str(run_dir), "--train.max_steps", "many"])
     assert bad.returncode == 2 and "train.max_steps" in bad.stderr
     assert not run_dir.exists()

@@ -17,8 +17,14 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.estimator import (Blocks, BoundEstimate, autoregressive_nll, estimate_bound,
-                                  per_time_contributions, wrap_blocks)
+from evaluation.estimator import (
+    Blocks,
+    BoundEstimate,
+    autoregressive_nll,
+    estimate_bound,
+    per_time_contributions,
+    wrap_blocks,
+)
 from model.autoregressive import Autoregressive
 from model.diffusion import MaskedDiffusion
 from model.oracle import EnumerableDistribution
@@ -26,17 +32,13 @@ from model.schedules import make_schedule
 from model.transformer import Transformer, TransformerConfig
 
 VOCAB, CHUNK = 3, 4       # the oracle: V=3, L=4 (as tests/conftest.py)
+ORACLE_SIZE = (VOCAB, CHUNK)  # the conftest's `oracle` fixture
 CHUNKS_PER_BLOCK = 16     # blocks of 64 tokens
 Z_LIMIT = 4.0             # |estimate - truth| / SE for single deterministic checks
 RELATIVE = 1e-12          # "identical up to float summation order"
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def oracle():
-    return EnumerableDistribution.random(VOCAB, CHUNK, torch.Generator().manual_seed(0))
 
 
 class ProductOracle:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.cli_runner import run_unmask
+from tests.paths import SHARED, require_shared
 from tests.shard_fixtures import write_numbered_split
-from tests.train_helpers import REPO, SHARED, run_train, write_config
+from tests.train_helpers import run_train, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -36,26 +36,11 @@ def micro_trained(tmp_path_factory, tinyshakespeare_shards):
     return run_train(root / "run", tinyshakespeare_shards, config).run_dir
 
 
-def _eval(args: list[str], *, world_size: int = 1) -> subprocess.CompletedProcess:
-    from tests.train_helpers import _env
-
-    if world_size == 1:
-        command = [sys.executable, "-m", "orchestration.cli", "eval", *args]
-    else:
-        from pipeline.distributed import free_port
-
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world_size}",
-                   "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "orchestration.cli", "eval", *args]
-    return subprocess.run(command, cwd=REPO, env=_env(None), capture_output=True, text=True, timeout=600)
-
-
 def test_eval_reports_bounds_logs_them_to_the_training_run_and_writes_the_report(
         trained, tinyshakespeare_shards, mlflow_server):
-    for name in ("ptb", "lambada"):
-        if not (SHARED / name).is_dir():
-            pytest.skip(f"{SHARED / name} is absent (see ../shared/data/SOURCES.md)")
-    proc = _eval([str(trained), "--datasets", "ptb,lambada", "--data-dir", str(SHARED),
-                  "--num-samples", "2", "--sample-steps", "16", *QUICK])
+    require_shared("ptb", "lambada")
+    proc = run_unmask(["eval", str(trained), "--datasets", "ptb,lambada", "--data-dir", str(SHARED),
+                       "--num-samples", "2", "--sample-steps", "16", *QUICK])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "perplexity <=" in proc.stdout
     report = trained / "report"
@@ -84,8 +69,8 @@ def test_two_processes_give_the_single_process_result(micro_trained, tinyshakesp
     from pipeline.export import export
 
     args = [str(export(micro_trained)), "--datasets", "val", "--shards", str(tinyshakespeare_shards), *QUICK]
-    one = _eval([*args, "--out", str(tmp_path / "one")])
-    two = _eval([*args, "--out", str(tmp_path / "two")], world_size=2)
+    one = run_unmask(["eval", *args, "--out", str(tmp_path / "one")])
+    two = run_unmask(["eval", *args, "--out", str(tmp_path / "two")], world_size=2)
     assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
     first, second = (json.loads((tmp_path / d / "results.json").read_text())["datasets"]["val"] for d in ("one", "two"))
     assert second["num_tokens"] == first["num_tokens"]
@@ -95,15 +80,15 @@ def test_two_processes_give_the_single_process_result(micro_trained, tinyshakesp
 
 def test_eval_refuses_bad_input_with_clear_messages(micro_trained, tmp_path):
     trained = micro_trained
-    unknown = _eval([str(trained), "--datasets", "enwik8", "--data-dir", str(tmp_path)])
+    unknown = run_unmask(["eval", str(trained), "--datasets", "enwik8", "--data-dir", str(tmp_path)])
     assert unknown.returncode == 2
     assert "unknown dataset 'enwik8'" in unknown.stderr and "lambada" in unknown.stderr
-    missing = _eval([str(trained), "--datasets", "ptb", "--data-dir", str(tmp_path)])
+    missing = run_unmask(["eval", str(trained), "--datasets", "ptb", "--data-dir", str(tmp_path)])
     assert missing.returncode == 2 and "ptb.test.txt" in missing.stderr and "SOURCES.md" in missing.stderr
     other = tmp_path / "other-shards"
     (other / "train").mkdir(parents=True)
     write_numbered_split(other, [8], seq_len=64, split="val")
-    mismatch = _eval([str(trained), "--datasets", "val", "--shards", str(other)])
+    mismatch = run_unmask(["eval", str(trained), "--datasets", "val", "--shards", str(other)])
     assert mismatch.returncode == 2 and "differs from the model's" in mismatch.stderr
 
 
@@ -117,7 +102,7 @@ def test_an_autoregressive_run_without_ema_gets_its_exact_perplexity_from_its_li
         state = json.loads(state_file.read_text())
         del state["files"][ema_file.name]
         state_file.write_text(json.dumps(state))
-    proc = _eval([str(run_dir), "--datasets", "val", "--shards", str(tinyshakespeare_shards), *QUICK])
+    proc = run_unmask(["eval", str(run_dir), "--datasets", "val", "--shards", str(tinyshakespeare_shards), *QUICK])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "has no EMA; evaluating its live weights" in proc.stderr
     results = json.loads((run_dir / "report" / "results.json").read_text())
@@ -128,8 +113,9 @@ def test_an_autoregressive_run_without_ema_gets_its_exact_perplexity_from_its_li
     assert "perplexity (exact)" in (run_dir / "report" / "report.md").read_text()
 
     # The diffusion model's report shows its gap to this AR baseline on the same tokens.
-    compared = _eval([str(micro_trained), "--datasets", "val", "--shards", str(tinyshakespeare_shards),
-                      "--compare", str(run_dir / "report" / "results.json"), "--out", str(tmp_path / "cmp"), *QUICK])
+    compared = run_unmask(["eval", str(micro_trained), "--datasets", "val", "--shards", str(tinyshakespeare_shards),
+                           "--compare", str(run_dir / "report" / "results.json"), "--out", str(tmp_path / "cmp"),
+                           *QUICK])
     assert compared.returncode == 0, compared.stderr[-3000:]
     ours = json.loads((tmp_path / "cmp" / "results.json").read_text())
     gap = ours["datasets"]["val"]["nelbo_per_token"] - record["nelbo_per_token"]

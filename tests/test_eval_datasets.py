@@ -4,23 +4,25 @@ readers, and the errors a user can fix."""
 import json
 import random
 import re
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from common.errors import UserError
 from evaluation.datasets import DATASET_NAMES, FILE_SPLIT, load_dataset, load_text_file
 from evaluation.detokenizers import (
-    DETOKENIZERS, LAMBADA_GPT2_PREFIX, lambada_detokenize, lambada_plain_detokenize,
-    lm1b_detokenize, ptb_detokenize, wikitext_detokenize,
+    DETOKENIZERS,
+    LAMBADA_GPT2_PREFIX,
+    lambada_detokenize,
+    lambada_plain_detokenize,
+    lm1b_detokenize,
+    ptb_detokenize,
+    wikitext_detokenize,
 )
-from common.errors import UserError
+from tests.paths import SHARED, needs_shared
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_data = pytest.mark.skipif(
-    not DATA.is_dir(), reason=f"{DATA} is absent (the real evaluation files live in the shared "
-                              f"data folder; see SOURCES.md there)")
+needs_data = needs_shared(SHARED)
 
 WIKI_TEST = "wikitext-2-raw/wiki.test.raw"
 WIKI_VALID = "wikitext-2-raw/wiki.valid.raw"
@@ -51,7 +53,7 @@ WIKITEXT_TITLE_BLOCK = re.compile(r"^ \n = (?!=)[^\n]* = \n \n", re.MULTILINE)
 
 
 def real_lines(relative: str) -> list[str]:
-    return (DATA / relative).read_text(encoding="utf-8").split("\n")[:-1]
+    return (SHARED / relative).read_text(encoding="utf-8").split("\n")[:-1]
 
 
 def real_line(relative: str, number: int) -> str:
@@ -61,7 +63,7 @@ def real_line(relative: str, number: int) -> str:
 @pytest.fixture(scope="module")
 def loaded():
     """Every real split, loaded once for the module."""
-    return {(name, split): load_dataset(name, DATA, split) for name, split in EXPECTED}
+    return {(name, split): load_dataset(name, SHARED, split) for name, split in EXPECTED}
 
 
 # ---------------------------------------------------------------- real files: counts
@@ -72,7 +74,7 @@ def test_unit_counts_and_protocol(loaded, key):
     data = loaded[key]
     protocol = data.protocol()
     assert (len(data.documents), data.dropped_empty) == (units, 0)
-    assert data.path == DATA / relative
+    assert data.path == SHARED / relative
     assert protocol["sha256"] == sha256
     assert protocol["documents"] == units and protocol["split"] == key[1]
     assert protocol["utf8_bytes"] == sum(len(d.encode()) for d in data.documents)
@@ -91,7 +93,7 @@ def test_line_datasets_keep_file_order(loaded):
 @needs_data
 @pytest.mark.parametrize("relative", [WIKI_TEST, WIKI_VALID])
 def test_wikitext_articles_match_an_independent_heading_count(loaded, relative):
-    text = (DATA / relative).read_text(encoding="utf-8")
+    text = (SHARED / relative).read_text(encoding="utf-8")
     titles = WIKITEXT_TITLE_BLOCK.findall(text)
     split = "test" if relative == WIKI_TEST else "valid"
     documents = loaded["wikitext2", split].documents
@@ -113,7 +115,7 @@ def test_wikitext_equation_lines_are_not_headings(loaded):
 @needs_data
 def test_wikitext103_reads_the_same_text_as_wikitext2(loaded):
     for split in ("test", "valid"):
-        wt103 = load_dataset("wikitext103", DATA, split)
+        wt103 = load_dataset("wikitext103", SHARED, split)
         assert wt103.documents == loaded["wikitext2", split].documents
         assert wt103.protocol()["sha256"] == loaded["wikitext2", split].protocol()["sha256"]
         assert wt103.name == "wikitext103"
@@ -131,10 +133,10 @@ def test_wikitext_article_text(loaded):
 
 @needs_data
 def test_lambada_gpt2_detokenizer_override():
-    data = load_dataset("lambada", DATA, detokenizer="lambada_gpt2")
+    data = load_dataset("lambada", SHARED, detokenizer="lambada_gpt2")
     assert data.detokenizer == data.protocol()["detokenizer"] == "lambada_gpt2"
     assert all(doc.startswith(LAMBADA_GPT2_PREFIX) for doc in data.documents)
-    assert data.documents[0] == "\n" + load_dataset("lambada", DATA).documents[0]
+    assert data.documents[0] == "\n" + load_dataset("lambada", SHARED).documents[0]
 
 
 # ---------------------------------------------------------------- detokenizers on real lines
@@ -384,3 +386,19 @@ def test_generic_reader_errors(tmp_path):
     (tmp_path / "fake.parquet").write_text("not parquet")
     with pytest.raises(UserError, match="not a readable Parquet file"):
         load_text_file(tmp_path / "fake.parquet")
+
+
+@pytest.mark.parametrize("text", [
+    "first line\n\xa0\nsecond\n\n\u3000\nthird\n",     # lines of Unicode-only whitespace are text
+    "a\n \t\nb\r\n\r\nc\n\n\n d \n",                    # ASCII-whitespace lines separate paragraphs
+])
+def test_a_text_file_splits_into_the_paragraphs_prep_reads(tmp_path, text):
+    """One definition of a blank line: the evaluation datasets and `unmask prep` agree."""
+    from data_prep.readers import ReadCounters, ReadOptions, plan_units, read_unit, resolve_inputs
+
+    path = tmp_path / "doc.txt"
+    path.write_bytes(text.encode("utf-8"))
+    options = ReadOptions()
+    prepped = [piece.text for unit in plan_units(resolve_inputs([str(path)]), options)
+               for piece in read_unit(unit, options, ReadCounters())]
+    assert load_text_file(path).documents == prepped

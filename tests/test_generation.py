@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
@@ -10,16 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.errors import UserError
 from data_prep.tokenizer import train_sentencepiece
 from evaluation import generation
 from evaluation.generation import Sample, build_prompt, generate
-from orchestration.commands import sample as sample_command
-from pipeline.export import resolve_export
 from model.diffusion import MaskedDiffusion
 from model.schedules import make_schedule
-from model.transformer import Transformer, preset
-from common.errors import UserError
-from pipeline.export import EXPORT_DIR, Exported, load_export, write_export
+from pipeline.export import Exported, load_export, resolve_export
+from pipeline.run_layout import RunLayout
+from tests.cli_runner import unmask_in_process
+from tests.export_fixtures import write_untrained_export
 
 VOCAB_SIZE = 320
 MAX_SEQ_LEN = 64
@@ -28,22 +27,13 @@ PROMPT = "the cat sat on"
 TEMPLATE = "the [MASK*4] sat on the [MASK*3]."
 ANIMALS = ["cat", "dog", "fox", "owl", "bee", "yak", "emu", "ram"]
 PLACES = ["mat", "log", "hill", "roof", "boat", "bench", "rug", "wall"]
+SCHEDULE = {"schedule": "polynomial", "schedule_args": {"power": 2}}  # in the exports' configs
 
 
 def _lines() -> list[str]:
     """A few hundred varied lines, enough for a 320-piece vocabulary."""
     return [f"the {ANIMALS[i % 8]} sat on the {PLACES[(i * 3) % 8]} at {i} past {i * 7 % 60}, "
             f"said {ANIMALS[(i * 5) % 8]}{'!' if i % 3 else '.'}" for i in range(400)]
-
-
-def _write(out: Path, tokenizer_dir: Path, sha256: str, objective: str) -> Path:
-    causal = objective == "autoregressive"
-    network = Transformer(preset("tiny", VOCAB_SIZE, n_layers=1, d_model=32, n_heads=2,
-                                 max_seq_len=MAX_SEQ_LEN, causal=causal))
-    config = {"network": vars(network.config), "objective": objective, "schedule": "polynomial",
-              "schedule_args": {"power": 2}, "weights": "ema", "step": 0, "tokenizer_sha256": sha256}
-    write_export(out, network.state_dict(), config, tokenizer_dir)
-    return out
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -54,9 +44,9 @@ def exports(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("generation")
     tokenizer = train_sentencepiece(_lines(), root / "tok", vocab_size=VOCAB_SIZE)
     assert tokenizer.vocab_size == VOCAB_SIZE
-    return {"diffusion": _write(root / "run" / EXPORT_DIR, root / "tok", tokenizer.sha256, "diffusion"),
-            "autoregressive": _write(root / "ar" / EXPORT_DIR, root / "tok", tokenizer.sha256,
-                                     "autoregressive")}
+    return {objective: write_untrained_export(RunLayout(root / name).export, tokenizer, root / "tok",
+                                              objective=objective, config=SCHEDULE, max_seq_len=MAX_SEQ_LEN)
+            for name, objective in (("run", "diffusion"), ("ar", "autoregressive"))}
 
 
 @pytest.fixture
@@ -67,14 +57,6 @@ def diffusion(exports) -> Exported:
 @pytest.fixture
 def autoregressive(exports) -> Exported:
     return load_export(exports["autoregressive"])
-
-
-def _sample_cli(argv: list[str]) -> int:
-    """Run ``unmask sample`` through its own parser, as ``orchestration.cli`` would."""
-    parser = argparse.ArgumentParser(prog="unmask")
-    sample_command.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["sample", *argv])
-    return args.handler(args)
 
 
 # ------------------------------------------------------------------ conditioning
@@ -157,8 +139,8 @@ def test_network_calls_are_the_samplers_rows_evaluated_for_one_row(diffusion):
 def test_jsonl_output_round_trips(exports, diffusion, tmp_path, capsys):
     out = tmp_path / "samples.jsonl"
     run_dir = exports["diffusion"].parent  # a run directory: RUN/export is used
-    assert _sample_cli([str(run_dir), "--num", "3", "--steps", "10", "--seq-len", str(SEQ_LEN),
-                        "--prompt", PROMPT, "--seed", "2", "--batch-size", "2", "--out", str(out)]) == 0
+    assert unmask_in_process(["sample", str(run_dir), "--num", "3", "--steps", "10", "--seq-len", str(SEQ_LEN),
+                              "--prompt", PROMPT, "--seed", "2", "--batch-size", "2", "--out", str(out)]) == 0
     records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     expected = generate(diffusion, num=3, steps=10, seq_len=SEQ_LEN, prompt=PROMPT, seed=2, batch_size=2)
     assert [Sample(**record) for record in records] == expected
@@ -167,8 +149,8 @@ def test_jsonl_output_round_trips(exports, diffusion, tmp_path, capsys):
 
 
 def test_text_output_has_one_block_per_sample(exports, diffusion, capsys):
-    assert _sample_cli([str(exports["diffusion"]), "--num", "2", "--steps", "6", "--seq-len", "12",
-                        "--prompt", PROMPT]) == 0
+    assert unmask_in_process(["sample", str(exports["diffusion"]), "--num", "2", "--steps", "6", "--seq-len",
+                              "12", "--prompt", PROMPT]) == 0
     printed = capsys.readouterr().out
     expected = generate(diffusion, num=2, steps=6, seq_len=12, prompt=PROMPT)
     headers = re.findall(r"^----- sample (\d+) \(network calls: (\d+)\) -----$", printed, flags=re.M)
@@ -179,15 +161,15 @@ def test_text_output_has_one_block_per_sample(exports, diffusion, capsys):
 
 def test_help_documents_the_placeholder_syntax(capsys):
     with pytest.raises(SystemExit):
-        _sample_cli(["--help"])
+        unmask_in_process(["sample", "--help"])
     help_text = capsys.readouterr().out
     assert "[MASK*n]" in help_text and "examples:" in help_text
 
 
 def test_prompt_and_infill_are_exclusive_on_the_command_line(exports, capsys):
     with pytest.raises(SystemExit):
-        _sample_cli([str(exports["diffusion"]), "--num", "1", "--steps", "2", "--prompt", "a",
-                     "--infill", "[MASK]"])
+        unmask_in_process(["sample", str(exports["diffusion"]), "--num", "1", "--steps", "2", "--prompt", "a",
+                           "--infill", "[MASK]"])
     assert "--prompt" in capsys.readouterr().err
 
 

@@ -6,30 +6,36 @@ bench/train_gpu.py."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from common.errors import UserError
 from model.cross_entropy import chunked_cross_entropy
 from model.diffusion import MaskedDiffusion
 from model.schedules import make_schedule
 from model.transformer import Transformer, TransformerConfig, parameter_counts, preset
 from pipeline.config import Config, config_differences, load_config
-from pipeline.engine import (BLOCK_ACTIVATION_WIDTHS, BLOCK_FLOAT32_WIDTHS, USABLE_MEMORY_SHARE,
-                             activation_memory_bytes, build_optimizer, model_state_bytes, plan_batches,
-                             prepare_model, resolve_activation_checkpointing)
-from common.errors import UserError
+from pipeline.engine import (
+    BLOCK_ACTIVATION_WIDTHS,
+    BLOCK_FLOAT32_WIDTHS,
+    USABLE_MEMORY_SHARE,
+    activation_memory_bytes,
+    build_optimizer,
+    model_state_bytes,
+    plan_batches,
+    prepare_model,
+    resolve_activation_checkpointing,
+)
+from tests.cli_runner import CLI_TIMEOUT_S, cli_env
+from tests.paths import GPT2, REPO, TINY, require_shared
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
 VOCAB, LENGTH = 37, 12
 GIB = 2**30
 
@@ -143,8 +149,8 @@ def test_chunking_leaves_denoisers_without_targets_to_the_logits_path():
 
 # ------------------------------------------------------------------ masked-position logits, attention, AdamW
 class _FullLogits(torch.nn.Module):
-    """A Transformer behind a forward without ``accepts_output_mask``: the loss then asks
-    for every position's logits and picks the masked rows itself."""
+    """A Transformer behind a plain forward (not a ``Denoiser``): the loss then asks for
+    every position's logits and picks the masked rows itself."""
 
     def __init__(self, net: Transformer) -> None:
         super().__init__()
@@ -208,7 +214,7 @@ def test_compile_leaves_the_loss_and_parameter_names_unchanged(checkpointing):
     diffusion = MaskedDiffusion(make_schedule("linear"), VOCAB)
     loss, grads = _nelbo_and_grads(eager, diffusion, x0)
     compiled = _net()
-    prepare_model(compiled, load_config(None, {"train.compile": "true"}), checkpointing=checkpointing)
+    prepare_model(compiled, checkpointing=checkpointing, compile=True)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     compiled_loss, compiled_grads = _nelbo_and_grads(compiled, diffusion, x0)
@@ -296,20 +302,16 @@ TRAIN_FIELDS = {"preset", "variant", "micro_batch", "seq_len", "vocab_size", "st
 
 @pytest.mark.slow
 def test_gpu_bench_smoke_runs_on_cpu_and_reports_every_field(tmp_path):
-    source = SHARED / "corpora" / "tinyshakespeare" / "input.txt"
-    if not source.is_file() or not (SHARED / "gpt2-bpe").is_dir():
-        pytest.skip(f"{SHARED} lacks tinyshakespeare or gpt2-bpe (see SOURCES.md)")
+    source = require_shared(TINY, GPT2)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(source.read_text(encoding="utf-8")[:100_000], encoding="utf-8")
     variants = ["pipeline-zero1", "pipeline-zero2+no-pin+sync", "torch", "torch+chunked-ce", "torch+full-logits",
                 "torch+checkpointing", "torch+math-attention+foreach-adamw"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                            "MASTER_PORT")}
     proc = subprocess.run(
         [sys.executable, "bench/train_gpu.py", "--device", "cpu", "--presets", "tiny", "--steps", "2",
          "--warmup", "1", "--micro-batches", "2", "--seq-len", "32", "--inputs", str(corpus), "--variants",
          *variants, "--eval-blocks", "2", "--repeats", "1", "--sample-batch", "2", "--chunk-rows", "16"],
-        cwd=REPO, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+        cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-4000:]
     # DeepSpeed prints to stdout too: the bench's lines are the JSON objects.
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -318,6 +320,7 @@ def test_gpu_bench_smoke_runs_on_cpu_and_reports_every_field(tmp_path):
     for row in train:
         assert TRAIN_FIELDS <= row.keys() and row["tokens_per_s"] > 0 and row["mfu"] is None, row
         assert row["peak_memory_bytes"] is None  # CUDA only
+        assert 0 < row["host_rss_bytes"] <= row["host_peak_rss_bytes"], row
         waits = row["loader_wait_share"]
         assert (0 <= waits < 1) if row["variant"].startswith("pipeline") else waits is None, row
     evaluation, = [row for row in rows if row["bench"] == "evaluate"]

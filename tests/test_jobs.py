@@ -4,23 +4,22 @@ with the end-to-end ``unmask run`` as the job and a real ``mlflow server``."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.cli_runner import run_unmask
+from tests.paths import GPT2, REPO, TINY, require_shared
 from tests.ray_head import head_env, processes_naming, ray_head
 from tests.shard_fixtures import tree_bytes
-from tests.train_helpers import REPO, RUN_TIMEOUT_S, SHARED, TINY, write_config
+from tests.train_helpers import RUN_TIMEOUT_S, write_config
 from tests.upload_fixtures import CODE, SECRETS, seed_project, uploaded_names
 
 pytestmark = pytest.mark.slow
 
-UNMASK = [sys.executable, "-m", "orchestration.cli"]
 JOB_TIMEOUT_S = 2 * RUN_TIMEOUT_S
 POLL_S = 0.2  # how often to look for a job's process
 PREP_CHARS = 200_000  # several work units and train shards at the sizes below
@@ -35,16 +34,14 @@ def head():
         yield started
 
 
-def unmask(args: list[str], *, env: dict[str, str] | None = None, timeout: float = JOB_TIMEOUT_S,
-           cwd: Path = REPO) -> subprocess.CompletedProcess:
+def unmask(args: list[str], *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``unmask ARGS`` as a client of the head: its environment, less the address and auth mode."""
     base = {k: v for k, v in head_env().items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
-    return subprocess.run(UNMASK + args, cwd=cwd, env={**base, **(env or {})}, capture_output=True,
-                          text=True, timeout=timeout)
+    return run_unmask(args, base_env=base, env=env, timeout=JOB_TIMEOUT_S)
 
 
 def _run_args(tmp_path: Path, run_dir: Path) -> list[str]:
-    if not TINY.is_file():
-        pytest.skip(f"{TINY} is absent (see ../shared/data/SOURCES.md)")
+    require_shared(TINY)
     corpus = tmp_path / "input.txt"
     corpus.write_text(TINY.read_text(encoding="utf-8")[:150_000], encoding="utf-8")
     config = write_config(tmp_path / "micro.yaml", {"train": {"max_steps": 6}})
@@ -99,12 +96,10 @@ def _cluster_workers(head, name: str) -> set[str]:
 
 
 def test_prep_with_ray_address_runs_on_the_cluster_and_matches_a_local_prep(head, tmp_path):
-    gpt2 = SHARED / "gpt2-bpe"
-    if not (TINY.is_file() and gpt2.is_dir()):
-        pytest.skip(f"{TINY} or {gpt2} is absent (see ../shared/data/SOURCES.md)")
+    require_shared(TINY, GPT2)
     corpus = tmp_path / "input.txt"
     corpus.write_text(TINY.read_text(encoding="utf-8")[:PREP_CHARS], encoding="utf-8")
-    args = ["prep", "--input", str(corpus), "--tokenizer", str(gpt2), "--seq-len", "128", "--val-fraction", "0.05",
+    args = ["prep", "--input", str(corpus), "--tokenizer", str(GPT2), "--seq-len", "128", "--val-fraction", "0.05",
             "--shard-bytes", str(16 << 10), "--unit-bytes", str(32 << 10), "--no-progress"]
     on_cluster = unmask([*args, "--out", str(tmp_path / "cluster"), "--workers", "2", "--ray-address",
                          head.gcs_address])
@@ -193,7 +188,7 @@ def test_token_auth_from_env_or_file_and_a_clear_error_without(head, tmp_path):
     # Joining the cluster itself (prep --ray-address): Ray only says it cannot connect.
     corpus = tmp_path / "input.txt"
     corpus.write_text("A document.\n\nAnother one.\n", encoding="utf-8")
-    prep = unmask(["prep", "--input", str(corpus), "--tokenizer", str(SHARED / "gpt2-bpe"), "--seq-len", "8",
+    prep = unmask(["prep", "--input", str(corpus), "--tokenizer", str(GPT2), "--seq-len", "8",
                    "--out", str(tmp_path / "out"), "--ray-address", head.gcs_address],
                   env={"HOME": str(home), GCS_RETRIES_ENV: str(GCS_RETRIES)})
     assert prep.returncode == 2

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from data_prep.loader import StreamingLoader
 from common.errors import UserError
+from data_prep.loader import StreamingLoader
 from tests.shard_fixtures import write_numbered_split
 
 SHARDS = [7, 5, 9, 3, 6]  # 30 sequences, uneven shards, chunks of 3 rows

@@ -15,13 +15,9 @@ from model.oracle import EnumerableDistribution
 from model.schedules import make_schedule
 
 VOCAB, LENGTH = 3, 4
+ORACLE_SIZE = (VOCAB, LENGTH)  # the conftest's `oracle` fixture
 SCHEDULES = [("linear", {}), ("cosine", {}), ("polynomial", {"power": 2.0}), ("loglinear", {})]
 Z_LIMIT = 4.0  # |estimate - truth| / standard error; deterministic seeds, so no flakes
-
-
-@pytest.fixture(scope="module")
-def oracle():
-    return EnumerableDistribution.random(VOCAB, LENGTH, torch.Generator().manual_seed(0))
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""``unmask prep`` end to end on real text with a real local Ray: exact accounting,
-determinism across worker counts, idempotence, resume after SIGKILL, bad input."""
+"""``unmask prep`` end to end on real text, in one process (one worker) and with a real local
+Ray (more): exact accounting, determinism across worker counts and the two ways of running,
+idempotence, resume after SIGKILL, bad input."""
 
 import gzip
 import json
@@ -14,25 +15,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.errors import UserError
 from data_prep.ledger import STALL_AFTER_ENV
 from data_prep.prep import WORK_DIR, PrepConfig, prep
 from data_prep.readers import ReadCounters, ReadOptions, plan_units, read_unit, resolve_inputs
 from data_prep.shards import Manifest, iter_chunks
 from data_prep.tokenizer import load_tokenizer
-from common.errors import UserError
+from tests.cli_runner import run_unmask, start_unmask
+from tests.paths import GPT2, PTB, REPO, TINY, needs_shared
 from tests.shard_fixtures import tree_bytes
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-TINY = SHARED / "corpora" / "tinyshakespeare" / "input.txt"
-PTB = SHARED / "ptb" / "ptb.test.txt"
-GPT2 = SHARED / "gpt2-bpe"
-UNMASK = str(Path(sys.executable).parent / "unmask")
 SMALL = dict(seq_len=128, val_fraction=0.05, shard_bytes=64 << 10, unit_bytes=64 << 10)
 POLL_SECONDS = 0.05
 KILL_DEADLINE_SECONDS = 300
 
-pytestmark = pytest.mark.skipif(not (TINY.is_file() and PTB.is_file() and GPT2.is_dir()),
-                                reason="real corpora not found in ../shared/data (see shared/data/SOURCES.md)")
+pytestmark = needs_shared(TINY, PTB, GPT2)
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +111,8 @@ def test_shards_hold_exactly_the_documents_with_eos(reference, gpt2):
 
 
 def test_same_output_with_one_or_two_workers_and_rerun_does_nothing(reference, gpt2, tmp_path):
-    config, _, out = reference
-    two = prep(config, gpt2, tmp_path, workers=2, progress=False)
+    config, _, out = reference  # one worker: in this process, without Ray
+    two = prep(config, gpt2, tmp_path, workers=2, progress=False)  # two Ray actors
     assert tree_bytes(tmp_path) == tree_bytes(out)
     assert not (tmp_path / WORK_DIR).exists()
     stamps = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
@@ -125,17 +122,27 @@ def test_same_output_with_one_or_two_workers_and_rerun_does_nothing(reference, g
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == stamps
 
 
+def test_a_one_worker_prep_runs_without_ray(tmp_path):
+    """Ray's start-up would be most of a small prep's time, and one worker gains nothing from it."""
+    script = ("import sys; from data_prep.prep import PrepConfig, prep; from data_prep.tokenizer import "
+              f"load_tokenizer; prep(PrepConfig(inputs=({str(PTB)!r},), seq_len=64), load_tokenizer({str(GPT2)!r}), "
+              f"{str(tmp_path)!r}, progress=False); assert 'ray' not in sys.modules, 'Ray was imported'")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert Manifest.read(tmp_path).counts["documents"] > 0
+
+
 def _cli_args(out: Path) -> list[str]:
-    return [UNMASK, "prep", "--input", str(TINY), str(PTB), "--out", str(out), "--tokenizer", str(GPT2),
+    return ["prep", "--input", str(TINY), str(PTB), "--out", str(out), "--tokenizer", str(GPT2),
             "--seq-len", str(SMALL["seq_len"]), "--val-fraction", str(SMALL["val_fraction"]),
             "--shard-bytes", str(SMALL["shard_bytes"]), "--unit-bytes", str(SMALL["unit_bytes"]),
             "--workers", "1", "--no-progress", "--json"]
 
 
 def _kill_when_ledger_reaches(out: Path, entries: int) -> None:
-    env = {**os.environ, STALL_AFTER_ENV: str(entries)}
-    process = subprocess.Popen(_cli_args(out), env=env, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = start_unmask(_cli_args(out), installed=True, env={STALL_AFTER_ENV: str(entries)}, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ledger = out / WORK_DIR / "ledger"
     deadline = time.monotonic() + KILL_DEADLINE_SECONDS
     while not (ledger.is_dir() and len(list(ledger.glob("*.json"))) >= entries):
@@ -156,7 +163,7 @@ def test_sigkilled_prep_resumes_to_identical_output_without_redoing_work(referen
     _kill_when_ledger_reaches(killed, kill_at)
     assert not (killed / "manifest.json").exists()
     finished_shards = {p: p.stat().st_mtime_ns for p in killed.glob("*/shard-*.tar")}
-    rerun = subprocess.run(_cli_args(killed), capture_output=True, text=True, timeout=KILL_DEADLINE_SECONDS)
+    rerun = run_unmask(_cli_args(killed), installed=True, timeout=KILL_DEADLINE_SECONDS)
     assert rerun.returncode == 0, rerun.stderr
     figures = json.loads(rerun.stdout.strip().splitlines()[-1])
     assert figures["units_resumed"] >= min(kill_at, units) and figures["units_run"] == units - figures["units_resumed"]
@@ -182,8 +189,9 @@ def test_bad_input_is_reported_by_file_and_line_through_ray(ray_local, gpt2, tmp
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"text": "fine"}\n{"text": "also fine"}\nnot json\n')
     config = PrepConfig(inputs=(str(corpus),), seq_len=16)
-    with pytest.raises(UserError, match=r"corpus.jsonl:3"):
-        prep(config, gpt2, tmp_path / "out", progress=False)
+    for workers in (1, 2):  # in this process, and through Ray's actors
+        with pytest.raises(UserError, match=r"corpus.jsonl:3"):
+            prep(config, gpt2, tmp_path / f"out-{workers}", workers=workers, progress=False)
     skipping = PrepConfig(inputs=(str(corpus),), seq_len=16, read=ReadOptions(bad_json="skip"))
     manifest = prep(skipping, gpt2, tmp_path / "out2", progress=False).manifest
     assert manifest.counts["bad_json_skipped"] == 1 and manifest.counts["documents"] == 2
@@ -276,9 +284,9 @@ def test_a_policy_change_that_retrained_the_tokenizer_redoes_every_unit(ray_loca
 
 
 def test_cli_prints_errors_without_a_traceback(tmp_path):
-    result = subprocess.run([UNMASK, "prep", "--input", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "o"),
-                             "--seq-len", "16", "--tokenizer", str(GPT2)], capture_output=True, text=True)
+    result = run_unmask(["prep", "--input", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "o"),
+                         "--seq-len", "16", "--tokenizer", str(GPT2)], installed=True)
     assert result.returncode == 2
     assert "unmask prep: error:" in result.stderr and "nope.txt" in result.stderr
     assert "Traceback" not in result.stderr
-    assert subprocess.run([UNMASK, "prep", "--help"], capture_output=True).returncode == 0
+    assert run_unmask(["prep", "--help"], installed=True).returncode == 0

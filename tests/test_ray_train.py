@@ -6,15 +6,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from pipeline.checkpoint import CHECKPOINTS_DIR, resolve_checkpoint, step_tag
-from pipeline.trainer import STALL_ENV, STALL_MARKER
-from tests.train_helpers import REPO, RUN_TIMEOUT_S, Run, _env, write_config
+from pipeline.checkpoint import resolve_checkpoint
+from pipeline.run_layout import RunLayout, step_tag
+from tests.cli_runner import run_unmask, start_unmask
+from tests.stall import MARKER
+from tests.train_helpers import RUN_TIMEOUT_S, Run, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -22,9 +23,10 @@ MAX_STEPS, CHECKPOINT_EVERY, KILL_AFTER = 8, 4, 6
 POLL_S = 0.2  # how often to look for the stalled worker's pid file
 
 
-def _command(config: Path, data: Path, run_dir: Path, extra: list[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "orchestration.cli", "train", "--launcher", "ray", "--num-workers", "2",
-            "--config", str(config), "--data", str(data), "--run-dir", str(run_dir), *extra]
+def _args(config: Path, data: Path, run_dir: Path, extra: list[str] = ()) -> list[str]:
+    """``unmask train`` on two Ray Train workers."""
+    return ["train", "--launcher", "ray", "--num-workers", "2", "--config", str(config), "--data", str(data),
+            "--run-dir", str(run_dir), *extra]
 
 
 def _config(tmp_path: Path) -> Path:
@@ -35,7 +37,7 @@ def _config(tmp_path: Path) -> Path:
 
 def _kill_rank_1_when_stalled(proc: subprocess.Popen, run_dir: Path) -> None:
     """Wait until rank 1 stalls after step KILL_AFTER, then SIGKILL that worker process."""
-    marker = run_dir / STALL_MARKER.format(rank=1)
+    marker = run_dir / MARKER.format(rank=1)
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while not marker.is_file() or not marker.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -47,15 +49,12 @@ def _kill_rank_1_when_stalled(proc: subprocess.Popen, run_dir: Path) -> None:
 def test_a_killed_worker_is_restarted_from_the_latest_checkpoint_with_the_same_result(tinyshakespeare_shards,
                                                                                         tmp_path):
     config = _config(tmp_path)
-    calm = subprocess.run(_command(config, tinyshakespeare_shards, tmp_path / "calm"), cwd=REPO, env=_env(None),
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    calm = run_unmask(_args(config, tinyshakespeare_shards, tmp_path / "calm"), timeout=RUN_TIMEOUT_S)
     assert calm.returncode == 0, (calm.stdout + calm.stderr)[-4000:]
 
     run_dir, storage = tmp_path / "killed", tmp_path / "storage"
-    proc = subprocess.Popen(_command(config, tinyshakespeare_shards, run_dir,
-                                     ["--max-failures", "1", "--storage", str(storage)]),
-                            cwd=REPO, env=_env({STALL_ENV: str(KILL_AFTER)}), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = start_unmask(_args(config, tinyshakespeare_shards, run_dir,
+                              ["--max-failures", "1", "--storage", str(storage)]), stall_after=KILL_AFTER)
     try:
         _kill_rank_1_when_stalled(proc, run_dir)
         output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
@@ -67,7 +66,7 @@ def test_a_killed_worker_is_restarted_from_the_latest_checkpoint_with_the_same_r
     undisturbed, restarted = Run(0, calm.stdout, tmp_path / "calm"), Run(0, output, run_dir)
     # The restart really happened, from the checkpoint before the kill; the steps after it
     # were done twice, and are recorded once.
-    assert f"resumed from {run_dir / CHECKPOINTS_DIR}" in output
+    assert f"resumed from {RunLayout(run_dir).checkpoints}" in output
     steps = [m["step"] for m in restarted.metrics() if "train/loss" in m]
     assert steps == list(range(1, MAX_STEPS + 1))
     assert resolve_checkpoint(run_dir).name == step_tag(MAX_STEPS)
@@ -84,9 +83,8 @@ def test_a_newer_checkpoint_in_storage_is_restored_into_an_empty_run_dir(tinysha
     from orchestration.ray_train import restore_newer_checkpoint
 
     source = tmp_path / "source"
-    run = subprocess.run([sys.executable, "-m", "orchestration.cli", "train", "--config", str(_config(tmp_path)),
-                          "--data", str(tinyshakespeare_shards), "--run-dir", str(source), "--train.max_steps", "4"],
-                         cwd=REPO, env=_env(None), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    run = run_unmask(["train", "--config", str(_config(tmp_path)), "--data", str(tinyshakespeare_shards),
+                      "--run-dir", str(source), "--train.max_steps", "4"], timeout=RUN_TIMEOUT_S)
     assert run.returncode == 0, run.stderr[-4000:]
     saved = resolve_checkpoint(source)
     fresh = tmp_path / "fresh"
@@ -96,4 +94,4 @@ def test_a_newer_checkpoint_in_storage_is_restored_into_an_empty_run_dir(tinysha
     assert sorted(p.name for p in restored.iterdir()) == sorted(p.name for p in saved.iterdir())
     # Not newer than what the run has: left alone.
     assert not restore_newer_checkpoint(Checkpoint.from_directory(str(saved)), fresh)
-    assert not (fresh / CHECKPOINTS_DIR / f"{saved.name}.partial").exists()
+    assert not (RunLayout(fresh).checkpoints / f"{saved.name}.partial").exists()

@@ -13,14 +13,24 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from common.errors import UserError
 from data_prep import readers
 from data_prep.readers import (
-    DEFAULT_PIECE_BYTES, DEFAULT_UNIT_BYTES, READ_BLOCK_BYTES, InputFile, Piece, ReadCounters,
-    ReadOptions, WorkUnit, plan_units, read_unit, resolve_inputs,
+    DEFAULT_PIECE_BYTES,
+    DEFAULT_UNIT_BYTES,
+    READ_BLOCK_BYTES,
+    InputFile,
+    Piece,
+    ReadCounters,
+    ReadOptions,
+    WorkUnit,
+    jsonl,
+    plan_units,
+    read_unit,
+    resolve_inputs,
 )
-from common.errors import UserError
+from tests.paths import require_shared
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 BOM = codecs.BOM_UTF8
 # Unit sizes for the split rule: every small size (so unit boundaries fall on every byte of a
 # small file: inside characters, inside "\r\n", on separators) and a few larger ones.
@@ -29,13 +39,6 @@ ASCII_BLANK = re.compile(rb"[ \t\r\x0b\x0c]*")
 
 
 # ---------------------------------------------------------------- helpers
-def real_file(relative: str) -> Path:
-    path = DATA / relative
-    if not path.exists():
-        pytest.skip(f"{path} is absent (the real corpora live in the shared data folder)")
-    return path
-
-
 def write(folder: Path, name: str, data: bytes | str) -> Path:
     path = folder / name
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +124,7 @@ def tricky_text(seed: int, line_end: bytes) -> bytes:
 
 # ---------------------------------------------------------------- real corpora
 def test_ptb_lines_round_trip():
-    path = real_file("ptb/ptb.test.txt")
+    path = require_shared("ptb/ptb.test.txt")
     docs, counters = read_documents([path], ReadOptions(text_format="lines"))
     text = path.read_text()
     assert len(docs) == counters.documents == 3761
@@ -131,7 +134,7 @@ def test_ptb_lines_round_trip():
 
 
 def test_lambada_jsonl_gives_every_record():
-    path = real_file("lambada/lambada_test.jsonl")
+    path = require_shared("lambada/lambada_test.jsonl")
     docs, counters = read_documents([path], ReadOptions())
     expected = [json.loads(line)["text"] for line in path.read_text().splitlines()]
     assert counters.documents == len(docs) == 5153
@@ -140,7 +143,7 @@ def test_lambada_jsonl_gives_every_record():
 
 
 def test_tinyshakespeare_paragraphs_match_a_blank_line_split():
-    path = real_file("corpora/tinyshakespeare/input.txt")
+    path = require_shared("corpora/tinyshakespeare/input.txt")
     docs, counters = read_documents([path], ReadOptions())
     expected = re.split(r"\n\s*\n", path.read_text().strip())
     assert [doc for _, doc in docs] == expected
@@ -151,7 +154,7 @@ def test_tinyshakespeare_paragraphs_match_a_blank_line_split():
 
 
 def test_wikitext_whitespace_lines_are_empty_documents():
-    path = real_file("wikitext-2-raw/wiki.test.raw")
+    path = require_shared("wikitext-2-raw/wiki.test.raw")
     lines = path.read_text().removesuffix("\n").split("\n")
     blank = sum(not line.strip() for line in lines)
     docs, counters = read_documents([path], ReadOptions(text_format="lines"), target=200_003)
@@ -160,7 +163,7 @@ def test_wikitext_whitespace_lines_are_empty_documents():
 
 
 def test_lm1b_shard_without_extension_is_text():
-    path = real_file("lm1b/news.en.heldout-00000-of-00050")
+    path = require_shared("lm1b/news.en.heldout-00000-of-00050")
     [file] = resolve_inputs([str(path.parent)])
     assert (file.uri, file.format, file.compression) == (str(path), "text", None)
     _, counters = read_documents([path], ReadOptions(text_format="lines"))
@@ -461,7 +464,7 @@ def test_jsonl_bad_utf8_counts_only_in_the_text_field(tmp_path):
 
 
 def test_a_json_array_on_one_line_fails_before_filling_memory(tmp_path, monkeypatch):
-    monkeypatch.setattr(readers, "MAX_JSONL_LINE_BYTES", 1 << 20)
+    monkeypatch.setattr(jsonl, "MAX_JSONL_LINE_BYTES", 1 << 20)
     records = json.dumps([{"text": "x" * 100}] * 20_000)  # 2 MiB on one line
     path = write(tmp_path, "dump.json", records + "\n")
     with pytest.raises(UserError, match=re.escape(f"{path}:1: line longer than 1 MiB")):

@@ -4,11 +4,11 @@ import re
 from pathlib import Path
 
 from data_prep.tokenizer import train_sentencepiece
-from model.transformer import Transformer, preset
-from pipeline.export import write_export
+from tests.export_fixtures import write_untrained_export
+from tests.paths import REPO
 from tests.shard_fixtures import write_numbered_split
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = REPO / "README.md"
 
 
 def test_readme_python_examples_run(tmp_path, monkeypatch):
@@ -27,13 +27,10 @@ def test_readme_python_examples_run(tmp_path, monkeypatch):
 
 
 def _write_an_export(out: Path) -> None:
-    """An export of an untrained tiny network, written by the exporter's own writer."""
+    """An export of an untrained tiny network over a tokenizer of a few hundred lines."""
     text = [f"the quick brown fox {i} jumps over the lazy dog number {i * 7}" for i in range(400)]
     tokenizer = train_sentencepiece(text, out.parent / "tok", vocab_size=320)
-    network = Transformer(preset("tiny", tokenizer.vocab_size, n_layers=1, d_model=32, n_heads=2))
-    config = {"network": vars(network.config), "objective": "diffusion", "weights": "ema", "step": 0,
-              "tokenizer_sha256": tokenizer.sha256}
-    write_export(out, network.state_dict(), config, out.parent / "tok")
+    write_untrained_export(out, tokenizer, out.parent / "tok")
 
 
 def test_readme_config_reference_is_the_generated_one():

@@ -11,8 +11,12 @@ import threading
 
 import pytest
 
-from pipeline.run_lock import JOB_ID_ENV, LOCK_FILE, RunDirLocked, RunLock
-from tests.train_helpers import REPO, RUN_TIMEOUT_S, run_train, train_command, write_config
+from pipeline.run_layout import RunLayout
+from pipeline.run_lock import JOB_ID_ENV, RunDirLocked, RunLock
+from tests.cli_runner import start_unmask
+from tests.paths import REPO
+from tests.stall import ANNOUNCEMENT
+from tests.train_helpers import RUN_TIMEOUT_S, run_train, write_config
 
 HOLD = """
 import sys
@@ -45,10 +49,10 @@ def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path, caplog):
     holder = _holder(tmp_path)
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == holder.pid  # the dead holder's record
+    assert json.loads(RunLayout(tmp_path).lock.read_text())["pid"] == holder.pid  # the dead holder's record
     caplog.set_level("INFO", logger="unmask.train")
     with RunLock(tmp_path):
-        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+        assert json.loads(RunLayout(tmp_path).lock.read_text())["pid"] == os.getpid()
     assert f"from pid {holder.pid}" in caplog.text and "no longer running" in caplog.text
 
 
@@ -82,12 +86,10 @@ def test_a_second_trainer_on_a_run_dir_exits_at_once_naming_the_first(tinyshakes
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "c.yaml", {"train": {"max_steps": 4}})
     args = ["--config", str(config), "--data", str(tinyshakespeare_shards), "--run-dir", str(run_dir)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "UNMASK_TRAIN_STALL_AFTER_STEP": "2"}
-    first = subprocess.Popen(train_command(1, args), cwd=REPO, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    first = start_unmask(["train", *args], stall_after=2)
     try:
         for line in first.stdout:
-            if "unmask: stalling after step" in line:
+            if ANNOUNCEMENT in line:
                 break
         second = run_train(run_dir, tinyshakespeare_shards, config, check=False)
         assert second.returncode != 0

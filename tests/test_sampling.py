@@ -10,7 +10,7 @@ from model.transformer import Transformer, TransformerConfig
 from tests.conftest import ConstantDenoiser
 
 
-def test_samples_hold_no_mask_and_prompt_tokens_are_kept(small_oracle):
+def test_samples_hold_no_mask_and_prompt_tokens_are_kept(oracle):
     diffusion = MaskedDiffusion(make_schedule("linear"), 3)
     mask = diffusion.mask_id
     prompts = {
@@ -19,32 +19,32 @@ def test_samples_hold_no_mask_and_prompt_tokens_are_kept(small_oracle):
         "infill": torch.tensor([1, mask, 2, mask]),
     }
     for name, prompt in prompts.items():
-        out = diffusion.sample(small_oracle, 500, 4, steps=20, prompt=prompt,
+        out = diffusion.sample(oracle, 500, 4, steps=20, prompt=prompt,
                                generator=torch.Generator().manual_seed(0))
         assert out.shape == (500, 4) and out.dtype == torch.long
         assert bool((out < 3).all()), name
         keep = prompt != mask
         assert bool((out[:, keep] == prompt[keep]).all()), name
         # Conditioning is exact: the generated tokens follow p(x | prompt tokens).
-        fits = (small_oracle.sequences[:, keep] == prompt[keep]).all(-1)
-        conditional = small_oracle.probs * fits
+        fits = (oracle.sequences[:, keep] == prompt[keep]).all(-1)
+        conditional = oracle.probs * fits
         conditional = conditional / conditional.sum()
-        counts = torch.bincount(small_oracle.index_of(out), minlength=81).double()
+        counts = torch.bincount(oracle.index_of(out), minlength=81).double()
         assert 0.5 * float((counts / 500 - conditional).abs().sum()) < 0.1, name
 
 
-def test_per_sample_prompts(small_oracle):
+def test_per_sample_prompts(oracle):
     diffusion = MaskedDiffusion(make_schedule("linear"), 3)
     prompt = torch.tensor([[0, 3, 3, 3], [3, 3, 3, 1]])
-    out = diffusion.sample(small_oracle, 2, 4, steps=8, prompt=prompt)
+    out = diffusion.sample(oracle, 2, 4, steps=8, prompt=prompt)
     assert out[0, 0] == 0 and out[1, 3] == 1
 
 
-def test_cache_gives_the_same_samples_with_fewer_calls(small_oracle):
+def test_cache_gives_the_same_samples_with_fewer_calls(oracle):
     diffusion = MaskedDiffusion(make_schedule("cosine"), 3)
     kwargs = dict(num_samples=64, seq_len=4, steps=200, grid="cosine", return_stats=True)
-    cached, cached_stats = diffusion.sample(small_oracle, generator=torch.Generator().manual_seed(1), **kwargs)
-    plain, plain_stats = diffusion.sample(small_oracle, generator=torch.Generator().manual_seed(1),
+    cached, cached_stats = diffusion.sample(oracle, generator=torch.Generator().manual_seed(1), **kwargs)
+    plain, plain_stats = diffusion.sample(oracle, generator=torch.Generator().manual_seed(1),
                                           cache=False, **kwargs)
     assert torch.equal(cached, plain)
     assert plain_stats.network_calls == 200 and plain_stats.rows_evaluated == 200 * 64

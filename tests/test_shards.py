@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import webdataset as wds
 
-from data_prep.shards import (CHUNK_BYTES, MANIFEST_NAME, Manifest, chunk_rows, iter_chunks, token_dtype,
-                              write_shard)
 from common.errors import UserError
+from data_prep.shards import CHUNK_BYTES, MANIFEST_NAME, Manifest, chunk_rows, iter_chunks, token_dtype, write_shard
 from tests.shard_fixtures import write_numbered_split
 
 

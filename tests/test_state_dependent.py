@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from model import LearnedMaskedDiffusion, LearnedSchedule, MaskedDiffusion, make_schedule
-from model.oracle import EnumerableDistribution
 from model.schedules import DEFAULT_ENDPOINT_EPS, PolynomialSchedule
 from tests.conftest import chi_square_limit, chi_square_statistic, z_scores
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 VOCAB, LENGTH = 3, 3
+ORACLE_SIZE = (VOCAB, LENGTH)  # the conftest's `oracle` fixture
 # Unequal exponents, so the state-dependent terms matter; all >= 1, where the one-sample
 # estimator has finite variance (below 1/2 it has none: the weights grow like t^(w-1)/eps).
 EXPONENTS = (1.0, 2.5, 5.0)
@@ -30,11 +30,6 @@ def learned(exponents=EXPONENTS, *, endpoint_eps=DEFAULT_ENDPOINT_EPS, draws=2) 
     with torch.no_grad():  # theta = softplus^-1(w)
         schedule.theta.copy_(torch.tensor(exponents, dtype=torch.float64).expm1().log())
     return LearnedMaskedDiffusion(schedule, VOCAB, draws=draws)
-
-
-@pytest.fixture(scope="module")
-def oracle():
-    return EnumerableDistribution.random(VOCAB, LENGTH, torch.Generator().manual_seed(0))
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,7 @@
-"""Tokenizers: exact round trips, GPT-2's known ids, deterministic bounded training,
-pickling with the model bytes, save/load identity, and the user errors."""
+"""Tokenizers of every kind: exact round trips, GPT-2's known ids, deterministic bounded
+training, pickling with the model bytes, save/load identity, lone surrogates refused, and the
+user errors. GPT-2's ids against the reference BPE: test_gpt2_bpe; tokenizer.json files of
+every model type: test_hf_tokenizer."""
 
 import hashlib
 import json
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
+from common.errors import UserError
 from data_prep.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -26,12 +29,11 @@ from data_prep.tokenizer import (
     load_tokenizer,
     train_sentencepiece,
 )
-from common.errors import UserError
-
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-GPT2_DIR = DATA / "gpt2-bpe"
-SHAKESPEARE = DATA / "corpora" / "tinyshakespeare" / "input.txt"
-PTB_TEST = DATA / "ptb" / "ptb.test.txt"
+from tests.paths import GPT2 as GPT2_DIR
+from tests.paths import PTB as PTB_TEST
+from tests.paths import TINY as SHAKESPEARE
+from tests.paths import require_shared
+from tests.tokenizer_fixtures import byte_level_bpe
 
 # Small enough to train in well under a second, large enough for real merges.
 VOCAB_SIZE = 512
@@ -45,12 +47,6 @@ TRICKY = [
     "\u00a0nbsp\u2028line sep\u2029para sep\x85nel", "<|endoftext|>", "<unk><s></s><pad>",
     "<0x41>", "Ω≈ç√∫˜µ≤≥÷", "\U0010fffd\U000e0001",
 ]
-
-
-def data_file(path: Path) -> Path:
-    if not path.exists():
-        pytest.skip(f"{path} not found: see shared/data/SOURCES.md")
-    return path
 
 
 def random_text(rng: random.Random) -> str:
@@ -79,13 +75,13 @@ RANDOM_TEXTS = [random_text(random.Random(seed)) for seed in range(400)]
 
 
 def shakespeare_documents() -> list[str]:
-    return data_file(SHAKESPEARE).read_text(encoding="utf-8").split("\n\n")
+    return require_shared(SHAKESPEARE).read_text(encoding="utf-8").split("\n\n")
 
 
 @pytest.fixture(scope="module")
 def gpt2() -> GPT2BPETokenizer:
-    data_file(GPT2_DIR / "encoder.json")
-    data_file(GPT2_DIR / "vocab.bpe")
+    require_shared(GPT2_DIR / "encoder.json")
+    require_shared(GPT2_DIR / "vocab.bpe")
     tokenizer = load_tokenizer(GPT2_DIR)
     assert isinstance(tokenizer, GPT2BPETokenizer)
     return tokenizer
@@ -108,10 +104,18 @@ def trained(request, sentencepiece_models) -> tuple[SentencePieceTokenizer, Path
     return sentencepiece_models[request.param]
 
 
-@pytest.fixture(params=["gpt2-bpe", "sentencepiece-bpe", "sentencepiece-unigram"])
+@pytest.fixture(scope="module")
+def byte_level_tokenizer_json(tmp_path_factory):
+    """A byte-level BPE tokenizer.json: the kind of tokenizer.json that is exact."""
+    return load_tokenizer(byte_level_bpe(tmp_path_factory.mktemp("hf") / "tokenizer.json"))
+
+
+@pytest.fixture(params=["gpt2-bpe", "sentencepiece-bpe", "sentencepiece-unigram", "tokenizer-json"])
 def any_tokenizer(request):
     if request.param == "gpt2-bpe":
         return request.getfixturevalue("gpt2")
+    if request.param == "tokenizer-json":
+        return request.getfixturevalue("byte_level_tokenizer_json")
     model_type = request.param.removeprefix("sentencepiece-")
     return request.getfixturevalue("sentencepiece_models")[model_type][0]
 
@@ -142,7 +146,7 @@ def test_gpt2_sha256_is_encoder_then_merges(gpt2):
 
 
 def test_gpt2_round_trips_ptb_test(gpt2):
-    text = data_file(PTB_TEST).read_text(encoding="utf-8")
+    text = require_shared(PTB_TEST).read_text(encoding="utf-8")
     assert gpt2.decode(gpt2.encode(text)) == text
     lines = text.splitlines(keepends=True)
     assert [gpt2.decode(ids) for ids in gpt2.encode_batch(lines)] == lines
@@ -168,9 +172,18 @@ def test_encode_batch_equals_encode(any_tokenizer):
     assert any_tokenizer.encode_batch(texts) == [any_tokenizer.encode(t) for t in texts]
 
 
+@pytest.mark.parametrize("text", ["\ud800", "a\udc80b", "\ud83d\ude00"])
+def test_lone_surrogates_are_refused_alike(any_tokenizer, text):
+    """Not Unicode text: no ids could decode back to it, and no kind guesses a repair."""
+    with pytest.raises(ValueError, match="text 0 holds a lone surrogate"):
+        any_tokenizer.encode(text)
+    with pytest.raises(ValueError, match="text 1 holds a lone surrogate"):
+        any_tokenizer.encode_batch(["fine", text])
+
+
 def test_sentencepiece_round_trips_all_of_shakespeare(trained):
     tokenizer, _ = trained
-    text = data_file(SHAKESPEARE).read_text(encoding="utf-8")
+    text = require_shared(SHAKESPEARE).read_text(encoding="utf-8")
     ids = tokenizer.encode(text)
     assert tokenizer.decode(ids) == text
     # Learned pieces do the work: far fewer tokens than bytes.

@@ -15,9 +15,8 @@ from mlflow.utils.validation import (
 )
 
 from common.errors import UserError
+from pipeline.run_layout import RunLayout
 from pipeline.tracking import (
-    LOCAL_ARTIFACTS_DIR,
-    TRACKING_FILE,
     Tracker,
     default_tracking_uri,
     flatten_params,
@@ -30,7 +29,7 @@ def _experiment() -> str:
 
 
 def _record(run_dir: Path) -> dict:
-    return json.loads((run_dir / TRACKING_FILE).read_text())
+    return json.loads(RunLayout(run_dir).mlflow_record.read_text())
 
 
 def test_round_trip_through_server(mlflow_server: str, tmp_path: Path) -> None:
@@ -115,7 +114,7 @@ def test_different_tracking_uri_on_resume_is_refused(mlflow_server: str, tmp_pat
 def test_recorded_run_missing_from_server_is_refused(mlflow_server: str, tmp_path: Path) -> None:
     run_id = uuid.uuid4().hex
     record = dict(tracking_uri=mlflow_server, run_id=run_id, experiment_id="0")
-    (tmp_path / TRACKING_FILE).write_text(json.dumps(record))
+    RunLayout(tmp_path).mlflow_record.write_text(json.dumps(record))
     with pytest.raises(UserError, match=f"run {run_id} does not exist"):
         Tracker.open(tmp_path)
 
@@ -123,7 +122,7 @@ def test_recorded_run_missing_from_server_is_refused(mlflow_server: str, tmp_pat
 def test_recorded_local_store_missing_is_refused(tmp_path: Path) -> None:
     moved_from = default_tracking_uri(tmp_path / "old-location")
     record = dict(tracking_uri=moved_from, run_id=uuid.uuid4().hex, experiment_id="0")
-    (tmp_path / TRACKING_FILE).write_text(json.dumps(record))
+    RunLayout(tmp_path).mlflow_record.write_text(json.dumps(record))
     with pytest.raises(UserError, match="does not exist"):
         Tracker.open(tmp_path)
     assert not (tmp_path / "old-location").exists()  # no empty store created there
@@ -140,10 +139,11 @@ def test_default_store_lives_in_the_run_directory(tmp_path: Path) -> None:
     tracker.log_text("lr: 0.1\n", "config/resolved.yaml")
     tracker.finish()
 
-    artifacts = run_dir / LOCAL_ARTIFACTS_DIR
+    artifacts = RunLayout(run_dir).mlflow_artifacts
     assert [p.read_text() for p in artifacts.rglob("resolved.yaml")] == ["lr: 0.1\n"]
-    assert sorted(p.name for p in run_dir.iterdir()) == [LOCAL_ARTIFACTS_DIR, "mlflow.db",
-                                                         TRACKING_FILE]  # no temp files left
+    layout = RunLayout(run_dir)
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(  # no temp files left
+        [layout.mlflow_artifacts.name, layout.mlflow_store.name, layout.mlflow_record.name])
     reader = MlflowClient(tracking_uri=f"sqlite:///{run_dir.resolve()}/mlflow.db")
     assert reader.get_run(tracker.run_id).info.status == "FINISHED"
     assert Tracker.open(run_dir).metric_history("loss") == [(7, 2.5)]

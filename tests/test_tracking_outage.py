@@ -5,7 +5,6 @@ the metrics of the outage reach MLflow once the server is back, each step once."
 from __future__ import annotations
 
 import json
-import os
 import queue
 import signal
 import subprocess
@@ -17,8 +16,9 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.background_tracking import BackgroundTracker
 from pipeline.tracking import Tracker
+from tests.cli_runner import start_unmask
 from tests.mlflow_server import free_port, running_mlflow_server
-from tests.train_helpers import REPO, RUN_TIMEOUT_S, run_train, train_command, write_config
+from tests.train_helpers import RUN_TIMEOUT_S, run_train, write_config
 
 STEP_LINE = "unmask.train: step "
 WAIT_S = 240  # for an expected line; a hung loop fails here instead of hanging the suite
@@ -66,9 +66,7 @@ def test_an_outage_during_training_blocks_no_step_and_loses_no_metric(tinyshakes
                                                     "eval": {"every": 0}, "checkpoint": {"every": 1_000_000}})
     args = ["--config", str(config), "--data", str(tinyshakespeare_shards), "--run-dir", str(run_dir)]
     with running_mlflow_server(root, port) as url:
-        process = subprocess.Popen(train_command(1, [*args, "--mlflow-uri", url]), cwd=REPO, text=True,
-                                   env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        process = start_unmask(["train", *args, "--mlflow-uri", url])
         output = _Lines(process)
         output.until(lambda line: _is_step(line) and _step_of(line) >= 5)
     try:

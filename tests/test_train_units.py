@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
 
+from common.errors import UserError
 from model.diffusion import low_discrepancy_times
 from model.transformer import Transformer, preset
 from pipeline.config import Config, OptimSection, config_differences, load_config, parse_overrides
 from pipeline.ema import EMA, ema_decay, full_state
-from pipeline.engine import choose_zero_stage, deepspeed_config, model_state_bytes, plan_batches
-from common.errors import UserError
+from pipeline.engine import choose_zero_stage, deepspeed_config, model_state_bytes, plan_batches, plan_training
 from pipeline.lr_schedule import lr_multiplier
 from pipeline.metrics import flops_per_token
-from pipeline.objective import MicroBatchSlot, step_generator
+from pipeline.objective import EngineDenoiser, MicroBatchSlot, step_generator
+from tests.cli_runner import run_unmask
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 
 
@@ -85,8 +82,7 @@ def test_bad_config_fails_on_the_command_line_before_any_work(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("train:\n  ema_decay: 1.5\n")
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "orchestration.cli", "train", "--config", str(bad), "--data",
-                           str(tmp_path), "--run-dir", str(run_dir)], cwd=REPO, capture_output=True, text=True)
+    proc = run_unmask(["train", "--config", str(bad), "--data", str(tmp_path), "--run-dir", str(run_dir)])
     assert proc.returncode == 2
     assert "train.ema_decay = 1.5: must lie in [0, 1)" in proc.stderr
     assert not run_dir.exists()
@@ -115,8 +111,9 @@ def test_zero_stage_choice_is_the_lowest_that_fits():
 
 
 def test_deepspeed_config_has_fp32_accumulation_under_bf16():
-    config = load_config(None, {"train.global_batch_size": "16", "train.micro_batch_size": "2"})
-    ds = deepspeed_config(config, plan_batches(config, 2), 2, "bf16")
+    config = load_config(None, {"train.global_batch_size": "16", "train.micro_batch_size": "2",
+                                "train.zero_stage": "2", "train.precision": "bf16"})
+    ds = deepspeed_config(plan_training(config, preset("tiny", 64), 2, torch.device("cpu")), config.optim)
     assert ds["train_batch_size"] == 16 and ds["gradient_accumulation_steps"] == 4
     assert ds["bf16"]["enabled"] and ds["data_types"]["grad_accum_dtype"] == "fp32"
     assert ds["zero_optimization"]["stage"] == 2 and ds["gradient_clipping"] == 1.0
@@ -186,3 +183,32 @@ def test_flops_per_token_follows_the_stated_formula():
     assert flops_per_token(preset("tiny", 50257), 256) == 6 * n + 12 * 4 * 256 * 256
     medium = flops_per_token(preset("medium", 50257), 1024)
     assert 6 * 350e6 < medium < 6 * 360e6 + 12 * 24 * 1024 * 1024  # GPT-2 medium: about 355M parameters
+
+
+def test_the_engine_denoiser_calls_the_engine_and_keeps_the_network_time_independence():
+    """DeepSpeed's engine forwards calls, not attributes: the objective's wrapper of it
+    passes every denoiser call through the engine and reads time independence off its module."""
+
+    class Engine(nn.Module):  # what the wrapper relies on: calls forwarded, the network in .module
+        def __init__(self, module: nn.Module) -> None:
+            super().__init__()
+            self.module, self.calls = module, []
+
+        def forward(self, *args, **kwargs):
+            self.calls.append(sorted(kwargs))
+            return self.module(*args, **kwargs)
+
+    for time_conditioning in (False, True):
+        engine = Engine(Transformer(preset("tiny", 11, n_layers=1, d_model=16, n_heads=2,
+                                           time_conditioning=time_conditioning)))
+        denoiser = EngineDenoiser(engine)
+        assert denoiser.time_independent is not time_conditioning
+        z, t = torch.randint(0, 12, (2, 8)), torch.rand(2)
+        selected = torch.rand(2, 8) < 0.5
+        targets = torch.randint(0, 11, (int(selected.sum()),))
+        with torch.no_grad():
+            assert torch.equal(denoiser.logits_at(z, t, selected), engine.module(z, t, output_mask=selected))
+            assert torch.equal(denoiser.nll_at(z, t, selected, targets, 3),
+                               engine.module(z, t, output_mask=selected, targets=targets, chunk_rows=3))
+            assert torch.equal(denoiser.logits(z, t), engine.module(z, t))
+        assert engine.calls == [["output_mask"], ["chunk_rows", "output_mask", "targets"], []]

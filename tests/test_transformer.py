@@ -8,8 +8,7 @@ import torch
 from model.autoregressive import Autoregressive
 from model.diffusion import MaskedDiffusion
 from model.schedules import make_schedule
-from model.transformer import (PRESETS, Transformer, TransformerConfig, count_parameters,
-                               parameter_counts, preset)
+from model.transformer import PRESETS, Transformer, TransformerConfig, count_parameters, parameter_counts, preset
 
 VOCAB, LENGTH = 13, 10
 

@@ -8,20 +8,16 @@ import pytest
 import torch
 
 from model import UniformDiffusion, make_schedule
-from model.oracle import EnumerableDistribution
+from model.denoiser import FunctionDenoiser
 from model.schedules import DEFAULT_ENDPOINT_EPS
 from tests.conftest import chi_square_limit, chi_square_statistic, z_scores
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 VOCAB, LENGTH = 3, 3
+ORACLE_SIZE = (VOCAB, LENGTH)  # the conftest's `oracle` fixture
 SCHEDULES = [("linear", {}), ("cosine", {})]
 Z_LIMIT = 4.0  # |estimate - truth| / standard error; fixed seeds, so no flakes
-
-
-@pytest.fixture(scope="module")
-def oracle():
-    return EnumerableDistribution.random(VOCAB, LENGTH, torch.Generator().manual_seed(0))
 
 
 @pytest.fixture(scope="module")
@@ -165,8 +161,7 @@ def test_prompt_tokens_are_kept_and_condition_exactly_when_the_denoiser_knows_th
 def test_cache_reuses_only_outputs_of_a_time_independent_denoiser(oracle):
     process = UniformDiffusion(make_schedule("linear"), VOCAB)
     frozen = oracle.exact_denoiser(process)
-    fixed_time = lambda z, t: frozen(z, torch.full_like(t, 0.5))  # noqa: E731
-    fixed_time.time_independent = True
+    fixed_time = FunctionDenoiser(lambda z, t: frozen(z, torch.full_like(t, 0.5)), time_independent=True)
     kwargs = dict(num_samples=200, seq_len=LENGTH, steps=100, return_stats=True)
     cached, cached_stats = process.sample(fixed_time, generator=torch.Generator().manual_seed(2), **kwargs)
     plain, plain_stats = process.sample(fixed_time, generator=torch.Generator().manual_seed(2), cache=False, **kwargs)

@@ -7,16 +7,14 @@ from __future__ import annotations
 import os
 import subprocess
 import zipfile
-from pathlib import Path
 
 import pytest
 
-from orchestration.upload import EXCLUDES, SECRET_PATTERNS, _matches, _rules, plan_upload, write_package
-from orchestration.cli import main
 from common.errors import UserError
-from tests.upload_fixtures import (CODE, OUTSIDE_LINK, PRIVATE_KEY_FILES, SECRETS, seed_project, uploaded_names)
-
-REPO = Path(__file__).resolve().parents[1]
+from orchestration.upload import EXCLUDES, SECRET_PATTERNS, _matches, _rules, plan_upload, write_package
+from tests.cli_runner import unmask_in_process
+from tests.paths import REPO
+from tests.upload_fixtures import CODE, OUTSIDE_LINK, PRIVATE_KEY_FILES, SECRETS, seed_project, uploaded_names
 
 
 @pytest.fixture(params=["git", "plain", "git-absent"])
@@ -142,15 +140,15 @@ def test_an_upload_over_the_limit_is_refused_naming_the_biggest_files_and_the_fl
     plan_upload(project).check_size(4)
 
     # The CLI refuses before it connects (no --address here: that error would come later).
-    assert main(["submit", "--working-dir", str(project), "--max-upload-mb", "2", "--", "version"]) == 2
+    assert unmask_in_process(["submit", "--working-dir", str(project), "--max-upload-mb", "2", "--", "version"]) == 2
     err = capsys.readouterr().err
     assert "over the 2 MiB limit" in err and "weights/big.bin" in err and "--max-upload-mb" in err
     assert "--address is required" not in err
     # Over the default limit (100 MiB) by default, accepted with a higher one.
     (project / "weights" / "big.bin").write_bytes(bytes(101 << 20))
-    assert main(["submit", "--working-dir", str(project), "--dry-run"]) == 2
+    assert unmask_in_process(["submit", "--working-dir", str(project), "--dry-run"]) == 2
     assert "over the 100 MiB limit" in capsys.readouterr().err
-    assert main(["submit", "--working-dir", str(project), "--dry-run", "--max-upload-mb", "200"]) == 0
+    assert unmask_in_process(["submit", "--working-dir", str(project), "--dry-run", "--max-upload-mb", "200"]) == 0
 
 
 def test_submit_prints_the_summary_before_anything_goes_and_dry_run_lists_every_file(tmp_path, monkeypatch,
@@ -160,7 +158,7 @@ def test_submit_prints_the_summary_before_anything_goes_and_dry_run_lists_every_
     project = seed_project(tmp_path / "project", tmp_path / "outside", git=True)
     total = sum((project / name).stat().st_size for name in CODE)
 
-    assert main(["submit", "--working-dir", str(project), "--dry-run"]) == 0
+    assert unmask_in_process(["submit", "--working-dir", str(project), "--dry-run"]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines() == [f"{(project / name).stat().st_size}\t{name}" for name in sorted(CODE)]
     for name in SECRETS:
@@ -174,7 +172,7 @@ def test_submit_prints_the_summary_before_anything_goes_and_dry_run_lists_every_
             f".git-credentials and {len(SECRETS) - 5} more;") in summary
 
     # Without --dry-run the summary comes first, then the connection (which fails here).
-    assert main(["submit", "--working-dir", str(project), "--", "version"]) == 2
+    assert unmask_in_process(["submit", "--working-dir", str(project), "--", "version"]) == 2
     out, err = capsys.readouterr()
     lines = err.splitlines()
     assert out == "" and lines[0] == summary + " (--dry-run lists every file)" and "--address is required" in lines[1]

@@ -10,30 +10,27 @@ import json
 import logging
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from orchestration.cli import main
-from pipeline.config import load_config
 from common.errors import UserError
-
-UNMASK = str(Path(sys.executable).parent / "unmask")
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-GPT2 = SHARED / "gpt2-bpe"
+from pipeline.config import load_config
+from tests.cli_runner import run_unmask, unmask_in_process
+from tests.paths import GPT2, needs_shared
 
 
 def _cli(capsys, *argv: str) -> str:
     """Run ``unmask ARGV`` in this process; it must fail with a UserError: its message."""
-    assert main(list(argv)) == 2
+    assert unmask_in_process(argv) == 2
     err = capsys.readouterr().err
     assert f"unmask {argv[0]}: error: " in err
     return err
 
 
 def _unmask(*argv: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([UNMASK, *argv], capture_output=True, text=True, timeout=120)
+    """Run the installed ``unmask ARGV``; it must fail with one message, no traceback."""
+    result = run_unmask(argv, installed=True)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     return result
 
@@ -116,7 +113,7 @@ def test_train_refuses_a_read_only_run_dir(tmp_path):
     assert "--run-dir" in result.stderr and "cannot write there" in result.stderr
 
 
-@pytest.mark.skipif(not GPT2.is_dir(), reason="the GPT-2 tokenizer files are absent from ../shared/data")
+@needs_shared(GPT2)
 def test_prep_refuses_an_out_that_is_a_file_before_any_work(a_file, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("some text\n")

@@ -1,27 +1,23 @@
 """Helpers for training tests: real shards of tinyshakespeare and real training processes.
 
-Training runs in subprocesses exactly as users start it: ``python -m orchestration.cli train``
-for one process, ``torch.distributed.run`` (torchrun) for two, rendezvousing on 127.0.0.1.
+Training runs in subprocesses exactly as users start it (``tests.cli_runner``): ``python -m
+orchestration.cli train`` for one process, ``torch.distributed.run`` (torchrun) for two,
+rendezvousing on 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import yaml
 
-from pipeline.distributed import free_port
+from tests.cli_runner import run_unmask, start_unmask
+from tests.paths import TINY, require_shared
+from tests.stall import ANNOUNCEMENT
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-TINY = SHARED / "corpora" / "tinyshakespeare" / "input.txt"
-REPO = Path(__file__).resolve().parents[1]
 # A run longer than this is stuck: fail instead of hanging the suite.
 RUN_TIMEOUT_S = 300
 
@@ -40,8 +36,7 @@ MICRO_CONFIG = {
 def make_tinyshakespeare_shards(root: Path, seq_len: int = 64, vocab_size: int = 384,
                            max_bytes: int | None = 400_000) -> Path:
     """Tokenizer + shards of (the start of) tinyshakespeare, made by the real prep."""
-    if not TINY.is_file():
-        pytest.skip(f"{TINY} is absent (see ../shared/data/SOURCES.md)")
+    require_shared(TINY)
     from data_prep.prep import PrepConfig, prep
     from data_prep.readers import ReadCounters, ReadOptions, plan_units, read_unit, resolve_inputs
     from data_prep.tokenizer import train_sentencepiece
@@ -67,20 +62,6 @@ def write_config(path: Path, overrides: dict | None = None) -> Path:
     return path
 
 
-def train_command(world_size: int, args: list[str]) -> list[str]:
-    if world_size == 1:
-        return [sys.executable, "-m", "orchestration.cli", "train", *args]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world_size}", "--nnodes=1",
-            "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "orchestration.cli", "train", *args]
-
-
-def _env(extra: dict[str, str] | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                            "MASTER_ADDR", "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **(extra or {}))
-    return env
-
-
 @dataclass
 class Run:
     returncode: int
@@ -103,8 +84,7 @@ def run_train(run_dir: Path, data: Path, config: Path, *, world_size: int = 1, e
               env: dict[str, str] | None = None, check: bool = True) -> Run:
     """Train to completion in a subprocess."""
     args = ["--config", str(config), "--data", str(data), "--run-dir", str(run_dir), *extra]
-    proc = subprocess.run(train_command(world_size, args), cwd=REPO, env=_env(env), capture_output=True,
-                          text=True, timeout=RUN_TIMEOUT_S)
+    proc = run_unmask(["train", *args], world_size=world_size, env=env, timeout=RUN_TIMEOUT_S)
     run = Run(proc.returncode, proc.stdout + proc.stderr, run_dir)
     if check and proc.returncode != 0:
         raise AssertionError(f"training failed ({proc.returncode}):\n{run.output[-4000:]}")
@@ -129,14 +109,12 @@ def run_until_stall(run_dir: Path, data: Path, config: Path, stall_after: int, *
     """Train until the stall hook fires after ``stall_after`` steps, then send ``stop`` to the
     whole process group (SIGKILL: a crash; SIGTERM: a preemption) and wait for the end."""
     args = ["--config", str(config), "--data", str(data), "--run-dir", str(run_dir), *extra]
-    proc = subprocess.Popen(train_command(world_size, args), cwd=REPO,
-                            env=_env({"UNMASK_TRAIN_STALL_AFTER_STEP": str(stall_after)}),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = start_unmask(["train", *args], world_size=world_size, stall_after=stall_after, start_new_session=True)
     lines = []
     try:
         for line in proc.stdout:
             lines.append(line)
-            if "unmask: stalling after step" in line:
+            if ANNOUNCEMENT in line:
                 _signal_tree(proc.pid, stop)
                 break
         rest, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
@@ -146,6 +124,6 @@ def run_until_stall(run_dir: Path, data: Path, config: Path, stall_after: int, *
             _signal_tree(proc.pid, signal.SIGKILL)
             proc.wait()
     output = "".join(lines)
-    if "unmask: stalling after step" not in output:
+    if ANNOUNCEMENT not in output:
         raise AssertionError(f"the run never reached step {stall_after}:\n{output[-4000:]}")
     return Run(proc.returncode, output, run_dir)

@@ -5,27 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
 from pathlib import Path
-from typing import Iterator
 
-from common.atomic_files import atomic_write_bytes
-from common.errors import UserError, output_dir
-from data_prep.prep import DEFAULT_SHARD_BYTES, DEFAULT_VAL_FRACTION, PrepConfig, prep
-from data_prep.readers import (
-    DEFAULT_UNIT_BYTES,
-    ReadCounters,
-    ReadOptions,
-    binary_reason,
-    plan_units,
-    read_unit,
-    resolve_inputs,
-)
-from data_prep.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
+from data_prep.hf_tokenizer import ROLE_FLAGS, SpecialTokens
+from data_prep.prep import DEFAULT_SHARD_BYTES, DEFAULT_VAL_FRACTION, PrepConfig
+from data_prep.prepare import PrepRequest, prepare
+from data_prep.readers import DEFAULT_UNIT_BYTES, ReadOptions
+from data_prep.tokenizer_training import TrainingRequest, train_tokenizer
 
-TOKENIZER_SUBDIR = "tokenizer"
-# Written next to a tokenizer that `unmask prep --vocab-size` trained, to reuse it on rerun.
-TRAINING_REQUEST_NAME = "training_request.json"
 RAW = argparse.RawDescriptionHelpFormatter
 
 TOKENIZER_EPILOG = """\
@@ -38,6 +25,8 @@ examples:
   unmask prep --input data/owt/*.jsonl.gz --out shards/ --seq-len 1024 \\
       --tokenizer ../shared/data/gpt2-bpe --workers 8
   unmask prep --input input.txt --out shards/ --seq-len 256 --vocab-size 4096
+  unmask prep --input corpus/ --out shards/ --seq-len 512 --tokenizer my-tokenizer/tokenizer.json \\
+      --eos-token "</s>"
   unmask prep --input s3://bucket/corpus/ --text-column content --out shards/ \\
       --seq-len 1024 --tokenizer tok/ --ray-address auto
 """
@@ -62,62 +51,30 @@ def _read_options(args: argparse.Namespace) -> ReadOptions:
                        bad_utf8=args.bad_utf8, bad_json=args.bad_json)
 
 
-def _documents(inputs: list[str], options: ReadOptions, command: str | None = None) -> Iterator[str]:
-    """Every document piece of the inputs, in corpus order (streamed); with a `command`, says
-    which files it skipped as binary (prep says so itself)."""
-    counters = ReadCounters()
-    units = plan_units(resolve_inputs(inputs), options)
-    for unit in units:
-        for piece in read_unit(unit, options, counters):
-            yield piece.text
-    if command and counters.binary_files_skipped:
-        skipped = [(unit.file.uri, reason) for unit in units
-                   if unit.start == 0 and (reason := binary_reason(unit.file))]
-        _warn(command, [f"tokenizer training skipped {len(skipped)} input file(s) as binary; leave them out, "
-                        f"or convert UTF-16 text to UTF-8 (iconv -f UTF-16 -t UTF-8 IN > OUT.txt):",
-                        *(f"  {uri}: {reason}" for uri, reason in skipped)])
-
-
 def _warn(command: str, lines: list[str]) -> None:
     for line in lines:
         print(f"unmask {command}: warning: {line}", file=sys.stderr)
 
 
 def _cmd_tokenizer_train(args: argparse.Namespace) -> int:
-    options = _read_options(args)
-    output_dir(args.out, "--out")  # before the training, not after it
-    tokenizer = train_sentencepiece(_documents(args.input, options, "tokenizer"), args.out, args.vocab_size,
-                                    args.model_type, seed=args.seed)
+    request = TrainingRequest(tuple(args.input), args.vocab_size, args.model_type, args.seed, _read_options(args))
+    trained = train_tokenizer(request, args.out)
+    _warn("tokenizer", trained.warnings)
+    tokenizer = trained.tokenizer
     print(f"trained a {args.model_type} sentencepiece tokenizer: {tokenizer.vocab_size} tokens, "
           f"sha256 {tokenizer.sha256[:12]}, in {args.out}")
     return 0
 
 
-def _prep_tokenizer(args: argparse.Namespace, options: ReadOptions) -> Tokenizer:
-    if args.tokenizer:
-        return load_tokenizer(args.tokenizer)
-    directory = Path(args.out) / TOKENIZER_SUBDIR
-    request = {"inputs": args.input, "vocab_size": args.vocab_size, "model_type": "bpe",
-               "seed": args.seed, "read": asdict(options)}
-    marker = directory / TRAINING_REQUEST_NAME
-    if marker.is_file() and json.loads(marker.read_text()) == request:
-        return load_tokenizer(directory)
-    tokenizer = train_sentencepiece(_documents(args.input, options), directory, args.vocab_size, seed=args.seed)
-    atomic_write_bytes(marker, json.dumps(request, sort_keys=True).encode())
-    return tokenizer
-
-
 def _cmd_prep(args: argparse.Namespace) -> int:
-    options = _read_options(args)
     config = PrepConfig(inputs=tuple(args.input), seq_len=args.seq_len, val_fraction=args.val_fraction,
-                        seed=args.seed, read=options, shard_bytes=args.shard_bytes, unit_bytes=args.unit_bytes)
-    if args.workers < 1:
-        raise UserError(f"--workers must be >= 1, got {args.workers}")
-    output_dir(args.out, "--out")  # before training a tokenizer into it
-    tokenizer = _prep_tokenizer(args, options)
-    result = prep(config, tokenizer, args.out, workers=args.workers, ray_address=args.ray_address,
-                  overwrite=args.overwrite, progress=not args.no_progress,
-                  tokenizer_follows_inputs=not args.tokenizer)
+                        seed=args.seed, read=_read_options(args), shard_bytes=args.shard_bytes,
+                        unit_bytes=args.unit_bytes)
+    special_tokens = SpecialTokens(eos=args.eos_token, bos=args.bos_token, pad=args.pad_token)
+    result = prepare(PrepRequest(config, Path(args.out), tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+                                 special_tokens=special_tokens, workers=args.workers,
+                                 ray_address=args.ray_address, overwrite=args.overwrite,
+                                 progress=not args.no_progress))
     _warn("prep", result.warnings())
     print(result.summary())
     if args.json:
@@ -148,8 +105,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     parser = commands.add_parser(
         "prep", help="tokenize corpora into sharded WebDataset files with Ray",
-        description="Read, tokenize (Ray actors), append EOS per document, pack into fixed-length "
-                    "sequences and write DIR/{train,val}/shard-NNNNNN.tar and DIR/manifest.json. "
+        description="Read, tokenize (in this process, or Ray actors with --workers > 1), append EOS "
+                    "per document, pack into fixed-length sequences and write DIR/{train,val}/shard-NNNNNN.tar and DIR/manifest.json. "
                     "Idempotent and resumable: rerunning a finished prep does nothing; rerunning a "
                     "killed one finishes it without redoing finished work.",
         epilog=PREP_EPILOG, formatter_class=RAW)
@@ -157,12 +114,20 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--seq-len", type=int, required=True, help="tokens per packed sequence")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--tokenizer", help="a sentencepiece .model, a trained tokenizer directory, "
-                                            "or a directory with GPT-2's encoder.json and vocab.bpe")
+    source.add_argument("--tokenizer", help="a sentencepiece .model, a trained tokenizer directory, a "
+                                            "directory with GPT-2's encoder.json and vocab.bpe, or a Hugging "
+                                            "Face tokenizer.json (the file, or a directory holding it)")
     source.add_argument("--vocab-size", type=int, help="train a sentencepiece tokenizer of this size first")
+    roles = parser.add_argument_group(
+        "special tokens of a tokenizer.json (default: named by special_tokens_map.json or tokenizer_config.json "
+        "beside it, else found among its special tokens by their usual names)")
+    for role, what in (("eos", "ends each document (needed where the files name none)"), ("bos", "begins a sequence"),
+                       ("pad", "pads the last sequence (default: eos)")):
+        roles.add_argument(ROLE_FLAGS[role], metavar="TOKEN", help=f"the token that {what}")
     parser.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION,
                         help="share of documents held out, by a hash of their content")
-    parser.add_argument("--workers", type=int, default=1, help="tokenizer actors")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="tokenizer workers: 1 runs in this process, more are Ray actors")
     parser.add_argument("--ray-address", help="run on this Ray cluster (default: a local Ray)")
     parser.add_argument("--seed", type=int, default=0, help="keys the train/val hash")
     parser.add_argument("--shard-bytes", type=int, default=DEFAULT_SHARD_BYTES, help="target shard size")

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.logs import configure_logging
-from orchestration.commands.train import RAW, add_launcher_arguments
-from pipeline.config import parse_overrides
+from data_prep.readers import ReadOptions
+from orchestration.commands.train import RAW, add_launcher_arguments, launch_of
+from pipeline.config import config_yaml, load_config, parse_overrides
+
+if TYPE_CHECKING:
+    from orchestration.stages import RunSummary
 
 RUN_EPILOG = """\
 config overrides: any --SECTION.FIELD VALUE after the flags, e.g. --train.max_steps 50
@@ -22,44 +27,46 @@ examples:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from orchestration.stages import DEMO_CONFIG, RunRequest, run_pipeline
+    from orchestration.stages import DEMO_CONFIG, EvalStage, RunRequest, run_pipeline
 
-    config = args.config or str(DEMO_CONFIG)
-    read_args = [*(["--text-format", args.text_format] if args.text_format else []),
-                 *(["--text-field", args.text_field] if args.text_field else []),
-                 *(["--text-column", args.text_column] if args.text_column else [])]
-    train_args = ["--launcher", args.launcher, "--num-workers", str(args.num_workers),
-                  "--gpus-per-worker", str(args.gpus_per_worker), "--cpus-per-worker", str(args.cpus_per_worker),
-                  "--max-failures", str(args.max_failures),
-                  *(["--ray-address", args.ray_address] if args.ray_address else []),
-                  *(["--storage", args.storage] if args.storage else [])]
+    overrides = parse_overrides(args.overrides)
+    if args.mlflow_uri is not None:
+        overrides["logging.mlflow_uri"] = args.mlflow_uri
+    config_path = Path(args.config) if args.config else DEMO_CONFIG
+    config = load_config(config_path, overrides)  # the one load: every stage gets this config
+    if args.print_config:
+        print(config_yaml(config), end="")
+        return 0
+    read = ReadOptions(**{name: value for name, value in (("text_format", args.text_format),
+                                                          ("text_field", args.text_field),
+                                                          ("text_column", args.text_column)) if value})
+    ray_launch = launch_of(args) if args.launcher == "ray" else None
     request = RunRequest(
-        run_dir=Path(args.run_dir or Path("runs") / Path(config).stem), config=config,
-        overrides=parse_overrides(args.overrides), inputs=tuple(args.input or ()), read_args=tuple(read_args),
-        seq_len=args.seq_len, val_fraction=args.val_fraction, tokenizer=args.tokenizer, vocab_size=args.vocab_size, prep_workers=args.prep_workers,
-        ray_address=args.ray_address, train_args=tuple(train_args),
-        datasets=tuple(name.strip() for name in args.datasets.split(",") if name.strip()),
-        data_dir=args.data_dir, eval_samples=args.samples, num_samples=args.num_samples,
-        sample_steps=args.sample_steps, mlflow_uri=args.mlflow_uri)
+        run_dir=Path(args.run_dir or Path("runs") / config_path.stem), config=config,
+        inputs=tuple(args.input or ()), read=read, seq_len=args.seq_len, val_fraction=args.val_fraction,
+        tokenizer=args.tokenizer, vocab_size=args.vocab_size, prep_workers=args.prep_workers,
+        ray_address=args.ray_address, launch=ray_launch,
+        evaluation=EvalStage(datasets=tuple(name.strip() for name in args.datasets.split(",") if name.strip()),
+                             data_dir=args.data_dir, samples_per_block=args.samples, num_samples=args.num_samples,
+                             sample_steps=args.sample_steps))
     configure_logging()
-    summary = run_pipeline(request)
-    _print_run_summary(summary)
+    _print_run_summary(run_pipeline(request))
     return 0
 
 
-def _print_run_summary(summary: dict) -> None:
-    print(f"\nunmask run: finished in {summary['seconds']:.0f} s: {summary['run_dir']}")
-    for stage, outcome in summary["stages"].items():
+def _print_run_summary(summary: RunSummary) -> None:
+    print(f"\nunmask run: finished in {summary.seconds:.0f} s: {summary.run_dir}")
+    for stage, outcome in summary.stages.items():
         print(f"  {stage:>6}: {outcome}")
-    training = summary.get("training")
+    training = summary.training
     if training:
-        print(f"  bound on the validation split: {training['untrained_val_nelbo_per_token']:.3f} nats/token "
-              f"untrained -> {training['final_val_nelbo_per_token']:.3f} at step {training['final_step']}")
-    for name, record in summary["datasets"].items():
+        print(f"  bound on the validation split: {training.untrained_val_nelbo_per_token:.3f} nats/token "
+              f"untrained -> {training.final_val_nelbo_per_token:.3f} at step {training.final_step}")
+    for name, record in summary.datasets.items():
         print(f"  {name}: perplexity <= {record['perplexity_bound']:.2f}, {record['nelbo_per_token']:.4f} "
               f"nats/token, {record['bits_per_byte']:.4f} bits/byte")
-    print(f"  report: {summary['report']}")
-    mlflow = summary["mlflow"]
+    print(f"  report: {summary.report}")
+    mlflow = summary.mlflow
     print(f"  MLflow: run {mlflow['run_id']} at {mlflow['tracking_uri']}" if mlflow else
           "  MLflow: not logged (the server did not answer; see the warning above)")
 
@@ -94,5 +101,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     evaluation.add_argument("--num-samples", type=int, default=2, help="generated samples in the report")
     evaluation.add_argument("--sample-steps", type=int, default=128, help="sampling steps")
     run.add_argument("--mlflow-uri", help="MLflow tracking server (default: sqlite in the run dir)")
+    run.add_argument("--print-config", action="store_true",
+                     help="print the resolved training config (YAML) and exit")
     add_launcher_arguments(run)
     run.set_defaults(handler=_cmd_run, accepts_overrides=True)

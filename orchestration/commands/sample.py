@@ -11,11 +11,10 @@ from pathlib import Path
 from common.atomic_files import atomic_write_bytes
 from common.errors import output_file
 from evaluation.generation import DEFAULT_BATCH_SIZE, DEFAULT_GRID, GRIDS, INFILL_SYNTAX, Sample, generate
-from pipeline.export import resolve_export
+from pipeline.export import load_export, resolve_export
 
 RAW = argparse.RawDescriptionHelpFormatter
 SAMPLE_SEPARATOR = "----- sample {index} (network calls: {calls}) -----"
-
 
 SAMPLE_DESCRIPTION = """\
 Sample text from an export. Diffusion exports run the ancestral sampler with cached
@@ -38,8 +37,6 @@ examples:
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
-    from pipeline.export import load_export
-
     if args.out is not None:
         output_file(args.out, "--out")  # before sampling, not after it
     exported = load_export(resolve_export(Path(args.run_or_export)))

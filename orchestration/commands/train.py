@@ -6,10 +6,14 @@ import argparse
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.errors import UserError, output_dir
 from common.logs import configure_logging
-from pipeline.config import Config, load_config, parse_overrides
+from pipeline.config import Config, config_yaml, load_config, parse_overrides
+
+if TYPE_CHECKING:
+    from orchestration.ray_train import RayLaunch
 
 RAW = argparse.RawDescriptionHelpFormatter
 
@@ -40,15 +44,16 @@ def _train_config(args: argparse.Namespace) -> Config:
         overrides["logging.mlflow_uri"] = args.mlflow_uri
     if args.no_progress:
         overrides["logging.progress"] = "false"
-    config = load_config(args.config, overrides)
-    if config.data.path is None:
-        raise UserError("no data: pass --data DIR (an `unmask prep --out` directory) or set data.path")
-    return config
+    return load_config(args.config, overrides)
 
 
 def _check_paths(args: argparse.Namespace, config: Config) -> None:
     """The data and run directories, before DeepSpeed or Ray start. With --launcher ray and
     --ray-address they are the cluster's paths, which this machine may not see: not checked."""
+    if config.data.path is None:
+        raise UserError("no data: pass --data DIR (an `unmask prep --out` directory) or set data.path")
+    if args.run_dir is None:
+        raise UserError("--run-dir is required: where the checkpoints, metrics and export go")
     if args.launcher == "ray" and args.ray_address is not None:
         return
     data = Path(config.data.path)
@@ -63,6 +68,9 @@ def _check_paths(args: argparse.Namespace, config: Config) -> None:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     config = _train_config(args)
+    if args.print_config:
+        print(config_yaml(config), end="")
+        return 0
     _check_paths(args, config)
     configure_logging()
     if args.launcher == "ray":
@@ -70,26 +78,26 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from pipeline.trainer import train
 
     result = train(config, data_dir=config.data.path, run_dir=args.run_dir, resume=args.resume,
-                   allow_config_change=args.allow_config_change)
-    summary = {"run_dir": str(result.run_dir), "step": result.step, "tokens_seen": result.tokens_seen,
-               "checkpoint": str(result.checkpoint), "preempted": result.preempted,
-               "mlflow_run_id": result.mlflow_run_id}
-    if result.validation is not None:
-        summary["val_nelbo_per_token"] = result.validation.nelbo_per_token
-        summary["val_bits_per_byte"] = result.validation.bits_per_byte
+                   allow_config_change=args.allow_config_change, hooks=args.hooks)
     if os.environ.get("RANK", "0") == "0":  # one summary per job, not per process
-        print(json.dumps(summary))
+        print(json.dumps(result.summary()))
     return 0
 
 
-def _train_with_ray(args: argparse.Namespace, config: Config) -> int:
-    from orchestration.ray_train import RayLaunch, launch
+def launch_of(args: argparse.Namespace) -> RayLaunch:
+    """The Ray Train launch that the launcher flags (``add_launcher_arguments``) ask for."""
+    from orchestration.ray_train import RayLaunch
 
-    ray_launch = RayLaunch(num_workers=args.num_workers, gpus_per_worker=args.gpus_per_worker,
-                           cpus_per_worker=args.cpus_per_worker, max_failures=args.max_failures,
-                           address=args.ray_address, storage=args.storage)
-    summary = launch(config, ray_launch, data_dir=config.data.path, run_dir=args.run_dir, resume=args.resume,
-                     allow_config_change=args.allow_config_change)
+    return RayLaunch(num_workers=args.num_workers, gpus_per_worker=args.gpus_per_worker,
+                     cpus_per_worker=args.cpus_per_worker, max_failures=args.max_failures,
+                     address=args.ray_address, storage=args.storage)
+
+
+def _train_with_ray(args: argparse.Namespace, config: Config) -> int:
+    from orchestration.ray_train import launch
+
+    summary = launch(config, launch_of(args), data_dir=config.data.path, run_dir=args.run_dir, resume=args.resume,
+                     allow_config_change=args.allow_config_change, on_step=args.hooks.on_step)
     print(json.dumps(summary))
     return 0
 
@@ -121,7 +129,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         epilog=TRAIN_EPILOG, formatter_class=RAW)
     train.add_argument("--config", help="YAML config (configs/tiny.yaml, small.yaml, medium.yaml)")
     train.add_argument("--data", help="shard directory (overrides data.path)")
-    train.add_argument("--run-dir", required=True, help="checkpoints, metrics, MLflow store, export")
+    train.add_argument("--run-dir", help="checkpoints, metrics, MLflow store, export (required to train)")
     train.add_argument("--resume", choices=["auto", "never"], default="auto",
                        help="auto: continue from the latest checkpoint if any (default); never: refuse "
                             "a run dir that has checkpoints")
@@ -129,6 +137,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="resume even though the config or data differ from the checkpoint's")
     train.add_argument("--mlflow-uri", help="MLflow tracking server (default: sqlite in the run dir)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--print-config", action="store_true",
+                       help="print the resolved config (YAML) and exit; `unmask config fields` explains each field")
     train.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # deepspeed launcher
     add_launcher_arguments(train)
     train.set_defaults(handler=_cmd_train, accepts_overrides=True)

@@ -1,0 +1,101 @@
+"""The MLflow record of an evaluation, best effort: a tracking server that is down or failing
+costs that record (a warning), never the results nor the report.
+
+    tracking = track_results(results, run_dir=run_dir, out_dir=out_dir, tracking_uri=None)
+    if tracking is not None:
+        tracking.record, tracking.curves   # the run (for results.json), the training curves
+        tracking.upload_report(out_dir)    # once the report is written
+
+The metrics (``eval/DATASET/nelbo_per_token``, ``perplexity_bound``, ``bits_per_byte``,
+``standard_error``, at the checkpoint's step) go to the training's own MLflow run when the
+export belongs to one, or, with a tracking URI, to a new run in the ``unmask-eval``
+experiment tagged with the checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlflow.exceptions import MlflowException
+
+from evaluation.plots import Curves
+from evaluation.report import JSON_NAME
+from evaluation.results import EvalResults, MlflowRecord, ModelRecord
+from pipeline.tracking import Tracker, TrackingUnreachable
+
+__all__ = ["CURVE_METRICS", "EVAL_EXPERIMENT", "REPORT_ARTIFACT_DIR", "VAL_METRIC", "EvalTracking",
+           "track_results"]
+
+log = logging.getLogger("unmask.eval")
+
+VAL_METRIC = "val/nelbo_per_token"   # the training's validation bound, as it logs it
+CURVE_METRICS = ("train/loss", VAL_METRIC)
+EVAL_EXPERIMENT = "unmask-eval"
+REPORT_ARTIFACT_DIR = "report"
+# What a tracking server that is down or failing raises.
+TRACKING_ERRORS = (TrackingUnreachable, MlflowException, OSError)
+
+
+def _first_clause(err: BaseException) -> str:
+    # MLflow's messages go on for lines; the first clause says what happened.
+    return str(err).split("; ")[0]
+
+
+@dataclass(frozen=True)
+class EvalTracking:
+    """The MLflow run that took an evaluation's metrics, and the training curves it holds."""
+
+    tracker: Tracker
+    curves: Curves | None   # metric -> (step, value) points; None when it holds none
+
+    @property
+    def record(self) -> MlflowRecord:
+        """The run, as results.json records it."""
+        return MlflowRecord(tracking_uri=self.tracker.tracking_uri, run_id=self.tracker.run_id)
+
+    def upload_report(self, out_dir: Path) -> None:
+        """The report directory as the run's ``report`` artifact; a failure costs a warning."""
+        try:
+            self.tracker.log_artifact(out_dir, artifact_path=REPORT_ARTIFACT_DIR)
+        except TRACKING_ERRORS as err:
+            log.warning("MLflow: the report was not uploaded (%s)", _first_clause(err))
+
+
+def _tracker(run_dir: Path | None, out_dir: Path, tracking_uri: str | None, model: ModelRecord) -> Tracker:
+    """The training's MLflow run when known; else a new run (tagged with the checkpoint)."""
+    tracker = Tracker.attach(run_dir) if run_dir is not None and tracking_uri is None else None
+    if tracker is None:
+        tracker = Tracker.open(out_dir, tracking_uri=tracking_uri, experiment=EVAL_EXPERIMENT)
+        tracker.set_tags({"checkpoint": model.path, "step": str(model.step)})
+    return tracker
+
+
+def _log_metrics(tracker: Tracker, results: EvalResults) -> None:
+    step = results.model.step or 0
+    for name, record in results.datasets.items():
+        key = name.replace("/", "_")
+        tracker.log_metrics({f"eval/{key}/nelbo_per_token": record.nelbo_per_token,
+                             f"eval/{key}/perplexity_bound": record.perplexity_bound,
+                             f"eval/{key}/bits_per_byte": record.bits_per_byte,
+                             f"eval/{key}/standard_error": record.standard_error}, step)
+
+
+def track_results(results: EvalResults, *, run_dir: Path | None, out_dir: Path,
+                  tracking_uri: str | None) -> EvalTracking | None:
+    """Log the metrics of ``results`` and fetch the training curves, when the server answers.
+
+    ``run_dir``: the training run of the evaluated export (None for a standalone export);
+    ``tracking_uri``: log to a new run there instead of the training's. None, with a warning,
+    when the tracking server is down or failing: the results in ``out_dir`` stand without it.
+    """
+    try:
+        tracker = _tracker(run_dir, out_dir, tracking_uri, results.model)
+        _log_metrics(tracker, results)
+        curves = {key: tracker.metric_history(key) for key in CURVE_METRICS}
+    except TRACKING_ERRORS as err:
+        log.warning("MLflow: the results were not logged (%s); they are in %s", _first_clause(err),
+                    out_dir / JSON_NAME)
+        return None
+    return EvalTracking(tracker, {key: points for key, points in curves.items() if points} or None)

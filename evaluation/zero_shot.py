@@ -1,0 +1,260 @@
+"""Zero-shot evaluation of a training run or an export, end to end: the library behind
+``unmask eval`` and the eval stage of ``unmask run``.
+
+    config = EvalConfig(datasets=("ptb", "val"), data_dir="../shared/data", shards="shards/")
+    report = run_zero_shot(Path("runs/tiny"), config, ReportOptions(num_samples=2))
+    report.results.datasets["ptb"].perplexity_bound, report.files.html
+
+In order:
+
+1. every argument is checked before any work: the config and its datasets, the options
+   (``out`` is created), the results.json to compare with, the device;
+2. a training run without an export is exported first: its latest checkpoint's EMA weights,
+   or its live weights (with a warning) when the checkpoint has no EMA;
+3. every rank scores every dataset (``evaluation.evaluate``: the blocks are split over the
+   process group and the totals summed, so the numbers do not depend on the world size);
+4. rank 0 adds the model and training records, the comparison, samples and provenance, logs
+   the metrics to MLflow (best effort, ``evaluation.tracking``) and writes the report
+   (``evaluation.report``) into ``report_dir``.
+
+Under torchrun every rank calls ``run_zero_shot``; ranks other than 0 return None. Without a
+``dist`` it joins the process group the launcher describes (a world of one without a
+launcher) and leaves it at the end, all ranks together; a caller's ``dist`` stays the caller's.
+
+``is_up_to_date`` tells the stage runner of ``unmask run`` that the report already scored the
+current export, so that it may skip the stage.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from common.errors import UserError, output_dir
+from common.provenance import git_commit, package_version
+from evaluation.evaluate import EvalConfig, evaluate
+from evaluation.generation import generate, resolve_device
+from evaluation.report import JSON_NAME, ReportFiles, write_report
+from evaluation.results import (
+    ABSENT,
+    Comparison,
+    DatasetResult,
+    EvalResults,
+    EvalScores,
+    ModelRecord,
+    SampleRecord,
+    TokenizerRecord,
+    TrainingRecord,
+)
+from evaluation.tracking import VAL_METRIC, track_results
+from pipeline.checkpoint import resolve_checkpoint
+from pipeline.distributed import Distributed, init_distributed
+from pipeline.export import (
+    CONFIG_FILE,
+    Exported,
+    export,
+    has_ema,
+    load_export,
+    resolve_export,
+    training_run_of,
+)
+from pipeline.run_layout import RunLayout
+
+__all__ = ["ReportOptions", "ZeroShotReport", "is_up_to_date", "report_dir", "run_zero_shot"]
+
+log = logging.getLogger("unmask.eval")
+
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """What the report holds beside the bounds, and where it goes."""
+
+    num_samples: int = 0            # samples generated for the report
+    sample_steps: int = 1000        # their reverse diffusion steps
+    compare: Path | None = None     # another evaluation's results.json: the report shows the gap
+    out: Path | None = None         # None: RUN/report, or EXPORT/report for a standalone export
+    mlflow_uri: str | None = None   # None: the training's own MLflow run (a new run without one)
+
+    def check(self) -> None:
+        """The sample flags, then ``out`` (created, and probed for writing): a UserError naming
+        the flag."""
+        if self.num_samples < 0 or self.sample_steps < 1:
+            raise UserError(f"--num-samples must be >= 0 and --sample-steps >= 1, got {self.num_samples} and "
+                            f"{self.sample_steps}")
+        if self.out is not None:
+            output_dir(self.out, "--out")
+
+
+@dataclass(frozen=True)
+class ZeroShotReport:
+    """What ``run_zero_shot`` made: the results and the files of their report."""
+
+    results: EvalResults
+    files: ReportFiles
+
+
+# ------------------------------------------------------------------ where the report goes
+def _report_dir(export_dir: Path, out: Path | None) -> Path:
+    if out is not None:
+        return Path(out)
+    return RunLayout(training_run_of(export_dir) or export_dir).report
+
+
+def report_dir(target: Path, options: ReportOptions) -> Path:
+    """Where the report of ``target`` (a training run with an export, or an export) goes."""
+    return _report_dir(resolve_export(target), options.out)
+
+
+def _exported_step(export_dir: Path) -> int | None:
+    return json.loads((export_dir / CONFIG_FILE).read_text()).get("step")
+
+
+def is_up_to_date(target: Path, config: EvalConfig, options: ReportOptions) -> bool:
+    """Whether the report of ``target`` already scored its export as it is now (the same
+    checkpoint step) on the datasets of ``config``, with as many time samples per block.
+    False while ``target`` has no export or its report no readable results.json."""
+    try:
+        export_dir = resolve_export(target)
+        results = EvalResults.read(_report_dir(export_dir, options.out) / JSON_NAME)
+    except (UserError, OSError, ValueError):
+        return False
+    return (results.model.step == _exported_step(export_dir)
+            and sorted(results.datasets) == sorted(config.datasets)
+            and results.protocol.samples_per_block == config.samples_per_block)
+
+
+# ------------------------------------------------------------------ before the work
+def _read_comparison(path: Path, names: tuple[str, ...]) -> Comparison:
+    """Another evaluation's results.json (``--compare``), checked before any work: it must be
+    one, and have scored one of ``names``."""
+    try:
+        data = json.loads(path.read_text())
+        record = {"model": data["model"], "datasets": data["datasets"], "path": str(path.resolve())}
+        scored = sorted(record["datasets"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"--compare {path}: not the results.json of an `unmask eval` ({err})") from None
+    # Names as given, without the " (first N documents)" that --max-documents adds.
+    if not set(names) & {name.split(" (first ")[0] for name in scored}:
+        raise UserError(f"--compare {path}: it scored {scored}, none of --datasets {','.join(names)}")
+    missing = Comparison.missing(record, "")
+    if missing:
+        raise UserError(f"--compare {path}: not the results.json of an `unmask eval` (it lacks "
+                        f"{', '.join(missing)})")
+    return Comparison.from_json(record)
+
+
+def _export_if_missing(path: Path) -> None:
+    """A training run without an export is exported first: its latest checkpoint's EMA
+    weights, or its live weights when the checkpoint has no EMA (with a warning)."""
+    layout = RunLayout(path)
+    if not layout.is_training_run() or (layout.export / CONFIG_FILE).is_file():
+        return
+    weights = "ema" if has_ema(resolve_checkpoint(path)) else "model"
+    if weights == "model":
+        log.warning("%s: the latest checkpoint has no EMA; evaluating its live weights", path)
+    log.info("%s has no export yet: exporting its latest checkpoint (%s weights)", path, weights)
+    export(path, weights=weights)
+
+
+# ------------------------------------------------------------------ the records of rank 0
+def _model_record(export_dir: Path, exported: Exported) -> ModelRecord:
+    config = exported.config
+    weights_note = ("EMA weights (decay {})".format(config.get("ema_decay")) if config.get("weights") == "ema"
+                    else "live weights (no EMA: exported with --weights model)")
+    tokenizer = exported.tokenizer
+    return ModelRecord(path=str(export_dir.resolve()), objective=config["objective"], step=config.get("step"),
+                       tokens_seen=config.get("tokens_seen"), weights=config.get("weights"),
+                       weights_note=weights_note, network=dict(config["network"]),
+                       tokenizer=TokenizerRecord(kind=tokenizer.kind, sha256=tokenizer.sha256,
+                                                 vocab_size=tokenizer.vocab_size))
+
+
+def _training_record(run_dir: Path) -> TrainingRecord | None:
+    """The training's validation bound at step 0 (untrained) and at its last validation."""
+    layout = RunLayout(run_dir)
+    path = layout.metrics
+    if not path.is_file():
+        return None
+    validations = [(record["step"], record[VAL_METRIC]) for line in path.read_text().splitlines()
+                   if line.strip() and VAL_METRIC in (record := json.loads(line))]
+    if not validations or validations[0][0] != 0:
+        return None
+    config = json.loads(layout.config.read_text())
+    return TrainingRecord(untrained_val_nelbo_per_token=validations[0][1], final_step=validations[-1][0],
+                          final_val_nelbo_per_token=validations[-1][1], val_split=config["data"]["val_split"])
+
+
+def _shared(comparison: Comparison, scored: dict[str, DatasetResult], flag_path: Path | None) -> Comparison:
+    """The comparison on the datasets both evaluations scored (the names must match exactly)."""
+    shared = {name: comparison.datasets[name] for name in scored if name in comparison.datasets}
+    if not shared:
+        raise UserError(f"--compare {flag_path}: it scored {sorted(comparison.datasets)}, none of {sorted(scored)}")
+    return replace(comparison, datasets=shared)
+
+
+def _samples(exported: Exported, options: ReportOptions, seed: int) -> tuple[SampleRecord, ...]:
+    if not options.num_samples:
+        return ()
+    samples = generate(exported, num=options.num_samples, steps=options.sample_steps, seed=seed)
+    return tuple(SampleRecord(text=s.text, network_calls=s.network_calls, steps=s.steps) for s in samples)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def _report(scores: EvalScores, exported: Exported, export_dir: Path, comparison: Comparison | None,
+            config: EvalConfig, options: ReportOptions) -> ZeroShotReport:
+    """Rank 0: the records, samples, MLflow, the report files."""
+    run_dir = training_run_of(export_dir)
+    out_dir = _report_dir(export_dir, options.out)
+    results = EvalResults(
+        model=_model_record(export_dir, exported), protocol=scores.protocol, datasets=scores.datasets,
+        training=ABSENT if run_dir is None else _training_record(run_dir),
+        comparison=ABSENT if comparison is None else _shared(comparison, scores.datasets, options.compare),
+        samples=_samples(exported, options, config.seed),
+        mlflow=None, created=_now(), unmask_version=package_version("unmask"), git_commit=git_commit())
+    tracking = track_results(results, run_dir=run_dir, out_dir=out_dir, tracking_uri=options.mlflow_uri)
+    if tracking is not None:
+        results = replace(results, mlflow=tracking.record)
+    files = write_report(results, out_dir, curves=tracking.curves if tracking is not None else None)
+    if tracking is not None:
+        tracking.upload_report(out_dir)
+    return ZeroShotReport(results, files)
+
+
+# ------------------------------------------------------------------ the entry point
+def run_zero_shot(target: Path, config: EvalConfig, options: ReportOptions, *,
+                  device: str | torch.device | None = None, dist: Distributed | None = None) -> ZeroShotReport | None:
+    """Score ``target`` (a training run, exported first if needed, or an export) on the
+    datasets of ``config`` and write its report; see the module docstring.
+
+    ``device``: where this rank scores (default: the process group's device for this rank).
+    ``dist``: the process group (default: joined here, and left at the end). The results and
+    their files on rank 0, None on the other ranks. What the user can fix raises UserError,
+    before any work when it can be known then.
+    """
+    target = Path(target)
+    config.check()  # the flags and every dataset, before any work
+    options.check()
+    comparison = _read_comparison(Path(options.compare), config.datasets) if options.compare else None
+    requested_device = resolve_device(str(device)) if device is not None else None
+    group = dist or init_distributed(deepspeed_backend=False)
+    if group.is_main:
+        _export_if_missing(target)
+    group.barrier()
+    export_dir = resolve_export(target)
+    exported = load_export(export_dir)
+    scores = evaluate(exported, config, device=requested_device or group.device, rank=group.rank,
+                      world_size=group.world_size, all_reduce=group.sum,
+                      progress=lambda message: log.info(message) if group.is_main else None)
+    report = _report(scores, exported, export_dir, comparison, config, options) if group.is_main else None
+    if dist is None:
+        group.shutdown()
+    return report

@@ -1,0 +1,109 @@
+"""The one spec a model is built from: its network and the process it is trained under.
+
+An export's ``config.json`` holds it (``to_dict``: the keys ``network``, ``objective``,
+``process``, ``schedule``, ``schedule_args``), and training, evaluation and sampling all
+build from it, so a model is always scored and sampled under the process it was trained
+with:
+
+- ``objective="diffusion"``: a diffusion process over the network's V clean tokens, of kind
+  ``process``: ``"absorbing"`` (``MaskedDiffusion``, MATH.md), ``"uniform"``
+  (``UniformDiffusion``, D3PM) or ``"learned"`` (``LearnedMaskedDiffusion``, GenMD4).
+  ``schedule`` and ``schedule_args`` name a ``model.schedules.make_schedule`` schedule;
+  the learned process has its own per-token schedule, named ``"learned"``, whose arguments
+  are those of ``LearnedSchedule`` (``initial_exponent``, ``endpoint_eps``).
+- ``objective="autoregressive"``: the causal baseline (``Autoregressive``); the process and
+  the schedule are not read.
+
+Training builds the absorbing process and the autoregressive baseline; its config does not
+name the other processes yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, get_args
+
+from model.autoregressive import Autoregressive
+from model.diffusion import DiffusionProcess, MaskedDiffusion
+from model.schedules import make_schedule
+from model.state_dependent import LearnedMaskedDiffusion, LearnedSchedule
+from model.transformer import Transformer, TransformerConfig
+from model.uniform import UniformDiffusion
+
+__all__ = ["LEARNED_SCHEDULE", "ModelSpec", "ObjectiveKind", "Process", "ProcessKind", "build_network",
+           "build_process"]
+
+ObjectiveKind = Literal["diffusion", "autoregressive"]
+ProcessKind = Literal["absorbing", "uniform", "learned"]
+# What ``build_process`` returns: the autoregressive baseline is the "process" of its objective.
+Process = DiffusionProcess | Autoregressive
+# The schedule name of the learned process (GenMD4's per-token schedule, not a make_schedule one).
+LEARNED_SCHEDULE = "learned"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model: its network and the objective, process and schedule it is trained under."""
+
+    network: TransformerConfig
+    objective: ObjectiveKind = "diffusion"
+    process: ProcessKind = "absorbing"       # the diffusion process (objective "diffusion")
+    schedule: str = "linear"                 # make_schedule name, or "learned" for process "learned"
+    schedule_args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_kind("objective", self.objective, ObjectiveKind)
+        _check_kind("process", self.process, ProcessKind)
+        if (self.process == "learned") != (self.schedule == LEARNED_SCHEDULE):
+            raise ValueError(f"ModelSpec: the learned process takes schedule {LEARNED_SCHEDULE!r} and no other "
+                             f"process does; got process {self.process!r} with schedule {self.schedule!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as JSON-ready keys (those of an export's config.json)."""
+        return {"network": asdict(self.network), "objective": self.objective, "process": self.process,
+                "schedule": self.schedule, "schedule_args": dict(self.schedule_args)}
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> ModelSpec:
+        """The spec in ``record`` (a config.json, which holds other keys too). Only ``network``
+        is required: exports written before a key existed get its default (``process``
+        appeared with the uniform and learned processes; every earlier export is absorbing).
+        Network fields this version does not know are dropped."""
+        known = {f.name for f in fields(TransformerConfig)}
+        network = TransformerConfig(**{k: v for k, v in record["network"].items() if k in known})
+        present = {f.name: record[f.name] for f in fields(cls) if f.name != "network" and f.name in record}
+        return cls(network=network, **present)
+
+
+def _check_kind(name: str, value: str, kind: Any) -> None:
+    if value not in get_args(kind):
+        raise ValueError(f"ModelSpec.{name} must be one of {get_args(kind)}, got {value!r}")
+
+
+def build_network(spec: ModelSpec) -> Transformer:
+    """The network of ``spec``, freshly initialised (from the global RNG)."""
+    return Transformer(spec.network)
+
+
+def build_process(spec: ModelSpec, *, validate: bool = True, cross_entropy_chunk_rows: int = 0) -> Process:
+    """The process (or the autoregressive baseline) of ``spec`` over its network's vocabulary.
+
+    ``validate`` (default True) checks token ids and times on every call, which synchronizes
+    a GPU with the host: a trainer or evaluator fed by validated shards turns it off.
+    ``cross_entropy_chunk_rows`` is the absorbing process's (``MaskedDiffusion``); the other
+    processes and the baseline score full logits and do not read it.
+    """
+    vocab_size = spec.network.vocab_size
+    if spec.objective == "autoregressive":
+        return Autoregressive(vocab_size, validate=validate)
+    if spec.process == "learned":
+        try:
+            schedule = LearnedSchedule(vocab_size, **spec.schedule_args)
+        except TypeError as err:
+            raise ValueError(f"bad arguments for schedule {LEARNED_SCHEDULE!r}: {err}") from None
+        return LearnedMaskedDiffusion(schedule, vocab_size, validate=validate)
+    if spec.process == "uniform":
+        return UniformDiffusion(make_schedule(spec.schedule, **spec.schedule_args), vocab_size, validate=validate)
+    return MaskedDiffusion(make_schedule(spec.schedule, **spec.schedule_args), vocab_size, validate=validate,
+                           cross_entropy_chunk_rows=cross_entropy_chunk_rows)
