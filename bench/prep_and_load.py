@@ -11,6 +11,9 @@ Two cases (``--case``):
 - loader: tokens/s that ``StreamingLoader`` delivers in one process (target >= 20M), and
   the cost of its shard checksums: one epoch with them checked (the first read of each
   shard in a process) against the same epoch unchecked, each from a page-cached shard.
+- loader_rank: tokens/s that rank 0 of ``LOADER_WORLD`` ranks gets in one process, against
+  the one-rank figure: a rank's sequences are spread over the whole stream (the global
+  batches do not depend on the number of ranks), so it reads every chunk for 1 / W of it.
 - overhead: shard bytes over raw token bytes (target < 2%).
 
 The corpus is tinyshakespeare and PTB train from ../shared/data (6.2 MB), repeated to about
@@ -78,6 +81,7 @@ STARTUP_TEXT_BYTES = 2000
 CORPUS_FILES = 8          # enough units for two workers to share evenly
 ENCODE_BATCH = 256        # documents per raw encode call, as the prep actors do
 LOADER_BATCH = 32
+LOADER_WORLD = 8          # ranks of the per-rank loader figure
 RAW_SAMPLE_FILES = 2      # files per raw-rate sample (a quarter of the corpus)
 
 
@@ -150,10 +154,11 @@ def plain_processes_rate(paths: list[str], tokenizer_path: str, processes: int) 
     return sum(tokens for tokens, _ in results) / max(seconds for _, seconds in results)
 
 
-def loader_rate(data_dir: Path, epochs: int = 3, verify: bool = True) -> tuple[float, int]:
-    """Tokens/s over ``epochs`` epochs; the checksums (``verify``) are checked in the first."""
+def loader_rate(data_dir: Path, epochs: int = 3, verify: bool = True, world_size: int = 1) -> tuple[float, int]:
+    """Tokens/s that rank 0 of ``world_size`` gets over ``epochs`` epochs; the checksums
+    (``verify``) are checked in the first."""
     loader_module._VERIFIED.clear()
-    loader = StreamingLoader(data_dir, "train", LOADER_BATCH, seed=0, verify=verify)
+    loader = StreamingLoader(data_dir, "train", LOADER_BATCH, rank=0, world_size=world_size, seed=0, verify=verify)
     start, tokens = time.perf_counter(), 0
     for _ in range(epochs):
         for batch in loader:
@@ -217,6 +222,9 @@ def bench_loader_and_overhead(out: Path, vocab_size: int, seq_len: int) -> None:
     rate, tokens = loader_rate(out)
     print(json.dumps({"bench": "loader", "batch": LOADER_BATCH, "seq_len": seq_len,
                       "tokens": tokens, "tokens_per_s": round(rate)}))
+    rank_rate, rank_tokens = loader_rate(out, world_size=LOADER_WORLD)
+    print(json.dumps({"bench": "loader_rank", "world_size": LOADER_WORLD, "batch": LOADER_BATCH,
+                      "tokens": rank_tokens, "tokens_per_s": round(rank_rate), "vs_one_rank": round(rank_rate / rate, 3)}))
     bench_verification(out)
     manifest_splits = json.loads((out / "manifest.json").read_text())["splits"]
     itemsize = np.dtype("<u2").itemsize if vocab_size <= 1 << 16 else 4

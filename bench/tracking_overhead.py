@@ -85,7 +85,7 @@ def run(args: argparse.Namespace, root: Path, name: str, uri: str | None, *, sto
         output.append(line)
         step = _step_of(line)
         if stop_server is not None and step == 1:
-            threading.Thread(target=lambda: (stop_server(), stopped.set()), daemon=True).start()
+            threading.Thread(target=lambda stop=stop_server: (stop(), stopped.set()), daemon=True).start()
             stop_server = None
         if stopped.is_set() and step is not None and down_at == args.warmup:
             down_at = max(step, args.warmup)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 
 __all__ = ["configure_logging"]
 
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
 TIME_FORMAT = "%H:%M:%S"
+DEEPSPEED_ACCELERATOR_ENV = "DS_ACCELERATOR"
 
 
 def configure_logging() -> None:
@@ -15,6 +17,12 @@ def configure_logging() -> None:
     config at INFO). Idempotent: a process (a Ray Train worker, `unmask run`) may call it
     once per stage."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt=TIME_FORMAT)
+    import torch
+
+    if not torch.cuda.is_available():
+        # DeepSpeed warns on every import that it "falls back" to the CPU when it detects no
+        # GPU; on a machine without one that is the plan, so say it instead of detecting.
+        os.environ.setdefault(DEEPSPEED_ACCELERATOR_ENV, "cpu")
     try:
         from deepspeed.utils import logger as deepspeed_logger
     except ImportError:

@@ -61,6 +61,9 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, *,
         address = os.environ.get(JOB_ADDRESS_ENV) or None
     if address is None:
         pin_local_ray_to_loopback()
+        # Ray's default for a new local instance (token auth on, a token made if missing), said
+        # explicitly: left unset, Ray prints a notice about it on every start.
+        os.environ.setdefault(AUTH_MODE_ENV, "token")
     else:
         use_token_auth_if_available()
     import ray  # lazily: `unmask version` and friends should not pay for importing Ray

@@ -1,6 +1,7 @@
 """``unmask prep``: raw corpora -> tokenized, packed WebDataset shards and a manifest.
 
-Two Ray Data stages, each recorded in a ledger so that a killed prep resumes where it stopped:
+Two Ray Data stages (``data_prep.tokenize_stage``, ``data_prep.shard_stage``), each recorded
+in a ledger so that a killed prep resumes where it stopped; this module drives them:
 
 1. tokenize: work units (byte ranges of text, row groups of Parquet; ``data_prep.readers``)
    go to actors that hold the tokenizer. Each actor reads its unit, encodes every document,
@@ -28,32 +29,28 @@ import hashlib
 import itertools
 import json
 import logging
-import math
 import shutil
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-import numpy as np
-from tqdm import tqdm
-
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError, output_dir
+from common.progress import bar as progress_bar
 from common.ray_runtime import ray_session
 from data_prep.ledger import Ledger
 from data_prep.readers import (
     DEFAULT_UNIT_BYTES,
     InputFile,
-    Piece,
     ReadCounters,
     ReadOptions,
     WorkUnit,
-    binary_reason,
     plan_units,
-    read_unit,
     resolve_inputs,
 )
+from data_prep.shard_stage import SplitLayout, plan_shards, shard_key, write_one_shard
 from data_prep.shards import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -62,10 +59,9 @@ from data_prep.shards import (
     ShardInfo,
     SplitInfo,
     chunk_rows,
-    shard_path,
     token_dtype,
-    write_shard,
 )
+from data_prep.tokenize_stage import UnitTokenizer, unit_key
 from data_prep.tokenizer import Tokenizer
 
 WORK_DIR = ".prep-work"
@@ -75,9 +71,6 @@ IDENTITY_NAME = "identity.json"
 DEFAULT_SHARD_BYTES = 128 << 20
 # Held-out share of documents: 0.5% of OpenWebText is ~40k documents, plenty for a bound.
 DEFAULT_VAL_FRACTION = 0.005
-# Pieces per tokenizer call: amortizes the per-call cost of the native batch encoder.
-ENCODE_BATCH_PIECES = 256
-HASH_SPACE = float(1 << 64)
 # The read flags that decide what happens to bad input, not what good input is, with the
 # counters of the documents each one acts on. A prep that stopped unfinished may go on with
 # other values of them: only the units whose counters show such documents are redone.
@@ -148,207 +141,6 @@ class PrepResult:
         return (f"{docs:,} documents, {tokens:,} tokens, {text_bytes:,} bytes of text -> {shards} shards "
                 f"(train {splits['train'].sequences:,} / val {splits['val'].sequences:,} sequences) in "
                 f"{self.seconds:.1f} s, tokenizing at {rate:,.0f} tokens/s{resumed}")
-
-
-# ------------------------------------------------------------------------- stage 1
-class _SplitRule:
-    """Train or val by a keyed hash of the document's first piece: duplicates share a split."""
-
-    def __init__(self, seed: int, val_fraction: float) -> None:
-        # The keyed state, copied per document: cheaper than keying a new hash each time.
-        self._keyed = hashlib.blake2b(digest_size=8, key=seed.to_bytes(8, "little", signed=True))
-        self.threshold = val_fraction * HASH_SPACE
-
-    def split(self, data: bytes) -> str:
-        """The split of the document whose first piece has the UTF-8 bytes ``data``."""
-        digest = self._keyed.copy()
-        digest.update(data)
-        return "val" if int.from_bytes(digest.digest(), "little") < self.threshold else "train"
-
-
-class _UnitOutput:
-    """A unit's token stream and per-document (tokens, bytes) table for one split."""
-
-    def __init__(self, prefix: Path, split: str, dtype: np.dtype) -> None:
-        self.tokens_path = prefix.with_name(f"{prefix.name}.{split}.tokens")
-        self.docs_path = prefix.with_name(f"{prefix.name}.{split}.docs.npy")
-        self._tmp = self.tokens_path.with_name(self.tokens_path.name + ".tmp")
-        self._handle = open(self._tmp, "wb")
-        self.dtype = dtype
-        self.docs: list[tuple[int, int]] = []
-        self.pending: list[list[int]] = []  # the ids of the pieces of this batch, in order
-        self.tokens = 0
-
-    def flush(self) -> None:
-        """Write the pending ids."""
-        count = sum(map(len, self.pending))
-        array = np.fromiter(itertools.chain.from_iterable(self.pending), dtype=self.dtype, count=count)
-        self._handle.write(array.tobytes())
-        self.tokens += count
-        self.pending.clear()
-
-    def close(self) -> None:
-        self._handle.close()
-        self._tmp.replace(self.tokens_path)
-        table = np.array(self.docs, dtype=np.int64).reshape(-1, 2)
-        tmp = self.docs_path.with_name(self.docs_path.name + ".tmp.npy")
-        np.save(tmp, table)
-        tmp.replace(self.docs_path)
-
-
-def _batched(pieces: Iterable[Piece], size: int) -> Iterator[list[Piece]]:
-    iterator = iter(pieces)
-    while batch := list(itertools.islice(iterator, size)):
-        yield batch
-
-
-def tokenize_unit(unit: WorkUnit, tokenizer: Tokenizer, options: ReadOptions, rule: _SplitRule,
-                  prefix: Path, dtype: np.dtype) -> dict:
-    """Tokenize one unit into ``prefix.{split}.tokens``; return its ledger entry.
-
-    The loop runs once per piece, and with short documents its own cost is of the order of the
-    encoder's: each piece is turned into bytes once (for the split hash and the byte count)."""
-    counters = ReadCounters()
-    outputs = {split: _UnitOutput(prefix, split, dtype) for split in SPLITS}
-    eos_id = tokenizer.eos_id
-    output, doc_tokens, doc_bytes = outputs["train"], 0, 0
-    for batch in _batched(read_unit(unit, options, counters), ENCODE_BATCH_PIECES):
-        texts = [piece.text for piece in batch]
-        for piece, text, ids in zip(batch, texts, tokenizer.encode_batch(texts)):
-            data = text.encode("utf-8")
-            if piece.first:
-                output, doc_tokens, doc_bytes = outputs[rule.split(data)], 0, 0
-            if piece.last:
-                ids.append(eos_id)  # a fresh list from the encoder: extending it copies nothing
-            output.pending.append(ids)
-            doc_tokens += len(ids)
-            doc_bytes += len(data)
-            if piece.last:
-                output.docs.append((doc_tokens, doc_bytes))
-        for split_output in outputs.values():
-            split_output.flush()
-    for split_output in outputs.values():
-        split_output.close()
-    entry = {"index": unit.index, "counters": counters.to_dict(),
-             "splits": {name: {"tokens": out.tokens, "documents": len(out.docs),
-                               "utf8_bytes": int(sum(b for _, b in out.docs))}
-                        for name, out in outputs.items()}}
-    if counters.binary_files_skipped:
-        entry["binary_file"] = {"uri": unit.file.uri, "reason": binary_reason(unit.file)}
-    return entry
-
-
-class _UnitTokenizer:
-    """Holds the tokenizer and tokenizes the units it is handed: a Ray Data actor (``__call__``
-    takes a batch of unit indices), or a plain object in a one-worker prep (``tokenize``)."""
-
-    def __init__(self, tokenizer: Tokenizer, units: list[WorkUnit], config: PrepConfig, work: str) -> None:
-        self.tokenizer, self.units, self.config = tokenizer, units, config
-        self.work = Path(work)
-        self.rule = _SplitRule(config.seed, config.val_fraction)
-        self.ledger = Ledger(self.work / "ledger")
-        self.dtype = token_dtype(tokenizer.vocab_size)
-
-    def tokenize(self, index: int) -> dict:
-        """Tokenize unit ``index`` and record it in the ledger. Returns its row: tokens, busy
-        seconds, and the message of the user error that stopped it ("" if none)."""
-        prefix = self.work / "units" / f"{index:06d}"
-        started = time.perf_counter()
-        try:
-            entry = tokenize_unit(self.units[index], self.tokenizer, self.config.read, self.rule,
-                                  prefix, self.dtype)
-        except UserError as err:  # travels as data: Ray keeps only the text of exceptions
-            entry, error = None, str(err)
-        except OSError as err:  # e.g. a full disk
-            entry, error = None, f"tokenizing {self.units[index].file.uri} into {prefix}: {err}"
-        else:
-            self.ledger.record(_unit_key(index), entry)
-            error = ""
-        tokens = sum(s["tokens"] for s in entry["splits"].values()) if entry else 0
-        return {"index": index, "tokens": tokens, "seconds": time.perf_counter() - started, "error": error}
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows = [self.tokenize(index) for index in batch["index"].tolist()]
-        return {"index": batch["index"], "tokens": np.array([r["tokens"] for r in rows], dtype=np.int64),
-                "seconds": np.array([r["seconds"] for r in rows]),
-                "error": np.array([r["error"] for r in rows], dtype=object)}
-
-
-def _unit_key(index: int) -> str:
-    return f"unit-{index:06d}"
-
-
-# ------------------------------------------------------------------------- stage 2
-@dataclass(frozen=True)
-class _SplitLayout:
-    """Where each unit's tokens of one split start in the split's token stream."""
-
-    split: str
-    unit_indices: list[int]
-    unit_offsets: list[int]      # cumulative, len(units) + 1
-    seq_len: int
-    pad_id: int
-
-    @property
-    def tokens(self) -> int:
-        return self.unit_offsets[-1]
-
-    @property
-    def sequences(self) -> int:
-        return math.ceil(self.tokens / self.seq_len)
-
-
-def _shard_key(split: str, index: int) -> str:
-    return f"shard-{split}-{index:06d}"
-
-
-def _read_token_range(layout: _SplitLayout, work: Path, start: int, stop: int,
-                      dtype: np.dtype) -> tuple[np.ndarray, int]:
-    """Tokens [start, stop) of the split stream, and the UTF-8 bytes of the documents whose
-    EOS lies in that range."""
-    parts, text_bytes = [], 0
-    for unit, lo, hi in zip(layout.unit_indices, layout.unit_offsets, layout.unit_offsets[1:]):
-        if hi <= start or lo >= stop or hi == lo:
-            continue
-        prefix = work / "units" / f"{unit:06d}"
-        tokens = np.memmap(prefix.with_name(f"{prefix.name}.{layout.split}.tokens"), dtype=dtype, mode="r")
-        parts.append(np.asarray(tokens[max(start, lo) - lo:min(stop, hi) - lo]))
-        docs = np.load(prefix.with_name(f"{prefix.name}.{layout.split}.docs.npy"))
-        eos_at = lo + np.cumsum(docs[:, 0]) - 1
-        text_bytes += int(docs[(eos_at >= start) & (eos_at < stop), 1].sum())
-    return (np.concatenate(parts) if parts else np.empty(0, dtype)), text_bytes
-
-
-def write_one_shard(row: dict, layouts: dict[str, _SplitLayout], work: str, out: str,
-                    dtype: np.dtype, rows_per_chunk: int) -> dict:
-    """Ray Data task: cut sequences [first, first + count) of a split into a shard."""
-    layout = layouts[row["split"]]
-    try:
-        info = _cut_shard(layout, row["index"], row["first"], row["count"], Path(work), Path(out), dtype,
-                          rows_per_chunk)
-    except OSError as err:  # e.g. a full disk: travels as data (see _UnitTokenizer)
-        return {**row, "error": f"writing {Path(out) / shard_path(layout.split, row['index'])}: {err}"}
-    Ledger(Path(work) / "ledger").record(_shard_key(layout.split, row["index"]), asdict(info))
-    return {**row, "error": ""}
-
-
-def _cut_shard(layout: _SplitLayout, index: int, first: int, count: int, work: Path, out: Path,
-               dtype: np.dtype, rows_per_chunk: int) -> ShardInfo:
-    seq_len = layout.seq_len
-    start, stop = first * seq_len, (first + count) * seq_len
-    tokens, text_bytes = _read_token_range(layout, work, start, min(stop, layout.tokens), dtype)
-    padding = stop - start - len(tokens)
-    sequences = np.concatenate([tokens, np.full(padding, layout.pad_id, dtype)]).reshape(-1, seq_len)
-    relative = shard_path(layout.split, index)
-    digest = write_shard(out / relative, sequences, index, rows_per_chunk)
-    return ShardInfo(path=relative, sequences=count, tokens=len(tokens), utf8_bytes=text_bytes,
-                     sha256=digest, bytes=(out / relative).stat().st_size)
-
-
-def _plan_shards(layout: _SplitLayout, sequences_per_shard: int) -> list[dict]:
-    return [{"split": layout.split, "index": index, "first": first,
-             "count": min(sequences_per_shard, layout.sequences - first)}
-            for index, first in enumerate(range(0, layout.sequences, sequences_per_shard))]
 
 
 # ------------------------------------------------------------------------- driver
@@ -463,7 +255,7 @@ def _run_stage(rows: Iterable[dict], description: str, total: int, progress: boo
     the prep (finished items stay in the ledger, so nothing done is lost)."""
     tokens, busy = 0, 0.0
     start = time.perf_counter()
-    with tqdm(total=total, desc=description, unit="item", disable=not progress) as bar:
+    with progress_bar(total=total, desc=description, unit="item", disable=not progress) as bar:
         for row in rows:
             if row["error"]:
                 raise UserError(row["error"])
@@ -491,20 +283,26 @@ def _ray_data(ray_address: str | None, workers: int) -> Iterator[None]:
         # Ray Data logs its plan and progress on every run; the console is for our own
         # progress bar and summary (set after the import, which configures its loggers).
         logging.getLogger("ray.data").setLevel(logging.WARNING)
+        # Our own bar replaces Ray Data's; Ray says so at WARNING, which is no news to the user.
+        logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
         ray.data.DataContext.get_current().enable_progress_bars = False
         yield
 
 
-def _tokenize_rows(in_process: bool, pending_units: list[int], workers: int,
-                   actor_args: tuple) -> Iterable[dict]:
-    """The rows of stage 1: each pending unit tokenized, here or by ``workers`` Ray actors."""
-    if in_process:
-        return map(_UnitTokenizer(*actor_args).tokenize, pending_units)
+def _tokenize_rows(pending_units: list[int], workers: int, actor_args: tuple) -> Iterable[dict]:
+    """The rows of stage 1 on Ray: each pending unit tokenized by one of ``workers`` actors."""
     import ray.data
 
-    return ray.data.from_items([{"index": i} for i in pending_units]).map_batches(
-        _UnitTokenizer, batch_size=1, compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1,
-        fn_constructor_args=actor_args).iter_rows()
+    with warnings.catch_warnings():
+        # max_restarts has no named parameter yet in this Ray; the catch-all is deprecated.
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.* is deprecated", category=Warning)
+        return ray.data.from_items([{"index": i} for i in pending_units]).map_batches(
+            UnitTokenizer, batch_size=1, compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1,
+            fn_constructor_args=actor_args,
+            # No actor restarts: a dead actor fails the stage, and a rerun resumes from the ledger.
+            # Restartable actors built from arguments in the object store (Ray Data keeps the
+            # UDF there) make Ray's core worker print an error line on every prep.
+            max_restarts=0).iter_rows()
 
 
 def _shard_rows(in_process: bool, pending_shards: list[dict], workers: int, shard_args: dict) -> Iterable[dict]:
@@ -537,21 +335,25 @@ def prep(config: PrepConfig, tokenizer: Tokenizer, out_dir: str | Path, *, worke
     work = out / WORK_DIR
     ledger = Ledger(work / "ledger")
     units = plan_units(files, config.read, config.unit_bytes)
-    pending_units = [u.index for u in units if not ledger.done(_unit_key(u.index))]
+    pending_units = [u.index for u in units if not ledger.done(unit_key(u.index))]
     dtype = token_dtype(tokenizer.vocab_size)
     in_process = _runs_in_process(workers, ray_address)
     with contextlib.nullcontext() if in_process else _ray_data(ray_address, workers):
         tokens_run, busy, tokenize_started = 0, 0.0, time.perf_counter()
         if pending_units:
-            rows = _tokenize_rows(in_process, pending_units, workers, (tokenizer, units, config, str(work)))
+            actor_args = (tokenizer, units, config.read, config.seed, config.val_fraction, str(work))
+            if in_process:
+                rows = map(UnitTokenizer(*actor_args).tokenize, pending_units)
+            else:
+                rows = _tokenize_rows(pending_units, min(workers, len(pending_units)), actor_args)
             tokens_run, busy = _run_stage(rows, "tokenize", len(pending_units), progress)
         tokenize_seconds = time.perf_counter() - tokenize_started
         layouts = _layouts(ledger, units, config.seq_len, tokenizer)
         rows_per_chunk = chunk_rows(config.seq_len, dtype)
         per_shard = max(rows_per_chunk,
                         config.shard_bytes // (config.seq_len * dtype.itemsize) // rows_per_chunk * rows_per_chunk)
-        shards = [row for layout in layouts.values() for row in _plan_shards(layout, per_shard)]
-        pending_shards = [r for r in shards if not ledger.done(_shard_key(r["split"], r["index"]))]
+        shards = [row for layout in layouts.values() for row in plan_shards(layout, per_shard)]
+        pending_shards = [r for r in shards if not ledger.done(shard_key(r["split"], r["index"]))]
         if pending_shards:
             shard_args = {"layouts": layouts, "work": str(work), "out": str(out), "dtype": dtype,
                           "rows_per_chunk": rows_per_chunk}
@@ -570,26 +372,26 @@ def _pad_id(tokenizer: Tokenizer) -> int:
 
 
 def _layouts(ledger: Ledger, units: Sequence[WorkUnit], seq_len: int, tokenizer: Tokenizer,
-             ) -> dict[str, _SplitLayout]:
-    entries = [ledger.get(_unit_key(u.index)) for u in units]
+             ) -> dict[str, SplitLayout]:
+    entries = [ledger.get(unit_key(u.index)) for u in units]
     layouts = {}
     for split in SPLITS:
         counts = [e["splits"][split]["tokens"] for e in entries]
-        layouts[split] = _SplitLayout(split, [u.index for u in units],
+        layouts[split] = SplitLayout(split, [u.index for u in units],
                                       [0, *itertools.accumulate(counts)], seq_len, _pad_id(tokenizer))
     return layouts
 
 
 def _assemble_manifest(config: PrepConfig, tokenizer: Tokenizer, identity: dict, ledger: Ledger,
-                       units: Sequence[WorkUnit], layouts: dict[str, _SplitLayout], shards: list[dict],
+                       units: Sequence[WorkUnit], layouts: dict[str, SplitLayout], shards: list[dict],
                        rows_per_chunk: int) -> Manifest:
-    entries = [ledger.get(_unit_key(u.index)) for u in units]
+    entries = [ledger.get(unit_key(u.index)) for u in units]
     counters = ReadCounters()
     for entry in entries:
         counters = counters + ReadCounters(**entry["counters"])
     splits = {}
     for split, layout in layouts.items():
-        infos = [ShardInfo(**ledger.get(_shard_key(split, r["index"]))) for r in shards if r["split"] == split]
+        infos = [ShardInfo(**ledger.get(shard_key(split, r["index"]))) for r in shards if r["split"] == split]
         splits[split] = SplitInfo(
             documents=sum(e["splits"][split]["documents"] for e in entries), tokens=layout.tokens,
             utf8_bytes=sum(e["splits"][split]["utf8_bytes"] for e in entries),

@@ -31,6 +31,11 @@ section 3), so both names read the same file.
 LM1B: the test split is the standard benchmark test set, heldout shard 00000 (159,658 tokens
 with sentence ends). HF's ``lm1b`` test split, which the SEDD/MDLM code loads, globs all 50
 heldout shards, so their 1BW number is measured on about 50x more sentences.
+
+``rows=True`` reads the units as the rows of the Hugging Face datasets that the SEDD/MDLM code
+loads (the ``mdlm`` protocol of ``evaluation.protocols``): WikiText one row per line, the line
+with its newline, a blank line an empty row; PTB and 1BW one stripped line per row; LAMBADA as
+above. Rows that are empty, before or after detokenization, are kept: each still gets its EOS.
 """
 
 from __future__ import annotations
@@ -68,10 +73,11 @@ class EvalDataset:
     split: str  # "test" / "valid", or FILE_SPLIT for a generic file
     path: Path  # the file read
     detokenizer: str  # key of evaluation.detokenizers.DETOKENIZERS
-    documents: list[str]  # detokenized non-empty text units, in file order
+    documents: list[str]  # detokenized text units, in file order; non-empty unless read as rows
     unit: str = "document"  # what one unit is, in words ("sentence per line", "article", ...)
     sha256: str = ""  # of the file's bytes as read; computed from `path` when left empty
     dropped_empty: int = 0  # units that were empty after detokenization and left out
+    kept_empty: int = 0  # empty units kept (rows=True: each still gets its EOS)
 
     @property
     def utf8_bytes(self) -> int:
@@ -89,19 +95,28 @@ class EvalDataset:
             "unit": self.unit,
             "documents": len(self.documents),
             "dropped_empty": self.dropped_empty,
+            "kept_empty": self.kept_empty,
             "utf8_bytes": self.utf8_bytes,
         }
 
 
 # ---------------------------------------------------------------- the named datasets
 @dataclass(frozen=True)
+class _Units:
+    """How a file is cut into raw units, and what one unit is, in words."""
+
+    reader: Callable[[Path, str], list[str]]  # (file, its text) -> raw units
+    description: str
+
+
+@dataclass(frozen=True)
 class _SplitSpec:
-    """Where one split lives and how to cut it into units."""
+    """Where one split lives, how to cut it into units (ours, or the HF rows), how to detokenize."""
 
     relative_path: str
-    reader: Callable[[Path, str], list[str]]  # (file, its text) -> raw units
+    units: _Units
     detokenizer: str
-    unit: str
+    rows: _Units  # the rows of the HF dataset that the SEDD/MDLM code reads
 
 
 @dataclass(frozen=True)
@@ -140,51 +155,68 @@ def _is_wikitext_title(lines: list[str], index: int) -> bool:
     return bool(_WIKITEXT_TITLE.match(lines[index])) and not before.strip() and not after.strip()
 
 
+def _wikitext_rows(path: Path, text: str) -> list[str]:
+    """The rows of HF ``wikitext-*-raw-v1``: every line with its newline, a blank line as ""."""
+    return [line + "\n" if line.strip() else "" for line in _lines(path, text)]
+
+
+def _stripped_lines(path: Path, text: str) -> list[str]:
+    """The rows of HF ``ptb_text_only`` and ``lm1b``: every line, stripped."""
+    return [line.strip() for line in _lines(path, text)]
+
+
 def _jsonl_texts(path: Path, text: str) -> list[str]:
     return _jsonl_field(path, text, "text")
 
 
-_SENTENCES = "sentence per line"
-_ARTICLES = "article (a top-level ' = Title = ' heading and the lines up to the next one)"
-_LAMBADA_TEST = "passage per JSON line ('text' field of OpenAI's GPT-2 test file)"
-_LAMBADA_DEV = ("passage per line (original LAMBADA development set: lower-cased and tokenized, "
-                "not comparable with the test file)")
-_LM1B_TEST = _SENTENCES + " (heldout shard 00000, the benchmark's test set)"
+_SENTENCES = _Units(_lines, "sentence per line")
+_SENTENCE_ROWS = _Units(_stripped_lines, "sentence per line, stripped (a row of HF ptb_text_only / lm1b)")
+_LM1B_SHARD = " (heldout shard 00000, the benchmark's test set)"
 _WIKITEXT_SPLITS = {
-    split: _SplitSpec(f"wikitext-2-raw/wiki.{split}.raw", _wikitext_articles, "wikitext",
-                      _ARTICLES)
+    split: _SplitSpec(
+        f"wikitext-2-raw/wiki.{split}.raw",
+        _Units(_wikitext_articles, "article (a top-level ' = Title = ' heading and the lines up to the next one)"),
+        "wikitext",
+        _Units(_wikitext_rows, "line with its newline (a row of HF wikitext-*-raw-v1; a blank line is an "
+                               "empty row)"))
     for split in ("test", "valid")
 }
+_LAMBADA_TEST = _Units(_jsonl_texts, "passage per JSON line ('text' field of OpenAI's GPT-2 test file)")
+_LAMBADA_DEV = _Units(_lines, "passage per line (original LAMBADA development set: lower-cased and "
+                              "tokenized, not comparable with the test file)")
 _SPECS: dict[str, _DatasetSpec] = {
     "ptb": _DatasetSpec("section 1 (Penn Treebank)", {
-        split: _SplitSpec(f"ptb/ptb.{split}.txt", _lines, "ptb", _SENTENCES)
+        split: _SplitSpec(f"ptb/ptb.{split}.txt", _SENTENCES, "ptb", _SENTENCE_ROWS)
         for split in ("test", "valid")
     }),
     "wikitext2": _DatasetSpec("section 2b (WikiText-2 raw)", _WIKITEXT_SPLITS),
     "wikitext103": _DatasetSpec("sections 2b and 3 (WikiText-103 shares WikiText-2's raw test "
                                 "and valid files)", _WIKITEXT_SPLITS),
     "lambada": _DatasetSpec("section 4 (LAMBADA)", {
-        "test": _SplitSpec("lambada/lambada_test.jsonl", _jsonl_texts, "lambada", _LAMBADA_TEST),
-        "valid": _SplitSpec("lambada/lambada_development_plain_text.txt", _lines,
-                            "lambada_plain", _LAMBADA_DEV),
+        "test": _SplitSpec("lambada/lambada_test.jsonl", _LAMBADA_TEST, "lambada", _LAMBADA_TEST),
+        "valid": _SplitSpec("lambada/lambada_development_plain_text.txt", _LAMBADA_DEV, "lambada_plain",
+                            _LAMBADA_DEV),
     }),
     "lm1b": _DatasetSpec("section 5 (One Billion Word)", {
-        "test": _SplitSpec("lm1b/news.en.heldout-00000-of-00050", _lines, "lm1b", _LM1B_TEST),
+        "test": _SplitSpec("lm1b/news.en.heldout-00000-of-00050",
+                           _Units(_lines, _SENTENCES.description + _LM1B_SHARD), "lm1b",
+                           _Units(_stripped_lines, _SENTENCE_ROWS.description + _LM1B_SHARD)),
     }),
 }
 
 
-def load_dataset(name: str, data_dir: Path, split: str = "test", *,
-                 detokenizer: str | None = None) -> EvalDataset:
+def load_dataset(name: str, data_dir: Path, split: str = "test", *, detokenizer: str | None = None,
+                 rows: bool = False) -> EvalDataset:
     """Read one split of a zero-shot set from ``data_dir`` (laid out as ../shared/data) and cut
     it into detokenized units. ``detokenizer`` overrides the set's standard one (for example
-    "lambada_gpt2" to keep the GPT-2 / SEDD leading newline)."""
+    "lambada_gpt2" to keep the GPT-2 / SEDD leading newline). ``rows``: the units are the rows
+    of the HF dataset the SEDD/MDLM code reads, empty ones kept (module docstring)."""
     split_spec = _split_spec(name, _dataset_spec(name), split)
     path = dataset_file(name, data_dir, split)
     data, text = _read_utf8(path)
-    raw_units = split_spec.reader(path, text)
-    return _build(name, split, path, data, raw_units, detokenizer or split_spec.detokenizer,
-                  split_spec.unit)
+    units = split_spec.rows if rows else split_spec.units
+    return _build(name, split, path, data, units.reader(path, text), detokenizer or split_spec.detokenizer,
+                  units.description, keep_empty=rows)
 
 
 def dataset_file(name: str, data_dir: Path, split: str = "test") -> Path:
@@ -340,8 +372,9 @@ def _detokenizer(key: str) -> Callable[[str], str]:
 
 
 def _build(name: str, split: str, path: Path, data: bytes, raw_units: Iterable[str],
-           detokenizer: str, unit: str) -> EvalDataset:
-    """Detokenize the units, drop (and count) the empty ones, refuse an empty dataset."""
+           detokenizer: str, unit: str, *, keep_empty: bool = False) -> EvalDataset:
+    """Detokenize the units, drop (and count) the empty ones unless ``keep_empty`` (then count
+    them), refuse a dataset with no text."""
     detokenize = _detokenizer(detokenizer)
     # Raw units go in unstripped: where a line's edge spaces go is the detokenizer's call
     # (WikiText's " . " rule needs the space every line ends with).
@@ -350,9 +383,11 @@ def _build(name: str, split: str, path: Path, data: bytes, raw_units: Iterable[s
     if not documents:
         raise UserError(f"{path}: no text left after detokenizing with {detokenizer!r}; "
                         f"check that this is the right file and field")
+    empty = len(converted) - len(documents)
     return EvalDataset(name=name, split=split, path=path, detokenizer=detokenizer,
-                       documents=documents, unit=unit, sha256=hashlib.sha256(data).hexdigest(),
-                       dropped_empty=len(converted) - len(documents))
+                       documents=converted if keep_empty else documents, unit=unit,
+                       sha256=hashlib.sha256(data).hexdigest(), dropped_empty=0 if keep_empty else empty,
+                       kept_empty=empty if keep_empty else 0)
 
 
 def _sha256_file(path: Path) -> str:

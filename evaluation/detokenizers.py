@@ -13,15 +13,21 @@ Departures from the reference code (all documented again where they happen):
 * WikiText: the reference also rewrites " N " to " 1 ", a rule copied from PTB; raw WikiText never
   uses "N" for numbers, so the rule only corrupts real letters ("Highway 19 N", "57°53 ′ N",
   "Complex N"; one line of the test file, four of the valid file), and we leave it out. Its
-  regex ``/' [0-9]/`` matches the literal text "/' [0-9]/", never real data, so it is left out
-  too. Rules are applied line by line, so a pair of quotes
-  never matches across a paragraph break (the reference sees one line at a time too).
+  regex ``/' [0-9]/`` (slash, quote, space, digit, slash) occurs nowhere in WikiText, and would
+  write the literal text "/'[0-9]/" if it did, so it is left out too. Rules are applied line by
+  line, so a pair of quotes never matches across a paragraph break (the reference sees one line
+  at a time too), and every line is stripped (the reference keeps a line's leading space).
 * LAMBADA: "``" and "''" become '"' as in the GPT-2-era LAMBADA scripts (SEDD keeps only the
   curly double quotes; the GPT-2 test file holds one "''" and no "``"). Curly single quotes
   (mostly apostrophes, 3,726 of them in the test file) stay as they are, because no reference
   touches them and changing them would change the BPE token count. The reference also puts a
   "\\n" before every passage; that is a separator, not text, so ``lambada`` leaves it out and
   ``lambada_gpt2`` keeps it for a like-for-like reproduction.
+
+``wikitext_mdlm`` and ``lambada_mdlm`` have none of these departures: they give exactly the text
+of MDLM's ``dataloader.py`` (read, not copied; the rules are re-stated here), for the ``mdlm``
+evaluation protocol (``evaluation.protocols``). MDLM's PTB and 1BW rules are ``ptb`` and
+``lm1b`` on the stripped lines that MDLM's Hugging Face datasets hold.
 
 Every function is pure (``str -> str``), deterministic, and never turns single spaces into a
 double space.
@@ -34,8 +40,8 @@ from typing import Callable
 
 __all__ = [
     "DETOKENIZERS", "LAMBADA_GPT2_PREFIX", "Detokenizer", "identity", "lambada_detokenize",
-    "lambada_gpt2_detokenize", "lambada_plain_detokenize", "lm1b_detokenize", "ptb_detokenize",
-    "wikitext_detokenize",
+    "lambada_gpt2_detokenize", "lambada_mdlm_detokenize", "lambada_plain_detokenize", "lm1b_detokenize",
+    "ptb_detokenize", "wikitext_detokenize", "wikitext_mdlm_detokenize",
 ]
 
 Detokenizer = Callable[[str], str]
@@ -89,10 +95,20 @@ _WT_HEADINGS = (("= = = =", "===="), ("= = =", "==="), ("= =", "=="))
 _WT_LATE = ((" \N{DEGREE SIGN} ", "\N{DEGREE SIGN}"), (" 's", "'s"))
 
 
+# MDLM's late rules, in its order: the degree sign, the spaces around its rows' newline, its PTB
+# number rule (" N " -> " 1 "), then the possessive.
+_WT_MDLM_LATE = ((" \N{DEGREE SIGN} ", "\N{DEGREE SIGN}"), (" \n", "\n"), ("\n ", "\n"), (" N ", " 1 "),
+                 (" 's", "'s"))
+
+
+def _wikitext_common(text: str) -> str:
+    """The rules ours and MDLM's share, in their order, up to the section headings."""
+    text = _replace_all(text, _WT_CONTRACTION + _WT_NUMBER_SEPARATORS + _WT_PUNCTUATION)
+    return _replace_all(_tighten_all(text, _WT_PAIRS), _WT_HEADINGS)
+
+
 def _wikitext_line(line: str) -> str:
-    line = _replace_all(line, _WT_CONTRACTION + _WT_NUMBER_SEPARATORS + _WT_PUNCTUATION)
-    line = _tighten_all(line, _WT_PAIRS)
-    return _replace_all(line, _WT_HEADINGS + _WT_LATE).strip()
+    return _replace_all(_wikitext_common(line), _WT_LATE).strip()
 
 
 def wikitext_detokenize(text: str) -> str:
@@ -100,6 +116,13 @@ def wikitext_detokenize(text: str) -> str:
     : ; . ! ? , and "'s", none inside (), [], {}, "" and '' pairs, "= = X = =" -> "== X ==",
     " ° " -> "°", and each line stripped (the files pad every line with a space each side)."""
     return _per_line(text, _wikitext_line)
+
+
+def wikitext_mdlm_detokenize(text: str) -> str:
+    """MDLM's WikiText rules on one row of HF ``wikitext-*-raw-v1`` (a line with its newline):
+    those of ``wikitext_detokenize``, plus " N " -> " 1 ", with no stripping: only a space next
+    to a newline goes, so a row keeps its leading space (" = Robert Boulter =\\n")."""
+    return _replace_all(_wikitext_common(text), _WT_MDLM_LATE)
 
 
 # ---------------------------------------------------------------- Penn Treebank
@@ -171,10 +194,8 @@ def lm1b_detokenize(text: str) -> str:
 # ---------------------------------------------------------------- LAMBADA
 # Typographic and LaTeX-style double quotes all become the ASCII quote, as GPT-2's LAMBADA
 # scripts did.
-_LAMBADA_QUOTES = (
-    ("\N{LEFT DOUBLE QUOTATION MARK}", '"'), ("\N{RIGHT DOUBLE QUOTATION MARK}", '"'),
-    ("``", '"'), ("''", '"'),
-)
+_CURLY_DOUBLE_QUOTES = (("\N{LEFT DOUBLE QUOTATION MARK}", '"'), ("\N{RIGHT DOUBLE QUOTATION MARK}", '"'))
+_LAMBADA_QUOTES = _CURLY_DOUBLE_QUOTES + (("``", '"'), ("''", '"'))
 # GPT-2's LAMBADA scripts (and SEDD/MDLM) start every passage with a newline.
 LAMBADA_GPT2_PREFIX = "\n"
 _PLAIN_NOT = ((" n't", "n't"),)  # "was n't" -> "wasn't"; the other clitics are lm1b's rule
@@ -192,6 +213,12 @@ def lambada_gpt2_detokenize(text: str) -> str:
     return LAMBADA_GPT2_PREFIX + lambada_detokenize(text)
 
 
+def lambada_mdlm_detokenize(text: str) -> str:
+    """MDLM's LAMBADA rule: only the curly double quotes become '"' (a LaTeX-style "''" stays),
+    then the passage is stripped and starts with a newline."""
+    return LAMBADA_GPT2_PREFIX + _replace_all(text, _CURLY_DOUBLE_QUOTES).strip()
+
+
 def lambada_plain_detokenize(text: str) -> str:
     """For the original LAMBADA release (lower-cased, tokenized: "`` no , '' she said", "was
     n't"): the quote normalization, " n't", then the One-Billion-Word rules for the rest. Case
@@ -207,4 +234,6 @@ DETOKENIZERS: dict[str, Detokenizer] = {
     "lambada": lambada_detokenize,
     "lambada_gpt2": lambada_gpt2_detokenize,
     "lambada_plain": lambada_plain_detokenize,
+    "wikitext_mdlm": wikitext_mdlm_detokenize,
+    "lambada_mdlm": lambada_mdlm_detokenize,
 }

@@ -31,9 +31,11 @@ Replicate k = 0, 1, ... draws one (t, z_t) per block:
   result does not depend on ``batch_size``, on the device, or on how blocks are split over
   ranks. (A torch CPU generator keeps 32 bits of its seed: among 10^6 (k, i) pairs about a
   hundred pairs share a stream, which correlates two terms of a million and biases nothing.)
-* the block's term is ``MaskedDiffusion.nelbo`` with ``positions`` (the t = 0 reconstruction
+* the block's term is the process's ``nelbo`` with ``positions`` (the t = 0 reconstruction
   scored by the model) or, with ``discrete_steps`` T, ``nelbo_discrete`` whose step is picked
-  by the block's stratified uniform. Sums are float64.
+  by the block's stratified uniform. Sums are float64. Any ``DiffusionProcess`` will do:
+  absorbing, uniform, or learned (with one draw of z_t per block, ``draws=1``, the estimate
+  is the same one-sample design; more draws average inside each term).
 
 Standard error. The blocks of one replicate are NOT independent (they share the uniform and
 the random order), so per-block variances do not give the variance of the total. The
@@ -90,7 +92,7 @@ from torch import Tensor
 from model.autoregressive import Autoregressive, CausalNetwork
 from model.checks import check_token_ids
 from model.denoiser import DenoiserLike
-from model.diffusion import MaskedDiffusion, NelboTerms, low_discrepancy_times
+from model.diffusion import DiffusionProcess, NelboTerms, low_discrepancy_times
 
 __all__ = ["Blocks", "BoundEstimate", "TimeContributions", "Z_95", "autoregressive_nll",
            "estimate_bound", "per_time_contributions", "wrap_blocks"]
@@ -99,7 +101,8 @@ AllReduce = Callable[[list[float]], list[float]]
 
 Z_95 = 1.959964  # two-sided 95% quantile of the standard normal
 # Spawn keys of the two random streams of a replicate (see the module docstring).
-_TIME_STREAM, _MASK_STREAM = 0, 1
+_TIME_STREAM, _MASK_STREAM, _SUBSET_STREAM = 0, 1, 2
+Progress = Callable[[int], None]
 _MIN_REPLICATES_FOR_TARGET = 8  # stop on an SE with >= 7 degrees of freedom, not on a lucky 1
 
 
@@ -234,31 +237,49 @@ class _Plan:
     device: torch.device
     rank: int
     world_size: int
+    blocks_per_replicate: int | None = None   # None: every block in every replicate
 
     def own_blocks(self, num_blocks: int) -> Tensor:
         return torch.arange(self.rank, num_blocks, self.world_size)
 
+    def replicate_blocks(self, num_blocks: int, replicate: int) -> Tensor:
+        """The blocks this rank scores in ``replicate``: its own, or its own among the
+        replicate's random subset of ``blocks_per_replicate`` (the same on every rank)."""
+        own = self.own_blocks(num_blocks)
+        if self.blocks_per_replicate is None or self.blocks_per_replicate >= num_blocks:
+            return own
+        generator = _stream_generator(self.seed, _SUBSET_STREAM, replicate)
+        chosen = torch.randperm(num_blocks, generator=generator)[:self.blocks_per_replicate]
+        return own[torch.isin(own, chosen)]
+
+    def block_scale(self, num_blocks: int) -> float:
+        """What a replicate's sum over its subset is multiplied by to estimate the total."""
+        n = self.blocks_per_replicate
+        return 1.0 if n is None or n >= num_blocks else num_blocks / n
+
 
 def _make_plan(seed: int, batch_size: int, device: torch.device | str, rank: int,
-               world_size: int) -> _Plan:
+               world_size: int, blocks_per_replicate: int | None = None) -> _Plan:
     _check_int("batch_size", batch_size, minimum=1)
+    if blocks_per_replicate is not None:
+        _check_int("blocks_per_replicate", blocks_per_replicate, minimum=1)
     _check_int("world_size", world_size, minimum=1)
     _check_int("seed", seed, minimum=0)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
-    return _Plan(seed, batch_size, torch.device(device), rank, world_size)
+    return _Plan(seed, batch_size, torch.device(device), rank, world_size, blocks_per_replicate)
 
 
 def _work(blocks: Blocks, replicates: range, plan: _Plan) -> Iterator[tuple[Tensor, Tensor]]:
     """(replicate, block) index pairs of this rank in batches; the order is batch-independent."""
-    own = plan.own_blocks(blocks.num_blocks)
-    ks = torch.tensor(replicates, dtype=torch.long).repeat_interleave(own.numel())
-    ids = own.repeat(len(replicates))
+    chosen = [plan.replicate_blocks(blocks.num_blocks, k) for k in replicates]
+    ks = torch.cat([torch.full((c.numel(),), k, dtype=torch.long) for k, c in zip(replicates, chosen)])
+    ids = torch.cat(chosen)
     for start in range(0, ks.numel(), plan.batch_size):
         yield ks[start:start + plan.batch_size], ids[start:start + plan.batch_size]
 
 
-def _score_batches(diffusion: MaskedDiffusion, denoiser: DenoiserLike, blocks: Blocks,
+def _score_batches(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: Blocks,
                    replicates: range, plan: _Plan, discrete_steps: int | None,
                    ) -> Iterator[tuple[Tensor, Tensor, Tensor, Tensor | NelboTerms]]:
     """Yield (replicate, block, u, result) per batch: result is the NelboTerms (continuous) or
@@ -278,8 +299,9 @@ def _score_batches(diffusion: MaskedDiffusion, denoiser: DenoiserLike, blocks: B
 
 
 @torch.no_grad()
-def _replicate_partials(diffusion: MaskedDiffusion, denoiser: DenoiserLike, blocks: Blocks,
-                        replicates: range, plan: _Plan, discrete_steps: int | None) -> list[float]:
+def _replicate_partials(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: Blocks,
+                        replicates: range, plan: _Plan, discrete_steps: int | None,
+                        progress: Progress | None = None) -> list[float]:
     """This rank's share of S_k = sum_blocks NELBO_k and Q_k = sum_blocks NELBO_k^2, for k in
     ``replicates``, as [S..., Q...] (a sum over ranks gives the totals)."""
     sums = np.zeros(len(replicates), dtype=np.float64)
@@ -289,7 +311,9 @@ def _replicate_partials(diffusion: MaskedDiffusion, denoiser: DenoiserLike, bloc
         slots = ks.numpy() - replicates.start
         np.add.at(sums, slots, nelbo)
         np.add.at(squares, slots, nelbo**2)
-    return [*sums.tolist(), *squares.tolist()]
+        if progress is not None:
+            progress(len(slots))
+    return [*(sums * plan.block_scale(blocks.num_blocks)).tolist(), *squares.tolist()]
 
 
 def _summarize(sums: list[float], squares: list[float], blocks: Blocks, kind: str,
@@ -313,12 +337,12 @@ def _summarize(sums: list[float], squares: list[float], blocks: Blocks, kind: st
 
 
 # ------------------------------------------------------------------------------ public
-def estimate_bound(diffusion: MaskedDiffusion, denoiser: DenoiserLike, blocks: Blocks, *,
+def estimate_bound(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: Blocks, *,
                    samples_per_block: int = 1, seed: int = 0, batch_size: int = 32,
                    device: torch.device | str = "cpu", discrete_steps: int | None = None,
                    target_rel_error: float | None = None, max_samples_per_block: int = 1024,
-                   rank: int = 0, world_size: int = 1,
-                   all_reduce: AllReduce | None = None) -> BoundEstimate:
+                   rank: int = 0, world_size: int = 1, all_reduce: AllReduce | None = None,
+                   blocks_per_replicate: int | None = None, progress: Progress | None = None) -> BoundEstimate:
     """Monte Carlo estimate of sum_blocks NELBO / num_tokens with its standard error.
 
     ``samples_per_block`` K replicates of one (t, z_t) per block (see the module docstring);
@@ -327,10 +351,21 @@ def estimate_bound(diffusion: MaskedDiffusion, denoiser: DenoiserLike, blocks: B
     SE / nelbo_per_token <= target or K = ``max_samples_per_block``. ``rank``, ``world_size``
     and ``all_reduce`` split the blocks over data-parallel ranks; the result is the same on
     every rank and independent of ``batch_size`` and ``world_size``.
+
+    ``progress`` is called with the number of (replicate, block) pairs this rank scored,
+    after each batch (a progress bar's ``update``).
+
+    ``blocks_per_replicate`` n (a quick look at a large set): each replicate scores a random
+    subset of n blocks, drawn independently per replicate, and scales its sum by N / n. The
+    replicate totals stay independent, identically distributed and unbiased for the set's
+    total, so the replicate standard error, block sampling included, still holds (it needs
+    K >= 2); the cost falls by N / n and the interval widens with the blocks' spread.
     """
-    plan = _make_plan(seed, batch_size, device, rank, world_size)
+    plan = _make_plan(seed, batch_size, device, rank, world_size, blocks_per_replicate)
     _check_int("samples_per_block", samples_per_block, minimum=1)
     _check_int("max_samples_per_block", max_samples_per_block, minimum=1)
+    if blocks_per_replicate is not None and samples_per_block < 2:
+        raise ValueError("blocks_per_replicate needs samples_per_block >= 2: its error comes from the replicates")
     if discrete_steps is not None:
         _check_int("discrete_steps", discrete_steps, minimum=1)
     if samples_per_block > max_samples_per_block:
@@ -348,7 +383,7 @@ def estimate_bound(diffusion: MaskedDiffusion, denoiser: DenoiserLike, blocks: B
     done, wanted = 0, samples_per_block
     while True:
         new = range(done, wanted)
-        reduced = all_reduce(_replicate_partials(diffusion, denoiser, blocks, new, plan, discrete_steps))
+        reduced = all_reduce(_replicate_partials(diffusion, denoiser, blocks, new, plan, discrete_steps, progress))
         sums += reduced[:len(new)]
         squares += reduced[len(new):]
         done = wanted
@@ -360,7 +395,7 @@ def estimate_bound(diffusion: MaskedDiffusion, denoiser: DenoiserLike, blocks: B
 
 
 @torch.no_grad()
-def per_time_contributions(diffusion: MaskedDiffusion, denoiser: DenoiserLike, blocks: Blocks, *,
+def per_time_contributions(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: Blocks, *,
                            samples_per_block: int = 1, seed: int = 0, batch_size: int = 32,
                            device: torch.device | str = "cpu", rank: int = 0,
                            world_size: int = 1) -> TimeContributions:

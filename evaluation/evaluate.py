@@ -1,15 +1,17 @@
 """Zero-shot evaluation of an export: bounds per dataset, with the protocol that produced them.
 
-For each dataset: read and detokenize (``evaluation.datasets``), tokenize with the model's
-own tokenizer, append EOS to every document, wrap into ``seq_len`` blocks (the last one
-padded, its padding not scored), then estimate the bound (``evaluation.estimator``): the
-continuous-time NELBO with K low-discrepancy time samples per block (or the T-step bound),
-or the exact likelihood of an autoregressive export. Bits per byte divide the total by the
-UTF-8 bytes of the detokenized text, so they do not depend on the tokenizer.
+For each dataset: read and detokenize (``evaluation.datasets``) with the split, units and
+detokenizer of the protocol (``evaluation.protocols``: ours by default, or MDLM's), tokenize
+with the model's own tokenizer, wrap into blocks as the protocol does (ours: EOS after every
+document, ``seq_len`` blocks, the last one padded and its padding not scored), then estimate
+the bound (``evaluation.estimator``): the continuous-time NELBO with K low-discrepancy time
+samples per block (or the T-step bound), or the exact likelihood of an autoregressive export.
+Bits per byte divide the total by the UTF-8 bytes of the detokenized text, so they do not
+depend on the tokenizer.
 
 The ``val`` dataset is the val split of the training shards: its sequences are the blocks
 (already packed with EOS), and the manifest gives its UTF-8 bytes. Its tokenizer must be the
-export's; anything else is refused.
+export's; anything else is refused, and so is ``val`` under a protocol other than ours.
 
 Every number comes with the protocol that produced it (``EvalScores.protocol`` and each
 dataset's own record, ``evaluation.results``), so it can be reproduced.
@@ -27,21 +29,22 @@ import numpy as np
 import torch
 
 from common.errors import UserError
+from common.progress import bar as progress_bar
 from data_prep.loader import StreamingLoader
 from data_prep.shards import Manifest
 from evaluation.datasets import DATASET_NAMES, EvalDataset, check_text_file, dataset_file, load_dataset, load_text_file
+from evaluation.detokenizers import DETOKENIZERS
 from evaluation.estimator import (
     Blocks,
     BoundEstimate,
     autoregressive_nll,
     estimate_bound,
     per_time_contributions,
-    wrap_blocks,
 )
+from evaluation.protocols import DEFAULT_PROTOCOL, PROTOCOLS, UNMASK, ZeroShotProtocol, get_protocol
 from evaluation.results import ABSENT, DatasetResult, EvalScores, PerTimeContributions, Protocol
 from model.autoregressive import Autoregressive
-from model.diffusion import MaskedDiffusion
-from model.spec import build_process
+from model.diffusion import DiffusionProcess
 from pipeline.export import Exported
 
 __all__ = ["EvalConfig", "check_datasets", "evaluate_dataset", "evaluate", "VAL_DATASET"]
@@ -60,15 +63,20 @@ class EvalConfig:
     datasets: tuple[str, ...]
     data_dir: str | None = None       # root of the standard files (../shared/data layout)
     shards: str | None = None         # training shards, for the "val" dataset
-    split: str = "test"
+    split: str | None = None          # None: the protocol's (ours: test; MDLM's: per dataset)
+    protocol: str = DEFAULT_PROTOCOL  # a PROTOCOLS key: "unmask" (ours) or "mdlm"
+    detokenizer: str | None = None    # a DETOKENIZERS key for every text dataset; None: the protocol's
     samples_per_block: int = 16       # K; the 95% interval is honest from about 16 (estimator docs)
     seed: int = 0
-    seq_len: int | None = None        # None: the model's max_seq_len (its training length)
+    seq_len: int | None = None        # None: the protocol's (ours: the model's max_seq_len)
     batch_size: int = 16
     discrete_steps: int | None = None
     target_rel_error: float | None = None
     add_eos: bool = True
     max_documents: int | None = None  # quick looks; a truncated set is named as such
+    # Each replicate scores a random subset of this many blocks (estimate_bound): the whole
+    # set's bound with an honest, wider interval, at a cost that does not grow with the set.
+    blocks_per_replicate: int | None = None
 
     def check(self, *, shards_pending: bool = False) -> None:
         """The flags, then every dataset (check_datasets); ``shards_pending``: see there."""
@@ -78,10 +86,19 @@ class EvalConfig:
                   ("--discrete-steps", self.discrete_steps is None or self.discrete_steps >= 1, "must be >= 1"),
                   ("--target-rel-error", self.target_rel_error is None or 0 < self.target_rel_error < 1,
                    "must lie in (0, 1), e.g. 0.002"),
-                  ("--max-documents", self.max_documents is None or self.max_documents >= 1, "must be >= 1")]
+                  ("--max-documents", self.max_documents is None or self.max_documents >= 1, "must be >= 1"),
+                  ("--blocks-per-replicate", self.blocks_per_replicate is None or self.blocks_per_replicate >= 1,
+                   "must be >= 1"),
+                  ("--blocks-per-replicate", self.blocks_per_replicate is None or self.samples_per_block >= 2,
+                   "needs --samples >= 2 (its interval comes from the replicates)"),
+                  ("--protocol", self.protocol in PROTOCOLS, f"must be one of {', '.join(PROTOCOLS)}"),
+                  ("--detokenizer", self.detokenizer is None or self.detokenizer in DETOKENIZERS,
+                   f"must be one of {', '.join(DETOKENIZERS)}")]
         for flag, ok, requirement in checks:
             if not ok:
                 raise UserError(f"{flag} {requirement}")
+        if not self.add_eos and get_protocol(self.protocol).framed:
+            raise UserError(f"--no-eos contradicts --protocol {self.protocol}, which puts an EOS after every document")
         if not self.datasets:
             raise UserError(f"--datasets: name at least one of {', '.join(DATASET_NAMES + (VAL_DATASET,))} "
                             f"or a file path")
@@ -95,9 +112,13 @@ def check_datasets(config: EvalConfig, *, shards_pending: bool = False) -> None:
     before any work, so that a typo in the last name does not throw away the first ones' results.
     One UserError lists every problem."""
     problems = []
+    protocol = get_protocol(config.protocol)
     for name in config.datasets:
         try:
             if name == VAL_DATASET:
+                if protocol is not UNMASK:
+                    raise UserError(f"dataset 'val' (the training shards, packed as trained) has no "
+                                    f"{protocol.name} reading: evaluate it with --protocol {UNMASK.name}")
                 if config.shards is None:
                     raise UserError("dataset 'val' needs --shards DIR (the training data of `unmask prep`)")
                 if not shards_pending:
@@ -105,9 +126,9 @@ def check_datasets(config: EvalConfig, *, shards_pending: bool = False) -> None:
             elif name in DATASET_NAMES:
                 if config.data_dir is None:
                     raise UserError(f"dataset {name!r} needs --data-dir (the ../shared/data layout; see SOURCES.md)")
-                dataset_file(name, Path(config.data_dir), config.split)
+                dataset_file(name, Path(config.data_dir), protocol.reading(name, config.split).split)
             elif Path(name).suffix or Path(name).exists():
-                check_text_file(Path(name))
+                check_text_file(Path(name), config.detokenizer or "identity")
             else:
                 raise UserError(f"unknown dataset {name!r}: choose from "
                                 f"{', '.join(DATASET_NAMES + (VAL_DATASET,))}, or give a .txt/.jsonl/.parquet file path")
@@ -117,13 +138,15 @@ def check_datasets(config: EvalConfig, *, shards_pending: bool = False) -> None:
         raise UserError(f"--datasets {','.join(config.datasets)}: " + "; and ".join(problems))
 
 
-def _read_dataset(name: str, config: EvalConfig) -> EvalDataset:
+def _read_dataset(name: str, config: EvalConfig, protocol: ZeroShotProtocol) -> EvalDataset:
     if name in DATASET_NAMES:
         if config.data_dir is None:
             raise UserError(f"dataset {name!r} needs --data-dir (the ../shared/data layout; see SOURCES.md)")
-        dataset = load_dataset(name, Path(config.data_dir), config.split)
+        reading = protocol.reading(name, config.split, config.detokenizer)
+        dataset = load_dataset(name, Path(config.data_dir), reading.split, detokenizer=reading.detokenizer,
+                               rows=reading.rows)
     elif Path(name).suffix or Path(name).exists():
-        dataset = load_text_file(Path(name))
+        dataset = load_text_file(Path(name), detokenizer=config.detokenizer or "identity")
     else:
         raise UserError(f"unknown dataset {name!r}: choose from {', '.join(DATASET_NAMES + (VAL_DATASET,))}, "
                         f"or give a .txt/.jsonl/.parquet file path")
@@ -133,11 +156,18 @@ def _read_dataset(name: str, config: EvalConfig) -> EvalDataset:
     return dataset
 
 
-def _text_blocks(dataset: EvalDataset, exported: Exported, seq_len: int, add_eos: bool) -> Blocks:
+def _text_blocks(dataset: EvalDataset, exported: Exported, seq_len: int, config: EvalConfig,
+                 protocol: ZeroShotProtocol) -> tuple[Blocks, dict]:
+    """The dataset's blocks under ``protocol``, and its record (what was read, how it was wrapped)."""
     tokenizer = exported.tokenizer
     pad = tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.eos_id
     documents = tokenizer.encode_batch(dataset.documents)
-    return wrap_blocks(documents, seq_len, eos_id=tokenizer.eos_id, pad_id=pad, add_eos=add_eos)
+    wrapped = protocol.wrap(documents, seq_len, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=pad,
+                            add_eos=config.add_eos)
+    record = {**dataset.protocol(), "protocol": protocol.name}
+    if protocol.framed:
+        record["dropped_tokens"] = wrapped.dropped_tokens
+    return wrapped.blocks, record
 
 
 def _val_blocks(exported: Exported, shards: str | None) -> tuple[Blocks, int, dict]:
@@ -165,20 +195,39 @@ def _val_blocks(exported: Exported, shards: str | None) -> tuple[Blocks, int, di
 def evaluate_dataset(name: str, exported: Exported, config: EvalConfig, *, device: torch.device,
                      rank: int = 0, world_size: int = 1, all_reduce: AllReduce | None = None) -> DatasetResult:
     """The bound on one dataset (all ranks get the same one; only rank 0's has ``per_t``)."""
-    seq_len = config.seq_len or exported.network.config.max_seq_len
-    if seq_len > exported.network.config.max_seq_len:
-        raise UserError(f"--seq-len {seq_len} exceeds the model's max_seq_len "
-                        f"{exported.network.config.max_seq_len}")
+    protocol = get_protocol(config.protocol)
+    seq_len = _seq_len(exported, config, protocol)
     if name == VAL_DATASET:
         blocks, utf8_bytes, record = _val_blocks(exported, config.shards)
     else:
-        dataset = _read_dataset(name, config)
-        blocks, utf8_bytes, record = _text_blocks(dataset, exported, seq_len, config.add_eos), \
-            dataset.utf8_bytes, dataset.protocol()
+        dataset = _read_dataset(name, config, protocol)
+        blocks, record = _text_blocks(dataset, exported, seq_len, config, protocol)
+        utf8_bytes = dataset.utf8_bytes
     common = dict(batch_size=config.batch_size, device=device, rank=rank, world_size=world_size)
     network = exported.network.to(device)
     with _precision(device):
         return _estimate(record, blocks, utf8_bytes, exported, network, config, common, all_reduce)
+
+
+def _scoring_bar(record: dict, blocks: Blocks, config: EvalConfig, common: dict):
+    """Rank 0's bar over the (time sample, block) pairs it scores: minutes per dataset on a
+    CPU deserve a rate and an ETA. Unknown length with --target-rel-error (it adds samples)."""
+    per_replicate = min(config.blocks_per_replicate or blocks.num_blocks, blocks.num_blocks)
+    own = math.ceil(per_replicate / common["world_size"])
+    total = None if config.target_rel_error else config.samples_per_block * own
+    return progress_bar(total=total, desc=str(record.get("name", "eval")), unit="block",
+                        disable=common["rank"] != 0)
+
+
+def _seq_len(exported: Exported, config: EvalConfig, protocol: ZeroShotProtocol) -> int:
+    """The block length: --seq-len, else the protocol's, else the model's training length."""
+    max_seq_len = exported.network.config.max_seq_len
+    seq_len = config.seq_len or protocol.block_length or max_seq_len
+    if seq_len > max_seq_len:
+        flag = f"--seq-len {seq_len}" if config.seq_len else f"--protocol {protocol.name} (blocks of {seq_len} tokens)"
+        raise UserError(f"{flag} exceeds the model's max_seq_len {max_seq_len}: give a --seq-len of at most "
+                        f"{max_seq_len} (numbers at another length are not comparable with the papers')")
+    return seq_len
 
 
 def _precision(device: torch.device):
@@ -192,19 +241,22 @@ def _estimate(record: dict, blocks: Blocks, utf8_bytes: int, exported: Exported,
               common: dict, all_reduce: AllReduce | None) -> DatasetResult:
     rank = common["rank"]
     # The blocks hold ids of the export's own tokenizer: no value checks (each a host sync).
-    process = build_process(exported.spec, validate=False)
+    process = exported.process(validate=False)
     if isinstance(process, Autoregressive):
         estimate = autoregressive_nll(process, network, blocks, all_reduce=all_reduce, **common)
         per_t = None
     else:
-        estimate = estimate_bound(process, network, blocks, samples_per_block=config.samples_per_block,
-                                  seed=config.seed, discrete_steps=config.discrete_steps,
-                                  target_rel_error=config.target_rel_error, all_reduce=all_reduce, **common)
+        with _scoring_bar(record, blocks, config, common) as bar:
+            estimate = estimate_bound(process, network, blocks, samples_per_block=config.samples_per_block,
+                                      seed=config.seed, discrete_steps=config.discrete_steps,
+                                      target_rel_error=config.target_rel_error, all_reduce=all_reduce,
+                                      blocks_per_replicate=config.blocks_per_replicate, progress=bar.update,
+                                      **common)
         per_t = _per_t(process, network, blocks, config, common) if rank == 0 else None
     return _record(record, estimate, utf8_bytes, per_t)
 
 
-def _per_t(diffusion: MaskedDiffusion, network, blocks: Blocks, config: EvalConfig,
+def _per_t(diffusion: DiffusionProcess, network, blocks: Blocks, config: EvalConfig,
            common: dict) -> PerTimeContributions:
     """Per-time contributions of the first PER_T_BLOCKS blocks, one time sample each (rank 0)."""
     count = min(blocks.num_blocks, PER_T_BLOCKS)
@@ -245,13 +297,15 @@ def _protocol(exported: Exported, config: EvalConfig, world_size: int) -> Protoc
     objective = exported.config["objective"]
     estimator = "autoregressive" if objective == "autoregressive" else (
         "discrete" if config.discrete_steps else "continuous")
+    protocol = get_protocol(config.protocol)
     return Protocol(
-        seq_len=config.seq_len or exported.network.config.max_seq_len,
+        name=protocol.name, seq_len=_seq_len(exported, config, protocol),
         samples_per_block=config.samples_per_block, seed=config.seed, estimator=estimator,
         discrete_steps=config.discrete_steps, target_rel_error=config.target_rel_error,
-        add_eos=config.add_eos, split=config.split, max_documents=config.max_documents,
-        wrapping="documents + EOS concatenated and cut into seq_len blocks; the last block padded, "
-                 "padding never masked nor scored; no BOS",
+        add_eos=config.add_eos, split=config.split or protocol.split_summary(config.datasets),
+        max_documents=config.max_documents,
+        blocks_per_replicate=config.blocks_per_replicate if config.blocks_per_replicate else ABSENT,
+        wrapping=protocol.wrapping,
         bound="continuous-time NELBO with both endpoint terms (reconstruction scored by the model)"
               if estimator == "continuous" else estimator,
         precision="bf16 autocast on GPU, float32 on CPU; log-softmax float32; sums float64",

@@ -5,26 +5,30 @@ library behind ``unmask sample``, whose command line is ``orchestration.commands
     samples = generate(exported, num=4, steps=1000, prompt="Once upon a time")
     print(samples[0].text, samples[0].network_calls)
 
-Diffusion exports sample with ``MaskedDiffusion.sample`` (ancestral, cached network calls)
-under the schedule they were trained with. Conditioning is a tensor of kept tokens and mask
-ids: ``prompt`` keeps its tokens at the start of the sequence and generates the rest;
-``infill`` takes a template whose literal text is kept in place and whose placeholders
-(``INFILL_SYNTAX``) are generated, as is everything after the template. Autoregressive
-exports sample left to right (temperature 1, optional nucleus ``top_p``) and continue a
-``prompt``; they cannot infill. Bad arguments raise ``UserError`` naming the flag of
-``unmask sample`` that sets them.
+Diffusion exports sample with their process's ``sample`` (ancestral, cached network calls)
+under the process and schedule they were trained with (a learned schedule with its trained
+theta). Conditioning is a tensor of kept tokens and mask ids: ``prompt`` keeps its tokens
+at the start of the sequence and generates the rest; ``infill`` takes a template whose
+literal text is kept in place and whose placeholders (``INFILL_SYNTAX``) are generated, as is
+everything after the template. Autoregressive exports sample left to right (temperature 1,
+optional nucleus ``top_p``) and continue a ``prompt``; they cannot infill. Bad arguments
+raise ``UserError`` naming the flag of ``unmask sample`` that sets them.
 
 Text. ``Sample.tokens`` is the whole sampled sequence (``seq_len`` ids). ``Sample.text``
 decodes it up to, not including, the first EOS after the last kept token (the prompt's
 last token, or the template's last literal token): the model marks a document's end with
 EOS and what follows belongs to an unrelated document. An EOS generated between kept
-tokens stays (a SentencePiece EOS decodes to nothing).
+tokens stays (a SentencePiece EOS decodes to nothing). ``Sample.text_tokens`` is how many
+leading ids the text decodes: what sample quality (``evaluation.sample_quality``) scores.
+Every sample also records how it was drawn: ``steps``, ``grid``, ``top_p`` and ``seed``.
 
 Cost. ``Sample.network_calls`` counts the network evaluations of that sample's sequence.
 A diffusion batch reports only its total (``SamplingStats.rows_evaluated``: rows passed
 through the denoiser, summed over calls); each sample gets that total divided by the
 batch's rows, rounded up, which is exact for ``batch_size=1``. With caching it is at most
-the number of generated positions, however many steps. An autoregressive sample costs
+the number of generated positions, however many steps, for the absorbing process; the
+uniform and learned processes need the network at every step where a row changed (and at
+every step for a time-conditioned network). An autoregressive sample costs
 one evaluation per generated token (no KV cache: each one re-reads the whole prefix).
 
 Determinism. One ``torch.Generator`` seeded with ``seed`` on the sampling device draws
@@ -36,18 +40,18 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 from common.errors import UserError
+from common.progress import bar as progress_bar
 from data_prep.tokenizer import Tokenizer
 from model.denoiser import Denoiser
 
 # The diffusion sampler's float64 inverse-CDF draw: the AR sampler draws its tokens the same way.
 from model.sampling import GRIDS, inverse_cdf, top_p_filter
-from model.spec import build_process
 from pipeline.export import Exported
 
 __all__ = ["INFILL_PLACEHOLDER", "INFILL_SYNTAX", "Sample", "build_prompt", "generate", "resolve_device",
@@ -73,6 +77,12 @@ class Sample:
     network_calls: int       # network evaluations of this sequence
     steps: int               # diffusion: reverse steps; autoregressive: tokens generated
     prompt: str | None       # the prompt text or the infill template
+    text_tokens: int         # how many leading ids of ``tokens`` ``text`` decodes
+    # How it was drawn (set by ``generate``): the time grid (None for an autoregressive
+    # export), the nucleus (None: the full distribution) and the seed of its generator.
+    grid: str | None = None
+    top_p: float | None = None
+    seed: int | None = None
 
 
 # ------------------------------------------------------------------ conditioning
@@ -161,14 +171,17 @@ def generate(exported: Exported, *, num: int, steps: int | None, seq_len: int | 
     target = resolve_device(device)
     network = exported.network.to(target).eval()
     generator = torch.Generator(device=target).manual_seed(seed)
-    sizes = _batches(num, batch_size)
+    sizes = progress_bar(_batches(num, batch_size), desc="sample", unit="batch")
     with torch.inference_mode():
         if objective == AUTOREGRESSIVE:
-            return _sample_autoregressive(exported, network, sizes, seq_len=seq_len, prompt=prompt,
-                                          top_p=top_p, generator=generator, device=target)
-        return _sample_diffusion(exported, network, sizes, steps=steps, seq_len=seq_len, grid=grid,
-                                 prompt=prompt, infill=infill, top_p=top_p, generator=generator,
-                                 device=target)
+            samples = _sample_autoregressive(exported, network, sizes, seq_len=seq_len, prompt=prompt,
+                                             top_p=top_p, generator=generator, device=target)
+        else:
+            samples = _sample_diffusion(exported, network, sizes, steps=steps, seq_len=seq_len, grid=grid,
+                                        prompt=prompt, infill=infill, top_p=top_p, generator=generator,
+                                        device=target)
+    drawn_on = None if objective == AUTOREGRESSIVE else grid
+    return [replace(sample, grid=drawn_on, top_p=top_p, seed=seed) for sample in samples]
 
 
 def _check_arguments(exported: Exported, objective: str, *, num: int, steps: int | None, seq_len: int,
@@ -218,7 +231,7 @@ def _batches(num: int, batch_size: int) -> list[int]:
 def _sample_diffusion(exported: Exported, network: torch.nn.Module, sizes: list[int], *, steps: int,
                       seq_len: int, grid: str, prompt: str | None, infill: str | None,
                       top_p: float | None, generator: torch.Generator, device: torch.device) -> list[Sample]:
-    diffusion = build_process(exported.spec, validate=True)  # checks the prompt's token ids
+    diffusion = exported.process(validate=True)  # checks the prompt's token ids
     conditioning = build_prompt(exported.tokenizer, seq_len, diffusion.generate_id, prompt=prompt, infill=infill)
     kept_end = _conditioning_end(conditioning, diffusion.generate_id)
     shown = prompt if infill is None else infill
@@ -291,4 +304,4 @@ def _sample(tokenizer: Tokenizer, tokens: list[int], kept_end: int, calls: int, 
             prompt: str | None) -> Sample:
     cut = next((i for i in range(kept_end, len(tokens)) if tokens[i] == tokenizer.eos_id), len(tokens))
     return Sample(text=tokenizer.decode(tokens[:cut]), tokens=tokens, network_calls=calls, steps=steps,
-                  prompt=prompt)
+                  prompt=prompt, text_tokens=cut)

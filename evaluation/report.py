@@ -10,9 +10,11 @@ reader never sees half a file):
 * ``results.json``: ``results`` verbatim (indented, sorted keys); the record to reproduce from.
 * ``plots/*.png``: the training curves given as ``curves`` and each dataset's contributions
   against t, when there is data for them (``evaluation.plots``).
-* ``report.md`` and ``report.html``: the same document (title, results table, training,
-  comparison, reference numbers, samples, plots, protocol), built here from its sections and
-  rendered by ``evaluation.report_document``.
+* ``report.md`` and ``report.html``: the same document (title, results table with each
+  number's protocol, training, a learned schedule's exponents, comparison, reference numbers
+  with MDLM's row next to MD4's, samples with their unigram entropy and generative
+  perplexity, plots, protocol), built here from its sections and rendered by
+  ``evaluation.report_document``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 from common.atomic_files import atomic_write_bytes
 from evaluation.plots import Curves, report_plots
+from evaluation.protocols import DEFAULT_PROTOCOL
 from evaluation.references import REFERENCE_SEQ_LEN, REFERENCE_TOKENIZER, Reference, protocol_note, references_for
 from evaluation.report_document import (
     Block,
@@ -39,7 +42,16 @@ from evaluation.report_document import (
     render_html,
     render_markdown,
 )
-from evaluation.results import ABSENT, DatasetResult, EvalResults, ModelRecord
+from evaluation.results import (
+    ABSENT,
+    Absent,
+    DatasetResult,
+    EvalResults,
+    ModelRecord,
+    SampleRecord,
+    SamplingRecord,
+    ScheduleToken,
+)
 
 __all__ = ["HTML_NAME", "JSON_NAME", "MARKDOWN_NAME", "ReportFiles", "write_report"]
 
@@ -49,6 +61,7 @@ JSON_NAME = "results.json"
 GPT2_TOKENIZER_KIND = "gpt2-bpe"  # data_prep.tokenizer's kind of the GPT-2 byte-level BPE
 AUTOREGRESSIVE = "autoregressive"
 MISSING = "—"
+UNKNOWN_PROTOCOL = "the paper's own (not recorded in our sources)"
 
 
 @dataclass(frozen=True)
@@ -83,7 +96,7 @@ def _is_autoregressive(results: EvalResults) -> bool:
 
 # ------------------------------------------------------------------------- sections
 def _title(results: EvalResults) -> str:
-    return f"Evaluation report: {results.model.path} at step {results.model.step:,}"
+    return f"Evaluation report: {results.model.path} at step {_count(results.model.step)}"
 
 
 def _header_blocks(results: EvalResults) -> list[Block]:
@@ -101,22 +114,34 @@ def _header_blocks(results: EvalResults) -> list[Block]:
     return blocks
 
 
-def _results_row(name: str, record: DatasetResult, exact: bool) -> tuple[Inline, ...]:
+def _protocol_name(record: DatasetResult, evaluation: str | Absent = ABSENT) -> str:
+    """The protocol a number used (``evaluation``'s when the record does not say); results from
+    before protocols had names were made with ours."""
+    return record.dataset.get("protocol") or evaluation or DEFAULT_PROTOCOL
+
+
+def _protocol_of(record: DatasetResult, evaluation: str | Absent = ABSENT) -> str:
+    """The protocol a number used and the split it scored, e.g. "mdlm, valid split"."""
+    return f"{_protocol_name(record, evaluation)}, {record.dataset.get('split', '?')} split"
+
+
+def _results_row(name: str, protocol: str, record: DatasetResult, exact: bool) -> tuple[Inline, ...]:
     nelbo = _number(record.nelbo_per_token, 4)
     perplexity = _number(record.perplexity_bound, 2)
     if not exact:
         nelbo += f" ± {_number(record.standard_error, 4)}"
         low, high = record.perplexity_interval
         perplexity += f" ({_number(low, 2)} – {_number(high, 2)})"
-    return (name, _count(record.num_tokens), nelbo, perplexity, _number(record.bits_per_byte, 4))
+    return (name, protocol, _count(record.num_tokens), nelbo, perplexity, _number(record.bits_per_byte, 4))
 
 
 def _results_blocks(results: EvalResults) -> list[Block]:
     exact = _is_autoregressive(results)
-    header = (("dataset", "tokens", "NLL/token (nats)", "perplexity (exact)", "bits/byte") if exact else
-              ("dataset", "tokens", "NELBO/token (nats ± SE)", "perplexity bound (95% interval)",
+    header = (("dataset", "protocol", "tokens", "NLL/token (nats)", "perplexity (exact)", "bits/byte") if exact else
+              ("dataset", "protocol", "tokens", "NELBO/token (nats ± SE)", "perplexity bound (95% interval)",
                "bits/byte"))
-    rows = tuple(_results_row(name, record, exact) for name, record in results.datasets.items())
+    rows = tuple(_results_row(name, _protocol_of(record, results.protocol.name), record, exact)
+                 for name, record in results.datasets.items())
     explanation = (
         "Exact negative log-likelihood per token of the causal model; perplexity = "
         "exp(NLL/token)." if exact else
@@ -126,8 +151,10 @@ def _results_blocks(results: EvalResults) -> list[Block]:
         "shrink the interval, not the bound).")
     return [Heading(2, "Results"), Table(header, rows),
             paragraph(explanation, " Tokens are counted with the model's tokenizer (EOS "
-                      "included); bits per byte divide the total by the UTF-8 bytes of the "
-                      "detokenized text and do not depend on the tokenizer.")]
+                      "included, and under the mdlm protocol the BOS and EOS around every block); "
+                      "bits per byte divide the total by the UTF-8 bytes of the detokenized text "
+                      "and do not depend on the tokenizer. The protocol column names how the set "
+                      "was read and wrapped (evaluation.protocols) and the split it scored.")]
 
 
 def _training_blocks(results: EvalResults) -> list[Block]:
@@ -191,14 +218,15 @@ def _our_reference_row(results: EvalResults, record: DatasetResult) -> tuple[Inl
     exact = _is_autoregressive(results)
     value = f"{'' if exact else '≤ '}{_number(record.perplexity_bound, 2)}"
     # The training data column stays empty: the results do not name this run's corpus.
-    return (f"this run ({model.objective}, step {model.step:,})", value, _our_scale(model.network),
-            f"{model.tokenizer.kind} (vocab {_count(model.tokenizer.vocab_size)})", MISSING, "this report")
+    return (f"this run ({model.objective}, step {_count(model.step)})", value, _our_scale(model.network),
+            f"{model.tokenizer.kind} (vocab {_count(model.tokenizer.vocab_size)})", MISSING,
+            _protocol_of(record, results.protocol.name), "this report")
 
 
 def _reference_row(reference: Reference) -> tuple[Inline, ...]:
     model = f"{reference.model} ({reference.note})" if reference.note else reference.model
     return (model, reference.display_value, reference.scale, reference.tokenizer,
-            reference.training_data, reference.source)
+            reference.training_data, reference.protocol or UNKNOWN_PROTOCOL, reference.source)
 
 
 def _comparability_caveats(results: EvalResults) -> list[str]:
@@ -212,9 +240,9 @@ def _comparability_caveats(results: EvalResults) -> list[str]:
     if protocol.seq_len != REFERENCE_SEQ_LEN:
         caveats.append(f"This run's sequence length is {protocol.seq_len}, the references' "
                        f"{REFERENCE_SEQ_LEN}.")
-    if protocol.split not in (ABSENT, "test") or protocol.max_documents not in (ABSENT, None):
-        caveats.append("This run did not score the whole test split (see split and max_documents "
-                       "in the protocol); the references did.")
+    if protocol.max_documents not in (ABSENT, None):
+        caveats.append("This run scored only the first max_documents documents of each set (see the "
+                       "protocol); the references scored whole sets.")
     return caveats
 
 
@@ -233,10 +261,10 @@ def _reference_blocks(results: EvalResults) -> list[Block]:
     compared = [entry for entry in compared if entry[2]]
     if not compared:
         blocks.append(paragraph("No published reference numbers for these datasets."))
-    header = ("model", "perplexity", "scale", "tokenizer", "training data", "source")
+    header = ("model", "perplexity", "scale", "tokenizer", "training data", "protocol", "source")
     for name, record, references in compared:
         blocks.append(Heading(3, name))
-        note = protocol_note(name)
+        note = protocol_note(name, _protocol_name(record, results.protocol.name))
         if note:
             blocks.append(paragraph(f"Protocol difference: {note}."))
         rows = (_our_reference_row(results, record), *map(_reference_row, references))
@@ -244,13 +272,63 @@ def _reference_blocks(results: EvalResults) -> list[Block]:
     return blocks
 
 
+def _schedule_token_table(tokens: tuple[ScheduleToken, ...]) -> Table:
+    return Table(("token id", "text", "w"),
+                 tuple((str(t.token), Code(repr(t.text)), _number(t.exponent, 3)) for t in tokens))
+
+
+def _schedule_blocks(results: EvalResults) -> list[Block]:
+    """A learned schedule's exponents: their spread, and the tokens that unmask first and last."""
+    schedule = results.schedule
+    if not schedule:
+        return []
+    return [Heading(2, "Learned schedule"),
+            paragraph(f"Each token value v has its own schedule alpha_t = 1 - t^w_v (GenMD4). The exponents "
+                      f"w_v range from {_number(schedule.exponent_min, 3)} (median "
+                      f"{_number(schedule.exponent_median, 3)}) to {_number(schedule.exponent_max, 3)}. When "
+                      f"sampling, a masked position of value v stays masked from t to s < t with probability "
+                      f"about (s/t)^w_v: values of large w unmask first, values of small w last. Below w = 1/2 "
+                      f"the training estimator's variance is infinite."),
+            Heading(3, "Unmask first (largest w)"), _schedule_token_table(schedule.unmask_first),
+            Heading(3, "Unmask last (smallest w)"), _schedule_token_table(schedule.unmask_last)]
+
+
+def _sampling_blocks(sampling: SamplingRecord) -> list[Block]:
+    """How the samples were drawn and their quality: unigram entropy, generative perplexity."""
+    top_p = "the full distribution" if sampling.top_p is None else f"top-p {sampling.top_p}"
+    blocks: list[Block] = [
+        paragraph(f"{sampling.num_samples} samples of {_count(sampling.seq_len)} tokens, {_count(sampling.steps)} "
+                  f"steps on the {sampling.grid} grid, {top_p}, seed {sampling.seed}. Mean unigram entropy: "
+                  f"{_number(sampling.mean_unigram_entropy, 3)} nats (of each sample's own tokens; low values "
+                  f"expose repetitive samples, which flatter the generative perplexity).")]
+    perplexity = sampling.generative_perplexity
+    if perplexity:
+        tokens = ("the decoded text re-encoded with the reference's tokenizer (the tokenizers differ)"
+                  if perplexity.retokenized else "the sampled tokens (the reference shares the tokenizer)")
+        blocks.append(paragraph(f"Generative perplexity: {_number(perplexity.perplexity, 2)} under the "
+                                f"{perplexity.reference_kind} model ", Code(perplexity.reference),
+                                f", over {_count(perplexity.tokens)} tokens: {tokens}."))
+    else:
+        blocks.append(paragraph("No generative perplexity: no reference model was given (--reference)."))
+    return blocks
+
+
+def _sample_line(number: int, sample: SampleRecord) -> str:
+    line = f"Sample {number}: {_count(sample.steps)} steps, {_count(sample.network_calls)} network calls"
+    if sample.unigram_entropy is not ABSENT:
+        line += f", unigram entropy {_number(sample.unigram_entropy, 3)} nats"
+    if sample.reference_tokens:
+        line += (f", {_number(sample.reference_nll / sample.reference_tokens, 3)} nats/token under the "
+                 f"reference ({_count(sample.reference_tokens)} tokens)")
+    return line + "."
+
+
 def _sample_blocks(results: EvalResults) -> list[Block]:
     if not results.samples:
         return []
-    blocks: list[Block] = [Heading(2, "Samples")]
+    blocks: list[Block] = [Heading(2, "Samples"), *(_sampling_blocks(results.sampling) if results.sampling else [])]
     for number, sample in enumerate(results.samples, start=1):
-        blocks.append(paragraph(f"Sample {number}: {_count(sample.steps)} steps, "
-                                f"{_count(sample.network_calls)} network calls."))
+        blocks.append(paragraph(_sample_line(number, sample)))
         blocks.append(Quote(sample.text))
     return blocks
 
@@ -274,6 +352,11 @@ def _comparison_blocks(results: EvalResults) -> list[Block]:
                  for name, record in results.datasets.items() if name in other.datasets)
     note = ("Both models share the tokenizer, so the per-token gap compares the same tokens."
             if _same_tokenizer(ours, theirs) else "The tokenizers differ: only the bits-per-byte gap is comparable.")
+    differing = [name for name, record in results.datasets.items() if name in other.datasets
+                 and _protocol_of(record, results.protocol.name) != _protocol_of(other.datasets[name])]
+    if differing:
+        note += (f" The two evaluations read {', '.join(differing)} with different protocols or splits: "
+                 f"those gaps compare different tokens.")
     return [Heading(2, "Comparison"), Table(header, rows),
             paragraph("Perplexities (a bound for a diffusion model, exact for an autoregressive one); "
                       "a positive gap means this model's number is higher. ", note)]
@@ -289,7 +372,7 @@ def _plot_blocks(plots: list[Plot]) -> list[Block]:
 
 def _document(results: EvalResults, plots: list[Plot]) -> list[Block]:
     return [*_header_blocks(results), *_results_blocks(results), *_training_blocks(results),
-            *_comparison_blocks(results), *_reference_blocks(results),
+            *_schedule_blocks(results), *_comparison_blocks(results), *_reference_blocks(results),
             *_sample_blocks(results), *_plot_blocks(plots), *_protocol_blocks(results)]
 
 

@@ -17,23 +17,33 @@ The records, as JSON (``?`` marks a key that may be absent)::
                "step": int | None, "tokens_seen": int | None, "weights": "ema" | "model" | None,
                "weights_note"?: str, "network": {"n_layers", "d_model", ...: the export's verbatim},
                "tokenizer": {"kind": str, "sha256": str, "vocab_size": int}},
-     "protocol": Protocol {"seq_len": int, "samples_per_block": int, "seed": int,
+     "protocol": Protocol {"name"?: "unmask" | "mdlm" (absent: unmask), "seq_len": int,
+                  "samples_per_block": int, "seed": int,
                   "estimator": "continuous" | "discrete" | "autoregressive",
                   "discrete_steps": int | None, "target_rel_error": float | None, "add_eos": bool,
                   "split"?: str, "max_documents"?: int | None, "wrapping": str, "bound"?: str,
                   "precision": str, "world_size": int},
-     "datasets": {NAME: DatasetResult {"dataset": {...},   # the file read (EvalDataset.protocol())
+     "datasets": {NAME: DatasetResult {"dataset": {...},   # the file read and how (EvalDataset.protocol(),
+                                                           # "protocol", "dropped_tokens" under mdlm)
                                        "estimate": {...},  # BoundEstimate.to_dict()
                                        "nelbo_per_token": float, "standard_error": float,
                                        "perplexity_bound": float, "perplexity_interval": [low, high],
                                        "bits_per_byte": float, "num_tokens": int,
                                        "per_t"?: {"t": [float], "contribution": [float]}}},
-     "samples": [{"text": str, "network_calls": int, "steps": int}],   # may be empty
+     "samples": [{"text": str, "network_calls": int, "steps": int,     # may be empty
+                  "unigram_entropy"?: float, "reference_nll"?: float, "reference_tokens"?: int}],
+     "sampling"?: {"num_samples": int, "steps": int, "grid": str, "top_p": float | None, "seed": int,
+                   "seq_len": int, "mean_unigram_entropy": float,
+                   "generative_perplexity"?: {"reference": str, "reference_kind": str,
+                                              "retokenized": bool, "perplexity": float, "tokens": int}},
      "mlflow": {"tracking_uri": str, "run_id": str} | None,           # None: MLflow was down
      "created": ISO 8601 str, "unmask_version": str, "git_commit": str,
      "training"?: {"untrained_val_nelbo_per_token": float, "final_step": int,
                    "final_val_nelbo_per_token": float, "val_split": str} | None,
-     "comparison"?: {"model": ModelRecord, "datasets": {NAME: DatasetResult}, "path": str}}
+     "comparison"?: {"model": ModelRecord, "datasets": {NAME: DatasetResult}, "path": str},
+     "schedule"?: {"exponent_min": float, "exponent_median": float, "exponent_max": float,  # learned
+                   "unmask_first": [{"token": int, "text": str, "exponent": float}],        # schedules
+                   "unmask_last": [...]}}
 
 ``EvalResults.from_json`` checks the whole object before it reads it: a ValueError names every
 key it lacks. A record's own ``from_json`` expects what its part of that check accepts.
@@ -52,9 +62,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-__all__ = ["ABSENT", "Absent", "Comparison", "DatasetResult", "EvalResults", "EvalScores", "MlflowRecord",
-           "ModelRecord", "PerTimeContributions", "Protocol", "SampleRecord", "TokenizerRecord",
-           "TrainingRecord"]
+__all__ = ["ABSENT", "Absent", "Comparison", "DatasetResult", "EvalResults", "EvalScores", "GenerativePerplexity",
+           "MlflowRecord", "ModelRecord", "PerTimeContributions", "Protocol", "SampleRecord", "SamplingRecord",
+           "ScheduleRecord", "ScheduleToken", "TokenizerRecord", "TrainingRecord"]
 
 JsonObject = dict[str, Any]
 Keys = tuple[str, ...]
@@ -155,6 +165,7 @@ class ModelRecord:
 class Protocol:
     """How the numbers were made: every setting needed to reproduce them."""
 
+    name: str | Absent = ABSENT           # the protocol (evaluation.protocols); absent in older results: unmask
     seq_len: int
     samples_per_block: int
     seed: int
@@ -164,6 +175,7 @@ class Protocol:
     add_eos: bool
     split: str | Absent = ABSENT
     max_documents: int | None | Absent = ABSENT
+    blocks_per_replicate: int | None | Absent = ABSENT   # a random subset of blocks per replicate
     wrapping: str                         # how documents became blocks, in words
     bound: str | Absent = ABSENT          # which bound, in words
     precision: str
@@ -171,14 +183,15 @@ class Protocol:
 
     REQUIRED: ClassVar[Keys] = ("seq_len", "samples_per_block", "seed", "estimator", "discrete_steps",
                                 "target_rel_error", "add_eos", "wrapping", "precision", "world_size")
-    OPTIONAL: ClassVar[Keys] = ("split", "max_documents", "bound")
+    OPTIONAL: ClassVar[Keys] = ("name", "split", "max_documents", "blocks_per_replicate", "bound")
 
     def to_json(self) -> JsonObject:
         # In this order: the report's "Evaluation" table lists the fields as they come.
-        return _present({"seq_len": self.seq_len, "samples_per_block": self.samples_per_block,
+        return _present({"name": self.name, "seq_len": self.seq_len, "samples_per_block": self.samples_per_block,
                          "seed": self.seed, "estimator": self.estimator, "discrete_steps": self.discrete_steps,
                          "target_rel_error": self.target_rel_error, "add_eos": self.add_eos,
-                         "split": self.split, "max_documents": self.max_documents, "wrapping": self.wrapping,
+                         "split": self.split, "max_documents": self.max_documents,
+                         "blocks_per_replicate": self.blocks_per_replicate, "wrapping": self.wrapping,
                          "bound": self.bound, "precision": self.precision, "world_size": self.world_size})
 
     @classmethod
@@ -247,20 +260,115 @@ class DatasetResult:
 
 @dataclass(frozen=True, kw_only=True)
 class SampleRecord:
-    """One generated sample, as the report shows it."""
+    """One generated sample, as the report shows it, with its quality (evaluation.sample_quality)."""
 
     text: str
     network_calls: int
     steps: int
+    unigram_entropy: float | Absent = ABSENT    # nats, of the sample's own tokens
+    reference_nll: float | Absent = ABSENT      # nats, -log p of its text under the reference model
+    reference_tokens: int | Absent = ABSENT     # the reference's tokens of its text
 
     KEYS: ClassVar[Keys] = ("text", "network_calls", "steps")
+    OPTIONAL: ClassVar[Keys] = ("unigram_entropy", "reference_nll", "reference_tokens")
 
     def to_json(self) -> JsonObject:
-        return {"text": self.text, "network_calls": self.network_calls, "steps": self.steps}
+        return _present({key: getattr(self, key) for key in self.KEYS + self.OPTIONAL})
 
     @classmethod
     def from_json(cls, data: JsonObject) -> SampleRecord:
+        return cls(**{key: data[key] for key in cls.KEYS}, **{key: data.get(key, ABSENT) for key in cls.OPTIONAL})
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerativePerplexity:
+    """The samples' perplexity under a reference autoregressive model."""
+
+    reference: str        # the reference model's path
+    reference_kind: str   # "unmask-export" | "huggingface"
+    retokenized: bool     # the decoded text re-encoded with the reference's tokenizer (else the sampled ids)
+    perplexity: float     # exp(total NLL / total tokens) over all samples
+    tokens: int           # the reference's tokens, over all samples
+
+    KEYS: ClassVar[Keys] = ("reference", "reference_kind", "retokenized", "perplexity", "tokens")
+
+    def to_json(self) -> JsonObject:
+        return {key: getattr(self, key) for key in self.KEYS}
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> GenerativePerplexity:
         return cls(**{key: data[key] for key in cls.KEYS})
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingRecord:
+    """How the report's samples were drawn, and their quality."""
+
+    num_samples: int
+    steps: int
+    grid: str
+    top_p: float | None            # None: the full distribution
+    seed: int
+    seq_len: int
+    mean_unigram_entropy: float    # nats, the mean over samples of each one's unigram entropy
+    generative_perplexity: GenerativePerplexity | Absent = ABSENT   # with a reference model only
+
+    KEYS: ClassVar[Keys] = ("num_samples", "steps", "grid", "top_p", "seed", "seq_len", "mean_unigram_entropy")
+
+    def to_json(self) -> JsonObject:
+        return _present({**{key: getattr(self, key) for key in self.KEYS},
+                         "generative_perplexity": self.generative_perplexity.to_json()
+                         if self.generative_perplexity else ABSENT})
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> SamplingRecord:
+        perplexity = data.get("generative_perplexity")
+        return cls(**{key: data[key] for key in cls.KEYS},
+                   generative_perplexity=ABSENT if perplexity is None else GenerativePerplexity.from_json(perplexity))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleToken:
+    """A token value of a learned schedule: its id, its decoded text and its exponent w_v."""
+
+    token: int
+    text: str
+    exponent: float
+
+    KEYS: ClassVar[Keys] = ("token", "text", "exponent")
+
+    def to_json(self) -> JsonObject:
+        return {key: getattr(self, key) for key in self.KEYS}
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> ScheduleToken:
+        return cls(**{key: data[key] for key in cls.KEYS})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleRecord:
+    """A learned schedule (GenMD4, alpha_{t,v} = 1 - t^{w_v}): the spread of its exponents and
+    the token values that unmask first (largest w, largest first) and last (smallest first)."""
+
+    exponent_min: float
+    exponent_median: float
+    exponent_max: float
+    unmask_first: tuple[ScheduleToken, ...]
+    unmask_last: tuple[ScheduleToken, ...]
+
+    KEYS: ClassVar[Keys] = ("exponent_min", "exponent_median", "exponent_max", "unmask_first", "unmask_last")
+
+    def to_json(self) -> JsonObject:
+        return {"exponent_min": self.exponent_min, "exponent_median": self.exponent_median,
+                "exponent_max": self.exponent_max, "unmask_first": [t.to_json() for t in self.unmask_first],
+                "unmask_last": [t.to_json() for t in self.unmask_last]}
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> ScheduleRecord:
+        return cls(exponent_min=data["exponent_min"], exponent_median=data["exponent_median"],
+                   exponent_max=data["exponent_max"],
+                   unmask_first=tuple(map(ScheduleToken.from_json, data["unmask_first"])),
+                   unmask_last=tuple(map(ScheduleToken.from_json, data["unmask_last"])))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -357,6 +465,8 @@ class EvalResults:
     git_commit: str
     training: TrainingRecord | None | Absent = ABSENT
     comparison: Comparison | Absent = ABSENT
+    sampling: SamplingRecord | Absent = ABSENT   # with samples only
+    schedule: ScheduleRecord | Absent = ABSENT   # learned-schedule exports only
 
     REQUIRED: ClassVar[Keys] = ("model", "protocol", "datasets", "samples", "mlflow", "created", "unmask_version",
                                 "git_commit")
@@ -369,7 +479,9 @@ class EvalResults:
             "mlflow": self.mlflow.to_json() if self.mlflow else None,
             "created": self.created, "unmask_version": self.unmask_version, "git_commit": self.git_commit,
             "training": self.training.to_json() if self.training else self.training,
-            "comparison": self.comparison.to_json() if self.comparison else ABSENT})
+            "comparison": self.comparison.to_json() if self.comparison else ABSENT,
+            "sampling": self.sampling.to_json() if self.sampling else ABSENT,
+            "schedule": self.schedule.to_json() if self.schedule else ABSENT})
 
     @classmethod
     def from_json(cls, data: JsonObject) -> EvalResults:
@@ -381,7 +493,9 @@ class EvalResults:
                    mlflow=None if data["mlflow"] is None else MlflowRecord.from_json(data["mlflow"]),
                    created=data["created"], unmask_version=data["unmask_version"], git_commit=data["git_commit"],
                    training=_training(data.get("training", ABSENT)),
-                   comparison=Comparison.from_json(data["comparison"]) if "comparison" in data else ABSENT)
+                   comparison=Comparison.from_json(data["comparison"]) if "comparison" in data else ABSENT,
+                   sampling=SamplingRecord.from_json(data["sampling"]) if "sampling" in data else ABSENT,
+                   schedule=ScheduleRecord.from_json(data["schedule"]) if "schedule" in data else ABSENT)
 
     @classmethod
     def missing(cls, data: Any) -> list[str]:
@@ -403,6 +517,17 @@ class EvalResults:
             missing += _lacking(data["training"], "training.", TrainingRecord.KEYS)
         if "comparison" in data:
             missing += Comparison.missing(data["comparison"], "comparison.")
+        if "schedule" in data:
+            missing += _lacking(data["schedule"], "schedule.", ScheduleRecord.KEYS)
+            orders = data["schedule"] if isinstance(data["schedule"], dict) else {}
+            for order in ("unmask_first", "unmask_last"):
+                for index, entry in enumerate(orders.get(order) or []):
+                    missing += _lacking(entry, f"schedule.{order}.{index}.", ScheduleToken.KEYS)
+        if "sampling" in data:
+            missing += _lacking(data["sampling"], "sampling.", SamplingRecord.KEYS)
+            if isinstance(data["sampling"], dict) and "generative_perplexity" in data["sampling"]:
+                missing += _lacking(data["sampling"]["generative_perplexity"], "sampling.generative_perplexity.",
+                                    GenerativePerplexity.KEYS)
         return missing
 
     def dumps(self) -> str:

@@ -7,8 +7,12 @@ costs that record (a warning), never the results nor the report.
         tracking.upload_report(out_dir)    # once the report is written
 
 The metrics (``eval/DATASET/nelbo_per_token``, ``perplexity_bound``, ``bits_per_byte``,
-``standard_error``, at the checkpoint's step) go to the training's own MLflow run when the
-export belongs to one, or, with a tracking URI, to a new run in the ``unmask-eval``
+``standard_error``, at the checkpoint's step; for a learned schedule
+``eval/schedule/exponent_min``, ``_median``, ``_max`` and the tags
+``eval/schedule/unmask_first``, ``unmask_last``; with samples
+``eval/samples/mean_unigram_entropy`` and, with a reference model,
+``eval/samples/generative_perplexity``) go to the training's own MLflow run when
+the export belongs to one, or, with a tracking URI, to a new run in the ``unmask-eval``
 experiment tagged with the checkpoint.
 """
 
@@ -22,7 +26,7 @@ from mlflow.exceptions import MlflowException
 
 from evaluation.plots import Curves
 from evaluation.report import JSON_NAME
-from evaluation.results import EvalResults, MlflowRecord, ModelRecord
+from evaluation.results import EvalResults, MlflowRecord, ModelRecord, SamplingRecord, ScheduleRecord
 from pipeline.tracking import Tracker, TrackingUnreachable
 
 __all__ = ["CURVE_METRICS", "EVAL_EXPERIMENT", "REPORT_ARTIFACT_DIR", "VAL_METRIC", "EvalTracking",
@@ -72,8 +76,28 @@ def _tracker(run_dir: Path | None, out_dir: Path, tracking_uri: str | None, mode
     return tracker
 
 
+def _log_schedule(tracker: Tracker, schedule: ScheduleRecord, step: int) -> None:
+    """A learned schedule's spread as metrics, and the tokens that unmask first and last as tags."""
+    tracker.log_metrics({f"eval/schedule/{key}": getattr(schedule, key)
+                         for key in ("exponent_min", "exponent_median", "exponent_max")}, step)
+    tracker.set_tags({f"eval/schedule/{order}": " ".join(repr(token.text) for token in getattr(schedule, order))
+                      for order in ("unmask_first", "unmask_last")})
+
+
+def _log_sampling(tracker: Tracker, sampling: SamplingRecord, step: int) -> None:
+    """The samples' mean unigram entropy, and their generative perplexity when there is a reference."""
+    metrics = {"eval/samples/mean_unigram_entropy": sampling.mean_unigram_entropy}
+    if sampling.generative_perplexity:
+        metrics["eval/samples/generative_perplexity"] = sampling.generative_perplexity.perplexity
+    tracker.log_metrics(metrics, step)
+
+
 def _log_metrics(tracker: Tracker, results: EvalResults) -> None:
     step = results.model.step or 0
+    if results.schedule:
+        _log_schedule(tracker, results.schedule, step)
+    if results.sampling:
+        _log_sampling(tracker, results.sampling, step)
     for name, record in results.datasets.items():
         key = name.replace("/", "_")
         tracker.log_metrics({f"eval/{key}/nelbo_per_token": record.nelbo_per_token,

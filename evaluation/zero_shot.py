@@ -13,9 +13,10 @@ In order:
    or its live weights (with a warning) when the checkpoint has no EMA;
 3. every rank scores every dataset (``evaluation.evaluate``: the blocks are split over the
    process group and the totals summed, so the numbers do not depend on the world size);
-4. rank 0 adds the model and training records, the comparison, samples and provenance, logs
-   the metrics to MLflow (best effort, ``evaluation.tracking``) and writes the report
-   (``evaluation.report``) into ``report_dir``.
+4. rank 0 adds the model and training records, the comparison, samples with their quality
+   (unigram entropy, and the generative perplexity under ``ReportOptions.reference``:
+   ``evaluation.sample_quality``) and provenance, logs the metrics to MLflow (best effort,
+   ``evaluation.tracking``) and writes the report (``evaluation.report``) into ``report_dir``.
 
 Under torchrun every rank calls ``run_zero_shot``; ranks other than 0 return None. Without a
 ``dist`` it joins the process group the launcher describes (a world of one without a
@@ -38,20 +39,27 @@ import torch
 from common.errors import UserError, output_dir
 from common.provenance import git_commit, package_version
 from evaluation.evaluate import EvalConfig, evaluate
-from evaluation.generation import generate, resolve_device
+from evaluation.generation import DEFAULT_GRID, GRIDS, generate, resolve_device
+from evaluation.protocols import DEFAULT_PROTOCOL
 from evaluation.report import JSON_NAME, ReportFiles, write_report
 from evaluation.results import (
     ABSENT,
+    Absent,
     Comparison,
     DatasetResult,
     EvalResults,
     EvalScores,
     ModelRecord,
     SampleRecord,
+    SamplingRecord,
+    ScheduleRecord,
+    ScheduleToken,
     TokenizerRecord,
     TrainingRecord,
 )
+from evaluation.sample_quality import check_reference, load_reference, score_samples
 from evaluation.tracking import VAL_METRIC, track_results
+from model.state_dependent import LearnedMaskedDiffusion, exponent_spread
 from pipeline.checkpoint import resolve_checkpoint
 from pipeline.distributed import Distributed, init_distributed
 from pipeline.export import (
@@ -68,6 +76,8 @@ from pipeline.run_layout import RunLayout
 __all__ = ["ReportOptions", "ZeroShotReport", "is_up_to_date", "report_dir", "run_zero_shot"]
 
 log = logging.getLogger("unmask.eval")
+# Token values listed as unmasking first and last in a learned schedule's record (seed 002 shows 10-12).
+SCHEDULE_TOKENS = 10
 
 
 
@@ -77,6 +87,9 @@ class ReportOptions:
 
     num_samples: int = 0            # samples generated for the report
     sample_steps: int = 1000        # their reverse diffusion steps
+    sample_grid: str = DEFAULT_GRID  # their time grid (GRIDS)
+    sample_top_p: float | None = None  # their nucleus; None: the full distribution
+    reference: Path | None = None   # an AR model that scores them (generative perplexity)
     compare: Path | None = None     # another evaluation's results.json: the report shows the gap
     out: Path | None = None         # None: RUN/report, or EXPORT/report for a standalone export
     mlflow_uri: str | None = None   # None: the training's own MLflow run (a new run without one)
@@ -87,6 +100,14 @@ class ReportOptions:
         if self.num_samples < 0 or self.sample_steps < 1:
             raise UserError(f"--num-samples must be >= 0 and --sample-steps >= 1, got {self.num_samples} and "
                             f"{self.sample_steps}")
+        if self.sample_grid not in GRIDS:
+            raise UserError(f"--sample-grid must be one of {', '.join(GRIDS)}, got {self.sample_grid!r}")
+        if self.sample_top_p is not None and not 0.0 < self.sample_top_p <= 1.0:
+            raise UserError(f"--sample-top-p must lie in (0, 1], got {self.sample_top_p}")
+        if self.reference is not None:
+            if not self.num_samples:
+                raise UserError("--reference scores the report's samples: give --num-samples N too")
+            check_reference(self.reference)
         if self.out is not None:
             output_dir(self.out, "--out")
 
@@ -126,7 +147,9 @@ def is_up_to_date(target: Path, config: EvalConfig, options: ReportOptions) -> b
         return False
     return (results.model.step == _exported_step(export_dir)
             and sorted(results.datasets) == sorted(config.datasets)
-            and results.protocol.samples_per_block == config.samples_per_block)
+            and results.protocol.samples_per_block == config.samples_per_block
+            and (results.protocol.blocks_per_replicate or None) == config.blocks_per_replicate
+            and (results.protocol.name or DEFAULT_PROTOCOL) == config.protocol)
 
 
 # ------------------------------------------------------------------ before the work
@@ -165,8 +188,9 @@ def _export_if_missing(path: Path) -> None:
 # ------------------------------------------------------------------ the records of rank 0
 def _model_record(export_dir: Path, exported: Exported) -> ModelRecord:
     config = exported.config
-    weights_note = ("EMA weights (decay {})".format(config.get("ema_decay")) if config.get("weights") == "ema"
-                    else "live weights (no EMA: exported with --weights model)")
+    weights_note = config.get("weights_note") or (  # an imported export describes its own weights
+        "EMA weights (decay {})".format(config.get("ema_decay")) if config.get("weights") == "ema"
+        else "live weights (no EMA: exported with --weights model)")
     tokenizer = exported.tokenizer
     return ModelRecord(path=str(export_dir.resolve()), objective=config["objective"], step=config.get("step"),
                        tokens_seen=config.get("tokens_seen"), weights=config.get("weights"),
@@ -198,11 +222,40 @@ def _shared(comparison: Comparison, scored: dict[str, DatasetResult], flag_path:
     return replace(comparison, datasets=shared)
 
 
-def _samples(exported: Exported, options: ReportOptions, seed: int) -> tuple[SampleRecord, ...]:
+def _samples(exported: Exported, options: ReportOptions, seed: int,
+             device: torch.device) -> tuple[tuple[SampleRecord, ...], SamplingRecord | Absent]:
+    """The report's samples with their quality, and how they were drawn (none without --num-samples)."""
     if not options.num_samples:
-        return ()
-    samples = generate(exported, num=options.num_samples, steps=options.sample_steps, seed=seed)
-    return tuple(SampleRecord(text=s.text, network_calls=s.network_calls, steps=s.steps) for s in samples)
+        return (), ABSENT
+    samples = generate(exported, num=options.num_samples, steps=options.sample_steps, grid=options.sample_grid,
+                       top_p=options.sample_top_p, seed=seed, device=str(device))
+    reference = load_reference(options.reference, device=device) if options.reference else None
+    quality = score_samples(samples, exported.tokenizer, reference)
+    records = tuple(SampleRecord(text=s.text, network_calls=s.network_calls, steps=s.steps,
+                                 unigram_entropy=score.unigram_entropy,
+                                 reference_nll=ABSENT if score.reference_nll is None else score.reference_nll,
+                                 reference_tokens=ABSENT if score.reference_tokens is None else score.reference_tokens)
+                    for s, score in zip(samples, quality.scores))
+    sampling = SamplingRecord(num_samples=len(samples), steps=options.sample_steps, grid=options.sample_grid,
+                              top_p=options.sample_top_p, seed=seed, seq_len=len(samples[0].tokens),
+                              mean_unigram_entropy=quality.mean_unigram_entropy,
+                              generative_perplexity=quality.generative_perplexity or ABSENT)
+    return records, sampling
+
+
+def _schedule_record(exported: Exported) -> ScheduleRecord | Absent:
+    """A learned schedule's exponents (the export's EMA theta): their spread and the
+    ``SCHEDULE_TOKENS`` token values that unmask first and last, decoded; absent otherwise."""
+    process = exported.process(validate=False)
+    if not isinstance(process, LearnedMaskedDiffusion):
+        return ABSENT
+    spread = exponent_spread(process.schedule.exponents(), SCHEDULE_TOKENS)
+
+    def tokens(entries: tuple[tuple[int, float], ...]) -> tuple[ScheduleToken, ...]:
+        return tuple(ScheduleToken(token=v, text=exported.tokenizer.decode([v]), exponent=w) for v, w in entries)
+
+    return ScheduleRecord(exponent_min=spread.minimum, exponent_median=spread.median, exponent_max=spread.maximum,
+                          unmask_first=tokens(spread.first), unmask_last=tokens(spread.last))
 
 
 def _now() -> str:
@@ -210,16 +263,17 @@ def _now() -> str:
 
 
 def _report(scores: EvalScores, exported: Exported, export_dir: Path, comparison: Comparison | None,
-            config: EvalConfig, options: ReportOptions) -> ZeroShotReport:
+            config: EvalConfig, options: ReportOptions, device: torch.device) -> ZeroShotReport:
     """Rank 0: the records, samples, MLflow, the report files."""
     run_dir = training_run_of(export_dir)
     out_dir = _report_dir(export_dir, options.out)
+    samples, sampling = _samples(exported, options, config.seed, device)
     results = EvalResults(
         model=_model_record(export_dir, exported), protocol=scores.protocol, datasets=scores.datasets,
         training=ABSENT if run_dir is None else _training_record(run_dir),
         comparison=ABSENT if comparison is None else _shared(comparison, scores.datasets, options.compare),
-        samples=_samples(exported, options, config.seed),
-        mlflow=None, created=_now(), unmask_version=package_version("unmask"), git_commit=git_commit())
+        samples=samples, sampling=sampling, mlflow=None, created=_now(), unmask_version=package_version("unmask"), git_commit=git_commit(),
+        schedule=_schedule_record(exported))
     tracking = track_results(results, run_dir=run_dir, out_dir=out_dir, tracking_uri=options.mlflow_uri)
     if tracking is not None:
         results = replace(results, mlflow=tracking.record)
@@ -251,10 +305,10 @@ def run_zero_shot(target: Path, config: EvalConfig, options: ReportOptions, *,
     group.barrier()
     export_dir = resolve_export(target)
     exported = load_export(export_dir)
-    scores = evaluate(exported, config, device=requested_device or group.device, rank=group.rank,
-                      world_size=group.world_size, all_reduce=group.sum,
-                      progress=lambda message: log.info(message) if group.is_main else None)
-    report = _report(scores, exported, export_dir, comparison, config, options) if group.is_main else None
+    device = requested_device or group.device
+    scores = evaluate(exported, config, device=device, rank=group.rank, world_size=group.world_size,
+                      all_reduce=group.sum, progress=lambda message: log.info(message) if group.is_main else None)
+    report = _report(scores, exported, export_dir, comparison, config, options, device) if group.is_main else None
     if dist is None:
         group.shutdown()
     return report

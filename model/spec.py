@@ -14,8 +14,10 @@ with:
 - ``objective="autoregressive"``: the causal baseline (``Autoregressive``); the process and
   the schedule are not read.
 
-Training builds the absorbing process and the autoregressive baseline; its config does not
-name the other processes yet.
+``build_trainable`` builds what a trainer optimizes: the network, or, for the learned
+process, whose schedule has parameters of its own (theta), a ``model.trainable.DiffusionModel``
+holding the network and the schedule. ``build_process(spec, state=...)`` rebuilds a trained
+process from those parameters (an export's).
 """
 
 from __future__ import annotations
@@ -24,15 +26,18 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
+from torch import Tensor
+
 from model.autoregressive import Autoregressive
 from model.diffusion import DiffusionProcess, MaskedDiffusion
 from model.schedules import make_schedule
-from model.state_dependent import LearnedMaskedDiffusion, LearnedSchedule
+from model.state_dependent import DEFAULT_DRAWS, LearnedMaskedDiffusion, LearnedSchedule
+from model.trainable import DiffusionModel
 from model.transformer import Transformer, TransformerConfig
 from model.uniform import UniformDiffusion
 
 __all__ = ["LEARNED_SCHEDULE", "ModelSpec", "ObjectiveKind", "Process", "ProcessKind", "build_network",
-           "build_process"]
+           "build_process", "build_trainable"]
 
 ObjectiveKind = Literal["diffusion", "autoregressive"]
 ProcessKind = Literal["absorbing", "uniform", "learned"]
@@ -86,15 +91,24 @@ def build_network(spec: ModelSpec) -> Transformer:
     return Transformer(spec.network)
 
 
-def build_process(spec: ModelSpec, *, validate: bool = True, cross_entropy_chunk_rows: int = 0) -> Process:
+def build_process(spec: ModelSpec, *, validate: bool = True, cross_entropy_chunk_rows: int = 0,
+                  draws: int = DEFAULT_DRAWS, state: Mapping[str, Tensor] | None = None) -> Process:
     """The process (or the autoregressive baseline) of ``spec`` over its network's vocabulary.
 
     ``validate`` (default True) checks token ids and times on every call, which synchronizes
     a GPU with the host: a trainer or evaluator fed by validated shards turns it off.
-    ``cross_entropy_chunk_rows`` is the absorbing process's (``MaskedDiffusion``); the other
-    processes and the baseline score full logits and do not read it.
+    ``cross_entropy_chunk_rows`` > 0 is the absorbing process's alone (``MaskedDiffusion``):
+    the others score the full [N, V] prediction, so they refuse it. ``draws`` (K) and
+    ``state`` are the learned process's: K draws of z_t per sequence (``LearnedMaskedDiffusion``;
+    1 to score without a gradient), and the trained parameters of its schedule
+    (``LearnedSchedule.state_dict()``, e.g. an export's; None: the initial ones).
     """
     vocab_size = spec.network.vocab_size
+    if cross_entropy_chunk_rows and (spec.objective, spec.process) != ("diffusion", "absorbing"):
+        raise ValueError(f"cross_entropy_chunk_rows applies to the absorbing process only, not to "
+                         f"{spec.process if spec.objective == 'diffusion' else spec.objective!r}")
+    if state and spec.process != "learned":
+        raise ValueError(f"the {spec.process} process has no parameters, got a state with {sorted(state)}")
     if spec.objective == "autoregressive":
         return Autoregressive(vocab_size, validate=validate)
     if spec.process == "learned":
@@ -102,8 +116,23 @@ def build_process(spec: ModelSpec, *, validate: bool = True, cross_entropy_chunk
             schedule = LearnedSchedule(vocab_size, **spec.schedule_args)
         except TypeError as err:
             raise ValueError(f"bad arguments for schedule {LEARNED_SCHEDULE!r}: {err}") from None
-        return LearnedMaskedDiffusion(schedule, vocab_size, validate=validate)
+        if state is not None:
+            try:
+                schedule.load_state_dict(state)
+            except RuntimeError as err:  # names missing, unexpected or mis-shaped tensors
+                raise ValueError(f"bad state for schedule {LEARNED_SCHEDULE!r}: {err}") from None
+        return LearnedMaskedDiffusion(schedule, vocab_size, draws=draws, validate=validate)
     if spec.process == "uniform":
         return UniformDiffusion(make_schedule(spec.schedule, **spec.schedule_args), vocab_size, validate=validate)
     return MaskedDiffusion(make_schedule(spec.schedule, **spec.schedule_args), vocab_size, validate=validate,
                            cross_entropy_chunk_rows=cross_entropy_chunk_rows)
+
+
+def build_trainable(spec: ModelSpec, *, validate: bool = True) -> Transformer | DiffusionModel:
+    """What a trainer optimizes for ``spec``, freshly initialised (the network from the global
+    RNG): the network, or for the learned process a ``DiffusionModel`` of the network and the
+    process (training's ``DEFAULT_DRAWS`` draws), whose forward is the bound."""
+    network = build_network(spec)
+    if spec.objective == "diffusion" and spec.process == "learned":
+        return DiffusionModel(network, build_process(spec, validate=validate))
+    return network

@@ -85,9 +85,10 @@ from model.diffusion import MaskedDiffusion, NelboTerms, Reconstruction
 from model.generators import Generators, uniforms
 from model.positions import sum_by_row
 from model.sampling import SamplingStats, reverse_sample
-from model.schedules import DEFAULT_ENDPOINT_EPS
+from model.schedules import DEFAULT_ENDPOINT_EPS, LinearSchedule, PolynomialSchedule, Schedule
 
-__all__ = ["LearnedSchedule", "LearnedMaskedDiffusion"]
+__all__ = ["ExponentSpread", "LearnedMaskedDiffusion", "LearnedSchedule", "exponent_spread",
+           "learned_schedule_arguments"]
 
 # MD4's GenMD4 starts every exponent at 1: the linear schedule, alpha_raw = 1 - t.
 DEFAULT_INITIAL_EXPONENT = 1.0
@@ -154,6 +155,49 @@ class LearnedSchedule(nn.Module):
 
     def extra_repr(self) -> str:
         return f"vocab_size={self.vocab_size}, endpoint_eps={self.endpoint_eps}"
+
+
+def learned_schedule_arguments(start: Schedule) -> dict[str, float]:
+    """``LearnedSchedule``'s arguments for exponents that all start where ``start`` is, with
+    its guard: linear (w_v = 1) or polynomial (w_v = its power); other shapes are not of the
+    form 1 - t^w and raise ValueError."""
+    if isinstance(start, PolynomialSchedule):
+        exponent = start.power
+    elif isinstance(start, LinearSchedule):
+        exponent = 1.0
+    else:
+        raise ValueError(f"the learned schedule 1 - t^w_v starts from a linear or polynomial schedule, "
+                         f"not {start!r}")
+    return {"initial_exponent": exponent, "endpoint_eps": start.endpoint_eps}
+
+
+@dataclass(frozen=True)
+class ExponentSpread:
+    """How far the exponents w_v spread, and which token values unmask first and last.
+
+    In the reverse process a masked position of clean value v stays masked from t to s < t
+    with probability (1 - alpha_{s,v}) / (1 - alpha_{t,v}), about (s/t)^{w_v}: the larger
+    w_v, the sooner (nearer t = 1) it unmasks when sampling. ``first`` holds the values of
+    largest w, largest first; ``last`` those of smallest w, smallest first; each entry is
+    (token id, w_v).
+    """
+
+    minimum: float
+    median: float
+    maximum: float
+    first: tuple[tuple[int, float], ...]
+    last: tuple[tuple[int, float], ...]
+
+
+def exponent_spread(exponents: Tensor, count: int) -> ExponentSpread:
+    """The spread of ``exponents`` (w [V], e.g. ``LearnedSchedule.exponents()``) with the
+    ``count`` values that unmask first and last (fewer when V < count)."""
+    check_positive_int("count", count)
+    w = exponents.detach().to(device="cpu", dtype=torch.float64)
+    order = w.argsort(descending=True, stable=True).tolist()
+    first, last = order[:count], order[::-1][:count]
+    return ExponentSpread(minimum=float(w.min()), median=float(w.quantile(0.5)), maximum=float(w.max()),
+                          first=tuple((v, float(w[v])) for v in first), last=tuple((v, float(w[v])) for v in last))
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,35 @@ Input ids range over V + 1 values (the V clean tokens and the mask id V, which t
 model uses as its start token); output logits range over the V clean tokens only, so the
 mask is never predicted (SUBS). Norms, rotary embeddings and the time embedding run in
 float32 under bf16 autocast or bf16 weights.
+
+A few options exist to reproduce another codebase's network exactly, so that its released
+weights can be imported (``pipeline.mdlm_import``: MDLM's DiT); their defaults are unmask's
+own network, whose parameters and outputs they leave unchanged:
+
+- ``mlp_bias``, ``head_bias``: biases on the MLP's two layers and on the untied head;
+- ``head_mask_row``: the untied head has V + 1 rows, the last one the mask's; its logit is
+  never computed, which is SUBS's "mask logit = -inf" (the softmax over the other V is the same);
+- ``adaptive_norm``: adaLN without time conditioning, modulated by the time embedding of the
+  time input 0, a learned constant (MDLM's DiT with ``time_conditioning: false`` feeds sigma = 0);
+- ``time_frequencies``, ``time_input``: the sinusoidal features of the time embedding, how many
+  and of what: ``"scaled_t"``, ``TIME_SCALE * t``, or ``"loglinear_sigma"``, the total noise
+  ``sigma(t) = -log(1 - (1 - LOGLINEAR_SIGMA_EPS) t)`` of the log-linear schedule, which MDLM's
+  DiT embeds (256 frequencies). Under the spec's ``loglinear`` schedule with
+  ``eps = LOGLINEAR_SIGMA_EPS``, MDLM's masking probability ``1 - exp(-sigma(t)) = (1 - eps) t``
+  is ours at the same t, so our t is MDLM's t;
+- ``rope_angles``: ``"float32"`` computes the rotary angles as MDLM does (inverse frequencies and
+  position x frequency rounded to float32) instead of in float64: at position 1000 the two
+  tables differ by about 1e-4 radians, which an exact import must not add.
+
+MDLM's norms are ours already: a weight and no bias, eps 1e-5, computed in float32; so are its
+rotary pairs (i, i + head_dim / 2), its qkv layout and its adaLN chunk order.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +48,7 @@ from model.cross_entropy import chunked_cross_entropy
 from model.denoiser import Denoiser
 
 __all__ = ["TransformerConfig", "Transformer", "ParameterCounts", "PRESETS", "preset",
-           "parameter_counts", "count_parameters"]
+           "parameter_counts", "count_parameters", "TimeInput", "RopeAngles", "LOGLINEAR_SIGMA_EPS"]
 
 # Frequencies of the sinusoidal time features span periods from 1 to this many units of
 # t * TIME_SCALE (the DiT / transformer convention).
@@ -33,6 +56,12 @@ MAX_TIME_PERIOD = 10_000.0
 # t in [0, 1] is stretched before the sinusoidal features so that their fast frequencies
 # resolve differences of 1e-3 in t (DiT embeds integer steps in [0, 1000)).
 TIME_SCALE = 1000.0
+# The eps of the log-linear schedule whose total noise sigma(t) = -log(1 - (1 - eps) t) is the
+# time input "loglinear_sigma": MDLM's LogLinearNoise, whose eps its configs never change.
+LOGLINEAR_SIGMA_EPS = 1e-3
+
+TimeInput = Literal["scaled_t", "loglinear_sigma"]
+RopeAngles = Literal["float64", "float32"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +82,14 @@ class TransformerConfig:
     rope_base: float = 10_000.0
     norm_eps: float = 1e-5
     init_std: float = 0.02          # GPT-2's initialisation
+    # Options for exact imports (module docstring); the defaults are unmask's own network.
+    mlp_bias: bool = False          # biases on the MLP's two layers
+    head_bias: bool = False         # a bias on the untied head
+    head_mask_row: bool = False     # the untied head has V + 1 rows; the mask's logit is never computed
+    adaptive_norm: bool = False     # adaLN without time conditioning, from the embedding of time input 0
+    time_frequencies: int = 0       # sinusoidal features of the time input; 0: time_embed_dim
+    time_input: TimeInput = "scaled_t"  # or "loglinear_sigma": MDLM's sigma(t)
+    rope_angles: RopeAngles = "float64"  # or "float32": MDLM's rounding of the rotary angles
 
     def __post_init__(self) -> None:
         checks = {
@@ -60,6 +97,9 @@ class TransformerConfig:
             "d_model": self.d_model >= 1, "n_heads": self.n_heads >= 1,
             "max_seq_len": self.max_seq_len >= 1, "mlp_ratio": self.mlp_ratio >= 1,
             "dropout": 0.0 <= self.dropout < 1.0, "time_embed_dim": self.time_embed_dim >= 2,
+            "time_frequencies": self.time_frequencies == 0 or self.time_frequencies >= 2,
+            "time_input": self.time_input in get_args(TimeInput),
+            "rope_angles": self.rope_angles in get_args(RopeAngles),
         }
         for field, ok in checks.items():
             if not ok:
@@ -69,10 +109,22 @@ class TransformerConfig:
                              f"{self.n_heads} heads of even size (rotary embeddings rotate pairs)")
         if self.time_conditioning and self.causal:
             raise ValueError("TransformerConfig: the causal baseline takes no time conditioning")
+        if self.tie_weights and (self.head_bias or self.head_mask_row):
+            raise ValueError("TransformerConfig: head_bias and head_mask_row need an untied head (tie_weights=False)")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def modulated(self) -> bool:
+        """Whether the blocks and the final norm have adaLN modulation."""
+        return self.time_conditioning or self.adaptive_norm
+
+    @property
+    def head_rows(self) -> int:
+        """Rows of an untied head: V, or V + 1 with the mask's row."""
+        return self.vocab_size + int(self.head_mask_row)
 
 
 PRESETS: dict[str, dict] = {
@@ -108,10 +160,14 @@ class LayerNorm(nn.Module):
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding (RoPE), rotating pairs (i, i + head_dim/2) of each head."""
 
-    def __init__(self, head_dim: int, max_seq_len: int, base: float) -> None:
+    def __init__(self, head_dim: int, max_seq_len: int, base: float, angles_dtype: RopeAngles = "float64") -> None:
         super().__init__()
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+        if angles_dtype == "float32":  # MDLM's rounding, step by step
+            inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2).float() / head_dim))
+            angles = torch.outer(torch.arange(max_seq_len).float(), inv_freq)
+        else:
+            inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+            angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
         # Not saved in checkpoints: they are a function of the config.
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
@@ -132,7 +188,7 @@ class SelfAttention(nn.Module):
         self.n_heads, self.causal, self.dropout = config.n_heads, config.causal, config.dropout
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
         self.out = nn.Linear(config.d_model, config.d_model, bias=False)
-        self.rotary = RotaryEmbedding(config.head_dim, config.max_seq_len, config.rope_base)
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_seq_len, config.rope_base, config.rope_angles)
 
     def forward(self, x: Tensor) -> Tensor:
         batch, length, width = x.shape
@@ -148,8 +204,8 @@ class MLP(nn.Module):
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         hidden = config.mlp_ratio * config.d_model
-        self.up = nn.Linear(config.d_model, hidden, bias=False)
-        self.down = nn.Linear(hidden, config.d_model, bias=False)
+        self.up = nn.Linear(config.d_model, hidden, bias=config.mlp_bias)
+        self.down = nn.Linear(hidden, config.d_model, bias=config.mlp_bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down(F.gelu(self.up(x), approximate="tanh"))
@@ -166,8 +222,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.dropout = nn.Dropout(config.dropout)
         # shift, scale, gate for attention and MLP
-        self.modulation = (nn.Linear(config.time_embed_dim, 6 * config.d_model)
-                           if config.time_conditioning else None)
+        self.modulation = nn.Linear(config.time_embed_dim, 6 * config.d_model) if config.modulated else None
 
     def forward(self, x: Tensor, cond: Tensor | None) -> Tensor:
         if self.modulation is None:
@@ -183,21 +238,28 @@ def _modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
 
 
 class TimeEmbedding(nn.Module):
-    """Sinusoidal features of t followed by a two-layer MLP (SiLU), output pre-activated."""
+    """Sinusoidal features of the time input (``TransformerConfig.time_input``) followed by a
+    two-layer MLP (SiLU), output pre-activated."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, frequencies: int, time_input: TimeInput) -> None:
         super().__init__()
-        self.dim = dim
-        self.mlp = nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, dim), nn.SiLU())
+        self.frequencies, self.time_input = frequencies, time_input
+        self.mlp = nn.Sequential(nn.Linear(frequencies, dim), nn.SiLU(), nn.Linear(dim, dim), nn.SiLU())
 
     def forward(self, t: Tensor) -> Tensor:
-        half = self.dim // 2
+        half = self.frequencies // 2
         freqs = torch.exp(-math.log(MAX_TIME_PERIOD) * torch.arange(half, device=t.device) / half)
-        angles = (TIME_SCALE * t.float())[:, None] * freqs[None]
+        angles = _time_input(t.float(), self.time_input)[:, None] * freqs[None]
         features = torch.cat([angles.cos(), angles.sin()], dim=-1)
-        if self.dim % 2:
+        if self.frequencies % 2:
             features = F.pad(features, (0, 1))
         return self.mlp(features.to(self.mlp[0].weight.dtype))
+
+
+def _time_input(t: Tensor, kind: TimeInput) -> Tensor:
+    if kind == "loglinear_sigma":  # total noise of the log-linear schedule: alpha_t = exp(-sigma)
+        return -torch.log1p(-(1 - LOGLINEAR_SIGMA_EPS) * t)
+    return TIME_SCALE * t
 
 
 # --------------------------------------------------------------------------- network
@@ -224,12 +286,12 @@ class Transformer(nn.Module, Denoiser):
         self.config = config
         d = config.d_model
         self.embed = nn.Embedding(config.vocab_size + 1, d)
-        self.time_embed = TimeEmbedding(config.time_embed_dim) if config.time_conditioning else None
+        self.time_embed = (TimeEmbedding(config.time_embed_dim, config.time_frequencies or config.time_embed_dim,
+                                         config.time_input) if config.modulated else None)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.final_norm = LayerNorm(d, config.norm_eps)
-        self.final_modulation = (nn.Linear(config.time_embed_dim, 2 * d)
-                                 if config.time_conditioning else None)
-        self.head = None if config.tie_weights else nn.Linear(d, config.vocab_size, bias=False)
+        self.final_modulation = nn.Linear(config.time_embed_dim, 2 * d) if config.modulated else None
+        self.head = None if config.tie_weights else nn.Linear(d, config.head_rows, bias=config.head_bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -254,9 +316,9 @@ class Transformer(nn.Module, Denoiser):
 
     def forward(self, z: Tensor, t: Tensor | None = None, output_mask: Tensor | None = None,
                 targets: Tensor | None = None, chunk_rows: int | None = None) -> Tensor:
-        if self.time_embed is not None and t is None:
+        if self.config.time_conditioning and t is None:
             raise ValueError("this Transformer is time-conditioned: pass t")
-        cond = self.time_embed(t) if self.time_embed is not None else None
+        cond = self._condition(z, t)
         x = self.embed(z)
         for block in self.blocks:
             x = block(x, cond)
@@ -269,6 +331,14 @@ class Transformer(nn.Module, Denoiser):
         if targets is not None:
             return chunked_cross_entropy(x, targets, self.output_logits, chunk_rows)
         return self.output_logits(x)
+
+    def _condition(self, z: Tensor, t: Tensor | None) -> Tensor | None:
+        """The adaLN input: the embedding of t, of time input 0 (``adaptive_norm``), or None."""
+        if self.time_embed is None:
+            return None
+        if not self.config.time_conditioning:
+            t = torch.zeros(z.shape[0], device=z.device)
+        return self.time_embed(t)
 
     # ------------------------------------------------------------------- as a Denoiser
     def logits(self, z_t: Tensor, t: Tensor | None = None) -> Tensor:
@@ -287,9 +357,13 @@ class Transformer(nn.Module, Denoiser):
 
     def output_logits(self, hidden: Tensor) -> Tensor:
         """Project final hidden states [..., d] to logits over the V clean tokens."""
-        if self.head is not None:
+        v = self.config.vocab_size
+        if self.head is None:
+            return F.linear(hidden, self.embed.weight[:v])
+        if not self.config.head_mask_row:
             return self.head(hidden)
-        return F.linear(hidden, self.embed.weight[: self.config.vocab_size])
+        # The mask's row is left out: its logit would only be set to -inf (SUBS).
+        return F.linear(hidden, self.head.weight[:v], None if self.head.bias is None else self.head.bias[:v])
 
 
 # --------------------------------------------------------------------------- counting
@@ -306,12 +380,15 @@ def parameter_counts(config: TransformerConfig) -> ParameterCounts:
     d, v = config.d_model, config.vocab_size
     hidden = config.mlp_ratio * d
     per_block = 4 * d * d + 2 * d * hidden + 2 * d  # qkv + out, up + down, two norms
+    per_block += (hidden + d) if config.mlp_bias else 0
     extra = d  # final norm
-    if config.time_conditioning:
-        c = config.time_embed_dim
+    if config.modulated:
+        c, f = config.time_embed_dim, config.time_frequencies or config.time_embed_dim
         per_block += c * 6 * d + 6 * d
-        extra += 2 * (c * c + c) + c * 2 * d + 2 * d
-    embedding = (v + 1) * d + (0 if config.tie_weights else v * d)
+        extra += (f * c + c) + (c * c + c) + c * 2 * d + 2 * d
+    if config.head_bias:
+        extra += config.head_rows
+    embedding = (v + 1) * d + (0 if config.tie_weights else config.head_rows * d)
     non_embedding = config.n_layers * per_block + extra
     return ParameterCounts(total=non_embedding + embedding, non_embedding=non_embedding)
 

@@ -9,7 +9,7 @@ import sys
 
 from common.errors import UserError
 from common.provenance import package_version
-from orchestration.commands import config, data, evaluate, jobs, run, sample, train
+from orchestration.commands import config, data, evaluate, importing, jobs, run, sample, train
 from pipeline.hooks import TrainHooks
 
 DESCRIPTION = """\
@@ -25,6 +25,7 @@ examples:
   unmask prep --input corpus/ --out shards/ --seq-len 1024 --tokenizer tok/ --workers 4
   unmask train --config configs/tiny.yaml --data shards/ --run-dir runs/tiny
   unmask export runs/tiny
+  unmask import mdlm mdlm-owt/ --tokenizer ../shared/data/gpt2-bpe --out mdlm-export/
   unmask eval runs/tiny --datasets ptb,wikitext2,lambada,lm1b --data-dir ../shared/data
   unmask sample runs/tiny --num 4 --steps 1000 --prompt "ROMEO:"
   unmask run                                  # the whole pipeline on a built-in corpus
@@ -57,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  unmask version --all", formatter_class=argparse.RawDescriptionHelpFormatter)
     version.add_argument("--all", action="store_true", help="also print Python and dependency versions")
     version.set_defaults(handler=_cmd_version)
-    for group in (data, train, run, evaluate, sample, jobs, config):
+    for group in (data, train, importing, run, evaluate, sample, jobs, config):
         group.register(commands)
     return parser
 

@@ -58,6 +58,7 @@ class EvalStage:
     samples_per_block: int = 16
     num_samples: int = 2                     # generated samples in the report
     sample_steps: int = 128
+    blocks_per_replicate: int | None = None  # a quick look: see EvalConfig
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,8 @@ class RunRequest:
     def eval_config(self) -> EvalConfig:
         evaluation = self.evaluation
         return EvalConfig(datasets=evaluation.datasets, data_dir=evaluation.data_dir, shards=str(self.layout.data),
-                          samples_per_block=evaluation.samples_per_block)
+                          samples_per_block=evaluation.samples_per_block,
+                          blocks_per_replicate=evaluation.blocks_per_replicate)
 
     def report_options(self) -> ReportOptions:
         return ReportOptions(num_samples=self.evaluation.num_samples, sample_steps=self.evaluation.sample_steps)

@@ -4,6 +4,8 @@
         rank-00000.pt                 this rank's EMA slice and RNG states
         unmask_state.json             step, tokens, loader position, config, hashes, and the
                                       size and sha256 of every other file (rank 0, last)
+        universal/                    added by a resume on another number of ranks
+                                      (``pipeline.reshard``)
     RUN/checkpoints/latest            "step-00000100", moved after every rank finished
 
 A process killed while writing leaves ``latest`` on the previous complete checkpoint; the
@@ -35,6 +37,7 @@ from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
 from pipeline.distributed import Distributed
 from pipeline.ema import EMA
+from pipeline.reshard import DEEPSPEED_DIR, EMA_FILE, UNIVERSAL_DIR, universal_checkpoint, universal_loading
 from pipeline.run_layout import TAG_PATTERN, RunLayout
 from pipeline.safe_load import deepspeed_loads_safely, find_unloadable, load_torch_file
 
@@ -261,6 +264,24 @@ def write_failure(err: BaseException, path: Path, run_dir: Path) -> UserError:
     return UserError(f"writing {path} failed ({type(err).__name__}: {err}); {resume}")
 
 
+# ----------------------------------------------------------------------------- loading
+def _load_engine(engine, root: Path, tag: str) -> None:
+    """``engine.load_checkpoint(root, tag)`` with every torch file read safely; a failure
+    names the file that could not be read, when one could not."""
+    directory = root / tag
+    try:
+        with deepspeed_loads_safely():
+            load_path, _ = engine.load_checkpoint(str(root), tag=tag)
+    except Exception as err:  # DeepSpeed does not say which file it was reading
+        culprit = find_unloadable(directory)
+        if culprit is not None:
+            raise culprit from None
+        raise UserError(f"{directory}: DeepSpeed could not load this checkpoint ({type(err).__name__}: "
+                        f"{err})") from err
+    if load_path is None:
+        raise UserError(f"{directory}: DeepSpeed could not load this checkpoint")
+
+
 # ----------------------------------------------------------------------------- the manager
 class CheckpointManager:
     """Saves and restores the engine, the EMA and the loop state of one run."""
@@ -331,27 +352,46 @@ class CheckpointManager:
         raise error from failure
 
     def load(self, engine, ema: EMA, directory: Path) -> CheckpointMeta:
-        """Restore engine, EMA and RNG from ``directory``; return its metadata."""
+        """Restore engine, EMA and RNG from ``directory``; return its metadata. A checkpoint of
+        another number of ranks goes through its universal form (``pipeline.reshard``); each
+        rank then takes the RNG states of the rank it stands for modulo the old number (they
+        only drive dropout: the loop's own draws are seeded by position)."""
         saved = read_state(directory)
-        if saved.world_size != self.dist.world_size:
-            raise UserError(f"{directory} was written by {saved.world_size} ranks, this run has "
-                            f"{self.dist.world_size}: the data order and ZeRO partitions depend on the "
-                            f"world size; resume with the same number of processes")
-        try:
-            with deepspeed_loads_safely():
-                load_path, _ = engine.load_checkpoint(str(self.root), tag=directory.name)
-        except Exception as err:  # DeepSpeed does not say which file it was reading
-            culprit = find_unloadable(directory)
-            if culprit is not None:
-                raise culprit from None
-            raise UserError(f"{directory}: DeepSpeed could not load this checkpoint ({type(err).__name__}: "
-                            f"{err})") from err
-        if load_path is None:
-            raise UserError(f"{directory}: DeepSpeed could not load this checkpoint")
-        rank_state = load_torch_file(rank_file(directory, self.dist.rank))
-        ema.load_state_dict(rank_state["ema"])
+        if saved.world_size == self.dist.world_size:
+            _load_engine(engine, self.root, directory.name)
+            rank_state = load_torch_file(rank_file(directory, self.dist.rank))
+            ema.load_state_dict(rank_state["ema"])
+        else:
+            self._load_resharded(engine, ema, directory, saved)
+            rank_state = load_torch_file(rank_file(directory, self.dist.rank % saved.world_size))
         _set_rng_state(rank_state["rng"])
         return saved
+
+    def _load_resharded(self, engine, ema: EMA, directory: Path, saved: CheckpointMeta) -> None:
+        """Engine and EMA from a checkpoint of ``saved.world_size`` ranks, converted by rank 0
+        while the others wait (every rank reads the checkpoint directory)."""
+        stage = engine.zero_optimization_stage()
+        if stage != saved.zero_stage:
+            raise UserError(f"{directory} was written under ZeRO-{saved.zero_stage}; on {self.dist.world_size} "
+                            f"rank(s) this run resolves train.zero_stage to {stage}. Resume with --train.zero_stage "
+                            f"{saved.zero_stage} --allow-config-change")
+        failure = None
+        if self.dist.is_main:
+            log.info("%s was written by %d rank(s); resuming it on %d", directory.name, saved.world_size,
+                     self.dist.world_size)
+            try:
+                universal_checkpoint(directory, [rank_file(directory, r) for r in range(saved.world_size)])
+            except (UserError, OSError) as err:
+                failure = err
+        if self.dist.any(failure is not None):
+            if failure is None:
+                raise UserError(f"rank 0 could not convert {directory}; its message says why")
+            raise failure if isinstance(failure, UserError) else write_failure(failure, directory, self.run_dir)
+        universal = directory / UNIVERSAL_DIR
+        with universal_loading(engine):
+            _load_engine(engine, universal, DEEPSPEED_DIR)
+        whole = load_torch_file(universal / EMA_FILE)
+        ema.load_full_state(whole["shadow"], whole["updates"])
 
     def _prune(self) -> None:
         steps = sorted(int(m.group(1)) for d in self.root.iterdir() if (m := TAG_PATTERN.match(d.name)))

@@ -27,6 +27,7 @@ import yaml
 
 from common.errors import UserError
 from model.schedules import make_schedule
+from model.state_dependent import learned_schedule_arguments
 from model.transformer import PRESETS
 
 __all__ = ["ModelSection", "DataSection", "OptimSection", "TrainSection", "EvalSection",
@@ -51,7 +52,12 @@ class ModelSection:
     dropout: float = 0.0                        # 0: no dropout
     time_conditioning: bool = False             # feed t to the denoiser (optional: MATH.md)
     objective: Literal["diffusion", "autoregressive"] = "diffusion"   # autoregressive: the causal baseline
-    schedule: str = "linear"                    # model.schedules.make_schedule name
+    # The diffusion process: absorbing (masking, MD4/MDLM), uniform (D3PM's random
+    # replacement) or learned (GenMD4: masking with a learned schedule per token value).
+    process: Literal["absorbing", "uniform", "learned"] = "absorbing"
+    # model.schedules.make_schedule name. learned: where the per-token exponents start,
+    # linear (w = 1) or polynomial (w = power).
+    schedule: str = "linear"
     schedule_args: dict = field(default_factory=dict)   # e.g. {power: 2}, {endpoint_eps: 1e-4}
 
 
@@ -157,9 +163,12 @@ class Config:
             if not ok:
                 raise UserError(f"config field {name} = {_field_value(self, name)!r}: {why}")
         try:
-            make_schedule(self.model.schedule, **self.model.schedule_args)
+            schedule = make_schedule(self.model.schedule, **self.model.schedule_args)
+            if self.model.process == "learned":
+                learned_schedule_arguments(schedule)
         except ValueError as err:
-            raise UserError(f"config field model.schedule / model.schedule_args: {err}") from None
+            learned = " (model.process = learned)" if self.model.process == "learned" else ""
+            raise UserError(f"config field model.schedule / model.schedule_args{learned}: {err}") from None
         return self
 
 
@@ -180,6 +189,8 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
         ("model.dropout", 0.0 <= m.dropout < 1.0, "must lie in [0, 1)"),
         ("model.time_conditioning", not (m.time_conditioning and m.objective == "autoregressive"),
          "the autoregressive baseline takes no time conditioning"),
+        ("model.process", m.process == "absorbing" or m.objective == "diffusion",
+         "the autoregressive baseline has no diffusion process; leave it at absorbing"),
         ("data.num_workers", c.data.num_workers >= 0, "must be >= 0"),
         ("optim.lr", o.lr > 0 and math.isfinite(o.lr), "must be a positive number"),
         ("optim.betas", all(0.0 <= b < 1.0 for b in o.betas), "both must lie in [0, 1)"),
@@ -200,6 +211,9 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
         ("train.chunked_cross_entropy", t.chunked_cross_entropy >= 0, "must be >= 0 (0: off)"),
         ("train.chunked_cross_entropy", t.chunked_cross_entropy == 0 or m.objective == "diffusion",
          "applies to the diffusion objective only; set 0 for model.objective = autoregressive"),
+        ("train.chunked_cross_entropy", t.chunked_cross_entropy == 0 or m.process == "absorbing",
+         (f"applies to the absorbing process only: the {m.process} process needs the whole prediction "
+          "over the vocabulary at every scored position; set 0")),
         ("eval.every", c.eval.every >= 0, "must be >= 0 (0: only at the end)"),
         ("eval.batches", c.eval.batches is None or c.eval.batches >= 1, positive),
         ("eval.micro_batch_size", c.eval.micro_batch_size is None or c.eval.micro_batch_size >= 1, positive),

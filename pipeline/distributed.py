@@ -101,9 +101,10 @@ def init_distributed(timeout_minutes: float = 30.0, *, deepspeed_backend: bool =
         device, backend = torch.device("cuda", local_rank), "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    # DeepSpeed 0.19 calls all_gather_into_tensor, deprecated in torch 2.13, on every ZeRO-3
+    # DeepSpeed 0.19 calls all_gather_into_tensor and reduce_scatter_tensor, deprecated in torch 2.13, on every ZeRO-3
     # gather: one warning per call would bury the training log.
-    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=r".*(all_gather_into_tensor|reduce_scatter_tensor).* is deprecated",
+                            category=FutureWarning)
     timeout = datetime.timedelta(minutes=timeout_minutes)
     # DeepSpeed JIT-builds its CPU comm op (about a minute) into torch's extension cache; one
     # cache per environment keeps two checkouts from rebuilding each other's. Set even when a

@@ -7,7 +7,8 @@ initialisation). Under ZeRO-3 each rank averages only the partition of every par
 it owns (``param.ds_tensor``: a flat, padded slice), so the EMA costs 4 bytes per
 parameter divided by the world size; under ZeRO-1/2 every rank holds the whole model and
 averages all of it. ``full_state`` reassembles whole tensors from the per-rank states, on
-or off line, for export.
+or off line, for export; ``load_full_state`` takes whole tensors back into any layout (a
+run resumed on another number of ranks: ``pipeline.reshard``).
 """
 
 from __future__ import annotations
@@ -83,6 +84,21 @@ class EMA:
         self.updates = state["updates"]
 
     @torch.no_grad()
+    def load_full_state(self, shadow: dict[str, Tensor], updates: int) -> None:
+        """Load whole EMA tensors (``full_state``'s, of any number of ranks): under ZeRO-3 this
+        rank keeps its partition of each, as DeepSpeed cuts it (the flat tensor, zero-padded to
+        a multiple of the world size, in equal slices by rank), else all of it."""
+        if set(shadow) != set(self.shadow):
+            raise ValueError("EMA state does not match this model (parameter names differ)")
+        for name, p in self.params.items():
+            shape = p.ds_shape if _is_partitioned(p) else p.shape
+            if tuple(shadow[name].shape) != tuple(shape):
+                raise ValueError(f"EMA state for {name} has shape {tuple(shadow[name].shape)}, expected {tuple(shape)}")
+            self.shadow[name].copy_(_partition(shadow[name], self.shadow[name].numel()) if _is_partitioned(p)
+                                    else shadow[name])
+        self.updates = updates
+
+    @torch.no_grad()
     def _write_all(self, values: dict[str, Tensor]) -> None:
         for name, p in self.params.items():
             _local(p).copy_(values[name])
@@ -90,6 +106,15 @@ class EMA:
             # refresh such a full copy from the partitions so the forward sees the new values.
             if _is_partitioned(p) and p.data.numel() == p.ds_numel:
                 p.data.copy_(_gather_full(_local(p), p.ds_numel, p.ds_shape))
+
+
+def _partition(whole: Tensor, size: int) -> Tensor:
+    """This rank's ZeRO-3 partition of ``size`` elements of ``whole`` (flat, zero-padded)."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    flat = whole.reshape(-1)[rank * size:(rank + 1) * size]
+    return torch.cat([flat, flat.new_zeros(size - flat.numel())])
 
 
 def _gather_full(local: Tensor, numel: int, shape: torch.Size) -> Tensor:

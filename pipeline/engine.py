@@ -14,13 +14,15 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
 
 from common.errors import UserError
+from model.state_dependent import DEFAULT_DRAWS
+from model.trainable import DiffusionModel
 from model.transformer import Block, Transformer, TransformerConfig, parameter_counts
 from pipeline.config import Config, OptimSection
 from pipeline.lr_schedule import make_lr_scheduler
 
 __all__ = ["BatchPlan", "TrainingPlan", "plan_training", "plan_batches", "choose_zero_stage", "resolve_precision",
            "deepspeed_config", "build_engine", "build_optimizer", "device_memory_bytes", "model_state_bytes",
-           "activation_memory_bytes", "resolve_activation_checkpointing", "prepare_model"]
+           "activation_memory_bytes", "resolve_activation_checkpointing", "prepare_model", "network_of"]
 
 # Share of device memory that model states (weights, gradients, optimizer) may take when
 # choosing a ZeRO stage; the rest is left to activations and the allocator.
@@ -44,6 +46,11 @@ BLOCK_ACTIVATION_WIDTHS = 15
 # Bytes per logit of the loss besides the logits themselves: the float32 log-softmax that
 # autograd keeps and the float32 copy it is computed from.
 LOGIT_FLOAT32_BYTES = 8
+# The same for the uniform and learned processes, whose bounds use the whole prediction mu
+# (not only -log mu at the target): they keep about four float32 [N, V] tensors for the
+# backward (16 bytes per logit, counted with torch.autograd.graph.saved_tensors_hooks),
+# beside the float32 copy of the logits.
+FULL_PREDICTION_FLOAT32_BYTES = 20
 FLOAT32_BYTES = 4
 
 
@@ -136,7 +143,7 @@ def choose_zero_stage(params: int, world_size: int, precision: str, memory_bytes
 
 
 def activation_memory_bytes(network: TransformerConfig, micro_batch: int, seq_len: int, precision: str, *,
-                            checkpointing: bool = False, chunk_rows: int = 0) -> float:
+                            checkpointing: bool = False, chunk_rows: int = 0, process: str = "absorbing") -> float:
     """Estimated peak bytes of the activations of one micro-batch's forward and backward.
 
     Blocks: each keeps ``BLOCK_FLOAT32_WIDTHS`` float32 and ``BLOCK_ACTIVATION_WIDTHS``
@@ -147,11 +154,15 @@ def activation_memory_bytes(network: TransformerConfig, micro_batch: int, seq_le
     ``LOGIT_FLOAT32_BYTES`` per logit. Every position counts as masked: a micro-batch takes
     one contiguous slice of the global batch's stratified times, so all of its times may
     lie near t = 1. ``chunk_rows`` (``train.chunked_cross_entropy``) bounds the rows alive
-    at once. Assumes flash or memory-efficient attention (SDPA on GPU): the CPU math
+    at once. ``process`` (``model.process``): the uniform and learned bounds keep
+    ``FULL_PREDICTION_FLOAT32_BYTES`` per logit instead (the uniform one scores every
+    position), and the learned one passes ``DEFAULT_DRAWS`` copies of each sequence through
+    the network. Assumes flash or memory-efficient attention (SDPA on GPU): the CPU math
     kernel also stores the L x L scores.
     """
     width = 2 if precision == "bf16" else FLOAT32_BYTES
-    tokens = micro_batch * seq_len
+    tokens = micro_batch * seq_len * (DEFAULT_DRAWS if process == "learned" else 1)
+    loss_bytes = LOGIT_FLOAT32_BYTES if process == "absorbing" else FULL_PREDICTION_FLOAT32_BYTES
     per_block = tokens * network.d_model * (BLOCK_FLOAT32_WIDTHS * FLOAT32_BYTES + BLOCK_ACTIVATION_WIDTHS * width)
     if checkpointing:
         blocks = network.n_layers * tokens * network.d_model * width + per_block
@@ -159,7 +170,7 @@ def activation_memory_bytes(network: TransformerConfig, micro_batch: int, seq_le
         blocks = network.n_layers * per_block
     rows = min(chunk_rows, tokens) if chunk_rows else tokens
     head_inputs = tokens * network.d_model * (FLOAT32_BYTES + width)
-    logits = rows * network.vocab_size * (LOGIT_FLOAT32_BYTES + width)
+    logits = rows * network.vocab_size * (loss_bytes + width)
     return float(blocks + head_inputs + logits)
 
 
@@ -175,12 +186,20 @@ def resolve_activation_checkpointing(config: Config, network: TransformerConfig,
         return setting
     states = model_state_bytes(parameter_counts(network).total, zero_stage, plan.world_size, precision)
     activations = activation_memory_bytes(network, plan.micro_batch, network.max_seq_len, precision,
-                                          chunk_rows=config.train.chunked_cross_entropy)
+                                          chunk_rows=config.train.chunked_cross_entropy,
+                                          process=config.model.process)
     return states + activations > USABLE_MEMORY_SHARE * memory_bytes
 
 
-def prepare_model(model: Transformer, *, checkpointing: bool, compile: bool) -> None:
-    """Apply the network-side optimizations in place, before an engine wraps the model.
+def network_of(model: nn.Module) -> Transformer:
+    """The network of a trained module (``model.spec.build_trainable``): itself, or a
+    ``DiffusionModel``'s."""
+    return model.network if isinstance(model, DiffusionModel) else model
+
+
+def prepare_model(model: nn.Module, *, checkpointing: bool, compile: bool) -> None:
+    """Apply the network-side optimizations in place, before an engine wraps the model
+    (a network, or a ``DiffusionModel`` holding one).
 
     ``checkpointing`` wraps each block in activation checkpointing. ``train.compile``
     compiles each (wrapped) block with ``nn.Module.compile``, as torchtitan does, rather
@@ -192,7 +211,7 @@ def prepare_model(model: Transformer, *, checkpointing: bool, compile: bool) -> 
     if checkpointing:
         apply_activation_checkpointing(model, check_fn=lambda module: isinstance(module, Block))
     if compile:
-        for block in model.blocks:
+        for block in network_of(model).blocks:
             block.compile()
 
 
@@ -217,7 +236,7 @@ def deepspeed_config(plan: TrainingPlan, optim: OptimSection) -> dict[str, Any]:
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Decay matrices (and the embedding); never norms or biases."""
+    """Decay matrices (and the embedding); never norms, biases or GenMD4's schedule (theta [V])."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
@@ -232,21 +251,32 @@ def build_optimizer(model: nn.Module, optim: OptimSection, device: torch.device,
                              eps=optim.eps, fused=fused)
 
 
-def build_engine(model: Transformer, plan: TrainingPlan, optim: OptimSection, max_steps: int,
+def build_engine(model: nn.Module, plan: TrainingPlan, optim: OptimSection, max_steps: int,
                  device: torch.device):
     """``deepspeed.initialize`` with our optimizer and LR schedule (``max_steps`` long), after
-    ``prepare_model`` (activation checkpointing and torch.compile as the plan decided);
-    returns the engine."""
+    ``prepare_model`` (activation checkpointing and torch.compile as the plan decided), for
+    the trained module (``model.spec.build_trainable``); returns the engine."""
     import deepspeed
 
     prepare_model(model, checkpointing=plan.activation_checkpointing, compile=plan.compile)
     optimizer = build_optimizer(model, optim, device)
     scheduler = make_lr_scheduler(optimizer, optim, max_steps)
-    if plan.zero_stage == 3 and model.head is None:
-        # The tied head reads the embedding's weight outside the embedding module's
-        # forward; ZeRO-3 must gather it there too.
-        deepspeed.zero.register_external_parameter(model, model.embed.weight)
+    if plan.zero_stage == 3:
+        for owner, parameter in _external_parameters(model):
+            deepspeed.zero.register_external_parameter(owner, parameter)
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler,
         config=deepspeed_config(plan, optim))
     return engine
+
+
+def _external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]]:
+    """(module, parameter) pairs where the module's forward reads a parameter it does not own:
+    ZeRO-3 gathers a module's own parameters for its forward, and these too once registered.
+    The tied head reads the embedding's weight in the network's forward; GenMD4's bound reads
+    the schedule's theta in the ``DiffusionModel``'s."""
+    network = network_of(model)
+    pairs = [(network, network.embed.weight)] if network.head is None else []
+    if isinstance(model, DiffusionModel):
+        pairs += [(model, parameter) for parameter in model.schedule.parameters()]
+    return pairs

@@ -1,6 +1,7 @@
 """Export: a checkpoint's EMA weights as one ``model.safetensors``, loadable without DeepSpeed.
 
-    RUN/export/model.safetensors   float32 EMA weights, gathered from any ZeRO stage
+    RUN/export/model.safetensors   float32 EMA weights, gathered from any ZeRO stage: the network's,
+                                   and a learned schedule's as ``schedule.theta``
     RUN/export/config.json         the model's spec (network shape, objective, process, schedule), provenance
     RUN/export/tokenizer/          the tokenizer the model was trained with
 
@@ -8,6 +9,10 @@ The EMA lives in our own per-rank files (``rank-NNNNN.pt``), so export reads the
 under ZeRO-3 each holds one flat slice per parameter and the slices are concatenated;
 under ZeRO-1/2 every rank holds the whole EMA and rank 0's is used. ``weights="model"``
 exports the live weights instead, through DeepSpeed's own ZeRO-to-fp32 conversion.
+
+``format="hf"`` (default ``RUN/export-hf``) and ``export_to_hf`` (of an existing export) write
+the same model as a transformers directory instead (``pipeline.hf_export``). Every exported
+file gets the mode the user's umask gives new files.
 """
 
 from __future__ import annotations
@@ -15,17 +20,18 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from common.atomic_files import atomic_write_bytes
+from common.atomic_files import atomic_write_bytes, replace_directory
 from common.errors import UserError
 from data_prep.tokenizer import Tokenizer, load_tokenizer
-from model.spec import ModelSpec, build_network
+from model.spec import ModelSpec, Process, build_network, build_process, build_trainable
+from model.trainable import NETWORK_PREFIX, split_state
 from model.transformer import Transformer, TransformerConfig
 from pipeline.checkpoint import (
     CheckpointMeta,
@@ -37,27 +43,34 @@ from pipeline.checkpoint import (
 )
 from pipeline.config import ModelSection
 from pipeline.ema import full_state
+from pipeline.hf_export import write_hf_export
 from pipeline.objective import model_spec
 from pipeline.run_layout import RunLayout
 from pipeline.safe_load import deepspeed_loads_safely, find_unloadable, load_torch_file
 
 __all__ = ["export", "has_ema", "resolve_export", "training_run_of", "write_export", "load_export", "Exported",
-           "canonical_name", "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_DIR"]
+           "canonical_name", "export_to_hf", "ExportFormat", "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_DIR"]
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"  # inside an export: the tokenizer the model was trained with
 EXPORT_FORMAT_VERSION = 1
+# unmask's own directory (load_export), or transformers' (pipeline.hf_export).
+ExportFormat = Literal["unmask", "hf"]
 # How long export waits for a tracking server that does not answer (it only adds an artifact).
 TRACKING_WAIT_S = 5.0
 log = logging.getLogger("unmask.export")
 # Activation checkpointing wraps blocks; their parameter names gain this component.
 _WRAPPER_PREFIX = "_checkpoint_wrapped_module."
+# Draws of z_t per sequence of a learned process built from an export: scoring takes no
+# gradient, and the second draw of training only serves the gradient's baseline.
+EXPORT_DRAWS = 1
 
 
 def canonical_name(name: str) -> str:
-    """A parameter's name in the plain ``Transformer`` (without DeepSpeed or wrapper prefixes)."""
-    return name.replace(_WRAPPER_PREFIX, "")
+    """A parameter's name in the export: in the plain ``Transformer`` (without DeepSpeed,
+    wrapper or ``DiffusionModel`` prefixes), or ``schedule.*`` for a learned schedule's."""
+    return name.replace(_WRAPPER_PREFIX, "").removeprefix(NETWORK_PREFIX)
 
 
 def has_ema(checkpoint: Path) -> bool:
@@ -91,8 +104,10 @@ def _model_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["ema", "model"] = "ema",
-           out_dir: str | Path | None = None) -> Path:
-    """Write the export of checkpoint ``step`` (latest: None); returns the export directory."""
+           out_dir: str | Path | None = None, format: ExportFormat = "unmask") -> Path:
+    """Write the export of checkpoint ``step`` (latest: None); returns the export directory.
+    ``format="hf"`` writes the transformers directory of ``pipeline.hf_export`` instead
+    (default ``RUN/export-hf``)."""
     run_dir = Path(run_dir)
     checkpoint = resolve_checkpoint(run_dir, step)
     problem = verify_checkpoint(checkpoint)
@@ -104,16 +119,19 @@ def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["em
     state = read_state(checkpoint)
     if weights not in ("ema", "model"):
         raise UserError(f"--weights must be 'ema' or 'model', got {weights!r}")
+    if format not in ("unmask", "hf"):
+        raise UserError(f"--format must be 'unmask' or 'hf', got {format!r}")
     raw = _ema_weights(checkpoint, state.world_size) if weights == "ema" else _model_weights(checkpoint)
     spec = model_spec(ModelSection(**state.config["model"]), TransformerConfig(**state.network))
     tensors = {canonical_name(name): t.float().contiguous() for name, t in raw.items()}
     _check_complete(tensors, spec, checkpoint)
     layout = RunLayout(run_dir)
-    out = Path(out_dir) if out_dir is not None else layout.export
+    out = Path(out_dir) if out_dir is not None else layout.hf_export if format == "hf" else layout.export
     tokenizer_src = layout.tokenizer
     if not tokenizer_src.is_dir():
         raise UserError(f"{run_dir}: no {tokenizer_src.name}/ directory (written when training starts)")
-    write_export(out, tensors, _export_config(spec, state, checkpoint, weights), tokenizer_src)
+    writer = write_hf_export if format == "hf" else write_export
+    writer(out, tensors, _export_config(spec, state, checkpoint, weights), tokenizer_src)
     _track(run_dir, out)
     return out
 
@@ -126,8 +144,16 @@ def write_export(out: Path, tensors: dict[str, torch.Tensor], config: dict, toke
     save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt", "weights": config["weights"]})
     shutil.copytree(tokenizer_dir, staging / TOKENIZER_DIR)
     atomic_write_bytes(staging / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True).encode())
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)
+    replace_directory(staging, out)  # files readable as the umask allows (safetensors writes 0600)
+
+
+def export_to_hf(export_dir: str | Path, out: str | Path) -> Path:
+    """Write the transformers directory ``out`` of the unmask export ``export_dir`` (one
+    written by ``export`` or by an import); returns ``out``."""
+    export_dir, out = Path(export_dir), Path(out)
+    exported = load_export(export_dir)  # checks the config, the weights and the tokenizer
+    write_hf_export(out, load_file(str(export_dir / WEIGHTS_FILE)), exported.config, export_dir / TOKENIZER_DIR)
+    return out
 
 
 def _track(run_dir: Path, out: Path) -> None:
@@ -149,7 +175,8 @@ def _track(run_dir: Path, out: Path) -> None:
 
 
 def _check_complete(tensors: dict[str, torch.Tensor], spec: ModelSpec, checkpoint: Path) -> None:
-    expected = {name: tuple(p.shape) for name, p in build_network(spec).state_dict().items()}
+    trained = build_trainable(spec, validate=False)
+    expected = {canonical_name(name): tuple(p.shape) for name, p in trained.state_dict().items()}
     got = {name: tuple(t.shape) for name, t in tensors.items()}
     if expected != got:
         missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
@@ -188,12 +215,19 @@ def training_run_of(export_dir: Path) -> Path | None:
 @dataclass
 class Exported:
     """A loaded export: the network (eval mode, float32, CPU), its config.json, the model's
-    spec read from it (build the process with ``model.spec.build_process``) and its tokenizer."""
+    spec read from it, its tokenizer, and the trained parameters of its process (a learned
+    schedule's ``theta``; empty for the other processes): ``process()`` builds the process."""
 
     network: Transformer
     config: dict
     tokenizer: Tokenizer
     spec: ModelSpec
+    process_state: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def process(self, *, validate: bool = True) -> Process:
+        """The process the model was trained under, with its trained parameters, to score and
+        sample with (a learned process draws ``EXPORT_DRAWS`` z_t per sequence)."""
+        return build_process(self.spec, validate=validate, draws=EXPORT_DRAWS, state=self.process_state)
 
 
 def load_export(path: str | Path, *, map_location: str | torch.device = "cpu") -> Exported:
@@ -208,9 +242,15 @@ def load_export(path: str | Path, *, map_location: str | torch.device = "cpu") -
     except ValueError as err:
         raise UserError(f"{config_path}: {err}") from None
     network = build_network(spec)
-    network.load_state_dict(load_file(str(path / WEIGHTS_FILE), device=str(map_location)))
+    network_state, process_state = split_state(load_file(str(path / WEIGHTS_FILE), device=str(map_location)))
+    network.load_state_dict(network_state)
     tokenizer = load_tokenizer(path / TOKENIZER_DIR)
     if tokenizer.sha256 != config["tokenizer_sha256"]:
         raise UserError(f"{path / TOKENIZER_DIR}: tokenizer sha256 differs from the one the model was "
                         f"trained with ({config['tokenizer_sha256'][:12]}...)")
-    return Exported(network.eval(), config, tokenizer, spec)
+    exported = Exported(network.eval(), config, tokenizer, spec, process_state)
+    try:
+        exported.process(validate=False)  # its process's parameters are all there, in their shapes
+    except ValueError as err:
+        raise UserError(f"{path / WEIGHTS_FILE}: {err}") from None
+    return exported

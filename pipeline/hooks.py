@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-__all__ = ["CheckpointHook", "StepHook", "TrainHooks"]
+if TYPE_CHECKING:
+    from torch import Tensor
+
+__all__ = ["BatchHook", "CheckpointHook", "StepHook", "TrainHooks"]
 
 # After each checkpoint is committed: (its directory, the step).
 CheckpointHook = Callable[[Path, int], None]
@@ -16,11 +19,17 @@ CheckpointHook = Callable[[Path, int], None]
 # may inspect, profile or pause there; the kill tests stall a rank there to kill it at a
 # known step.
 StepHook = Callable[[int, Callable[[], bool]], None]
+# Before each micro-batch's forward: (the step it belongs to, as on_step numbers it; the place
+# of its first sequence in that step's global batch; the micro-batch [batch, seq_len] on the
+# device). A script may inspect or log the data; the resume tests record which sequences
+# formed each global batch.
+BatchHook = Callable[[int, int, "Tensor"], None]
 
 
 @dataclass(frozen=True)
 class TrainHooks:
-    """What the loop calls besides its own work (see the two types above)."""
+    """What the loop calls besides its own work (see the types above)."""
 
     on_step: StepHook | None = None
     on_checkpoint: CheckpointHook | None = None
+    on_batch: BatchHook | None = None

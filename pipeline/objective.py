@@ -7,12 +7,19 @@ For the diffusion model the loss of an optimizer step is
 estimated with one (t, z_t) per sequence. The times are low-discrepancy over the GLOBAL
 batch: one uniform u per step, shared by every rank (its generator is seeded by
 (seed, step)), and micro-batch m of rank r takes the slots ((m * W + r) * b, ...) of the
-stratified grid. The masks come from a generator seeded by (seed, step, rank, micro), so
-a step is a pure function of the weights, the batch and these seeds: resuming from a
-checkpoint repeats it bit for bit. Every micro-batch makes the same network calls on every
-rank (``reconstruction="uniform"``), which ZeRO-3's collective gathers require.
+stratified grid. The masks of each sequence come from its own generator, seeded by (seed,
+step, its place in the global batch). Neither depends on how ranks and micro-batches split
+the global batch (the loader makes global batches the same for any split too), so a step is
+a pure function of the weights, the global batch and these seeds: resuming from a
+checkpoint repeats it bit for bit, and on another number of ranks up to float rounding.
+Every micro-batch makes the same network calls on every rank (``reconstruction="uniform"``),
+which ZeRO-3's collective gathers require.
 
 The process comes from the model's ``ModelSpec`` (``model_spec``), the one export writes.
+A process without parameters (absorbing, uniform) is driven from here, the network as its
+denoiser (``DiffusionObjective``). The learned process's schedule is trained with the
+network, inside the trained module (``model.trainable.DiffusionModel``), whose forward is
+the bound (``LearnedScheduleObjective``); ``state_metrics`` reports its exponents.
 """
 
 from __future__ import annotations
@@ -28,12 +35,21 @@ from torch import Tensor, nn
 from model.autoregressive import Autoregressive
 from model.denoiser import Denoiser
 from model.diffusion import DiffusionProcess, low_discrepancy_times
-from model.spec import ModelSpec, build_process
+from model.schedules import make_schedule
+from model.spec import LEARNED_SCHEDULE, ModelSpec, build_process
+from model.state_dependent import ExponentSpread, exponent_spread, learned_schedule_arguments
+from model.trainable import DiffusionModel
 from model.transformer import Transformer, TransformerConfig
 from pipeline.config import ModelSection
 
-__all__ = ["AutoregressiveObjective", "DiffusionObjective", "EngineDenoiser", "MicroBatchSlot", "Objective",
-           "make_objective", "model_spec", "step_generator"]
+__all__ = ["AutoregressiveObjective", "DiffusionObjective", "EngineDenoiser", "LearnedScheduleObjective",
+           "MicroBatchSlot", "Objective", "make_objective", "model_spec", "row_generators", "schedule_metrics",
+           "step_generator"]
+
+
+# The masks' seeds hash (seed, step, MASK_STREAM): a third key keeps them apart from the
+# times' generator, seeded by (seed, step).
+MASK_STREAM = 1
 
 
 def step_generator(device: torch.device, *keys: int) -> torch.Generator:
@@ -63,7 +79,11 @@ class MicroBatchSlot:
 class Objective(Protocol):
     def loss_sum(self, network: nn.Module, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
         """Sum over the micro-batch of the per-sequence bound (float64 scalar, differentiable).
-        ``network``: the network, or DeepSpeed's engine around it."""
+        ``network``: the trained module (``model.spec.build_trainable``), or DeepSpeed's engine around it."""
+
+    def state_metrics(self, network: nn.Module) -> dict[str, float]:
+        """Metrics of the process's own parameters in ``network`` ({} for a process without
+        any). Every rank calls it: under ZeRO-3 it gathers them."""
 
 
 class EngineDenoiser(Denoiser):
@@ -99,6 +119,24 @@ def _denoiser_of(network: nn.Module) -> Denoiser:
     return network if isinstance(network, Denoiser) else EngineDenoiser(network)
 
 
+def row_generators(device: torch.device, slot: MicroBatchSlot, batch: int) -> list[torch.Generator]:
+    """One generator on ``device`` per sequence of the micro-batch, seeded by (seed, step,
+    its place in the global batch): the seeds of places 0, 1, ... are the words of one
+    SeedSequence of (seed, step, ``MASK_STREAM``): one hash per micro-batch."""
+    offset = slot.offset(batch)
+    words = np.random.SeedSequence([slot.seed, slot.step, MASK_STREAM]).generate_state(offset + batch, np.uint64)
+    return [torch.Generator(device=device).manual_seed(int(word >> 1)) for word in words[offset:]]
+
+
+def _times_and_masks(x0: Tensor, slot: MicroBatchSlot) -> tuple[Tensor, list[torch.Generator]]:
+    """The micro-batch's slice of the step's global low-discrepancy times (on x0's device),
+    and the generators of its masks, one per sequence (module docstring)."""
+    batch = x0.shape[0]
+    time_gen = step_generator(torch.device("cpu"), slot.seed, slot.step)
+    t = low_discrepancy_times(batch, time_gen, offset=slot.offset(batch), global_batch_size=slot.global_batch(batch))
+    return t.to(x0.device), row_generators(x0.device, slot, batch)
+
+
 class DiffusionObjective:
     """The continuous-time NELBO with both endpoint terms (a strict bound, see MATH.md)."""
 
@@ -106,13 +144,35 @@ class DiffusionObjective:
         self.diffusion = diffusion
 
     def loss_sum(self, network: nn.Module, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
-        batch = x0.shape[0]
-        time_gen = step_generator(torch.device("cpu"), slot.seed, slot.step)
-        t = low_discrepancy_times(batch, time_gen, offset=slot.offset(batch),
-                                  global_batch_size=slot.global_batch(batch))
-        mask_gen = step_generator(x0.device, slot.seed, slot.step, slot.rank, slot.micro)
-        return self.diffusion.nelbo(_denoiser_of(network), x0, t.to(x0.device), mask_gen,
-                                    reconstruction="uniform").sum()
+        t, masks = _times_and_masks(x0, slot)
+        return self.diffusion.nelbo(_denoiser_of(network), x0, t, masks, reconstruction="uniform").sum()
+
+    def state_metrics(self, network: nn.Module) -> dict[str, float]:
+        return {}
+
+
+class LearnedScheduleObjective:
+    """GenMD4's bound, computed by the forward of the trained ``DiffusionModel`` (the network
+    and the schedule, whose theta ZeRO-3 gathers for that forward only): the same times and
+    masks as ``DiffusionObjective``, K draws of z_t per sequence inside the call."""
+
+    def loss_sum(self, network: nn.Module, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
+        t, masks = _times_and_masks(x0, slot)
+        return network(x0, t, masks).sum()
+
+    def state_metrics(self, network: nn.Module) -> dict[str, float]:
+        """The spread of the live exponents w_v (below 1/2 the estimator's variance is infinite)."""
+        import deepspeed  # imported when needed: evaluation and tests use this module without it
+
+        model: DiffusionModel = getattr(network, "module", network)  # DeepSpeed keeps it in .module
+        with torch.no_grad(), deepspeed.zero.GatheredParameters(list(model.schedule.parameters())):
+            return schedule_metrics(exponent_spread(model.schedule.exponents(), count=1))
+
+
+def schedule_metrics(spread: ExponentSpread, prefix: str = "schedule") -> dict[str, float]:
+    """``PREFIX/exponent_min``, ``_median`` and ``_max`` of a learned schedule's exponents."""
+    return {f"{prefix}/exponent_min": spread.minimum, f"{prefix}/exponent_median": spread.median,
+            f"{prefix}/exponent_max": spread.maximum}
 
 
 class AutoregressiveObjective:
@@ -124,18 +184,28 @@ class AutoregressiveObjective:
     def loss_sum(self, network: nn.Module, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
         return self.autoregressive.nll(network, x0).sum()
 
+    def state_metrics(self, network: nn.Module) -> dict[str, float]:
+        return {}
+
 
 def model_spec(model: ModelSection, network: TransformerConfig) -> ModelSpec:
-    """The spec of the model that the config section ``model`` trains on ``network``.
-    The config names no process yet: training is the absorbing process or the AR baseline."""
-    return ModelSpec(network=network, objective=model.objective, schedule=model.schedule,
-                     schedule_args=dict(model.schedule_args))
+    """The spec of the model that the config section ``model`` trains on ``network``. For the
+    learned process ``model.schedule`` names where the exponents start: the spec's schedule is
+    GenMD4's, with the arguments of ``learned_schedule_arguments``."""
+    schedule, arguments = model.schedule, dict(model.schedule_args)
+    if model.process == "learned":
+        schedule, arguments = LEARNED_SCHEDULE, learned_schedule_arguments(make_schedule(schedule, **arguments))
+    return ModelSpec(network=network, objective=model.objective, process=model.process, schedule=schedule,
+                     schedule_args=arguments)
 
 
 def make_objective(spec: ModelSpec, *, validate: bool, chunk_rows: int = 0) -> Objective:
     """The objective of ``spec``; ``validate`` checks token ids (a host sync);
-    ``chunk_rows`` > 0 computes the diffusion loss's cross-entropy in chunks of that many
-    rows (``train.chunked_cross_entropy``; see ``model.cross_entropy``)."""
+    ``chunk_rows`` > 0 computes the absorbing loss's cross-entropy in chunks of that many
+    rows (``train.chunked_cross_entropy``; see ``model.cross_entropy``). The learned
+    process's objective reads its process from the trained module (``build_trainable``)."""
+    if spec.objective == "diffusion" and spec.process == "learned":
+        return LearnedScheduleObjective()
     process = build_process(spec, validate=validate, cross_entropy_chunk_rows=chunk_rows)
     if isinstance(process, Autoregressive):
         return AutoregressiveObjective(process)

@@ -8,9 +8,10 @@ add to, and what ``unmask run`` fills stage by stage:
     RUN/train.lock                the lock of the trainer running now
     RUN/tokenizer/                the tokenizer of the data
     RUN/checkpoints/step-N/       checkpoints; RUN/checkpoints/latest names the newest
-    RUN/mlflow_run.json           the MLflow run this training logs to
-    RUN/mlflow.db, mlflow-artifacts/   the local MLflow store, when no server is given
+    RUN/mlflow_run.json           the MLflow run this training logs to (its store is shared:
+                                  pipeline.tracking)
     RUN/export/                   model.safetensors, config.json, tokenizer/
+    RUN/export-hf/                the same model for transformers (unmask export --format hf)
     RUN/report/                   report.md, report.html, results.json, plots
     RUN/ray_train/                Ray Train's records (--launcher ray without --storage)
     RUN/data/, RUN/corpus/, RUN/run_summary.json   what `unmask run` adds
@@ -83,18 +84,15 @@ class RunLayout:
     def mlflow_record(self) -> Path:
         return self.root / "mlflow_run.json"
 
-    @property
-    def mlflow_store(self) -> Path:
-        return self.root / "mlflow.db"
-
-    @property
-    def mlflow_artifacts(self) -> Path:
-        return self.root / "mlflow-artifacts"
-
     # ------------------------------------------------------------------ later stages
     @property
     def export(self) -> Path:
         return self.root / "export"
+
+    @property
+    def hf_export(self) -> Path:
+        """`unmask export --format hf`: the model as a transformers directory."""
+        return self.root / "export-hf"
 
     @property
     def report(self) -> Path:

@@ -2,10 +2,12 @@
 
 Rank 0 opens a :class:`Tracker` in the run directory. The run's tracking URI and id are
 recorded in ``run_dir/mlflow_run.json`` so that a resumed training run keeps logging into
-the same MLflow run instead of forking a new one. Without a tracking server the run
-directory holds its own store (``mlflow.db``) and artifacts (``mlflow-artifacts/``)::
+the same MLflow run instead of forking a new one. Every run of a machine shares one store,
+so runs can be compared in one UI: ``--mlflow-uri`` (a server) if given, else
+``MLFLOW_TRACKING_URI``, else a SQLite store and its artifacts in ``~/.unmask/mlflow``
+(``UNMASK_HOME`` moves it), which ``mlflow ui`` finds when started there::
 
-    mlflow ui --backend-store-uri sqlite:///path/to/run_dir/mlflow.db
+    cd ~/.unmask/mlflow && mlflow ui
 
 A tracking server is a service around the run, and may be down: :meth:`Tracker.open` first
 checks that an ``http(s)`` server answers (:func:`check_reachable`, at most
@@ -41,6 +43,10 @@ QUIETED_LOGGERS = ("alembic",)
 # caller (background_tracking) reports it in one line, so the log would only repeat it.
 SILENCED_LOGGERS = ("mlflow.store.db.utils",)
 MS_PER_SECOND = 1000
+HOME_ENV, DEFAULT_HOME = "UNMASK_HOME", "~/.unmask"
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+STORE_DIR, STORE_FILE, ARTIFACTS_DIR = "mlflow", "mlflow.db", "mlartifacts"
+RUN_DIR_TAG = "unmask.run_dir"
 # How long a tracking server may take to answer at the start before the run gives up on it.
 REACHABLE_WAIT_S = 30.0
 # When the run may go on without the server, one try is enough.
@@ -91,9 +97,28 @@ def fail_fast_http() -> None:
         os.environ.setdefault(name, value)
 
 
-def default_tracking_uri(run_dir: Path) -> str:
-    """``sqlite:///<abs run_dir>/mlflow.db`` (works with ``mlflow ui --backend-store-uri ...``)."""
-    return f"sqlite:///{RunLayout(Path(run_dir).resolve()).mlflow_store}"
+def unmask_home() -> Path:
+    """Where unmask keeps what is shared by all runs of this user (``UNMASK_HOME``)."""
+    return Path(os.environ.get(HOME_ENV) or DEFAULT_HOME).expanduser().resolve()
+
+
+def shared_store() -> Path:
+    """The directory of the shared local MLflow store: ``mlflow.db`` and its artifacts."""
+    return unmask_home() / STORE_DIR
+
+
+def default_tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` when set, else the shared SQLite store: the name ``mlflow.db``
+    is MLflow's own default, so ``mlflow ui`` started in :func:`shared_store` finds it."""
+    return os.environ.get(TRACKING_URI_ENV) or f"sqlite:///{shared_store() / STORE_FILE}"
+
+
+def standard_tags(run_dir: Path) -> dict[str, str]:
+    """MLflow's own tags for where a run comes from (source name and type, git commit, user:
+    what its UI shows and filters on), and the run directory."""
+    from mlflow.tracking.context.registry import resolve_tags
+
+    return {**resolve_tags(), RUN_DIR_TAG: str(Path(run_dir).resolve())}
 
 
 def flatten_params(config: dict, prefix: str = "") -> dict[str, str]:
@@ -203,7 +228,7 @@ class Tracker:
         run_dir = Path(run_dir)
         record_path = RunLayout(run_dir).mlflow_record
         record = _read_record(record_path)
-        check_reachable(tracking_uri or (record or {}).get("tracking_uri") or default_tracking_uri(run_dir), wait_s)
+        check_reachable(tracking_uri or (record or {}).get("tracking_uri") or default_tracking_uri(), wait_s)
         if record is not None:
             return cls._resume(record, record_path, tracking_uri)
         return cls._create(run_dir, tracking_uri, experiment, run_name)
@@ -248,15 +273,16 @@ class Tracker:
     def _create(cls, run_dir: Path, tracking_uri: str | None, experiment: str,
                 run_name: str | None) -> Tracker:
         run_dir.mkdir(parents=True, exist_ok=True)
-        local_default = default_tracking_uri(run_dir)
-        uri = tracking_uri or local_default
+        uri = tracking_uri or default_tracking_uri()
+        shared = f"sqlite:///{shared_store() / STORE_FILE}"
+        if uri == shared:
+            shared_store().mkdir(parents=True, exist_ok=True)
         client = MlflowClient(tracking_uri=uri)
-        # The local default keeps artifacts next to its store: the run directory is
-        # self-contained. A server decides its own artifact location.
-        local_artifacts = RunLayout(run_dir.resolve()).mlflow_artifacts.as_uri()
-        artifacts = local_artifacts if uri == local_default else None
+        # The shared local store keeps artifacts next to it; a server decides its own.
+        artifacts = (shared_store() / ARTIFACTS_DIR).as_uri() if uri == shared else None
         experiment_id = _experiment_id(client, experiment, artifacts)
-        run = client.create_run(experiment_id, run_name=run_name)
+        run = client.create_run(experiment_id, run_name=run_name or run_dir.resolve().name,
+                                tags=standard_tags(run_dir))
         record = dict(tracking_uri=uri, run_id=run.info.run_id, experiment_id=experiment_id)
         atomic_write_bytes(RunLayout(run_dir).mlflow_record, (json.dumps(record, indent=2) + "\n").encode())
         return cls(client, run.info.run_id, uri, experiment_id)

@@ -30,10 +30,12 @@ from tqdm import tqdm
 
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
+from common.progress import bar as progress_bar
+from common.progress import bars_and_logs
 from common.provenance import git_commit
 from data_prep.loader import StreamingLoader
 from data_prep.shards import Manifest
-from model.transformer import Transformer
+from model.spec import build_trainable
 from pipeline.background_tracking import FAILED_CLOSE_WAIT_S, BackgroundTracker
 from pipeline.checkpoint import CheckpointManager, CheckpointMeta, TrainState, read_state, write_failure
 from pipeline.config import Config, config_differences
@@ -120,13 +122,12 @@ class Trainer:
         self.network_config = network_config(config.model, self.manifest)
         self.plan: TrainingPlan = plan_training(config, self.network_config, dist.world_size, dist.device)
         self.train_loader, self.val_loader = self._loaders()
+        spec, validate = model_spec(config.model, self.network_config), dist.device.type == "cpu"
         torch.manual_seed(config.train.seed)  # the same initial weights on every rank
-        model = Transformer(self.network_config).to(dist.device)
+        model = build_trainable(spec, validate=validate).to(dist.device)  # the network (and a learned schedule)
         self.engine = build_engine(model, self.plan, config.optim, config.train.max_steps, dist.device)
         self.ema = EMA(self.engine.module, config.train.ema_decay, warmup=config.train.ema_warmup)
-        self.objective = make_objective(model_spec(config.model, self.network_config),
-                                        validate=dist.device.type == "cpu",
-                                        chunk_rows=config.train.chunked_cross_entropy)
+        self.objective = make_objective(spec, validate=validate, chunk_rows=config.train.chunked_cross_entropy)
         self.checkpoints = CheckpointManager(run_dir, dist, config.checkpoint.keep_last)
         self.state = TrainState(loader=self.train_loader.state_dict())
         self.tracker: BackgroundTracker | None = None
@@ -142,7 +143,8 @@ class Trainer:
         common = dict(rank=d.rank, world_size=d.world_size)
         micro_batch = self.plan.batches.micro_batch
         train = StreamingLoader(self.data_dir, c.data.train_split, micro_batch, seed=c.train.seed,
-                                num_workers=c.data.num_workers, pin_memory=d.device.type == "cuda", **common)
+                                global_batch_size=self.plan.batches.global_batch, num_workers=c.data.num_workers,
+                                pin_memory=d.device.type == "cuda", **common)
         val = StreamingLoader(self.data_dir, c.data.val_split, c.eval.micro_batch_size or micro_batch,
                               seed=c.eval.seed, shuffle=False, **common)
         return train, val
@@ -168,8 +170,8 @@ class Trainer:
         saved = self._check_compatible(intact, allow_config_change)
         self.checkpoints.load(self.engine, self.ema, intact)
         self.state = replace(saved.state)
-        # Every rank stands at the same position; the record is rank 0's.
-        self.train_loader.load_state_dict({**self.state.loader, "rank": self.dist.rank})
+        # A position in global batches: the same on every rank, and on any number of ranks.
+        self.train_loader.load_state_dict(self.state.loader)
         if self.dist.is_main:
             self._forget_metrics_after(self.state.step)
             log.info("resumed from %s (step %d, %d tokens seen)", intact, self.state.step, self.state.tokens_seen)
@@ -231,7 +233,8 @@ class Trainer:
                    "accumulation": plan.batches.accumulation, "zero_stage": plan.zero_stage,
                    "precision": plan.precision, "parameters": plan.parameters,
                    "activation_checkpointing": plan.activation_checkpointing,
-                   "seq_len": self.manifest.seq_len, "vocab_size": self.network_config.vocab_size}
+                   "seq_len": self.manifest.seq_len, "vocab_size": self.network_config.vocab_size,
+                   "network": asdict(self.network_config)}  # the shape the preset and overrides resolved to
         params = flatten_params({**self.config.to_dict(), "resolved": derived})
         if self.config_changes:
             # MLflow params are immutable: keep the values the run started with and record
@@ -271,29 +274,30 @@ class Trainer:
         config, dist = self.config, self.dist
         preemption = _Preemption()
         batches = _endless(self.train_loader)
-        bar = tqdm(total=config.train.max_steps, initial=self.state.step, unit="step", dynamic_ncols=True,
-                   disable=not (dist.is_main and config.logging.progress))
+        bar = progress_bar(total=config.train.max_steps, initial=self.state.step, unit="step", desc="train",
+                           disable=not (dist.is_main and config.logging.progress))
         interval = _Interval(dist.device)
         validation, preempted = None, False
         if dist.is_main:
             self._log_setup()
         try:
-            if self.state.step == 0 and config.eval.every:
-                validation = self._validate()  # the curve starts at the initial weights
-            while self.state.step < config.train.max_steps:
-                self._step(batches, interval)  # a failure inside a step leaves no sound state to save
-                step = self.state.step
-                bar.update(1)
-                last = step == config.train.max_steps
-                validation = self._between_steps(step, last, interval, bar, preemption) or validation
-                failed = dist.any(self.deferred_failure is not None)
-                preempted = dist.any(preemption.requested) or failed
-                if step % config.checkpoint.every == 0 or last or preempted:
-                    self._save()
-                if failed:
-                    raise self.deferred_failure or UserError("rank 0 failed; its message says why")
-                if preempted:
-                    break
+            with bars_and_logs():  # log lines go above the bar, not through it
+                if self.state.step == 0 and config.eval.every:
+                    validation = self._validate()  # the curve starts at the initial weights
+                while self.state.step < config.train.max_steps:
+                    self._step(batches, interval)  # a failure inside a step leaves no sound state to save
+                    step = self.state.step
+                    bar.update(1)
+                    last = step == config.train.max_steps
+                    validation = self._between_steps(step, last, interval, bar, preemption) or validation
+                    failed = dist.any(self.deferred_failure is not None)
+                    preempted = dist.any(preemption.requested) or failed
+                    if step % config.checkpoint.every == 0 or last or preempted:
+                        self._save()
+                    if failed:
+                        raise self.deferred_failure or UserError("rank 0 failed; its message says why")
+                    if preempted:
+                        break
         finally:
             bar.close()
             preemption.restore()
@@ -342,6 +346,8 @@ class Trainer:
             x0 = next(batches).to(self.dist.device, non_blocking=True)
             slot = MicroBatchSlot(seed=self.config.train.seed, step=state.step, rank=self.dist.rank,
                                   world_size=self.dist.world_size, micro=micro, micro_batches=plan.accumulation)
+            if self.hooks.on_batch is not None:
+                self.hooks.on_batch(state.step + 1, slot.offset(x0.shape[0]), x0)
             loss_sum = self.objective.loss_sum(engine, x0, slot)
             engine.backward(loss_sum / x0.numel())  # DeepSpeed averages over the accumulation
             engine.step()
@@ -381,6 +387,7 @@ class Trainer:
         utilization = mfu(tokens_per_second, self.flops_per_token, self.peak, self.dist.world_size)
         if utilization is not None:
             metrics["train/mfu"] = utilization
+        metrics.update(self.objective.state_metrics(self.engine))  # a learned schedule's exponents
         if self.dist.is_main:
             self._record(metrics, self.state.step)
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_second:,.0f}")

@@ -51,7 +51,7 @@ def validate(network: torch.nn.Module, ema: EMA, objective: Objective, loader: S
              batches: int | None, seed: int, dist: Distributed, bytes_per_token: float) -> ValidationResult:
     """The bound per token over the first ``batches`` batches of every rank (all: None)."""
     count = len(loader) if batches is None else min(batches, len(loader))
-    loader.load_state_dict({**loader.state_dict(), "epoch": 0, "batches": 0})
+    loader.rewind()
     total = torch.zeros((), dtype=torch.float64, device=dist.device)
     tokens = 0
     network.eval()

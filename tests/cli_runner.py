@@ -2,8 +2,9 @@
 
 In a subprocess, as a user starts it: ``python -m orchestration.cli`` from this checkout (or,
 with ``installed=True``, the console script installed next to this Python), under torchrun for
-a world of several processes, and with ``stall_after`` through ``tests.stall`` (every training
-run stalls after that step). ``run_unmask`` runs it to its end, ``start_unmask`` starts it.
+a world of several processes, with ``stall_after`` through ``tests.stall`` (every training
+run stalls after that step), and with ``log_batches`` through ``tests.batch_log`` (every
+micro-batch's sequences are logged). ``run_unmask`` runs it to its end, ``start_unmask`` starts it.
 
 In this process: ``unmask_in_process``, where an escaped exception fails the test just as a
 traceback would.
@@ -47,13 +48,17 @@ def console_script() -> str:
 
 
 def unmask_command(args: Sequence[str], *, world_size: int = 1, stall_after: int | None = None,
-                   installed: bool = False) -> list[str]:
+                   installed: bool = False, log_batches: bool = False) -> list[str]:
     """The command line of ``unmask ARGS``: one process, or ``world_size`` under torchrun
-    (rendezvous on 127.0.0.1); with ``stall_after``, through ``tests.stall``."""
+    (rendezvous on 127.0.0.1); with ``stall_after``, through ``tests.stall``; with
+    ``log_batches``, through ``tests.batch_log``."""
     if installed:
-        assert world_size == 1 and stall_after is None, "the console script runs alone and never stalls"
+        assert world_size == 1 and stall_after is None and not log_batches, \
+            "the console script runs alone, never stalls and logs no batches"
         return [console_script(), *args]
-    module = ["orchestration.cli"] if stall_after is None else ["tests.stall", str(stall_after), "--"]
+    assert stall_after is None or not log_batches, "one hook at a time"
+    module = (["tests.stall", str(stall_after), "--"] if stall_after is not None
+              else ["tests.batch_log"] if log_batches else ["orchestration.cli"])
     if world_size == 1:
         return [sys.executable, "-m", *module, *args]
     from pipeline.distributed import free_port
@@ -64,11 +69,12 @@ def unmask_command(args: Sequence[str], *, world_size: int = 1, stall_after: int
 
 def run_unmask(args: Sequence[str], *, env: Mapping[str, str] | None = None,
                base_env: Mapping[str, str] | None = None, cwd: Path = REPO, timeout: float = CLI_TIMEOUT_S,
-               world_size: int = 1, stall_after: int | None = None,
-               installed: bool = False) -> subprocess.CompletedProcess:
+               world_size: int = 1, stall_after: int | None = None, installed: bool = False,
+               log_batches: bool = False) -> subprocess.CompletedProcess:
     """Run ``unmask ARGS`` to its end in a subprocess (environment: ``cli_env(env, base=base_env)``);
     its stdout and stderr are captured as text."""
-    command = unmask_command(args, world_size=world_size, stall_after=stall_after, installed=installed)
+    command = unmask_command(args, world_size=world_size, stall_after=stall_after, installed=installed,
+                             log_batches=log_batches)
     return subprocess.run(command, cwd=cwd, env=cli_env(env, base=base_env, pythonpath=not installed),
                           capture_output=True, text=True, timeout=timeout)
 

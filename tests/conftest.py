@@ -1,5 +1,7 @@
 """Shared test helpers."""
 
+import os
+
 from common.ray_runtime import pin_local_ray_to_loopback
 
 pin_local_ray_to_loopback()  # before anything imports ray: tests talk to 127.0.0.1 only
@@ -82,3 +84,18 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_mlflow_store(tmp_path_factory):
+    """The runs of this session share one MLflow store of their own, never the user's
+    (``~/.unmask``) nor one named by MLFLOW_TRACKING_URI; subprocesses inherit it."""
+    saved = {name: os.environ.get(name) for name in ("UNMASK_HOME", "MLFLOW_TRACKING_URI")}
+    os.environ["UNMASK_HOME"] = str(tmp_path_factory.mktemp("unmask-home"))
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

@@ -244,7 +244,13 @@ def test_detokenizers_never_double_a_space_and_are_deterministic(key):
 
 def test_detokenizer_registry_and_small_cases():
     assert set(DETOKENIZERS) == {"identity", "wikitext", "ptb", "lm1b", "lambada", "lambada_gpt2",
-                                 "lambada_plain"}
+                                 "lambada_plain", "wikitext_mdlm", "lambada_mdlm"}
+    # MDLM's WikiText rules: a row keeps its leading space, loses the one before its newline, and
+    # " N " reads as a number; its LAMBADA rule keeps a LaTeX-style quote.
+    assert DETOKENIZERS["wikitext_mdlm"](" = = Career = = \n") == " == Career ==\n"
+    assert DETOKENIZERS["wikitext_mdlm"](" Highway 19 N near 57 \N{DEGREE SIGN} N \n") == (
+        " Highway 19 1 near 57\N{DEGREE SIGN}N\n")
+    assert DETOKENIZERS["lambada_mdlm"]("  \N{LEFT DOUBLE QUOTATION MARK}hi'' ") == '\n"hi\'\''
     assert DETOKENIZERS["identity"](" a  b ") == " a  b "
     # WikiText: no " N " -> " 1 " (raw WikiText has real numbers), headings and degrees joined.
     assert wikitext_detokenize(" = = = N / A = = = \n") == "=== N / A ==="

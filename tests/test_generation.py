@@ -143,9 +143,13 @@ def test_jsonl_output_round_trips(exports, diffusion, tmp_path, capsys):
                               "--prompt", PROMPT, "--seed", "2", "--batch-size", "2", "--out", str(out)]) == 0
     records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     expected = generate(diffusion, num=3, steps=10, seq_len=SEQ_LEN, prompt=PROMPT, seed=2, batch_size=2)
-    assert [Sample(**record) for record in records] == expected
-    assert set(records[0]) == {"text", "tokens", "network_calls", "steps", "prompt"}
-    assert "wrote 3 samples" in capsys.readouterr().out
+    quality = {"unigram_entropy", "reference_nll", "reference_tokens"}
+    assert [Sample(**{k: v for k, v in record.items() if k not in quality}) for record in records] == expected
+    assert set(records[0]) == {"text", "tokens", "text_tokens", "network_calls", "steps", "grid", "top_p", "seed",
+                               "prompt"} | quality
+    assert (records[0]["grid"], records[0]["top_p"], records[0]["seed"]) == ("uniform", None, 2)
+    printed = capsys.readouterr().out
+    assert "wrote 3 samples" in printed and "mean unigram entropy:" in printed
 
 
 def test_text_output_has_one_block_per_sample(exports, diffusion, capsys):

@@ -218,6 +218,9 @@ def test_unmask_prep_with_a_tokenizer_json_and_flags_through_ray(files, tmp_path
             "--pad-token", "</s>", "--workers", "2", "--no-progress", "--json"]
     done = run_unmask(args, installed=True)
     assert done.returncode == 0, done.stderr[-4000:]
+    # A quiet console: nothing from Ray (token-auth notice, core worker errors, Ray Data's
+    # progress-bar warning, deprecations) that the user did not cause.
+    assert [line for line in done.stderr.splitlines() if line.strip()] == [], done.stderr[-2000:]
     tokenizer = load_tokenizer(files["bpe"], SpecialTokens(eos="<s>", pad="</s>"))
     manifest = Manifest.read(out)
     assert manifest.tokenizer == tokenizer.describe() and manifest.pad_id == tokenizer.pad_id

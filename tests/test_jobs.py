@@ -107,7 +107,7 @@ def test_prep_with_ray_address_runs_on_the_cluster_and_matches_a_local_prep(head
     local = unmask([*args, "--out", str(tmp_path / "local"), "--workers", "1"])
     assert local.returncode == 0, local.stderr[-4000:]
     assert tree_bytes(tmp_path / "cluster") == tree_bytes(tmp_path / "local")
-    assert _cluster_workers(head, "_UnitTokenizer")  # the tokenizer actors ran in the head's workers
+    assert _cluster_workers(head, "UnitTokenizer")  # the tokenizer actors ran in the head's workers
     # The prep joined the cluster and left it running.
     assert unmask(["jobs", "list", "--address", head.dashboard_url]).returncode == 0
 

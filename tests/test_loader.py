@@ -80,10 +80,78 @@ def test_state_at_an_epoch_boundary_moves_to_the_next_epoch(data_dir):
     loader = StreamingLoader(data_dir, "train", 3, seed=4)
     first = _ids(list(loader))
     state = loader.state_dict()
-    assert (state["epoch"], state["batches"]) == (1, 0)
+    assert (state["epoch"], state["global_batches"], state["micro_batches"]) == (1, 0, 0)
     resumed = StreamingLoader(data_dir, "train", 3, seed=4)
     resumed.load_state_dict(state)
     assert _ids(list(resumed)) != first and len(_ids(list(resumed))) == len(first)
+
+
+# (world size, batch size) splits of one global batch of 6: accumulation 6, 3, 2, 1
+SPLITS_OF_SIX = [(1, 1), (1, 2), (2, 1), (3, 2), (2, 3), (6, 1)]
+
+
+def _global_batches(data_dir, world, size, epochs=2, state=None, **kwargs):
+    """The loaders of all ranks, their batches put back into global batches of 6: micro-batch
+    m of rank r is slot m * world + r."""
+    loaders = [StreamingLoader(data_dir, "train", size, rank=r, world_size=world, global_batch_size=6, **kwargs)
+               for r in range(world)]
+    for loader in loaders:
+        if state is not None:
+            loader.load_state_dict(state)
+    per_rank = [[batch for _ in range(epochs) for batch in _ids(list(loader))] for loader in loaders]
+    micro_batches = 6 // (world * size)
+    return [sum((per_rank[slot % world][g * micro_batches + slot // world] for slot in range(world * micro_batches)),
+                []) for g in range(len(per_rank[0]) // micro_batches)]
+
+
+def test_global_batches_do_not_depend_on_the_ranks_and_micro_batches(data_dir):
+    """Global batch g is the sequences [6g, 6g + 6) of the epoch's stream, however the ranks
+    and micro-batches split it: a run resumed on another number of ranks sees the same data."""
+    one_loader = StreamingLoader(data_dir, "train", 6, seed=3)
+    stream = _ids(list(one_loader)) + _ids(list(one_loader))  # two epochs
+    assert len(stream) == 2 * (30 // 6)
+    for world, size in SPLITS_OF_SIX:
+        assert _global_batches(data_dir, world, size, seed=3) == stream, (world, size)
+    assert _global_batches(data_dir, 2, 1, seed=3, num_workers=2) == stream, "workers change nothing"
+
+
+@pytest.mark.parametrize("before,after", [((2, 1), (3, 2)), ((3, 2), (1, 2)), ((1, 6), (2, 3))])
+def test_resume_on_another_number_of_ranks_continues_the_global_batches(data_dir, before, after):
+    world, size = before
+    loaders = [StreamingLoader(data_dir, "train", size, rank=r, world_size=world, global_batch_size=6, seed=5)
+               for r in range(world)]
+    micro_batches = 6 // (world * size)
+    for loader in loaders:  # two global batches (optimizer steps) consumed
+        list(itertools.islice(iter(loader), 2 * micro_batches))
+    states = [loader.state_dict() for loader in loaders]
+    assert all(state == states[0] for state in states), "every rank stands at the same position"
+    reference = _global_batches(data_dir, 1, 6, seed=5)
+    assert _global_batches(data_dir, *after, state=states[0], seed=5) == reference[2:], after  # then the next epoch
+
+
+def test_resume_refuses_another_global_batch_and_a_position_inside_one(data_dir):
+    loader = StreamingLoader(data_dir, "train", 2, world_size=1, global_batch_size=6, seed=1)
+    list(itertools.islice(iter(loader), 4))  # one global batch and one of the next one's 3 micro-batches
+    state = loader.state_dict()
+    assert (state["global_batches"], state["micro_batches"]) == (1, 1)
+    with pytest.raises(UserError, match="global_batch_size: checkpoint 6, now 4"):
+        StreamingLoader(data_dir, "train", 2, global_batch_size=4, seed=1).load_state_dict(state)
+    with pytest.raises(UserError, match="inside global batch 1 .* at a global batch boundary"):
+        StreamingLoader(data_dir, "train", 3, world_size=2, global_batch_size=6, seed=1).load_state_dict(state)
+    same = StreamingLoader(data_dir, "train", 2, world_size=1, global_batch_size=6, seed=1)
+    same.load_state_dict(state)  # the same split resumes anywhere
+    assert _ids(list(same)) == _ids(list(StreamingLoader(data_dir, "train", 2, global_batch_size=6, seed=1)))[4:]
+
+
+def test_a_position_of_an_earlier_version_resumes_on_one_rank(data_dir):
+    """Checkpoints before global batches recorded the batches a rank consumed; on one rank
+    the order was the same."""
+    loader = StreamingLoader(data_dir, "train", 2, global_batch_size=4, seed=2)
+    earlier = {"epoch": 0, "batches": 4, "seed": 2, "shuffle": True, "batch_size": 2, "rank": 0, "world_size": 1,
+               "data_sha256": loader.data_sha256}
+    expected = _ids(list(StreamingLoader(data_dir, "train", 2, global_batch_size=4, seed=2)))[4:]
+    loader.load_state_dict(earlier)
+    assert _ids(list(loader)) == expected
 
 
 def test_resume_with_a_different_setup_is_refused(data_dir):

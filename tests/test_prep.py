@@ -156,7 +156,7 @@ def _kill_when_ledger_reaches(out: Path, entries: int) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["tokenize", "shards"])
 def test_sigkilled_prep_resumes_to_identical_output_without_redoing_work(reference, tmp_path, stage):
-    config, result, out = reference
+    config, _, out = reference
     units = len(plan_units(resolve_inputs(config.inputs), config.read, config.unit_bytes))
     kill_at = 3 if stage == "tokenize" else units + 2
     killed = tmp_path / "killed"

@@ -15,6 +15,9 @@ def test_readme_python_examples_run(tmp_path, monkeypatch):
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     assert blocks, "the README lost its API examples"
     monkeypatch.chdir(tmp_path)
+    # The Hugging Face example loads our modeling file: offline, cached under tmp_path.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
     write_numbered_split(tmp_path / "shards", [20, 12], seq_len=16)  # what the loader example reads
     _write_an_export(tmp_path / "runs" / "tiny" / "export")          # what the export example loads
     namespace: dict = {}  # later examples continue earlier ones
@@ -24,6 +27,7 @@ def test_readme_python_examples_run(tmp_path, monkeypatch):
     assert namespace["stats"].network_calls <= 2 * 64
     assert namespace["loss"].shape == (2,)
     assert namespace["batch"].shape == (8, 16)
+    assert namespace["logits"].shape == (1, 16, 320)
 
 
 def _write_an_export(out: Path) -> None:

@@ -94,11 +94,12 @@ def test_files_exist_and_results_round_trip(report):
 
 def test_results_rows_carry_numbers_and_interval(report):
     _, _, markdown, html = report
-    assert ("| dataset | tokens | NELBO/token (nats ± SE) | perplexity bound (95% interval) "
+    assert ("| dataset | protocol | tokens | NELBO/token (nats ± SE) | perplexity bound (95% interval) "
             "| bits/byte |") in markdown
     lambada = _row(markdown, "lambada")
     bits_per_byte = f"{3.5 * 245_569 / (math.log(2) * 1e6):.4f}"
-    for text in ("245,569", "3.5000 ± 0.0100", "33.12 (32.47 – 33.77)", bits_per_byte):
+    # Results written before protocols had names were made with ours.
+    for text in ("| unmask, test split |", "245,569", "3.5000 ± 0.0100", "33.12 (32.47 – 33.77)", bits_per_byte):
         assert text in lambada
     wikitext = _row(markdown, "wikitext2")
     for text in ("287,644", "3.2500 ± 0.0200", "25.79 (24.80 – 26.82)"):
@@ -125,12 +126,15 @@ def test_reference_rows_are_labelled(report):
         ours = _row(section, "this run (diffusion, step 12,000)")
         assert "≤ " in ours and "12 layers, d_model 768, 12 heads" in ours
         references = references_for(name)
-        assert len(references) == 6
+        assert [r.model for r in references] == ["GPT-2", "SEDD absorb", "MD4", "MDLM", "GPT-2", "SEDD absorb", "MD4"]
         for reference in references:
             row = next(line for line in section.splitlines()
                        if line.startswith(f"| {reference.model} |") and reference.display_value in line
                        and reference.scale in line)
-            assert "GPT-2 BPE" in row and reference.training_data in row and "MD4 paper, Table 1" in row
+            assert "GPT-2 BPE" in row and reference.training_data in row and reference.source in row
+        mdlm = _row(section, "MDLM")  # next to MD4's: no number our sources hold, none invented
+        assert "missing (not in our sources: docs/MATH.md, seeds)" in mdlm and "| mdlm |" in mdlm
+        assert "MD4 paper, Table 1" in section.splitlines()[section.splitlines().index(mdlm) - 1]
     assert "small ~ 124M" in html and "GPT-2 BPE" in html
 
 
@@ -159,7 +163,7 @@ def test_markdown_links_plots_by_relative_path(report):
 def test_autoregressive_wording(tmp_path):
     files = write_report(make_results("autoregressive", per_t=False), tmp_path)
     markdown = files.markdown.read_text(encoding="utf-8")
-    assert "| dataset | tokens | NLL/token (nats) | perplexity (exact) | bits/byte |" in markdown
+    assert "| dataset | protocol | tokens | NLL/token (nats) | perplexity (exact) | bits/byte |" in markdown
     assert "perplexity bound" not in markdown and "±" not in _row(markdown, "lambada")
     assert _row(markdown, "lambada").endswith(f"| 33.12 | {3.5 * 245_569 / (math.log(2) * 1e6):.4f} |")
     assert "| this run (autoregressive, step 12,000) | 33.12 |" in markdown
@@ -193,6 +197,30 @@ def test_per_t_plot_names_are_distinct_file_names(tmp_path):
     assert [path.name for path in files.plots] == ["per_t_a_b.txt.png", "per_t_a_b.txt_2.png"]
 
 
+SCHEDULE = {"exponent_min": 0.61, "exponent_median": 1.2, "exponent_max": 3.5,
+            "unmask_first": [{"token": 50256, "text": "<|endoftext|>", "exponent": 3.5},
+                             {"token": 198, "text": "\n", "exponent": 3.1}],
+            "unmask_last": [{"token": 34501, "text": " diligently", "exponent": 0.61}]}
+
+
+def test_a_learned_schedule_shows_its_spread_and_the_tokens_that_unmask_first_and_last(tmp_path, report):
+    results = {**make_results(), "schedule": SCHEDULE}
+    files = write_report(copy.deepcopy(results), tmp_path)
+    markdown = files.markdown.read_text(encoding="utf-8")
+    assert json.loads(files.json.read_text(encoding="utf-8"))["schedule"] == SCHEDULE
+    section = markdown[markdown.index("## Learned schedule"):markdown.index("## Reference numbers")]
+    assert "w_v range from 0.610 (median 1.200) to 3.500" in section
+    rows = [section.index(row) for row in ("Unmask first", r"| 50256 | `'<\|endoftext\|>'` | 3.500 |",
+                                           r"| 198 | `'\n'` | 3.100 |", "Unmask last",
+                                           "| 34501 | `' diligently'` | 0.610 |")]
+    assert rows == sorted(rows)  # text shown as a Python literal: whitespace and escapes visible
+    assert "Learned schedule" not in report[2]  # absent for the other processes
+    broken = copy.deepcopy(results)
+    del broken["schedule"]["unmask_last"][0]["exponent"]
+    with pytest.raises(ValueError, match=r"schedule.unmask_last.0.exponent"):
+        write_report(broken, tmp_path / "broken")
+
+
 def test_malformed_results_write_nothing(tmp_path):
     results = make_results()
     del results["datasets"]["lambada"]["bits_per_byte"]
@@ -207,8 +235,11 @@ def test_references_as_data():
     lm1b = references_for("lm1b")
     assert [(r.model, r.scale, r.value, r.is_bound) for r in lm1b] == [
         ("GPT-2", "small ~ 124M", 75.20, False), ("SEDD absorb", "small ~ 124M", 79.29, True),
-        ("MD4", "small ~ 124M", 68.10, True), ("GPT-2", "medium ~ 355M", 55.72, False),
-        ("SEDD absorb", "medium ~ 355M", 61.19, True), ("MD4", "medium ~ 355M", 51.45, True)]
+        ("MD4", "small ~ 124M", 68.10, True), ("MDLM", "small ~ 124M", None, True),
+        ("GPT-2", "medium ~ 355M", 55.72, False), ("SEDD absorb", "medium ~ 355M", 61.19, True),
+        ("MD4", "medium ~ 355M", 51.45, True)]
+    # MDLM's zero-shot numbers are in none of our sources: every one is missing, none invented.
+    assert {(r.value, r.protocol) for r in REFERENCES if r.source == "MDLM paper, zero-shot table"} == {(None, "mdlm")}
     assert {r.training_data for r in lm1b if r.model == "GPT-2"} == {"WebText"}
     owt = references_for("owt")
     assert [(r.value, r.is_bound, r.source) for r in owt] == [
@@ -216,3 +247,49 @@ def test_references_as_data():
         (22.98, True, "MDLM paper")]
     assert all(r.tokenizer == "GPT-2 BPE" and r.training_data == "OpenWebText" for r in owt)
     assert references_for("val") == []
+
+
+def test_samples_show_their_quality_and_how_they_were_drawn(tmp_path):
+    results = make_results(per_t=False)
+    results["samples"][0].update(unigram_entropy=4.25, reference_nll=300.0, reference_tokens=100)
+    results["sampling"] = {"num_samples": 1, "steps": 1000, "grid": "cosine", "top_p": 0.9, "seed": 7,
+                           "seq_len": 1024, "mean_unigram_entropy": 4.25,
+                           "generative_perplexity": {"reference": "/models/gpt2-large", "reference_kind": "huggingface",
+                                                     "retokenized": True, "perplexity": math.exp(3.0),
+                                                     "tokens": 100}}
+    files = write_report(copy.deepcopy(results), tmp_path)
+    assert json.loads(files.json.read_text(encoding="utf-8")) == results
+    markdown = files.markdown.read_text(encoding="utf-8")
+    assert "1 samples of 1,024 tokens, 1,000 steps on the cosine grid, top-p 0.9, seed 7." in markdown
+    assert "Mean unigram entropy: 4.250 nats" in markdown
+    assert ("Generative perplexity: 20.09 under the huggingface model `/models/gpt2-large`, over 100 tokens: "
+            "the decoded text re-encoded with the reference's tokenizer (the tokenizers differ).") in markdown
+    assert ("Sample 1: 1,000 steps, 128 network calls, unigram entropy 4.250 nats, 3.000 nats/token under the "
+            "reference (100 tokens).") in markdown
+
+    del results["sampling"]["generative_perplexity"]
+    markdown = write_report(results, tmp_path / "no-reference").markdown.read_text(encoding="utf-8")
+    assert "No generative perplexity: no reference model was given (--reference)." in markdown
+
+
+def test_protocol_notes_follow_each_numbers_protocol(tmp_path):
+    results = make_results(per_t=False)
+    results["datasets"] = {"lm1b": _dataset_record("lm1b", 4.0, 0.01, 176_128, 800_000, False),
+                           "wikitext2": results["datasets"]["wikitext2"]}
+    for record in results["datasets"].values():
+        record["dataset"].update(protocol="mdlm", split="valid")
+    results["protocol"]["name"] = "mdlm"
+    markdown = write_report(results, tmp_path).markdown.read_text(encoding="utf-8")
+    wikitext, lm1b = (markdown.split(f"\n### {name}\n", 1)[1].split("\n### ", 1)[0] for name in ("wikitext2", "lm1b"))
+    assert "Protocol difference" not in wikitext.split("\n## ")[0]  # the mdlm protocol reads WikiText as MDLM does
+    assert "heldout shard 00000" in lm1b  # ...but our 1BW file is one shard of HF's fifty
+    assert "| wikitext2 | mdlm, valid split |" in markdown
+
+
+def test_a_comparison_across_protocols_says_so(tmp_path):
+    results = make_results(per_t=False)
+    other = make_results("autoregressive", per_t=False)
+    results["comparison"] = {"model": other["model"], "datasets": other["datasets"], "path": "/ar/results.json"}
+    results["datasets"]["lambada"]["dataset"]["protocol"] = "mdlm"
+    markdown = write_report(results, tmp_path).markdown.read_text(encoding="utf-8")
+    assert "read lambada with different protocols or splits: those gaps compare different tokens." in markdown

@@ -8,8 +8,9 @@ import torch
 from model.autoregressive import Autoregressive
 from model.diffusion import MaskedDiffusion
 from model.schedules import make_schedule
-from model.spec import ModelSpec, build_network, build_process
+from model.spec import ModelSpec, build_network, build_process, build_trainable
 from model.state_dependent import LearnedMaskedDiffusion
+from model.trainable import DiffusionModel, split_state
 from model.transformer import Transformer, TransformerConfig
 from model.uniform import UniformDiffusion
 
@@ -73,3 +74,65 @@ def test_bad_schedule_arguments_are_a_value_error():
         build_process(ModelSpec(NETWORK, process="learned", schedule="learned", schedule_args={"power": 2}))
     with pytest.raises(ValueError, match="bad arguments for schedule 'linear'"):
         build_process(ModelSpec(NETWORK, schedule_args={"power": 2}))
+
+
+LEARNED = ModelSpec(NETWORK, process="learned", schedule="learned", schedule_args={"initial_exponent": 2.0})
+
+
+def test_the_trained_module_holds_a_learned_schedule_beside_the_network():
+    """What a trainer optimizes: the network, plus theta for the learned process, which the
+    process keeps reading; the network is initialised as build_network's."""
+    torch.manual_seed(0)
+    trained = build_trainable(LEARNED)
+    torch.manual_seed(0)
+    network = build_network(LEARNED)
+    assert isinstance(trained, DiffusionModel) and trained.process.schedule is trained.schedule
+    parameters = dict(trained.named_parameters())
+    assert set(parameters) == {f"network.{name}" for name, _ in network.named_parameters()} | {"schedule.theta"}
+    assert torch.equal(parameters["network.embed.weight"], network.embed.weight)
+    torch.testing.assert_close(trained.schedule.exponents(), torch.full((7,), 2.0, dtype=torch.float64))
+    assert trained.process.draws == 2  # MD4's leave-one-out pair
+    for process in ("absorbing", "uniform"):
+        assert type(build_trainable(ModelSpec(NETWORK, process=process))) is Transformer
+
+
+def test_the_module_forward_is_the_bound_and_its_gradient_reaches_theta():
+    trained = build_trainable(LEARNED)
+    x0 = torch.randint(0, 7, (3, 8), generator=torch.Generator().manual_seed(1))
+    t = torch.tensor([0.2, 0.5, 0.9], dtype=torch.float64)
+    bound = trained(x0, t, torch.Generator().manual_seed(2))
+    by_hand = trained.process.nelbo(trained.network, x0, t, torch.Generator().manual_seed(2), reconstruction="uniform")
+    assert torch.equal(bound, by_hand)
+    bound.sum().backward()
+    assert bool((trained.schedule.theta.grad != 0).any())
+    assert trained.network.embed.weight.grad is not None
+
+
+def test_split_state_separates_the_network_from_the_schedule():
+    trained = build_trainable(LEARNED)
+    network, schedule = split_state(trained.state_dict())
+    assert network.keys() == build_network(LEARNED).state_dict().keys() and list(schedule) == ["theta"]
+    export_names = {"embed.weight": torch.zeros(1), "schedule.theta": torch.ones(1)}  # an export's file
+    assert split_state(export_names) == ({"embed.weight": export_names["embed.weight"]},
+                                         {"theta": export_names["schedule.theta"]})
+
+
+def test_a_learned_process_is_rebuilt_from_its_trained_state():
+    trained = build_process(LEARNED)
+    with torch.no_grad():
+        trained.schedule.theta.uniform_(-1.0, 2.0, generator=torch.Generator().manual_seed(0))
+    rebuilt = build_process(LEARNED, draws=1, state=trained.schedule.state_dict())
+    assert torch.equal(rebuilt.schedule.theta, trained.schedule.theta) and rebuilt.draws == 1
+    with pytest.raises(ValueError, match="bad state for schedule 'learned'"):
+        build_process(LEARNED, state={"theta": torch.zeros(3)})
+    with pytest.raises(ValueError, match="bad state for schedule 'learned'"):
+        build_process(LEARNED, state={})  # an export without its theta
+    with pytest.raises(ValueError, match="the uniform process has no parameters"):
+        build_process(ModelSpec(NETWORK, process="uniform"), state={"theta": torch.zeros(7)})
+
+
+@pytest.mark.parametrize("spec", [ModelSpec(NETWORK, process="uniform"), LEARNED,
+                                  ModelSpec(NETWORK, objective="autoregressive")])
+def test_chunked_cross_entropy_is_refused_where_the_whole_prediction_is_scored(spec):
+    with pytest.raises(ValueError, match="cross_entropy_chunk_rows applies to the absorbing process only"):
+        build_process(spec, cross_entropy_chunk_rows=4)

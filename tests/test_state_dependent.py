@@ -13,6 +13,7 @@ import torch
 
 from model import LearnedMaskedDiffusion, LearnedSchedule, MaskedDiffusion, make_schedule
 from model.schedules import DEFAULT_ENDPOINT_EPS, PolynomialSchedule
+from model.state_dependent import exponent_spread, learned_schedule_arguments
 from tests.conftest import chi_square_limit, chi_square_statistic, z_scores
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -59,6 +60,31 @@ def test_schedule_is_a_guarded_polynomial_per_token_value():
     schedule.alpha(t).sum().backward()  # t = 0 included: no 0 * log 0 in the gradient
     assert bool(torch.isfinite(schedule.theta.grad).all()) and bool((schedule.theta.grad != 0).all())
     assert LearnedSchedule(VOCAB).exponents().tolist() == pytest.approx([1.0] * 3)  # MD4's start
+
+
+def test_exponents_can_start_at_a_linear_or_polynomial_schedule():
+    """learned_schedule_arguments: every w_v where the named schedule is, with its guard."""
+    t = torch.tensor([0.0, 0.1, 0.5, 1.0], dtype=torch.float64)
+    for start, exponent in ((make_schedule("linear", endpoint_eps=1e-3), 1.0), (PolynomialSchedule(2.5), 2.5)):
+        arguments = learned_schedule_arguments(start)
+        assert arguments == {"initial_exponent": exponent, "endpoint_eps": start.endpoint_eps}
+        schedule = LearnedSchedule(VOCAB, **arguments)
+        for v in range(VOCAB):
+            torch.testing.assert_close(schedule.alpha(t)[:, v].detach(), start.alpha(t), rtol=1e-6, atol=0)
+    with pytest.raises(ValueError, match="starts from a linear or polynomial schedule"):
+        learned_schedule_arguments(make_schedule("cosine"))
+
+
+def test_exponent_spread_orders_token_values_by_when_they_unmask():
+    spread = exponent_spread(torch.tensor([1.0, 3.0, 0.5, 2.0]), count=2)
+    assert (spread.minimum, spread.median, spread.maximum) == (0.5, 1.5, 3.0)
+    assert spread.first == ((1, 3.0), (3, 2.0)) and spread.last == ((2, 0.5), (0, 1.0))
+    assert len(exponent_spread(torch.ones(3), count=10).first) == 3
+    # The claim behind "first": from t to s the larger exponent leaves fewer positions masked.
+    schedule = learned((1.0, 2.5, 5.0)).schedule
+    stay = (schedule.masking_rate(torch.tensor([0.6], dtype=torch.float64))
+            / schedule.masking_rate(torch.tensor([0.9], dtype=torch.float64)))[0]
+    assert bool((stay.diff() < 0).all())
 
 
 def test_corrupt_masks_each_token_value_at_its_own_rate():

@@ -17,6 +17,7 @@ from mlflow.utils.validation import (
 from common.errors import UserError
 from pipeline.run_layout import RunLayout
 from pipeline.tracking import (
+    RUN_DIR_TAG,
     Tracker,
     default_tracking_uri,
     flatten_params,
@@ -104,11 +105,11 @@ def test_changed_param_on_resume_is_refused(mlflow_server: str, tmp_path: Path) 
 
 def test_different_tracking_uri_on_resume_is_refused(mlflow_server: str, tmp_path: Path) -> None:
     Tracker.open(tmp_path, tracking_uri=mlflow_server, experiment=_experiment())
-    other = default_tracking_uri(tmp_path)
+    other = f"sqlite:///{tmp_path / 'other.db'}"
     with pytest.raises(UserError) as refused:
         Tracker.open(tmp_path, tracking_uri=other)
     assert mlflow_server in str(refused.value) and other in str(refused.value)
-    assert not (tmp_path / "mlflow.db").exists()  # refused before touching the other store
+    assert not (tmp_path / "other.db").exists()  # refused before touching the other store
 
 
 def test_recorded_run_missing_from_server_is_refused(mlflow_server: str, tmp_path: Path) -> None:
@@ -120,7 +121,7 @@ def test_recorded_run_missing_from_server_is_refused(mlflow_server: str, tmp_pat
 
 
 def test_recorded_local_store_missing_is_refused(tmp_path: Path) -> None:
-    moved_from = default_tracking_uri(tmp_path / "old-location")
+    moved_from = f"sqlite:///{tmp_path / 'old-location' / 'mlflow.db'}"
     record = dict(tracking_uri=moved_from, run_id=uuid.uuid4().hex, experiment_id="0")
     RunLayout(tmp_path).mlflow_record.write_text(json.dumps(record))
     with pytest.raises(UserError, match="does not exist"):
@@ -128,25 +129,26 @@ def test_recorded_local_store_missing_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "old-location").exists()  # no empty store created there
 
 
-def test_default_store_lives_in_the_run_directory(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    tracker = Tracker.open(run_dir, run_name="local")
-    assert tracker.tracking_uri == default_tracking_uri(run_dir)
-    assert (run_dir / "mlflow.db").is_file()
-    assert _record(run_dir) == dict(tracking_uri=default_tracking_uri(run_dir),
-                                    run_id=tracker.run_id, experiment_id=tracker.experiment_id)
-    tracker.log_metrics({"loss": 2.5}, step=7)
-    tracker.log_text("lr: 0.1\n", "config/resolved.yaml")
-    tracker.finish()
+def test_runs_share_one_default_store_that_mlflow_ui_finds(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("UNMASK_HOME", str(tmp_path / "home"))
+    first, second = Tracker.open(tmp_path / "run-a"), Tracker.open(tmp_path / "run-b")
+    store = tmp_path / "home" / "mlflow"
+    assert first.tracking_uri == second.tracking_uri == default_tracking_uri() == f"sqlite:///{store / 'mlflow.db'}"
+    first.log_text("lr: 0.1\n", "config/resolved.yaml")
+    first.finish()
+    assert [p.read_text() for p in store.rglob("resolved.yaml")] == ["lr: 0.1\n"]  # artifacts beside it
+    assert sorted(p.name for p in (tmp_path / "run-a").iterdir()) == [RunLayout(tmp_path).mlflow_record.name]
+    runs = MlflowClient(first.tracking_uri).search_runs([first.experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["run-a", "run-b"]  # named after their run dirs
+    tags = runs[0].data.tags
+    assert {"mlflow.source.name", "mlflow.source.type", "mlflow.user"} <= tags.keys()
+    assert tags[RUN_DIR_TAG] in (str((tmp_path / "run-a").resolve()), str((tmp_path / "run-b").resolve()))
 
-    artifacts = RunLayout(run_dir).mlflow_artifacts
-    assert [p.read_text() for p in artifacts.rglob("resolved.yaml")] == ["lr: 0.1\n"]
-    layout = RunLayout(run_dir)
-    assert sorted(p.name for p in run_dir.iterdir()) == sorted(  # no temp files left
-        [layout.mlflow_artifacts.name, layout.mlflow_store.name, layout.mlflow_record.name])
-    reader = MlflowClient(tracking_uri=f"sqlite:///{run_dir.resolve()}/mlflow.db")
-    assert reader.get_run(tracker.run_id).info.status == "FINISHED"
-    assert Tracker.open(run_dir).metric_history("loss") == [(7, 2.5)]
+
+def test_mlflow_tracking_uri_is_honoured(tmp_path: Path, monkeypatch) -> None:
+    uri = f"sqlite:///{tmp_path / 'team.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert Tracker.open(tmp_path / "run").tracking_uri == uri and (tmp_path / "team.db").is_file()
 
 
 def test_flatten_params() -> None:
@@ -167,3 +169,27 @@ def test_flatten_params() -> None:
     assert len(note) == MAX_PARAM_VAL_LENGTH and note.startswith("xxx")
     assert note.endswith(f"[truncated from {MAX_PARAM_VAL_LENGTH + 10} chars]")
     assert flatten_params({"a": {"b": 1}}) == {"a.b": "1"}
+
+
+@pytest.mark.slow
+def test_two_training_runs_compare_in_one_experiment_on_a_server(mlflow_server: str, tinyshakespeare_shards,
+                                                                  tmp_path: Path) -> None:
+    """What a user compares in the UI: two runs, one experiment (named by the user), each run
+    named after its run dir, with the resolved model shape and MLflow's source tags."""
+    from tests.train_helpers import run_train, write_config
+
+    experiment = _experiment()
+    for name, lr in (("lr-high", "2e-3"), ("lr-low", "5e-4")):
+        config = write_config(tmp_path / f"{name}.yaml", {"train": {"max_steps": 2}})
+        run_train(tmp_path / name, tinyshakespeare_shards, config,
+                  extra=["--mlflow-uri", mlflow_server, "--logging.experiment", experiment, "--optim.lr", lr])
+    client = MlflowClient(mlflow_server)
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["lr-high", "lr-low"]
+    for run in runs:
+        params, tags = run.data.params, run.data.tags
+        assert params["model.n_layers"] == "2" and params["resolved.network.n_heads"] == "2"
+        assert params["resolved.network.max_seq_len"] == "64"  # from the data, not the config
+        assert tags.get("mlflow.source.git.commit", "unknown") == tags["git_commit"] and "mlflow.user" in tags
+        assert "train/loss" in run.data.metrics
+    assert {r.data.params["optim.lr"] for r in runs} == {"0.002", "0.0005"}

@@ -4,14 +4,21 @@ exact resume after SIGKILL and SIGTERM, export, divergence guard, config refusal
 from __future__ import annotations
 
 import json
+import logging
 import math
+import shutil
 import signal
 
 import pytest
 import torch
 
+from data_prep.loader import StreamingLoader
+from pipeline.checkpoint import rank_file, verify_checkpoint
 from pipeline.export import export, load_export
-from tests.train_helpers import run_train, run_until_stall, write_config
+from pipeline.reshard import UNIVERSAL_DIR, universal_checkpoint
+from pipeline.tracking import RUN_DIR_TAG
+from tests.batch_log import logged_global_batches, sequence_digest
+from tests.train_helpers import MICRO_CONFIG, run_train, run_until_stall, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +60,8 @@ def test_two_ranks_share_one_mlflow_run_and_one_metrics_log(reference_runs):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=recorded["tracking_uri"])
-    assert len(client.search_runs([recorded["experiment_id"]])) == 1
+    of_this_run_dir = f"tags.`{RUN_DIR_TAG}` = '{run.run_dir.resolve()}'"
+    assert len(client.search_runs([recorded["experiment_id"]], of_this_run_dir)) == 1
     history = client.get_metric_history(recorded["run_id"], "train/loss")
     assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6]
     params = client.get_run(recorded["run_id"]).data.params
@@ -80,6 +88,89 @@ def test_sigkill_then_resume_gives_exactly_the_uninterrupted_losses(tmp_path, sh
 
 def load_export_of(run_dir):
     return load_export(export(run_dir, out_dir=run_dir / "export-test")).network.state_dict()
+
+
+# ----------------------------------------------------------------------------- another number of ranks
+FIRST_CHECKPOINT = "step-00000003"  # of the 6-step runs (checkpoint.every = 3)
+
+
+def stopped_after_first_checkpoint(finished, run_dir):
+    """A copy of a finished 6-step run as a job preempted after its checkpoint at step 3
+    left it (with an MLflow run of its own)."""
+    shutil.copytree(finished, run_dir)
+    (run_dir / "checkpoints" / "latest").write_text(FIRST_CHECKPOINT)
+    shutil.rmtree(run_dir / "checkpoints" / "step-00000006")
+    (run_dir / "mlflow_run.json").unlink()
+
+
+def stream_global_batches(shards, steps):
+    """Step -> digests of its global batch as the stream defines it, whatever the ranks:
+    the sequences [(step - 1) G, step G) of epoch 0."""
+    global_batch = MICRO_CONFIG["train"]["global_batch_size"]
+    loader = StreamingLoader(shards, "train", global_batch, seed=0)  # train.seed's default
+    return {step: [sequence_digest(row) for row in batch] for step, batch in zip(range(1, steps + 1), loader)}
+
+
+def relative_gap(ours: dict, theirs: dict) -> float:
+    flat = lambda state: torch.cat([state[name].flatten() for name in sorted(theirs)])
+    return float((flat(ours) - flat(theirs)).norm() / flat(theirs).norm())
+
+
+@pytest.mark.parametrize("before,after,stage,weight_decay", [(2, 1, 1, None), (1, 2, 3, 0.1)])
+def test_resume_on_another_number_of_ranks_sees_the_same_global_batches(tmp_path, shards, reference_runs, before,
+                                                                        after, stage, weight_decay):
+    """A 6-step run on BEFORE ranks, preempted after its checkpoint at step 3, resumed on AFTER
+    ranks: steps 4-6 take the same sequences into the same places of the global batch, and
+    give the uninterrupted run's losses and EMA up to float rounding. Step 4 starts from the
+    same weights with the same batch, times and masks: equal up to the order of the float64
+    sums over ranks. Later the gradients are summed in another order (one rank accumulates
+    what two all-reduce), which moves the weights by float32 rounding: the losses stayed within
+    1e-8 of the uninterrupted ones (relative), and a lost piece of optimizer state moves them
+    by 1e-6 or more (DeepSpeed's ZeRO-3 universal loader, left alone, gives the norms the
+    matrices' weight decay: 3e-6 at step 5; and runs their bias correction ahead: 2e-6 at
+    step 5, 5e-4 at step 6)."""
+    overrides = {"train": {"zero_stage": stage}}
+    if weight_decay is None:
+        reference = reference_runs[before, stage]
+    else:  # weight decay on the matrices only: param groups with their own hyperparameters
+        overrides["optim"] = {**MICRO_CONFIG["optim"], "weight_decay": weight_decay}
+        reference = run_train(tmp_path / "reference", shards, write_config(tmp_path / "r.yaml", overrides),
+                              world_size=before, log_batches=True)
+    config = write_config(tmp_path / "c.yaml", overrides)
+    run_dir = tmp_path / "run"
+    stopped_after_first_checkpoint(reference.run_dir, run_dir)
+    resumed = run_train(run_dir, shards, config, world_size=after, log_batches=True)
+    assert f"{FIRST_CHECKPOINT} was written by {before} rank(s); resuming it on {after}" in resumed.output
+    logged, stream = logged_global_batches(run_dir), stream_global_batches(shards, 6)
+    assert {4, 5, 6} <= logged.keys() and logged == {step: stream[step] for step in logged}
+    ours, theirs = resumed.losses(), reference.losses()
+    assert ours.keys() == theirs.keys() == {1, 2, 3, 4, 5, 6}
+    assert ours[4] == pytest.approx(theirs[4], rel=1e-12)
+    for step in (5, 6):
+        assert ours[step] == pytest.approx(theirs[step], rel=1e-7), step
+    assert relative_gap(load_export_of(run_dir), load_export_of(reference.run_dir)) < 1e-7
+
+
+def test_a_conversion_is_reused_by_a_rerun_and_redone_when_broken(tmp_path, reference_runs, caplog):
+    """The universal form of a checkpoint (written by rank 0 before a resume on another number
+    of ranks) is staged under a temporary name; a rerun reuses it once its files check out."""
+    checkpoint = tmp_path / FIRST_CHECKPOINT
+    shutil.copytree(reference_runs[2, 1].run_dir / "checkpoints" / FIRST_CHECKPOINT, checkpoint)
+    rank_files = [rank_file(checkpoint, rank) for rank in range(2)]
+    (checkpoint / (UNIVERSAL_DIR + ".tmp")).mkdir()  # what a killed conversion leaves
+    caplog.set_level(logging.INFO, logger="unmask.checkpoint")
+    universal = universal_checkpoint(checkpoint, rank_files)
+    assert not (checkpoint / (UNIVERSAL_DIR + ".tmp")).exists() and "converted" in caplog.text
+    written = {path: path.stat().st_mtime_ns for path in universal.rglob("*")}
+    caplog.clear()
+    assert universal_checkpoint(checkpoint, rank_files) == universal and "reusing" in caplog.text
+    assert {path: path.stat().st_mtime_ns for path in universal.rglob("*")} == written
+    altered = universal / "ema.pt"
+    altered.write_bytes(altered.read_bytes()[:-8])
+    caplog.clear()
+    universal_checkpoint(checkpoint, rank_files)
+    assert f"converting again ({altered} differs from the one converted)" in caplog.text
+    assert verify_checkpoint(checkpoint) is None  # the checkpoint's own files are untouched
 
 
 def test_sigterm_writes_a_checkpoint_and_resume_continues_exactly(tmp_path, shards, reference_runs):

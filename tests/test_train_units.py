@@ -8,13 +8,29 @@ from torch import nn
 
 from common.errors import UserError
 from model.diffusion import low_discrepancy_times
+from model.spec import build_trainable
 from model.transformer import Transformer, preset
 from pipeline.config import Config, OptimSection, config_differences, load_config, parse_overrides
 from pipeline.ema import EMA, ema_decay, full_state
-from pipeline.engine import choose_zero_stage, deepspeed_config, model_state_bytes, plan_batches, plan_training
+from pipeline.engine import (
+    activation_memory_bytes,
+    build_optimizer,
+    choose_zero_stage,
+    deepspeed_config,
+    model_state_bytes,
+    plan_batches,
+    plan_training,
+)
 from pipeline.lr_schedule import lr_multiplier
 from pipeline.metrics import flops_per_token
-from pipeline.objective import EngineDenoiser, MicroBatchSlot, step_generator
+from pipeline.objective import (
+    EngineDenoiser,
+    MicroBatchSlot,
+    make_objective,
+    model_spec,
+    row_generators,
+    step_generator,
+)
 from tests.cli_runner import run_unmask
 from tests.paths import REPO
 
@@ -56,6 +72,30 @@ def test_validation_names_the_field():
         load_config(None, {"train.micro_batch_size": "5"})
     with pytest.raises(UserError, match=r"model.schedule"):
         load_config(None, {"model.schedule": "sigmoid"})
+
+
+def test_the_process_is_refused_with_the_fields_it_cannot_go_with():
+    with pytest.raises(UserError, match=r"model.process = 'uniform': the autoregressive baseline has no diffusion"):
+        load_config(None, {"model.process": "uniform", "model.objective": "autoregressive"})
+    with pytest.raises(UserError, match=r"train.chunked_cross_entropy = 8: applies to the absorbing process only"):
+        load_config(None, {"model.process": "learned", "train.chunked_cross_entropy": "8"})
+    with pytest.raises(UserError, match=r"model.schedule_args \(model.process = learned\): .* linear or polynomial"):
+        load_config(None, {"model.process": "learned", "model.schedule": "cosine"})
+    with pytest.raises(UserError, match=r"flag --model.process = 'masked': choose one of"):
+        load_config(None, {"model.process": "masked"})
+
+
+def test_the_spec_of_each_process():
+    """The learned process starts its exponents at model.schedule; the others use it as is."""
+    network = preset("tiny", 64)
+    learned = load_config(None, {"model.process": "learned", "model.schedule": "polynomial",
+                                 "model.schedule_args": "{power: 2, endpoint_eps: 1.0e-3}"})
+    spec = model_spec(learned.model, network)
+    assert (spec.process, spec.schedule, spec.schedule_args) == (
+        "learned", "learned", {"initial_exponent": 2.0, "endpoint_eps": 1e-3})
+    uniform = model_spec(load_config(None, {"model.process": "uniform", "model.schedule": "cosine"}).model, network)
+    assert (uniform.process, uniform.schedule, uniform.schedule_args) == ("uniform", "cosine", {})
+    assert model_spec(Config().model, network).process == "absorbing"  # the default, and every older run's
 
 
 def test_overrides_are_coerced_to_the_declared_types():
@@ -160,6 +200,22 @@ def test_full_state_reassembles_padded_zero3_partitions():
     assert torch.equal(full_state(replicated)["w"], weight)
 
 
+@pytest.mark.parametrize("rank,expected", [(0, [0.0, 1, 2]), (1, [3.0, 4, 5]), (2, [6.0, 0, 0])])
+def test_a_whole_ema_is_cut_into_the_zero3_partition_of_any_rank(monkeypatch, rank, expected):
+    """Resuming on 3 ranks an EMA written by 2: whole tensors (full_state) are cut as ZeRO-3
+    cuts parameters, flat and zero-padded to a multiple of the world size."""
+    layer = nn.Linear(1, 7, bias=False)
+    layer.weight.ds_tensor, layer.weight.ds_shape = torch.zeros(3), torch.Size([7, 1])  # ZeRO-3 on 3 ranks
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: rank)
+    ema = EMA(layer, 0.9)
+    ema.load_full_state(full_state([{"partitioned": True, "shapes": {"weight": [7, 1]}, "shadow": {"weight": s}}
+                                    for s in (torch.tensor([0.0, 1, 2, 3]), torch.tensor([4.0, 5, 6, 0]))]), 12)
+    assert torch.equal(ema.shadow["weight"], torch.tensor(expected)) and ema.updates == 12
+    with pytest.raises(ValueError, match="has shape"):
+        ema.load_full_state({"weight": torch.zeros(6, 1)}, 12)
+
+
 # ------------------------------------------------------------------ objective and FLOPs
 def test_micro_batch_slots_stratify_times_over_the_global_batch():
     """The times every (rank, micro-batch) draws are together exactly the stratified grid of
@@ -176,6 +232,78 @@ def test_micro_batch_slots_stratify_times_over_the_global_batch():
     gaps = times.diff()
     assert times.numel() == world * micro_batches * batch
     assert torch.allclose(gaps, torch.full_like(gaps, 1.0 / times.numel()))
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@torch.no_grad()
+def test_a_steps_times_and_masks_do_not_depend_on_how_ranks_split_the_global_batch():
+    """The global batch of 6 split as 1 rank x 6, 2 ranks x 3, 3 ranks x 2 micro-batches of
+    1, ...: each sequence gets the time and the masks of its place in the global batch, so
+    the step's loss is the same on any number of ranks (a run resumed on another continues)."""
+    network = Transformer(preset("tiny", 11, n_layers=1, d_model=16, n_heads=2, max_seq_len=8)).eval()
+    objective = make_objective(model_spec(Config().model, network.config), validate=True)
+    x0 = torch.randint(0, 11, (6, 8), generator=torch.Generator().manual_seed(1))
+    seed, step = 3, 5
+    # Each sequence alone, as the micro-batch of one at its place p (rank p of 6).
+    alone = [float(objective.loss_sum(network, x0[p:p + 1], MicroBatchSlot(seed, step, p, 6, 0, 1)))
+             for p in range(6)]
+    reference_times = None
+    for world, batch in [(1, 6), (2, 3), (3, 2), (2, 1), (1, 2)]:
+        micro_batches, times = 6 // (world * batch), [0.0] * 6
+        for rank in range(world):
+            for micro in range(micro_batches):
+                slot = MicroBatchSlot(seed, step, rank, world, micro, micro_batches)
+                first = slot.offset(batch)
+                t = low_discrepancy_times(batch, step_generator(torch.device("cpu"), seed, step), offset=first,
+                                          global_batch_size=slot.global_batch(batch))
+                times[first:first + batch] = t.tolist()
+                loss = float(objective.loss_sum(network, x0[first:first + batch], slot))
+                assert loss == pytest.approx(sum(alone[first:first + batch]), rel=1e-6), (world, batch, slot)
+        reference_times = reference_times or times
+        assert times == reference_times, (world, batch)
+
+
+def test_the_learned_objective_is_the_modules_bound_at_the_slots_times():
+    """The learned process's bound runs in the trained module's forward, at the times and
+    masks DiffusionObjective would draw for the same slot; its state metrics are the spread
+    of the live exponents."""
+    spec = model_spec(load_config(None, {"model.process": "learned"}).model,
+                      preset("tiny", 11, n_layers=1, d_model=16, n_heads=2, max_seq_len=8))
+    torch.manual_seed(0)
+    trained = build_trainable(spec)
+    objective = make_objective(spec, validate=True)
+    x0 = torch.randint(0, 11, (4, 8), generator=torch.Generator().manual_seed(1))
+    slot = MicroBatchSlot(seed=3, step=5, rank=1, world_size=2, micro=1, micro_batches=2)
+    t = low_discrepancy_times(4, step_generator(torch.device("cpu"), 3, 5), offset=slot.offset(4),
+                              global_batch_size=slot.global_batch(4))
+    masks = row_generators(torch.device("cpu"), slot, 4)
+    by_hand = trained.process.nelbo(trained.network, x0, t, masks, reconstruction="uniform").sum()
+    assert torch.equal(objective.loss_sum(trained, x0, slot), by_hand)
+    with torch.no_grad():
+        trained.schedule.theta.copy_(torch.linspace(-2.0, 2.0, 11))
+    metrics = objective.state_metrics(trained)
+    w = trained.schedule.exponents().detach()
+    assert metrics == {"schedule/exponent_min": float(w.min()), "schedule/exponent_median": float(w[5]),
+                       "schedule/exponent_max": float(w.max())}
+    assert make_objective(model_spec(Config().model, spec.network), validate=True).state_metrics(trained) == {}
+
+
+def test_theta_is_optimized_without_weight_decay():
+    spec = model_spec(load_config(None, {"model.process": "learned"}).model, preset("tiny", 11, n_layers=1))
+    trained = build_trainable(spec)
+    groups = build_optimizer(trained, OptimSection(weight_decay=0.1), torch.device("cpu")).param_groups
+    theta = trained.schedule.theta
+    assert [group["weight_decay"] for group in groups if any(p is theta for p in group["params"])] == [0.0]
+    assert sum(len(group["params"]) for group in groups) == len(list(trained.parameters()))
+
+
+def test_activation_memory_counts_the_whole_prediction_and_the_draws():
+    network, tokens = preset("small", 50257), 8 * 1024
+    absorbing = activation_memory_bytes(network, 8, 1024, "bf16")
+    uniform = activation_memory_bytes(network, 8, 1024, "bf16", process="uniform")
+    learned = activation_memory_bytes(network, 8, 1024, "bf16", process="learned")
+    assert uniform - absorbing == tokens * network.vocab_size * (20 - 8)  # the same rows, more kept per logit
+    assert learned == 2 * uniform  # two draws of every sequence through the network
 
 
 def test_flops_per_token_follows_the_stated_formula():

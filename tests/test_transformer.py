@@ -114,7 +114,9 @@ def test_sequence_longer_than_max_seq_len_is_refused():
 
 @pytest.mark.parametrize("field,value,match", [
     ("n_heads", 5, "n_heads"), ("dropout", 1.0, "dropout"), ("vocab_size", 1, "vocab_size"),
-    ("causal", True, "causal"),
+    ("causal", True, "causal"), ("time_input", "t", "time_input"), ("rope_angles", "float16", "rope_angles"),
+    ("time_frequencies", 1, "time_frequencies"), ("head_bias", True, "untied head"),
+    ("head_mask_row", True, "untied head"),
 ])
 def test_config_validation(field, value, match):
     kwargs = dict(vocab_size=VOCAB, d_model=32, n_heads=4, time_conditioning=True)
@@ -142,13 +144,73 @@ def test_preset_shapes_and_parameter_counts():
     assert round(parameter_counts(preset("medium", GPT2_VOCAB)).non_embedding / 1e6, 1) == 302.0
 
 
+MDLM_OPTIONS = {"tie_weights": False, "mlp_bias": True, "head_bias": True, "head_mask_row": True,
+                "adaptive_norm": True, "time_frequencies": 256, "time_input": "loglinear_sigma",
+                "rope_angles": "float32"}
+
+
 @pytest.mark.parametrize("name", sorted(PRESETS))
-@pytest.mark.parametrize("options", [{}, {"time_conditioning": True, "tie_weights": False}])
+@pytest.mark.parametrize("options", [{}, {"time_conditioning": True, "tie_weights": False}, MDLM_OPTIONS,
+                                     {**MDLM_OPTIONS, "time_conditioning": True, "time_embed_dim": 129}])
 def test_counted_parameters_match_the_formula(name, options):
     config = preset(name, GPT2_VOCAB, **options)
     with torch.device("meta"):  # no memory, no initialisation
         model = Transformer(config)
     assert count_parameters(model) == parameter_counts(config)
+
+
+# ------------------------------------------------------------------ options for exact imports
+def test_the_default_network_keeps_its_parameters():
+    """Exports written before the import options existed load into the default network."""
+    names = {name: tuple(p.shape) for name, p in _net().state_dict().items()}
+    block = {"attn_norm.weight": (32,), "attn.qkv.weight": (96, 32), "attn.out.weight": (32, 32),
+             "mlp_norm.weight": (32,), "mlp.up.weight": (128, 32), "mlp.down.weight": (32, 128)}
+    expected = {"embed.weight": (VOCAB + 1, 32), "final_norm.weight": (32,),
+                **{f"blocks.{i}.{name}": shape for i in range(2) for name, shape in block.items()}}
+    assert names == expected
+
+
+def test_float32_rotary_angles_are_mdlm_s_and_differ_from_float64_at_long_range():
+    from model.transformer import RotaryEmbedding
+
+    head_dim, length = 64, 1024
+    mdlm = RotaryEmbedding(head_dim, length, 10_000.0, "float32")
+    inv_freq = 1.0 / (10_000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    angles = torch.einsum("i,j->ij", torch.arange(length).float(), inv_freq)
+    assert torch.equal(mdlm.cos, angles.cos()) and torch.equal(mdlm.sin, angles.sin())
+    exact = RotaryEmbedding(head_dim, length, 10_000.0)
+    assert float((exact.cos - mdlm.cos).abs().max()) > 1e-5
+
+
+def test_the_mask_row_of_the_head_is_never_used():
+    net = _net(tie_weights=False, head_bias=True, head_mask_row=True)
+    assert net.head.weight.shape == (VOCAB + 1, 32) and net.head.bias.shape == (VOCAB + 1,)
+    z = _tokens()
+    with torch.no_grad():
+        before = net(z)
+        net.head.weight[VOCAB].fill_(1e3)
+        net.head.bias[VOCAB] = 1e3
+        torch.testing.assert_close(net(z), before, rtol=0, atol=0)
+    assert before.shape == (3, LENGTH, VOCAB)
+
+
+def test_adaptive_norm_without_time_conditioning_is_a_learned_constant():
+    net, z = _net(adaptive_norm=True), _tokens()
+    assert net.time_independent and all(block.modulation is not None for block in net.blocks)
+    with torch.no_grad():
+        torch.testing.assert_close(net(z, None), net(z, torch.full((3,), 0.7)), rtol=0, atol=0)
+        modulated = net(z)
+        for block in net.blocks:
+            block.modulation.bias.zero_()
+        assert float((net(z) - modulated).abs().max()) > 1e-4  # the constant does modulate
+
+
+def test_the_loglinear_sigma_time_input_is_mdlm_s_total_noise():
+    from model.transformer import _time_input
+
+    t = torch.tensor([0.0, 0.5, 1.0])
+    torch.testing.assert_close(_time_input(t, "loglinear_sigma"), -torch.log(1 - (1 - 1e-3) * t))
+    assert torch.equal(_time_input(t, "scaled_t"), 1000 * t)
 
 
 # ------------------------------------------------------------------------- learning

@@ -81,10 +81,12 @@ class Run:
 
 
 def run_train(run_dir: Path, data: Path, config: Path, *, world_size: int = 1, extra: list[str] = (),
-              env: dict[str, str] | None = None, check: bool = True) -> Run:
-    """Train to completion in a subprocess."""
+              env: dict[str, str] | None = None, check: bool = True, log_batches: bool = False) -> Run:
+    """Train to completion in a subprocess; with ``log_batches`` every micro-batch's sequences
+    are logged in the run directory (``tests.batch_log``)."""
     args = ["--config", str(config), "--data", str(data), "--run-dir", str(run_dir), *extra]
-    proc = run_unmask(["train", *args], world_size=world_size, env=env, timeout=RUN_TIMEOUT_S)
+    proc = run_unmask(["train", *args], world_size=world_size, env=env, timeout=RUN_TIMEOUT_S,
+                      log_batches=log_batches)
     run = Run(proc.returncode, proc.stdout + proc.stderr, run_dir)
     if check and proc.returncode != 0:
         raise AssertionError(f"training failed ({proc.returncode}):\n{run.output[-4000:]}")

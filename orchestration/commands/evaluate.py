@@ -8,7 +8,10 @@ import json
 from pathlib import Path
 
 from common.logs import configure_logging
+from evaluation.detokenizers import DETOKENIZERS
 from evaluation.evaluate import EvalConfig
+from evaluation.generation import DEFAULT_GRID, GRIDS
+from evaluation.protocols import DEFAULT_PROTOCOL, PROTOCOLS
 from evaluation.results import EvalResults
 
 RAW = argparse.RawDescriptionHelpFormatter
@@ -18,16 +21,25 @@ examples:
   unmask eval runs/tiny --datasets ptb,wikitext2,lambada,lm1b --data-dir ../shared/data
   unmask eval runs/tiny --datasets val --shards shards/ --samples 32
   unmask eval runs/m/export --datasets wikitext103 --data-dir data/ --target-rel-error 0.002
+  unmask eval runs/m --datasets ptb,wikitext2,lambada,lm1b --data-dir data/ --protocol mdlm
+  unmask eval runs/m --datasets lambada --data-dir data/ --detokenizer lambada_gpt2
+  unmask eval runs/m --datasets ptb --data-dir data/ --num-samples 16 --reference runs/m-ar --sample-top-p 0.9
   torchrun --nproc-per-node 8 -m orchestration.cli eval runs/m --datasets lambada,ptb --data-dir data/
 """
+
+
+# --quick: 16 time samples x 64 random blocks per dataset, whatever its size (README: Evaluation).
+QUICK_BLOCKS_PER_REPLICATE = 64
 
 
 def _eval_config(args: argparse.Namespace) -> EvalConfig:
     return EvalConfig(
         datasets=tuple(name.strip() for name in args.datasets.split(",") if name.strip()),
-        data_dir=args.data_dir, shards=args.shards, split=args.split, samples_per_block=args.samples,
+        data_dir=args.data_dir, shards=args.shards, split=args.split, protocol=args.protocol,
+        detokenizer=args.detokenizer, samples_per_block=args.samples,
         seed=args.seed, seq_len=args.seq_len, batch_size=args.batch_size, discrete_steps=args.discrete_steps,
-        target_rel_error=args.target_rel_error, add_eos=not args.no_eos, max_documents=args.max_documents)
+        target_rel_error=args.target_rel_error, add_eos=not args.no_eos, max_documents=args.max_documents,
+        blocks_per_replicate=QUICK_BLOCKS_PER_REPLICATE if args.quick else args.blocks_per_replicate)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -37,6 +49,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     configure_logging()
     options = ReportOptions(num_samples=args.num_samples, sample_steps=args.sample_steps,
+                            sample_grid=args.sample_grid, sample_top_p=args.sample_top_p,
+                            reference=Path(args.reference) if args.reference else None,
                             compare=Path(args.compare) if args.compare else None,
                             out=Path(args.out) if args.out is not None else None, mlflow_uri=args.mlflow_uri)
     report = run_zero_shot(Path(args.path), _eval_config(args), options, device=args.device or None)
@@ -47,11 +61,18 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _print_summary(results: EvalResults, report: Path) -> None:
     bound = "perplexity" if results.model.objective == "autoregressive" else "perplexity <="
+    print(f"protocol: {results.protocol.name or DEFAULT_PROTOCOL}")
     for name, record in results.datasets.items():
         low, high = record.perplexity_interval
         print(f"{name:>24}: {bound} {record.perplexity_bound:.3f} (95% {low:.3f}-{high:.3f}), "
               f"{record.nelbo_per_token:.4f} nats/token, {record.bits_per_byte:.4f} bits/byte, "
-              f"{record.num_tokens:,} tokens")
+              f"{record.num_tokens:,} tokens ({record.dataset.get('split')} split)")
+    sampling = results.sampling
+    if sampling:
+        print(f"{'samples':>24}: mean unigram entropy {sampling.mean_unigram_entropy:.3f} nats", end="")
+        perplexity = sampling.generative_perplexity
+        print(f", generative perplexity {perplexity.perplexity:.3f} under {perplexity.reference}" if perplexity
+              else "")
     print(f"report: {report}")
     print(json.dumps({"mlflow_run_id": results.mlflow.run_id if results.mlflow else None, "report": str(report)}))
 
@@ -71,18 +92,38 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="comma-separated: lambada, wikitext2, wikitext103, ptb, lm1b, val, or file paths")
     parser.add_argument("--data-dir", help="root of the standard files (layout of ../shared/data)")
     parser.add_argument("--shards", help="training shards (for the val dataset)")
-    parser.add_argument("--split", default="test", help="test or valid (default test)")
+    parser.add_argument("--split", help="test or valid (default: the protocol's; test for ours)")
+    parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default=DEFAULT_PROTOCOL,
+                        help="how the sets become scored blocks: unmask (ours: test split, EOS per document, "
+                             "nothing dropped) or mdlm (MDLM's code: its splits, rows and detokenizers, BOS/EOS "
+                             "around every block of 1024) (default: %(default)s)")
+    parser.add_argument("--detokenizer", choices=tuple(DETOKENIZERS),
+                        help="for every text dataset instead of the protocol's (e.g. lambada_gpt2)")
     parser.add_argument("--samples", type=int, default=16, help="time samples per block K (default 16)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--seq-len", type=int, help="block length (default: the model's training length)")
+    parser.add_argument("--seq-len", type=int, help="block length (default: the protocol's; ours: the model's "
+                                                    "training length, mdlm: 1024)")
     parser.add_argument("--batch-size", type=int, default=16, help="blocks per forward pass")
     parser.add_argument("--discrete-steps", type=int, help="report the T-step discrete bound instead")
     parser.add_argument("--target-rel-error", type=float,
                         help="add samples until the standard error is this fraction of the bound")
     parser.add_argument("--no-eos", action="store_true", help="do not append EOS to each document")
     parser.add_argument("--max-documents", type=int, help="only the first N documents (quick looks)")
+    parser.add_argument("--blocks-per-replicate", type=int, metavar="N",
+                        help="each time sample scores a random N of the blocks: the whole set's bound with an "
+                             "honest, wider interval at a cost that does not grow with the set")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"--blocks-per-replicate {QUICK_BLOCKS_PER_REPLICATE}: minutes on a CPU for any "
+                             "dataset, an interval a few times wider")
     parser.add_argument("--num-samples", type=int, default=0, help="also generate N samples for the report")
     parser.add_argument("--sample-steps", type=int, default=1000, help="sampling steps (default 1000)")
+    parser.add_argument("--sample-grid", choices=GRIDS, default=DEFAULT_GRID,
+                        help="time grid of the sampling steps (default: %(default)s)")
+    parser.add_argument("--sample-top-p", type=float, metavar="P", help="nucleus of the samples, in (0, 1] "
+                        "(default: the full distribution)")
+    parser.add_argument("--reference", metavar="PATH",
+                        help="an autoregressive model that scores the samples (generative perplexity): an unmask "
+                             "AR export or run, or a Hugging Face causal LM directory (needs transformers)")
     parser.add_argument("--compare", metavar="RESULTS_JSON",
                         help="another evaluation's results.json (e.g. the AR baseline's): the report "
                              "shows the gap on the datasets both scored")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from common.logs import configure_logging
 from data_prep.readers import ReadOptions
+from orchestration.commands.evaluate import QUICK_BLOCKS_PER_REPLICATE
 from orchestration.commands.train import RAW, add_launcher_arguments, launch_of
 from pipeline.config import config_yaml, load_config, parse_overrides
 
@@ -48,6 +49,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         ray_address=args.ray_address, launch=ray_launch,
         evaluation=EvalStage(datasets=tuple(name.strip() for name in args.datasets.split(",") if name.strip()),
                              data_dir=args.data_dir, samples_per_block=args.samples, num_samples=args.num_samples,
+                             blocks_per_replicate=QUICK_BLOCKS_PER_REPLICATE if args.quick else None,
                              sample_steps=args.sample_steps))
     configure_logging()
     _print_run_summary(run_pipeline(request))
@@ -98,6 +100,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     evaluation.add_argument("--datasets", default="val", help="comma-separated (default val: the held-out split)")
     evaluation.add_argument("--data-dir", help="root of the standard eval files (layout of ../shared/data)")
     evaluation.add_argument("--samples", type=int, default=16, help="time samples per block K (default 16)")
+    evaluation.add_argument("--quick", action="store_true",
+                            help="score a random 64 blocks per time sample (unmask eval --quick): minutes, "
+                                 "an honest but wider interval")
     evaluation.add_argument("--num-samples", type=int, default=2, help="generated samples in the report")
     evaluation.add_argument("--sample-steps", type=int, default=128, help="sampling steps")
     run.add_argument("--mlflow-uri", help="MLflow tracking server (default: sqlite in the run dir)")

@@ -11,6 +11,7 @@ from pathlib import Path
 from common.atomic_files import atomic_write_bytes
 from common.errors import output_file
 from evaluation.generation import DEFAULT_BATCH_SIZE, DEFAULT_GRID, GRIDS, INFILL_SYNTAX, Sample, generate
+from evaluation.sample_quality import SampleQuality, check_reference, load_reference, score_samples
 from pipeline.export import load_export, resolve_export
 
 RAW = argparse.RawDescriptionHelpFormatter
@@ -20,8 +21,14 @@ SAMPLE_DESCRIPTION = """\
 Sample text from an export. Diffusion exports run the ancestral sampler with cached
 network calls (steps >> seq-len costs at most seq-len evaluations per sample);
 autoregressive exports sample left to right. Text goes to stdout, one block per sample,
-or to --out as JSONL (text, tokens, network_calls, steps, prompt). The text stops at the
-first EOS after the last kept token of the prompt or template.
+or to --out as JSONL (text, tokens, text_tokens, network_calls, steps, grid, top_p, seed,
+prompt, and each sample's quality). The text stops at the first EOS after the last kept
+token of the prompt or template.
+
+Quality, after the samples: their mean unigram entropy (nats, of each sample's own tokens:
+low values expose repetitive samples), and with --reference the generative perplexity of
+their text under that autoregressive model. A reference with another tokenizer scores the
+decoded text re-encoded with its own tokenizer, and says so.
 """
 
 SAMPLE_EPILOG = f"""\
@@ -33,22 +40,30 @@ examples:
   unmask sample runs/tiny/export --num 2 --steps 256 --grid cosine --top-p 0.9 --prompt "Once upon a time"
   unmask sample runs/tiny --num 1 --steps 128 --infill "The [MASK*8] sat on the [MASK*3]." --seq-len 32
   unmask sample runs/tiny-ar --num 8 --prompt "The" --seq-len 128 --out samples.jsonl
+  unmask sample runs/tiny --num 16 --steps 1000 --reference runs/tiny-ar --out samples.jsonl
+  unmask sample runs/small --num 16 --steps 1000 --reference ~/models/gpt2-large   # a HF model dir
 """
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
     if args.out is not None:
         output_file(args.out, "--out")  # before sampling, not after it
+    if args.reference is not None:
+        check_reference(Path(args.reference))
     exported = load_export(resolve_export(Path(args.run_or_export)))
     samples = generate(exported, num=args.num, steps=args.steps, seq_len=args.seq_len, grid=args.grid,
                        prompt=args.prompt, infill=args.infill, top_p=args.top_p, seed=args.seed,
                        batch_size=args.batch_size, device=args.device)
+    reference = load_reference(Path(args.reference), device=args.device) if args.reference else None
+    quality = score_samples(samples, exported.tokenizer, reference)
     if args.out is None:
         _print_samples(samples)
-        return 0
-    lines = "".join(json.dumps(dataclasses.asdict(sample), ensure_ascii=False) + "\n" for sample in samples)
-    atomic_write_bytes(Path(args.out), lines.encode("utf-8"))
-    print(f"wrote {len(samples)} samples to {args.out}")
+    else:
+        lines = "".join(json.dumps({**dataclasses.asdict(sample), **dataclasses.asdict(score)}, ensure_ascii=False)
+                        + "\n" for sample, score in zip(samples, quality.scores))
+        atomic_write_bytes(Path(args.out), lines.encode("utf-8"))
+        print(f"wrote {len(samples)} samples to {args.out}")
+    _print_quality(quality)
     return 0
 
 
@@ -57,6 +72,16 @@ def _print_samples(samples: list[Sample]) -> None:
         print(SAMPLE_SEPARATOR.format(index=index, calls=sample.network_calls))
         print(sample.text)
     sys.stdout.flush()
+
+
+def _print_quality(quality: SampleQuality) -> None:
+    print(f"mean unigram entropy: {quality.mean_unigram_entropy:.3f} nats")
+    perplexity = quality.generative_perplexity
+    if perplexity is not None:
+        how = ("the decoded text re-encoded with the reference's tokenizer" if perplexity.retokenized
+               else "the sampled tokens: the reference shares the tokenizer")
+        print(f"generative perplexity: {perplexity.perplexity:.3f} under {perplexity.reference} "
+              f"({perplexity.tokens:,} tokens; {how})")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -85,4 +110,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="samples drawn together (default: %(default)s); samples depend on it")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default: %(default)s)")
     parser.add_argument("--out", metavar="FILE.jsonl", help="write JSONL here instead of text to stdout")
+    parser.add_argument("--reference", metavar="PATH",
+                        help="an autoregressive model that scores the samples (generative perplexity): an unmask "
+                             "AR export or run, or a Hugging Face causal LM directory (needs transformers)")
     parser.set_defaults(handler=_cmd_sample)

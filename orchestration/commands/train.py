@@ -30,9 +30,16 @@ examples:
 """
 
 EXPORT_EPILOG = """\
+formats:
+  unmask  model.safetensors (EMA), config.json, tokenizer/: what unmask eval and unmask sample read
+  hf      a transformers directory: AutoModelForMaskedLM.from_pretrained(DIR, trust_remote_code=True)
+          gives the same logits (config.json, model.safetensors, modeling_unmask.py, tokenizer files)
+
 examples:
   unmask export runs/tiny                  # latest checkpoint, EMA weights -> runs/tiny/export/
   unmask export runs/tiny --checkpoint 200 --weights model
+  unmask export runs/tiny --format hf      # -> runs/tiny/export-hf/
+  unmask export mdlm-export/ --format hf --out mdlm-hf/   # an export (e.g. of unmask import) to transformers
 """
 
 
@@ -103,19 +110,36 @@ def _train_with_ray(args: argparse.Namespace, config: Config) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from pipeline.export import CONFIG_FILE, WEIGHTS_FILE, export
+    from pipeline.export import export, export_to_hf
+    from pipeline.run_layout import RunLayout
 
-    if not Path(args.run_dir).is_dir():
-        raise UserError(f"{args.run_dir}: {'is a file' if Path(args.run_dir).exists() else 'does not exist'}, "
+    source = Path(args.run_dir)
+    if not source.is_dir():
+        raise UserError(f"{args.run_dir}: {'is a file' if source.exists() else 'does not exist'}, "
                         f"not a training run directory (the --run-dir of `unmask train`)")
     if args.out is not None:
-        out = output_dir(args.out, "--out")
-        if any(out.iterdir()) and not ((out / CONFIG_FILE).is_file() or (out / WEIGHTS_FILE).is_file()):
-            raise UserError(f"--out {args.out}: holds files that are not an export, and an export replaces "
-                            f"its directory whole; choose a new or empty directory")
-    out = export(args.run_dir, step=args.checkpoint, weights=args.weights, out_dir=args.out)
+        check_export_out(args.out)
+    if args.format == "hf" and not RunLayout(source).is_training_run():
+        if args.out is None or args.checkpoint is not None:
+            raise UserError(f"{args.run_dir} is not a training run: to convert an export, name the new "
+                            "directory with --out (and no --checkpoint)")
+        print(f"exported {export_to_hf(source, args.out)} from the export {source}")
+        return 0
+    out = export(args.run_dir, step=args.checkpoint, weights=args.weights, out_dir=args.out, format=args.format)
     print(f"exported {args.weights} weights to {out}")
     return 0
+
+
+def check_export_out(path: str) -> Path:
+    """``--out`` of a command that writes an export: created if needed, and not a directory of
+    other files (an export replaces its directory whole)."""
+    from pipeline.export import CONFIG_FILE, WEIGHTS_FILE
+
+    out = output_dir(path, "--out")
+    if any(out.iterdir()) and not ((out / CONFIG_FILE).is_file() or (out / WEIGHTS_FILE).is_file()):
+        raise UserError(f"--out {path}: holds files that are not an export, and an export replaces "
+                        f"its directory whole; choose a new or empty directory")
+    return out
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -146,12 +170,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser(
         "export", help="write RUN/export/: model.safetensors (EMA), config.json, tokenizer",
         description="Export a checkpoint as one safetensors file (EMA weights gathered from any ZeRO "
-                    "stage), its config and its tokenizer; loadable without DeepSpeed.",
+                    "stage), its config and its tokenizer; loadable without DeepSpeed. --format hf "
+                    "writes a directory that Hugging Face transformers loads instead, from a checkpoint "
+                    "or from an existing export.",
         epilog=EXPORT_EPILOG, formatter_class=RAW)
-    export.add_argument("run_dir", metavar="RUN", help="the training run directory")
+    export.add_argument("run_dir", metavar="RUN", help="the training run directory (with --format hf, or an export)")
     export.add_argument("--checkpoint", type=int, metavar="STEP", help="checkpoint step (default: latest)")
     export.add_argument("--weights", choices=["ema", "model"], default="ema")
-    export.add_argument("--out", help="output directory (default: RUN/export)")
+    export.add_argument("--format", choices=["unmask", "hf"], default="unmask",
+                        help="unmask: unmask's own export (default); hf: a transformers directory")
+    export.add_argument("--out", help="output directory (default: RUN/export, RUN/export-hf with --format hf)")
     export.set_defaults(handler=_cmd_export)
 
 

@@ -1,0 +1,54 @@
+"""``unmask import``: models released by other codebases, as unmask exports (``pipeline.mdlm_import``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from orchestration.commands.train import check_export_out
+
+RAW = argparse.RawDescriptionHelpFormatter
+
+MDLM_EPILOG = """\
+SOURCE is either of MDLM's layouts, with files you downloaded (nothing is downloaded here):
+  a Hugging Face directory   config.json (model_type mdlm) and model.safetensors, e.g. kuleshov-group/mdlm-owt
+  a Lightning .ckpt          of MDLM's training code: the EMA weights by default, --weights model for the live ones
+The .ckpt's pickled objects (hyper-parameters, tokenizer) are read as inert records: none of their code runs.
+
+examples:
+  unmask import mdlm mdlm-owt/ --tokenizer ../shared/data/gpt2-bpe --out mdlm-export/
+  unmask import mdlm mdlm.ckpt --tokenizer ../shared/data/gpt2-bpe --out mdlm-export/ --weights model
+  unmask eval mdlm-export/ --datasets wikitext2,ptb --data-dir ../shared/data
+"""
+
+
+def _cmd_import_mdlm(args: argparse.Namespace) -> int:
+    from pipeline.mdlm_import import import_mdlm
+
+    out = check_export_out(args.out)
+    import_mdlm(args.source, args.tokenizer, out, weights=args.weights)
+    print(f"imported MDLM's model from {args.source} to {out}")
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``import`` to the ``unmask`` command."""
+    parser = commands.add_parser("import", help="turn another codebase's released model into an unmask export",
+                                 description="Write an unmask export (what eval, sample and load_export read) "
+                                             "of a model released by another codebase.",
+                                 epilog="example:\n  unmask import mdlm mdlm-owt/ --tokenizer gpt2-bpe/ --out "
+                                        "mdlm-export/", formatter_class=RAW)
+    codebases = parser.add_subparsers(dest="codebase", metavar="CODEBASE", required=True)
+    mdlm = codebases.add_parser(
+        "mdlm", help="MDLM (Sahoo et al. 2024): its Hugging Face directory or a Lightning .ckpt",
+        description="Import MDLM's DiT with its exact logits: the network gets the options that reproduce "
+                    "it (biases, an untied head with the mask's row, adaLN from sigma, MDLM's rotary "
+                    "rounding) and the export MDLM's log-linear schedule. A vocabulary, shape or tensor "
+                    "that does not fit is refused, naming it.",
+        epilog=MDLM_EPILOG, formatter_class=RAW)
+    mdlm.add_argument("source", metavar="SOURCE", help="MDLM's Hugging Face directory, or a .ckpt file")
+    mdlm.add_argument("--tokenizer", required=True, metavar="DIR",
+                      help="the model's tokenizer: GPT-2's BPE (encoder.json + vocab.bpe) for MDLM's OpenWebText model")
+    mdlm.add_argument("--out", required=True, help="the export directory to write")
+    mdlm.add_argument("--weights", choices=["ema", "model"],
+                      help="of a .ckpt: ema (default) or model (the live weights)")
+    mdlm.set_defaults(handler=_cmd_import_mdlm)

@@ -1,0 +1,222 @@
+"""unmask's masked-diffusion denoiser for Hugging Face transformers (torch only, self-contained).
+
+Written by ``unmask export --format hf`` beside ``config.json`` and ``model.safetensors``:
+
+    from transformers import AutoModelForMaskedLM
+    model = AutoModelForMaskedLM.from_pretrained(DIR, trust_remote_code=True).eval()
+    logits = model(input_ids, t=t).logits      # [B, L, V] over the V clean tokens
+
+``input_ids`` holds ids 0..V-1 and the mask id V (``config.mask_id``); ``t`` ([B], in [0, 1])
+is the diffusion time, required when ``config.network["time_conditioning"]`` and ignored
+otherwise. The logits never include the mask (SUBS): softmax over them is the model's
+prediction of the clean token at each position. The network is unmask's
+``model.transformer.Transformer`` for inference (no dropout), with the same parameter names;
+``config.unmask`` holds the export's spec (process, schedule) and provenance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import MaskedLMOutput
+
+# The network fields this file implements; a network with any other is refused rather than
+# computed wrong. (unmask's tests hold this list to model.transformer.TransformerConfig.)
+NETWORK_FIELDS = (
+    "vocab_size", "n_layers", "d_model", "n_heads", "max_seq_len", "mlp_ratio", "dropout", "time_conditioning",
+    "time_embed_dim", "tie_weights", "causal", "rope_base", "norm_eps", "init_std", "mlp_bias", "head_bias",
+    "head_mask_row", "adaptive_norm", "time_frequencies", "time_input", "rope_angles",
+)
+MAX_TIME_PERIOD = 10_000.0  # periods of the sinusoidal time features span 1 to this many units
+TIME_SCALE = 1000.0         # time input "scaled_t": TIME_SCALE * t
+LOGLINEAR_SIGMA_EPS = 1e-3  # time input "loglinear_sigma": -log(1 - (1 - eps) t)
+
+
+class UnmaskConfig(PretrainedConfig):
+    """``network``: unmask's network fields; ``unmask``: the export's spec and provenance."""
+
+    model_type = "unmask"
+
+    def __init__(self, network: dict | None = None, unmask: dict | None = None, **kwargs) -> None:
+        self.network = dict(network or {})
+        self.unmask = dict(unmask or {})
+        unknown = sorted(set(self.network) - set(NETWORK_FIELDS))
+        if unknown:
+            raise ValueError(f"this modeling file does not know the network fields {unknown}: export again "
+                             "with the unmask version that trained the model")
+        kwargs.setdefault("tie_word_embeddings", False)  # the tied head reads the embedding itself
+        super().__init__(**kwargs)
+
+    @property
+    def mask_id(self) -> int:
+        """The mask's id: one past the V clean tokens."""
+        return self.network["vocab_size"]
+
+
+class LayerNorm(nn.Module):
+    """A weight and no bias, in float32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x.float(), (x.shape[-1],), self.weight.float(), None, self.eps).type_as(x)
+
+
+def rotary_tables(length: int, head_dim: int, base: float, angles_dtype: str, device: torch.device):
+    """cos and sin [length, head_dim / 2] of the rotary angles, rounded as the network was trained."""
+    if angles_dtype == "float32":
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+        angles = torch.outer(torch.arange(length, device=device).float(), inv_freq)
+    else:
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
+        angles = torch.outer(torch.arange(length, dtype=torch.float64, device=device), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the pairs (i, i + head_dim / 2) of x [B, H, L, head_dim]."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, net: dict) -> None:
+        super().__init__()
+        self.n_heads, self.causal = net["n_heads"], net["causal"]
+        self.qkv = nn.Linear(net["d_model"], 3 * net["d_model"], bias=False)
+        self.out = nn.Linear(net["d_model"], net["d_model"], bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.qkv(x).view(batch, length, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, is_causal=self.causal)
+        return self.out(y.transpose(1, 2).reshape(batch, length, width))
+
+
+class MLP(nn.Module):
+    def __init__(self, net: dict) -> None:
+        super().__init__()
+        hidden = net["mlp_ratio"] * net["d_model"]
+        self.up = nn.Linear(net["d_model"], hidden, bias=net["mlp_bias"])
+        self.down = nn.Linear(hidden, net["d_model"], bias=net["mlp_bias"])
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    return x * (1 + scale) + shift
+
+
+def modulated(net: dict) -> bool:
+    return net["time_conditioning"] or net["adaptive_norm"]
+
+
+class Block(nn.Module):
+    def __init__(self, net: dict) -> None:
+        super().__init__()
+        self.attn_norm = LayerNorm(net["d_model"], net["norm_eps"])
+        self.attn = SelfAttention(net)
+        self.mlp_norm = LayerNorm(net["d_model"], net["norm_eps"])
+        self.mlp = MLP(net)
+        self.modulation = nn.Linear(net["time_embed_dim"], 6 * net["d_model"]) if modulated(net) else None
+
+    def forward(self, x: Tensor, cond: Tensor | None, cos: Tensor, sin: Tensor) -> Tensor:
+        if self.modulation is None:
+            x = x + self.attn(self.attn_norm(x), cos, sin)
+            return x + self.mlp(self.mlp_norm(x))
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(cond)[:, None].chunk(6, dim=-1)
+        x = x + gate1 * self.attn(modulate(self.attn_norm(x), shift1, scale1), cos, sin)
+        return x + gate2 * self.mlp(modulate(self.mlp_norm(x), shift2, scale2))
+
+
+class TimeEmbedding(nn.Module):
+    def __init__(self, net: dict) -> None:
+        super().__init__()
+        dim = net["time_embed_dim"]
+        self.frequencies, self.time_input = net["time_frequencies"] or dim, net["time_input"]
+        self.mlp = nn.Sequential(nn.Linear(self.frequencies, dim), nn.SiLU(), nn.Linear(dim, dim), nn.SiLU())
+
+    def forward(self, t: Tensor) -> Tensor:
+        half = self.frequencies // 2
+        freqs = torch.exp(-math.log(MAX_TIME_PERIOD) * torch.arange(half, device=t.device) / half)
+        t = t.float()
+        time = -torch.log1p(-(1 - LOGLINEAR_SIGMA_EPS) * t) if self.time_input == "loglinear_sigma" else TIME_SCALE * t
+        angles = time[:, None] * freqs[None]
+        features = torch.cat([angles.cos(), angles.sin()], dim=-1)
+        if self.frequencies % 2:
+            features = F.pad(features, (0, 1))
+        return self.mlp(features.to(self.mlp[0].weight.dtype))
+
+
+class UnmaskPreTrainedModel(PreTrainedModel):
+    config_class = UnmaskConfig
+    base_model_prefix = "unmask"
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """unmask's initialisation, for weights a checkpoint lacks (GPT-2's, adaLN-zero)."""
+        std = self.config.network.get("init_std", 0.02)
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+        elif isinstance(module, LayerNorm):
+            nn.init.ones_(module.weight)
+
+
+class UnmaskForMaskedLM(UnmaskPreTrainedModel):
+    """The denoiser: ``(input_ids [B, L], t [B]) -> logits [B, L, V]``; see the module docstring."""
+
+    def __init__(self, config: UnmaskConfig) -> None:
+        super().__init__(config)
+        net = self.net = config.network
+        d, v = net["d_model"], net["vocab_size"]
+        self.embed = nn.Embedding(v + 1, d)
+        self.time_embed = TimeEmbedding(net) if modulated(net) else None
+        self.blocks = nn.ModuleList(Block(net) for _ in range(net["n_layers"]))
+        self.final_norm = LayerNorm(d, net["norm_eps"])
+        self.final_modulation = nn.Linear(net["time_embed_dim"], 2 * d) if modulated(net) else None
+        self.head = None if net["tie_weights"] else nn.Linear(d, v + int(net["head_mask_row"]), bias=net["head_bias"])
+        self.post_init()
+
+    def forward(self, input_ids: Tensor, t: Tensor | None = None, return_dict: bool | None = None,
+                **_unused) -> MaskedLMOutput | tuple[Tensor]:
+        net = self.net
+        length = input_ids.shape[1]
+        if length > net["max_seq_len"]:
+            raise ValueError(f"sequence length {length} exceeds max_seq_len {net['max_seq_len']}")
+        if net["time_conditioning"] and t is None:
+            raise ValueError("this model is time-conditioned: pass t (the diffusion time of each sequence, in [0, 1])")
+        cond = None
+        if self.time_embed is not None:
+            time = t if net["time_conditioning"] else torch.zeros(input_ids.shape[0], device=input_ids.device)
+            cond = self.time_embed(time.to(input_ids.device))
+        cos, sin = rotary_tables(length, net["d_model"] // net["n_heads"], net["rope_base"], net["rope_angles"],
+                                 input_ids.device)
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = block(x, cond, cos, sin)
+        x = self.final_norm(x)
+        if self.final_modulation is not None:
+            shift, scale = self.final_modulation(cond)[:, None].chunk(2, dim=-1)
+            x = modulate(x, shift, scale)
+        logits = self._logits(x)
+        if return_dict is False:
+            return (logits,)
+        return MaskedLMOutput(logits=logits)
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        v = self.net["vocab_size"]
+        if self.head is None:
+            return F.linear(hidden, self.embed.weight[:v])
+        bias = None if self.head.bias is None else self.head.bias[:v]
+        return F.linear(hidden, self.head.weight[:v], bias)  # the mask's row, if any, is never used
