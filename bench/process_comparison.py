@@ -58,7 +58,8 @@ def _config(args: argparse.Namespace, process: str) -> dict:
     """The `tiny` recipe (configs/tiny.yaml), ``args.steps`` long; only the process differs."""
     return {
         "base": "tiny",
-        "model": {"process": process, "schedule": "linear"},
+        # t for every process: uniform's and learned's best denoisers depend on it (config check)
+        "model": {"process": process, "schedule": "linear", "time_conditioning": True},
         "train": {"max_steps": args.steps, "global_batch_size": args.global_batch, "seed": SEED, "zero_stage": 1},
         "optim": {"warmup_steps": max(1, args.steps // 10)},
         "eval": {"every": args.steps, "batches": 8},
@@ -105,7 +106,7 @@ def quality(args: argparse.Namespace, process: str, root: Path) -> dict:
 def timing(args: argparse.Namespace) -> list[dict]:
     """Median seconds of one step (loss, backward, AdamW) per process, interleaved."""
     manifest = Manifest.read(args.data)
-    network = network_config(ModelSection(preset="tiny"), manifest)
+    network = network_config(ModelSection(preset="tiny", time_conditioning=True), manifest)
     batch = next(iter(StreamingLoader(args.data, "train", args.global_batch, rank=0, world_size=1, seed=SEED)))
     setups = {}
     for process in args.processes:

@@ -242,15 +242,38 @@ class _Plan:
     def own_blocks(self, num_blocks: int) -> Tensor:
         return torch.arange(self.rank, num_blocks, self.world_size)
 
+    def subsampled(self, num_blocks: int) -> bool:
+        return self.blocks_per_replicate is not None and self.blocks_per_replicate < num_blocks
+
+    def subset(self, num_blocks: int, replicate: int) -> Tensor:
+        """The replicate's random subset of ``blocks_per_replicate`` blocks (the same on every
+        rank), in a random order."""
+        generator = _stream_generator(self.seed, _SUBSET_STREAM, replicate)
+        return torch.randperm(num_blocks, generator=generator)[:self.blocks_per_replicate]
+
     def replicate_blocks(self, num_blocks: int, replicate: int) -> Tensor:
         """The blocks this rank scores in ``replicate``: its own, or its own among the
-        replicate's random subset of ``blocks_per_replicate`` (the same on every rank)."""
+        replicate's subset."""
         own = self.own_blocks(num_blocks)
-        if self.blocks_per_replicate is None or self.blocks_per_replicate >= num_blocks:
+        if not self.subsampled(num_blocks):
             return own
-        generator = _stream_generator(self.seed, _SUBSET_STREAM, replicate)
-        chosen = torch.randperm(num_blocks, generator=generator)[:self.blocks_per_replicate]
-        return own[torch.isin(own, chosen)]
+        return own[torch.isin(own, self.subset(num_blocks, replicate))]
+
+    def replicate_times(self, num_blocks: int, replicate: int) -> Tensor:
+        """Replicate k's time of every block [N]: stratified over the blocks it scores.
+
+        Under a subset, the times are stratified over the subset (the other blocks' entries
+        are unused): a block's time is still marginally U(0, 1), and each replicate still
+        covers [0, 1) evenly. Times drawn for all N blocks and then subsampled would not: the
+        subset's times would be independent uniforms, and the 1/t weight makes a term's
+        variance grow like log(1 / endpoint) near t = 0, so the totals would be skewed (most
+        replicates low, a few very high) and their standard error too small."""
+        if not self.subsampled(num_blocks):
+            return _replicate_times(num_blocks, self.seed, replicate)
+        subset = self.subset(num_blocks, replicate)
+        times = torch.zeros(num_blocks, dtype=torch.float64)
+        times[subset] = _replicate_times(subset.numel(), self.seed, replicate).to(times.dtype)
+        return times
 
     def block_scale(self, num_blocks: int) -> float:
         """What a replicate's sum over its subset is multiplied by to estimate the total."""
@@ -284,7 +307,7 @@ def _score_batches(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: 
                    ) -> Iterator[tuple[Tensor, Tensor, Tensor, Tensor | NelboTerms]]:
     """Yield (replicate, block, u, result) per batch: result is the NelboTerms (continuous) or
     the NELBO_T per block (discrete)."""
-    times = torch.stack([_replicate_times(blocks.num_blocks, plan.seed, k) for k in replicates])
+    times = torch.stack([plan.replicate_times(blocks.num_blocks, k) for k in replicates])
     for ks, ids in _work(blocks, replicates, plan):
         u = times[ks - replicates.start, ids]
         generators = [_stream_generator(plan.seed, _MASK_STREAM, int(k), int(i)) for k, i in zip(ks, ids)]

@@ -50,6 +50,8 @@ from pipeline.export import Exported
 __all__ = ["EvalConfig", "check_datasets", "evaluate_dataset", "evaluate", "VAL_DATASET"]
 
 VAL_DATASET = "val"
+VAL_NEEDS_SHARDS = ("dataset 'val' needs --shards DIR (the training data of `unmask prep`; a run of `unmask run` "
+                    "finds its own RUN/data)")
 # Blocks whose per-time contributions are recorded for the report's plot (a second pass over
 # them; the plot needs a few hundred points, not the whole set).
 PER_T_BLOCKS = 256
@@ -120,7 +122,7 @@ def check_datasets(config: EvalConfig, *, shards_pending: bool = False) -> None:
                     raise UserError(f"dataset 'val' (the training shards, packed as trained) has no "
                                     f"{protocol.name} reading: evaluate it with --protocol {UNMASK.name}")
                 if config.shards is None:
-                    raise UserError("dataset 'val' needs --shards DIR (the training data of `unmask prep`)")
+                    raise UserError(VAL_NEEDS_SHARDS)
                 if not shards_pending:
                     Manifest.read(config.shards)
             elif name in DATASET_NAMES:
@@ -173,7 +175,7 @@ def _text_blocks(dataset: EvalDataset, exported: Exported, seq_len: int, config:
 def _val_blocks(exported: Exported, shards: str | None) -> tuple[Blocks, int, dict]:
     """The val split of the training shards: (blocks, UTF-8 bytes, protocol record)."""
     if shards is None:
-        raise UserError("dataset 'val' needs --shards DIR (the training data of `unmask prep`)")
+        raise UserError(VAL_NEEDS_SHARDS)
     manifest = Manifest.read(shards)
     if manifest.tokenizer.get("sha256") != exported.tokenizer.sha256:
         raise UserError(f"{shards}: its tokenizer (sha256 {str(manifest.tokenizer.get('sha256'))[:12]}...) differs from "

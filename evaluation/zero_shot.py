@@ -38,7 +38,8 @@ import torch
 
 from common.errors import UserError, output_dir
 from common.provenance import git_commit, package_version
-from evaluation.evaluate import EvalConfig, evaluate
+from data_prep.shards import MANIFEST_NAME
+from evaluation.evaluate import VAL_DATASET, EvalConfig, evaluate
 from evaluation.generation import DEFAULT_GRID, GRIDS, generate, resolve_device
 from evaluation.protocols import DEFAULT_PROTOCOL
 from evaluation.report import JSON_NAME, ReportFiles, write_report
@@ -284,6 +285,16 @@ def _report(scores: EvalScores, exported: Exported, export_dir: Path, comparison
 
 
 # ------------------------------------------------------------------ the entry point
+def _with_the_runs_shards(target: Path, config: EvalConfig) -> EvalConfig:
+    """``config``, with the shards of an ``unmask run`` directory (RUN/data) for the val dataset
+    when none are named: the run's own held-out split."""
+    data = RunLayout(target).data
+    if VAL_DATASET not in config.datasets or config.shards is not None or not (data / MANIFEST_NAME).is_file():
+        return config
+    log.info("dataset 'val': the held-out split of %s", data)
+    return replace(config, shards=str(data))
+
+
 def run_zero_shot(target: Path, config: EvalConfig, options: ReportOptions, *,
                   device: str | torch.device | None = None, dist: Distributed | None = None) -> ZeroShotReport | None:
     """Score ``target`` (a training run, exported first if needed, or an export) on the
@@ -295,6 +306,7 @@ def run_zero_shot(target: Path, config: EvalConfig, options: ReportOptions, *,
     before any work when it can be known then.
     """
     target = Path(target)
+    config = _with_the_runs_shards(target, config)
     config.check()  # the flags and every dataset, before any work
     options.check()
     comparison = _read_comparison(Path(options.compare), config.datasets) if options.compare else None

@@ -50,7 +50,7 @@ class ModelSection:
     n_heads: int | None = None                  # None: the preset's value
     max_seq_len: int | None = None              # None: the data's sequence length
     dropout: float = 0.0                        # 0: no dropout
-    time_conditioning: bool = False             # feed t to the denoiser (optional: MATH.md)
+    time_conditioning: bool = False             # feed t to the denoiser (absorbing: optional, MATH.md; uniform, learned: required)
     objective: Literal["diffusion", "autoregressive"] = "diffusion"   # autoregressive: the causal baseline
     # The diffusion process: absorbing (masking, MD4/MDLM), uniform (D3PM's random
     # replacement) or learned (GenMD4: masking with a learned schedule per token value).
@@ -191,6 +191,9 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
          "the autoregressive baseline takes no time conditioning"),
         ("model.process", m.process == "absorbing" or m.objective == "diffusion",
          "the autoregressive baseline has no diffusion process; leave it at absorbing"),
+        ("model.time_conditioning", m.time_conditioning or m.process == "absorbing",
+         (f"the {m.process} process needs it (set true): its best denoiser depends on t (how far "
+          "to trust z_t), and a time-free one leaves its bound far above the absorbing one's")),
         ("data.num_workers", c.data.num_workers >= 0, "must be >= 0"),
         ("optim.lr", o.lr > 0 and math.isfinite(o.lr), "must be a positive number"),
         ("optim.betas", all(0.0 <= b < 1.0 for b in o.betas), "both must lie in [0, 1)"),

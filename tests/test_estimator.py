@@ -300,6 +300,33 @@ def test_a_subset_of_blocks_per_replicate_is_unbiased_with_an_honest_interval(or
         estimate_bound(diffusion, denoiser, blocks, blocks_per_replicate=4)
 
 
+class _RecordingTimes(MaskedDiffusion):
+    """The linear absorbing process, keeping the times it is asked to score."""
+
+    def __init__(self) -> None:
+        super().__init__(make_schedule("linear"), VOCAB)
+        self.times: list[float] = []
+
+    def nelbo_terms(self, denoiser, x0, t=None, generator=None, **kwargs):
+        self.times += t.tolist()
+        return super().nelbo_terms(denoiser, x0, t, generator, **kwargs)
+
+
+def test_a_subset_of_blocks_gets_times_stratified_over_the_subset(oracle):
+    """Each replicate's n blocks take n times (u + j/n) mod 1: the subset covers [0, 1) evenly,
+    as the whole set does without a subset. Independent times would leave the 1/t weight's
+    small-t terms to chance (skewed totals, a too small standard error)."""
+    blocks, _ = _oracle_blocks(oracle, num_blocks=16, seed=1)
+    process, n, replicates = _RecordingTimes(), 4, 3
+    estimate_bound(process, ProductOracle(oracle), blocks, samples_per_block=replicates, blocks_per_replicate=n,
+                   batch_size=1)
+    times = np.array(process.times).reshape(replicates, n)  # the work runs replicate by replicate
+    for replicate in times:
+        phases = np.sort(replicate) * n % 1.0
+        assert np.allclose(phases, phases[0]), replicate
+    assert not np.allclose(times[0], times[1])
+
+
 def _learned() -> LearnedMaskedDiffusion:
     """GenMD4 with unequal exponents w = (1, 2.5, 5), so its state-dependent terms count;
     one draw per block, as evaluation scores it."""

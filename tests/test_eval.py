@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -76,6 +77,24 @@ def test_two_processes_give_the_single_process_result(micro_trained, tinyshakesp
     assert second["num_tokens"] == first["num_tokens"]
     assert second["nelbo_per_token"] == pytest.approx(first["nelbo_per_token"], rel=1e-12)  # float order only
     assert second["standard_error"] == pytest.approx(first["standard_error"], rel=1e-9)
+
+
+def test_a_run_of_unmask_run_scores_its_own_val_split_without_shards(micro_trained, tinyshakespeare_shards,
+                                                                      tmp_path):
+    """`unmask run` keeps its shards in RUN/data: `unmask eval RUN --datasets val` reads them."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(micro_trained, run_dir)
+    args = ["--datasets", "val", *QUICK]
+    alone = run_unmask(["eval", str(run_dir), *args, "--out", str(tmp_path / "alone")])
+    assert alone.returncode == 2 and "finds its own RUN/data" in alone.stderr
+    shutil.copytree(tinyshakespeare_shards, run_dir / "data")
+    own = run_unmask(["eval", str(run_dir), *args, "--out", str(tmp_path / "own")])
+    named = run_unmask(["eval", str(run_dir), *args, "--shards", str(tinyshakespeare_shards),
+                        "--out", str(tmp_path / "named")])
+    assert own.returncode == 0 and named.returncode == 0, (own.stderr + named.stderr)[-3000:]
+    first, second = (json.loads((tmp_path / d / "results.json").read_text())["datasets"]["val"] for d in ("own", "named"))
+    assert first["dataset"]["path"] == str((run_dir / "data").resolve())
+    assert first["nelbo_per_token"] == second["nelbo_per_token"] and first["num_tokens"] == second["num_tokens"]
 
 
 def test_eval_refuses_bad_input_with_clear_messages(micro_trained, tmp_path):

@@ -28,7 +28,8 @@ QUICK = ["--max-documents", "40", "--samples", "4", "--batch-size", "8"]
 
 
 def _config(path, process: str, **train):
-    return write_config(path, {"model": {"process": process}, "train": {"zero_stage": 1, **train}})
+    return write_config(path, {"model": {"process": process, "time_conditioning": True},
+                               "train": {"zero_stage": 1, **train}})
 
 
 @pytest.fixture(scope="module")

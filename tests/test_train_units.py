@@ -35,6 +35,7 @@ from tests.cli_runner import run_unmask
 from tests.paths import REPO
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+TIMED = {"model.time_conditioning": "true"}  # uniform and learned need t (a config check)
 
 
 # ------------------------------------------------------------------ config
@@ -72,15 +73,19 @@ def test_validation_names_the_field():
         load_config(None, {"train.micro_batch_size": "5"})
     with pytest.raises(UserError, match=r"model.schedule"):
         load_config(None, {"model.schedule": "sigmoid"})
+    for process in ("uniform", "learned"):
+        with pytest.raises(UserError, match=rf"model.time_conditioning = False: the {process} process needs it"):
+            load_config(None, {"model.process": process})
+        assert load_config(None, {"model.process": process, "model.time_conditioning": "true"}).model.time_conditioning
 
 
 def test_the_process_is_refused_with_the_fields_it_cannot_go_with():
     with pytest.raises(UserError, match=r"model.process = 'uniform': the autoregressive baseline has no diffusion"):
         load_config(None, {"model.process": "uniform", "model.objective": "autoregressive"})
     with pytest.raises(UserError, match=r"train.chunked_cross_entropy = 8: applies to the absorbing process only"):
-        load_config(None, {"model.process": "learned", "train.chunked_cross_entropy": "8"})
+        load_config(None, {"model.process": "learned", "train.chunked_cross_entropy": "8", **TIMED})
     with pytest.raises(UserError, match=r"model.schedule_args \(model.process = learned\): .* linear or polynomial"):
-        load_config(None, {"model.process": "learned", "model.schedule": "cosine"})
+        load_config(None, {"model.process": "learned", "model.schedule": "cosine", **TIMED})
     with pytest.raises(UserError, match=r"flag --model.process = 'masked': choose one of"):
         load_config(None, {"model.process": "masked"})
 
@@ -89,11 +94,12 @@ def test_the_spec_of_each_process():
     """The learned process starts its exponents at model.schedule; the others use it as is."""
     network = preset("tiny", 64)
     learned = load_config(None, {"model.process": "learned", "model.schedule": "polynomial",
-                                 "model.schedule_args": "{power: 2, endpoint_eps: 1.0e-3}"})
+                                 "model.schedule_args": "{power: 2, endpoint_eps: 1.0e-3}", **TIMED})
     spec = model_spec(learned.model, network)
     assert (spec.process, spec.schedule, spec.schedule_args) == (
         "learned", "learned", {"initial_exponent": 2.0, "endpoint_eps": 1e-3})
-    uniform = model_spec(load_config(None, {"model.process": "uniform", "model.schedule": "cosine"}).model, network)
+    uniform = load_config(None, {"model.process": "uniform", "model.schedule": "cosine", **TIMED})
+    uniform = model_spec(uniform.model, network)
     assert (uniform.process, uniform.schedule, uniform.schedule_args) == ("uniform", "cosine", {})
     assert model_spec(Config().model, network).process == "absorbing"  # the default, and every older run's
 
@@ -267,7 +273,7 @@ def test_the_learned_objective_is_the_modules_bound_at_the_slots_times():
     """The learned process's bound runs in the trained module's forward, at the times and
     masks DiffusionObjective would draw for the same slot; its state metrics are the spread
     of the live exponents."""
-    spec = model_spec(load_config(None, {"model.process": "learned"}).model,
+    spec = model_spec(load_config(None, {"model.process": "learned", **TIMED}).model,
                       preset("tiny", 11, n_layers=1, d_model=16, n_heads=2, max_seq_len=8))
     torch.manual_seed(0)
     trained = build_trainable(spec)
@@ -289,7 +295,7 @@ def test_the_learned_objective_is_the_modules_bound_at_the_slots_times():
 
 
 def test_theta_is_optimized_without_weight_decay():
-    spec = model_spec(load_config(None, {"model.process": "learned"}).model, preset("tiny", 11, n_layers=1))
+    spec = model_spec(load_config(None, {"model.process": "learned", **TIMED}).model, preset("tiny", 11, n_layers=1))
     trained = build_trainable(spec)
     groups = build_optimizer(trained, OptimSection(weight_decay=0.1), torch.device("cpu")).param_groups
     theta = trained.schedule.theta
