@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.cli_runner import run_unmask
-from tests.paths import GPT2, REPO, TINY, require_shared
+from tests.paths import GPT2, REPO, TINY, needs_shared, require_shared
 from tests.ray_head import head_env, processes_naming, ray_head
 from tests.shard_fixtures import tree_bytes
 from tests.train_helpers import RUN_TIMEOUT_S, write_config
@@ -185,7 +185,13 @@ def test_token_auth_from_env_or_file_and_a_clear_error_without(head, tmp_path):
     with_env = unmask(["jobs", "list", "--address", head.dashboard_url],
                       env={"HOME": str(home), "RAY_AUTH_TOKEN": token})
     assert with_env.returncode == 0, with_env.stderr[-2000:]
-    # Joining the cluster itself (prep --ray-address): Ray only says it cannot connect.
+
+
+@needs_shared("gpt2-bpe")
+def test_prep_joining_a_cluster_without_a_token_says_where_to_find_it(head, tmp_path):
+    """Joining the cluster itself (prep --ray-address): Ray alone only says it cannot connect."""
+    home = tmp_path / "home"
+    home.mkdir()
     corpus = tmp_path / "input.txt"
     corpus.write_text("A document.\n\nAnother one.\n", encoding="utf-8")
     prep = unmask(["prep", "--input", str(corpus), "--tokenizer", str(GPT2), "--seq-len", "8",

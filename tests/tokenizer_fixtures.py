@@ -11,6 +11,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from tests.paths import GPT2 as GPT2_DIR  # noqa: F401 (DATA: for importers)
 from tests.paths import TINY as SHAKESPEARE
+from tests.paths import require_shared
 
 TRAINING_PARAGRAPHS = 600  # enough for real merges, trained in well under a second
 VOCAB_SIZE = 600
@@ -29,7 +30,7 @@ def reference_gpt2() -> Tokenizer:
 
 
 def _paragraphs() -> list[str]:
-    return SHAKESPEARE.read_text(encoding="utf-8").split("\n\n")[:TRAINING_PARAGRAPHS]
+    return require_shared(SHAKESPEARE).read_text(encoding="utf-8").split("\n\n")[:TRAINING_PARAGRAPHS]
 
 
 def _save(tokenizer: Tokenizer, path: Path) -> Path:
