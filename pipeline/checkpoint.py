@@ -48,6 +48,10 @@ __all__ = ["TrainState", "CheckpointMeta", "CheckpointManager", "STATE_FILE", "r
 log = logging.getLogger("unmask.checkpoint")
 
 STATE_FILE = "unmask_state.json"
+# Scripts DeepSpeed copies beside every save. They unpickle the checkpoint with
+# weights_only off, so a run dir shared with them invites running code from a file someone
+# received; `unmask export` does their job safely. Removed after each save.
+DEEPSPEED_RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 # Files hashed at once when a checkpoint is recorded or verified (hashlib releases the GIL).
 HASH_THREADS = 4
 HASH_BLOCK = 1 << 22
@@ -335,6 +339,8 @@ class CheckpointManager:
         return directory
 
     def _commit(self, directory: Path, meta: CheckpointMeta) -> None:
+        for script in DEEPSPEED_RECOVERY_SCRIPTS:
+            (self.root / script).unlink(missing_ok=True)
         recorded = replace(meta, files=_file_records(directory))
         atomic_write_bytes(directory / STATE_FILE, recorded.to_json().encode())
         set_latest(self.run_dir, directory.name)

@@ -129,9 +129,9 @@ class CheckpointSection:
 @dataclass(frozen=True)
 class LoggingSection:
     every: int = field(default=10, metadata=RESUME_SAFE)     # steps between metric logs
-    mlflow_uri: str | None = field(default=None, metadata=RESUME_SAFE)  # None: sqlite in the run dir
+    mlflow_uri: str | None = field(default=None, metadata=RESUME_SAFE)  # None: $MLFLOW_TRACKING_URI or the shared store
     experiment: str = field(default="unmask", metadata=RESUME_SAFE)   # MLflow experiment name
-    run_name: str | None = field(default=None, metadata=RESUME_SAFE)  # None: MLflow picks one
+    run_name: str | None = field(default=None, metadata=RESUME_SAFE)  # None: the run dir's name
     progress: bool = field(default=True, metadata=RESUME_SAFE)        # a progress bar on rank 0
     mlflow: bool = field(default=True, metadata=RESUME_SAFE)          # false: metrics.jsonl only, no MLflow run
     # A tracking server that does not answer at the start stops the run (within 30 s);

@@ -2,7 +2,7 @@
 
 Other codebases' checkpoints (PyTorch Lightning's ``.ckpt``) pickle more than tensors:
 hyper-parameters as OmegaConf objects, a tokenizer, a sampler's numpy state. ``torch.load``
-either runs whatever those pickles name (``weights_only=False``) or refuses the file
+either runs whatever those pickles name (weights_only off) or refuses the file
 (``weights_only=True``), so unmask reads such a file with an unpickler of its own:
 
 - the only callables it ever hands to the pickle machine are listed in ``_ALLOWED``: its own

@@ -8,7 +8,7 @@ files and DeepSpeed's contain (inert data holders: an enum, a dataclass, a loss-
 record, numpy's array constructor for the RNG state of older checkpoints). A file that
 asks for anything else is refused with an error naming it.
 
-DeepSpeed loads its own files with ``weights_only=False``. Inside
+DeepSpeed loads its own files with the full unpickler (weights_only off). Inside
 :func:`deepspeed_loads_safely` torch's documented switch ``TORCH_FORCE_WEIGHTS_ONLY_LOAD``
 overrides that argument, so every ``torch.load`` DeepSpeed makes (the engine's checkpoint
 engine, ZeRO-to-fp32, the universal-checkpoint readers) gets the same restricted unpickler.

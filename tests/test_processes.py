@@ -67,7 +67,9 @@ def test_the_same_user_code_trains_scores_and_samples(process):
                                        top_p=0.9, prompt=prompt, generator=g, return_stats=True)
     assert tokens.shape == (4, LENGTH) and bool((tokens < VOCAB).all()) and bool((tokens >= 0).all())
     assert bool((tokens[:, :2] == x0[0, :2]).all()) and bool((tokens[:, -1] == x0[0, -1]).all())
-    assert 1 <= stats.network_calls <= 20
+    # At most one call a step, each on 1 to 4 rows (caching skips rows and steps with nothing to reveal).
+    assert stats.steps == 20 and 1 <= stats.network_calls <= stats.steps
+    assert stats.network_calls <= stats.rows_evaluated <= 4 * stats.network_calls
 
 
 def test_a_rows_estimate_does_not_depend_on_its_batch(process):

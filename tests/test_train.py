@@ -179,6 +179,7 @@ def test_sigterm_writes_a_checkpoint_and_resume_continues_exactly(tmp_path, shar
     stopped = run_until_stall(run_dir, shards, config, stall_after=4, stop=signal.SIGTERM)
     assert stopped.returncode == 0, stopped.output[-3000:]
     assert (run_dir / "checkpoints" / "latest").read_text() == "step-00000004"
+    assert not list((run_dir / "checkpoints").glob("*.py")), "DeepSpeed's unpickling recovery scripts"
     resumed = run_train(run_dir, shards, config)
     assert resumed.losses() == reference_runs[1, 1].losses()
 

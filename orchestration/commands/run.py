@@ -105,7 +105,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                                  "an honest but wider interval")
     evaluation.add_argument("--num-samples", type=int, default=2, help="generated samples in the report")
     evaluation.add_argument("--sample-steps", type=int, default=128, help="sampling steps")
-    run.add_argument("--mlflow-uri", help="MLflow tracking server (default: sqlite in the run dir)")
+    run.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                                              "the shared store ~/.unmask/mlflow)")
     run.add_argument("--print-config", action="store_true",
                      help="print the resolved training config (YAML) and exit")
     add_launcher_arguments(run)

@@ -153,13 +153,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         epilog=TRAIN_EPILOG, formatter_class=RAW)
     train.add_argument("--config", help="YAML config (configs/tiny.yaml, small.yaml, medium.yaml)")
     train.add_argument("--data", help="shard directory (overrides data.path)")
-    train.add_argument("--run-dir", help="checkpoints, metrics, MLflow store, export (required to train)")
+    train.add_argument("--run-dir", help="checkpoints, metrics, export (required to train)")
     train.add_argument("--resume", choices=["auto", "never"], default="auto",
                        help="auto: continue from the latest checkpoint if any (default); never: refuse "
                             "a run dir that has checkpoints")
     train.add_argument("--allow-config-change", action="store_true",
                        help="resume even though the config or data differ from the checkpoint's")
-    train.add_argument("--mlflow-uri", help="MLflow tracking server (default: sqlite in the run dir)")
+    train.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                                              "the shared store ~/.unmask/mlflow)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--print-config", action="store_true",
                        help="print the resolved config (YAML) and exit; `unmask config fields` explains each field")
