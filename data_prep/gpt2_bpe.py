@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tiktoken
 
 from common.atomic_files import atomic_write_bytes
@@ -106,6 +107,24 @@ class GPT2BPETokenizer(Tokenizer):
         refuse_lone_surrogates(texts)
         encode = self._encoding.encode_ordinary
         return [encode(text) for text in texts]
+
+    def encode_pieces(self, texts: list[str], ends: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
+        """As the base class, in one encoder call when every text ends a document: the texts
+        joined by ``<|endoftext|>``, encoded with that one special token allowed. tiktoken
+        splits the text at each allowed special token and runs its pre-tokenizer on each part
+        alone, so every document is encoded exactly as by itself; and on documents of about 40
+        tokens, one call per document took a fifth longer. A document that holds the string
+        ``<|endoftext|>`` must not be cut there: such a batch goes the general way."""
+        joined = GPT2_EOS_TOKEN.join(texts)
+        # The string has no proper prefix that is also a suffix, so the joins cannot make new
+        # occurrences: any count above the joins is a document holding it.
+        if not all(ends) or joined.count(GPT2_EOS_TOKEN) != len(texts) - 1:
+            return super().encode_pieces(texts, ends)
+        if not joined.isascii():  # an O(1) test; else each text is checked, to name the one at fault
+            refuse_lone_surrogates(texts)
+        ids = self._encoding.encode_to_numpy(joined, allowed_special={GPT2_EOS_TOKEN}, disallowed_special=())
+        ids = np.append(ids, np.uint32(self.eos_id))
+        return ids, np.diff(np.flatnonzero(ids == self.eos_id), prepend=-1)
 
     def decode(self, ids: Sequence[int]) -> str:
         # Bytes that are not UTF-8 (ids cut inside a character) become U+FFFD, as GPT-2 does.

@@ -11,30 +11,30 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Sequence
 
 import numpy as np
 
 from common.errors import UserError
 from data_prep.ledger import Ledger
 from data_prep.readers import (
-    Piece,
+    Pieces,
     ReadCounters,
     ReadOptions,
     WorkUnit,
     binary_reason,
-    read_unit,
+    read_batches,
 )
 from data_prep.shards import SPLITS, token_dtype
 from data_prep.tokenizer import Tokenizer
 
 __all__ = ["SplitRule", "UnitTokenizer", "tokenize_unit", "unit_key"]
 
-# Pieces per tokenizer call: amortizes the per-call cost of the native batch encoder.
-ENCODE_BATCH_PIECES = 256
-HASH_SPACE = float(1 << 64)
+HASH_SPACE = 1 << 64
 
 
 class SplitRule:
@@ -43,82 +43,112 @@ class SplitRule:
     def __init__(self, seed: int, val_fraction: float) -> None:
         # The keyed state, copied per document: cheaper than keying a new hash each time.
         self._keyed = hashlib.blake2b(digest_size=8, key=seed.to_bytes(8, "little", signed=True))
-        self.threshold = val_fraction * HASH_SPACE
+        # Val: the hash, a little-endian integer, lies below val_fraction * 2**64. For an integer
+        # that is "below the ceiling of it", which numpy compares exactly (a uint64 compared
+        # with a float is rounded first).
+        self._threshold = np.uint64(math.ceil(val_fraction * HASH_SPACE))
 
-    def split(self, data: bytes) -> str:
-        """The split of the document whose first piece has the UTF-8 bytes ``data``."""
-        digest = self._keyed.copy()
-        digest.update(data)
-        return "val" if int.from_bytes(digest.digest(), "little") < self.threshold else "train"
+    def is_val(self, first_pieces: Sequence[bytes]) -> np.ndarray:
+        """Whether each document goes to val, given the UTF-8 bytes of its first piece."""
+        if not self._threshold:  # no val split: nothing to hash
+            return np.zeros(len(first_pieces), bool)
+        digests = []
+        for data in first_pieces:
+            state = self._keyed.copy()
+            state.update(data)
+            digests.append(state.digest())
+        return np.frombuffer(b"".join(digests), dtype="<u8") < self._threshold
 
 
 class UnitOutput:
     """A unit's token stream and per-document (tokens, bytes) table for one split."""
 
-    def __init__(self, prefix: Path, split: str, dtype: np.dtype) -> None:
+    def __init__(self, prefix: Path, split: str) -> None:
         self.tokens_path = prefix.with_name(f"{prefix.name}.{split}.tokens")
         self.docs_path = prefix.with_name(f"{prefix.name}.{split}.docs.npy")
         self._tmp = self.tokens_path.with_name(self.tokens_path.name + ".tmp")
         self._handle = open(self._tmp, "wb")
-        self.dtype = dtype
-        self.docs: list[tuple[int, int]] = []
-        self.pending: list[list[int]] = []  # the ids of the pieces of this batch, in order
+        self.tables: list[np.ndarray] = []  # (tokens, bytes) rows of the documents ended so far
         self.tokens = 0
 
-    def flush(self) -> None:
-        """Write the pending ids."""
-        count = sum(map(len, self.pending))
-        array = np.fromiter(itertools.chain.from_iterable(self.pending), dtype=self.dtype, count=count)
-        self._handle.write(array.tobytes())
-        self.tokens += count
-        self.pending.clear()
+    def write(self, tokens: np.ndarray, documents: np.ndarray) -> None:
+        """Append the tokens of some pieces and the table rows of the documents they end."""
+        self._handle.write(tokens.tobytes())
+        self.tokens += len(tokens)
+        self.tables.append(documents)
 
-    def close(self) -> None:
+    def close(self) -> np.ndarray:
+        """Finish both files; return the document table."""
         self._handle.close()
         self._tmp.replace(self.tokens_path)
-        table = np.array(self.docs, dtype=np.int64).reshape(-1, 2)
+        table = np.concatenate([np.empty((0, 2), np.int64), *self.tables])
         tmp = self.docs_path.with_name(self.docs_path.name + ".tmp.npy")
         np.save(tmp, table)
         tmp.replace(self.docs_path)
+        return table
 
 
-def _batched(pieces: Iterable[Piece], size: int) -> Iterator[list[Piece]]:
-    iterator = iter(pieces)
-    while batch := list(itertools.islice(iterator, size)):
-        yield batch
+@dataclass
+class OpenDocument:
+    """A document whose last piece is in a later batch: what its pieces so far add up to."""
+
+    tokens: int
+    utf8_bytes: int
+    is_val: bool
+
+
+class BatchSplitter:
+    """Sends a batch of encoded pieces, in stream order, to the split of their document.
+
+    The work is done on arrays, a batch at a time: with documents of a few dozen tokens, a
+    Python loop over the pieces cost a third of the encoder's time. Every piece belongs to the
+    document of the last first piece before it, or to the document left open by the batch
+    before (``OpenDocument``)."""
+
+    def __init__(self, rule: SplitRule, outputs: dict[str, UnitOutput], dtype: np.dtype) -> None:
+        self.rule, self.outputs, self.dtype = rule, outputs, dtype
+        self.open: OpenDocument | None = None
+
+    def write(self, batch: Pieces, tokens: np.ndarray, counts: np.ndarray) -> None:
+        """Write the pieces of ``batch``: their ids back to back, EOS after each last piece
+        (``tokens``), and the number of ids of each (``counts``)."""
+        starts, is_val, table = self._documents(batch, counts)
+        ended = len(starts) - 1 + batch.last[-1]  # documents end in order; the last may go on
+        self.open = None if ended == len(starts) else OpenDocument(*table[-1].tolist(), bool(is_val[-1]))
+        token_is_val = np.repeat(np.repeat(is_val, np.diff(np.r_[starts, len(batch)])), counts)
+        tokens = tokens.astype(self.dtype, copy=False)
+        for split, wanted in zip(SPLITS, (False, True)):
+            self.outputs[split].write(tokens[token_is_val == wanted], table[:ended][is_val[:ended] == wanted])
+
+    def _documents(self, batch: Pieces, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The documents of the batch's pieces: the index of each one's first piece in the
+        batch (0 for the one left open before), whether it goes to val, and its (tokens, bytes)
+        so far."""
+        starts = np.flatnonzero(batch.first)
+        is_val = self.rule.is_val(list(itertools.compress(batch.datas, batch.first)))
+        if self.open is not None:
+            starts, is_val = np.r_[0, starts], np.r_[self.open.is_val, is_val]
+        nbytes = np.fromiter(map(len, batch.datas), np.int64, len(batch))
+        table = np.stack([np.add.reduceat(counts, starts), np.add.reduceat(nbytes, starts)], axis=1)
+        if self.open is not None:
+            table[0] += (self.open.tokens, self.open.utf8_bytes)
+        return starts, is_val, table
 
 
 def tokenize_unit(unit: WorkUnit, tokenizer: Tokenizer, options: ReadOptions, rule: SplitRule,
                   prefix: Path, dtype: np.dtype) -> dict:
-    """Tokenize one unit into ``prefix.{split}.tokens``; return its ledger entry.
-
-    The loop runs once per piece, and with short documents its own cost is of the order of the
-    encoder's: each piece is turned into bytes once (for the split hash and the byte count)."""
+    """Tokenize one unit into ``prefix.{split}.tokens``; return its ledger entry."""
     counters = ReadCounters()
-    outputs = {split: UnitOutput(prefix, split, dtype) for split in SPLITS}
-    eos_id = tokenizer.eos_id
-    output, doc_tokens, doc_bytes = outputs["train"], 0, 0
-    for batch in _batched(read_unit(unit, options, counters), ENCODE_BATCH_PIECES):
-        texts = [piece.text for piece in batch]
-        for piece, text, ids in zip(batch, texts, tokenizer.encode_batch(texts)):
-            data = text.encode("utf-8")
-            if piece.first:
-                output, doc_tokens, doc_bytes = outputs[rule.split(data)], 0, 0
-            if piece.last:
-                ids.append(eos_id)  # a fresh list from the encoder: extending it copies nothing
-            output.pending.append(ids)
-            doc_tokens += len(ids)
-            doc_bytes += len(data)
-            if piece.last:
-                output.docs.append((doc_tokens, doc_bytes))
-        for split_output in outputs.values():
-            split_output.flush()
-    for split_output in outputs.values():
-        split_output.close()
+    outputs = {split: UnitOutput(prefix, split) for split in SPLITS}
+    splitter = BatchSplitter(rule, outputs, dtype)
+    for batch in read_batches(unit, options, counters):
+        tokens, counts = tokenizer.encode_pieces(batch.texts, batch.last)
+        splitter.write(batch, tokens, counts)
+    tables = {split: output.close() for split, output in outputs.items()}
     entry = {"index": unit.index, "counters": counters.to_dict(),
-             "splits": {name: {"tokens": out.tokens, "documents": len(out.docs),
-                               "utf8_bytes": int(sum(b for _, b in out.docs))}
-                        for name, out in outputs.items()}}
+             "splits": {split: {"tokens": outputs[split].tokens, "documents": len(table),
+                                "utf8_bytes": int(table[:, 1].sum())}
+                        for split, table in tables.items()}}
     if counters.binary_files_skipped:
         entry["binary_file"] = {"uri": unit.file.uri, "reason": binary_reason(unit.file)}
     return entry

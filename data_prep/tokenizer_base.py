@@ -10,10 +10,13 @@ read it as U+FFFD). The corpus readers repair such text before any tokenizer see
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from common.errors import UserError
 
@@ -45,6 +48,17 @@ class Tokenizer(ABC):
     @abstractmethod
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """``[encode(t) for t in texts]`` through the library's fastest single-thread path."""
+
+    def encode_pieces(self, texts: list[str], ends: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of ``texts`` back to back, with ``eos_id`` after each text that ends a
+        document (``ends``), and the number of ids of each text, its EOS included: what
+        ``encode_batch`` and appending EOS give, as two arrays. A kind may override it with a
+        faster path that gives the same arrays."""
+        ids = self.encode_batch(texts)
+        for text_ids in itertools.compress(ids, ends):
+            text_ids.append(self.eos_id)  # a fresh list from the encoder: nothing is copied
+        counts = np.fromiter(map(len, ids), np.int64, len(ids))
+        return np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(counts.sum())), counts
 
     @abstractmethod
     def decode(self, ids: Sequence[int]) -> str:

@@ -23,7 +23,7 @@ from data_prep.readers import (
     WorkUnit,
     binary_reason,
     plan_units,
-    read_unit,
+    read_batches,
     resolve_inputs,
 )
 from data_prep.tokenizer import SentencePieceTokenizer, Tokenizer, load_tokenizer, train_sentencepiece
@@ -73,8 +73,8 @@ class CorpusText:
     def __iter__(self) -> Iterator[str]:
         self._units = plan_units(resolve_inputs(self._inputs), self._options)
         for unit in self._units:
-            for piece in read_unit(unit, self._options, self._counters):
-                yield piece.text
+            for batch in read_batches(unit, self._options, self._counters):
+                yield from batch.texts
 
     def warnings(self) -> list[str]:
         """The files skipped as binary, with why and how to fix it; empty if none."""

@@ -15,9 +15,10 @@ from common.errors import UserError
 from data_prep.gpt2_bpe import GPT2BPETokenizer
 from data_prep.readers import ReadCounters, ReadOptions, plan_units, read_unit, resolve_inputs
 from data_prep.tokenizer import load_tokenizer
+from data_prep.tokenizer_base import Tokenizer
 from tests.paths import GPT2 as GPT2_DIR
+from tests.paths import PTB, needs_shared
 from tests.paths import SHARED as DATA
-from tests.paths import needs_shared
 from tests.tokenizer_fixtures import reference_gpt2
 
 EOT = "<|endoftext|>"
@@ -184,3 +185,27 @@ def test_files_in_another_layout_are_refused_with_the_way_out(tmp_path):
         load_tokenizer(write_gpt2_files(tmp_path / "extra", extra, merges))
     with pytest.raises(UserError, match="character ' '.*not one of GPT-2's byte characters"):
         load_tokenizer(write_gpt2_files(tmp_path / "space", {**encoder, "a b": 1}, merges))
+
+
+def test_pieces_in_one_encoder_call_equal_one_call_per_piece(gpt2, tmp_path):
+    """``encode_pieces`` joins whole documents with <|endoftext|> into one call; the ids and
+    counts equal the general path's (encode each text, EOS after each document's end) on
+    adversarial, random and corpus text, and a batch with a document that writes the token,
+    or with a piece that does not end its document, goes the general way."""
+    rng = random.Random(1)
+    texts = ADVERSARIAL + [random_text(rng) for _ in range(2000)] + corpus_documents([PTB], "lines")[:3000]
+    fast = 0
+    for start in range(0, len(texts), 7):
+        batch = texts[start:start + 7]
+        for ends in ([True] * len(batch), [rng.random() < 0.7 for _ in batch]):
+            tokens, counts = gpt2.encode_pieces(batch, ends)
+            expected_tokens, expected_counts = Tokenizer.encode_pieces(gpt2, batch, ends)
+            assert tokens.tolist() == expected_tokens.tolist() and counts.tolist() == expected_counts.tolist()
+            fast += all(ends) and not any(EOT in text for text in batch)
+    assert fast > 400  # batches that took the one-call path
+    one_call = GPT2BPETokenizer.from_directory(GPT2_DIR)
+    one_call.encode_batch = None  # the general path's encoder: a batch that takes it fails
+    assert one_call.encode_pieces(["a b", " c\n"], [True, True])[1].tolist() == [3, 3]
+    for batch, ends in ((["a", f"b{EOT}"], [True, True]), (["a", "b"], [False, True])):
+        with pytest.raises(TypeError):
+            one_call.encode_pieces(batch, ends)

@@ -172,6 +172,17 @@ def test_encode_batch_equals_encode(any_tokenizer):
     assert any_tokenizer.encode_batch(texts) == [any_tokenizer.encode(t) for t in texts]
 
 
+def test_encode_pieces_is_encode_batch_with_eos_after_each_end(any_tokenizer):
+    texts = RANDOM_TEXTS[:100] + TRICKY
+    some_end = [index % 3 != 1 for index in range(len(texts))]
+    for batch_ends in (some_end, [True] * len(texts)):
+        tokens, counts = any_tokenizer.encode_pieces(texts, batch_ends)
+        encoded = any_tokenizer.encode_batch(texts)
+        expected = [ids + [any_tokenizer.eos_id] * end for ids, end in zip(encoded, batch_ends)]
+        assert counts.tolist() == list(map(len, expected))
+        assert tokens.tolist() == [token for ids in expected for token in ids]
+
+
 @pytest.mark.parametrize("text", ["\ud800", "a\udc80b", "\ud83d\ude00"])
 def test_lone_surrogates_are_refused_alike(any_tokenizer, text):
     """Not Unicode text: no ids could decode back to it, and no kind guesses a repair."""
@@ -179,6 +190,8 @@ def test_lone_surrogates_are_refused_alike(any_tokenizer, text):
         any_tokenizer.encode(text)
     with pytest.raises(ValueError, match="text 1 holds a lone surrogate"):
         any_tokenizer.encode_batch(["fine", text])
+    with pytest.raises(ValueError, match="text 1 holds a lone surrogate"):
+        any_tokenizer.encode_pieces(["fine", text], [True, True])
 
 
 def test_sentencepiece_round_trips_all_of_shakespeare(trained):

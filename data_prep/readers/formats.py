@@ -3,17 +3,25 @@ gzip'd or not), binary files left out whole."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Iterator
 
 from data_prep.readers.byte_source import BINARY_CHECK_BYTES, ByteSource, head_binary_reason
 from data_prep.readers.jsonl import read_jsonl
 from data_prep.readers.options import ReadOptions
 from data_prep.readers.parquet import read_row_groups
-from data_prep.readers.pieces import Piece, ReadCounters
+from data_prep.readers.pieces import Piece, Pieces, ReadCounters
 from data_prep.readers.planning import WorkUnit
 from data_prep.readers.text import read_text
 
-__all__ = ["read_unit"]
+__all__ = ["BATCH_BYTES", "BATCH_PIECES", "read_batches", "read_unit"]
+
+
+# A batch of `read_batches` ends once it holds this many pieces or bytes of text (or at the end
+# of the unit): enough to amortize a tokenizer call, little enough to bound a worker's memory
+# (a run of lines, which comes whole, adds at most READ_BLOCK_BYTES).
+BATCH_PIECES = 4096
+BATCH_BYTES = 1 << 20
 
 
 def read_unit(unit: WorkUnit, options: ReadOptions, counters: ReadCounters) -> Iterator[Piece]:
@@ -33,6 +41,27 @@ def read_unit(unit: WorkUnit, options: ReadOptions, counters: ReadCounters) -> I
     A binary text or JSONL file (see `binary_reason`) yields nothing; its first unit counts
     it in `counters.binary_files_skipped`.
     """
+    return itertools.chain.from_iterable(read_batches(unit, options, counters))
+
+
+def read_batches(unit: WorkUnit, options: ReadOptions, counters: ReadCounters) -> Iterator[Pieces]:
+    """The pieces of `read_unit`, in batches of columns (see BATCH_PIECES); what the prep reads."""
+    batch = None
+    for item in _read_items(unit, options, counters):
+        if batch is None:
+            batch = Pieces(item.origin)
+        if isinstance(item, Pieces):
+            batch.extend(item)
+        else:
+            batch.append(item)
+        if len(batch) >= BATCH_PIECES or batch.utf8_bytes >= BATCH_BYTES:
+            yield batch
+            batch = None
+    if batch is not None:
+        yield batch
+
+
+def _read_items(unit: WorkUnit, options: ReadOptions, counters: ReadCounters) -> Iterator[Piece | Pieces]:
     if unit.file.format == "parquet":
         yield from read_row_groups(unit.file, range(unit.start, unit.end), options, counters)
         return

@@ -33,21 +33,21 @@ def read_jsonl(source: ByteSource, unit: WorkUnit, options: ReadOptions,
                counters: ReadCounters) -> Iterator[Piece]:
     """The pieces of the JSONL records whose lines begin in `unit`, in file order; fills
     `counters`. A broken line stops the read or is skipped, per `options.bad_json`."""
+    origin = f"{unit.file.uri}:"  # then the line's number
     for number, line in owned_lines(source, unit, MAX_JSONL_LINE_BYTES):
         data, space_only = ((line.data, line.space_only) if isinstance(line, Line) else
                             (line, not line or line.isspace()))
         if space_only:
             continue
-        where = f"{unit.file.uri}:{number}"
         text, problem = _json_text(data, options.text_field)
         if problem is not None:
             if options.bad_json == "error":
-                raise UserError(f"{where}: {problem}; pass --bad-json skip to skip such lines "
+                raise UserError(f"{origin}{number}: {problem}; pass --bad-json skip to skip such lines "
                                 f"and count them")
             counters.bad_json_skipped += 1
             continue
         text, data, bad_utf8 = _repair_surrogates(text)
-        yield from pieces(text, data, bad_utf8, where, options, counters)
+        yield from pieces(text, data, bad_utf8, origin, number, options, counters)
 
 
 def _json_text(data: bytes | None, field: str) -> tuple[str, None] | tuple[None, str]:

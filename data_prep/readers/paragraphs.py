@@ -6,10 +6,13 @@ and skipped as such."""
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
+from dataclasses import dataclass
+from itertools import accumulate, repeat
 from typing import Iterator
 
 from data_prep.readers.byte_source import ByteSource
-from data_prep.readers.lines import Line, first_line, lf, line_before_is_blank, line_runs
+from data_prep.readers.lines import Line, WholeDocuments, first_line, lf, line_before_is_blank, line_runs
 from data_prep.readers.long_documents import LongDocument
 from data_prep.readers.planning import WorkUnit
 
@@ -18,16 +21,31 @@ __all__ = ["paragraphs"]
 # A "\n" and the blank lines after it (empty, or only ASCII whitespace, "\r" included), which
 # end a paragraph. Starting with a plain "\n" lets the regex engine skip ahead to each "\n"
 # (an optional "\r" first would make it try every byte, 8x slower), so the "\r" of a "\r\n"
-# before it stays with the paragraph.
-_PARAGRAPH_END = re.compile(rb"\n[ \t\r\x0b\x0c]*\n(?:[ \t\r\x0b\x0c]*\n)*")
+# before it stays with the paragraph. Captured, so that splitting keeps the separators.
+_PARAGRAPH_END = re.compile(rb"(\n[ \t\r\x0b\x0c]*\n(?:[ \t\r\x0b\x0c]*\n)*)")
 # The blank lines at the start of a run of whole lines.
 _LEADING_BLANK_LINES = re.compile(rb"(?:[ \t\r\x0b\x0c]*\n)*")
 
 
+@dataclass
+class _Run:
+    """How a run of whole lines (or a long line) divides: whether it starts with a blank line;
+    the paragraphs a blank line ends in it (`WholeDocuments`, with their offsets in the run);
+    the lines after the last of them, which may go on in the next run (offset, line number,
+    bytes or a long line; None if none); the number of the line after the run."""
+
+    after_blank: bool
+    ended: WholeDocuments
+    begins: list[int]
+    open: tuple[int, int, bytes | Line] | None
+    next_number: int
+
+
 def paragraphs(source: ByteSource, unit: WorkUnit, limit: int,
-               ) -> Iterator[tuple[int, bytes | LongDocument]]:
-    """The paragraphs whose first line begins in the unit's range, as (line number, bytes or a
-    LongDocument when longer than `limit` or than a run of lines)."""
+               ) -> Iterator[tuple[int, bytes | LongDocument] | WholeDocuments]:
+    """The paragraphs whose first line begins in the unit's range: runs of them held whole
+    (`WholeDocuments`), and others one at a time as (line number, bytes, or a LongDocument
+    when longer than `limit` or than a run of lines)."""
     start, number = first_line(source, unit.start)
     end = unit.owned_end
     if start >= end:
@@ -37,51 +55,49 @@ def paragraphs(source: ByteSource, unit: WorkUnit, limit: int,
     continued = start > 0 and not line_before_is_blank(source, start)
     paragraph, first_number = None, 0  # a paragraph that goes on past the run before
     for offset, lines, owned in line_runs(source, start, end, limit):
-        after_blank, parts, next_number = _paragraph_parts(lines, number)
-        if after_blank:
+        run = _divide(lines, number)
+        number = run.next_number
+        if run.after_blank:
             if paragraph is not None:
                 yield first_number, paragraph.held()
             paragraph, continued = None, False
-        for begin, line, part, ended in parts:
-            if continued:
-                continued = not ended
-                continue
-            if paragraph is None:
-                if begin >= owned:
-                    return
-                if ended:  # the usual case: the whole paragraph is in the run
-                    yield line, part
-                    continue
-                paragraph, first_number = LongDocument(offset + begin, limit), line
-            paragraph.add(part)
-            if ended:
+        first = 0  # the first ended paragraph that starts in this run
+        if run.ended.datas and (continued or paragraph is not None):
+            if paragraph is not None:  # it ends here
+                paragraph.add(run.ended.datas[0])
                 yield first_number, paragraph.held()
-                paragraph = None
-        number = next_number
+            paragraph, continued, first = None, False, 1
+        owned_count = bisect_left(run.begins, owned)
+        if first < owned_count:
+            yield WholeDocuments(run.ended.numbers[first:owned_count], run.ended.datas[first:owned_count])
+        if owned_count < len(run.begins):
+            return  # the rest of the run starts paragraphs that a later unit owns
+        if run.open is None or continued:
+            continue
+        begin, line, part = run.open
+        if paragraph is None:
+            if begin >= owned:
+                return
+            paragraph, first_number = LongDocument(offset + begin, limit), line
+        paragraph.add(part)
     if paragraph is not None:
         yield first_number, paragraph.held()
 
 
-def _paragraph_parts(lines: bytes | Line, number: int,
-                     ) -> tuple[bool, list[tuple[int, int, bytes | Line, bool]], int]:
-    """How a run of whole lines (or a long line) from line `number` divides: whether it starts
-    with a blank line; its stretches of non-blank lines as (position, line number, bytes with
-    "\\n" line ends, whether a blank line ends it in the run); the number of the line after it."""
-    parts: list[tuple[int, int, bytes | Line, bool]] = []
+def _divide(lines: bytes | Line, number: int) -> _Run:
+    """How a run of whole lines (or a long line) from line `number` divides (`_Run`)."""
     if isinstance(lines, Line):
-        if not lines.space_only:
-            parts.append((0, number, lines, False))
-        return lines.space_only, parts, number + 1
+        part = None if lines.space_only else (0, number, lines)
+        return _Run(lines.space_only, WholeDocuments([], []), [], part, number + 1)
     begin = _LEADING_BLANK_LINES.match(lines).end()
-    after_blank, number = begin > 0, number + lines.count(b"\n", 0, begin)
-    crlf = b"\r" in lines  # else the parts need no line ends changed
-    for match in _PARAGRAPH_END.finditer(lines, begin):
-        end, after = match.span()
-        part = lines[begin:end]
-        parts.append((begin, number, lf(part).removesuffix(b"\r") if crlf else part, True))
-        number += lines.count(b"\n", begin, after)
-        begin = after
-    if begin < len(lines):
-        parts.append((begin, number, lf(lines[begin:])[:-1], False))
-        number += lines.count(b"\n", begin)
-    return after_blank, parts, number
+    number += lines.count(b"\n", 0, begin)
+    # paragraph, separator, paragraph, ..., and what follows the last separator
+    parts = _PARAGRAPH_END.split(lines[begin:])
+    begins = list(accumulate(map(len, parts), initial=begin))
+    numbers = list(accumulate(map(bytes.count, parts, repeat(b"\n")), initial=number))
+    last = len(parts) - 1
+    datas, tail = parts[0:last:2], parts[last]
+    if b"\r" in lines:  # a "\r\n" line end reads as "\n"
+        datas = [lf(data).removesuffix(b"\r") for data in datas]
+    open_part = (begins[last], numbers[last], lf(tail)[:-1]) if tail else None
+    return _Run(begin > 0, WholeDocuments(numbers[0:last:2], datas), begins[0:last:2], open_part, numbers[-1])

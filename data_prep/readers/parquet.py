@@ -45,6 +45,7 @@ def read_row_groups(file: InputFile, row_groups: range, options: ReadOptions,
         parquet = _parquet_file(handle, file)
         _check_text_column(parquet, file, options.text_column)
         row = sum(parquet.metadata.row_group(group).num_rows for group in range(row_groups.start))
+        origin = f"{file.uri}#row="
         batches = parquet.iter_batches(row_groups=list(row_groups), columns=[options.text_column])
         for batch in batches:
             column = batch.column(0)
@@ -54,7 +55,7 @@ def read_row_groups(file: InputFile, row_groups: range, options: ReadOptions,
                 text, bad_utf8 = decode(value)
                 # Cut like a JSON string: the repaired text's bytes.
                 yield from pieces(text, text.encode() if bad_utf8 else value, bad_utf8,
-                                  f"{file.uri}#row={row}", options, counters)
+                                  origin, row, options, counters)
                 row += 1
 
 
