@@ -9,16 +9,9 @@ processes record concurrently without a lock.
 from __future__ import annotations
 
 import json
-import os
-import time
 from pathlib import Path
 
 from common.atomic_files import atomic_write_bytes
-
-# Testing aid: a process that has recorded this many entries stalls (sleeps) instead of
-# going on, so a test can SIGKILL a prep at a known point midway. Unset in normal use.
-STALL_AFTER_ENV = "UNMASK_PREP_STALL_AFTER"
-STALL_POLL_SECONDS = 3600
 
 
 class Ledger:
@@ -39,7 +32,6 @@ class Ledger:
 
     def record(self, key: str, entry: dict) -> None:
         atomic_write_bytes(self._path(key), json.dumps(entry, sort_keys=True).encode())
-        self._stall_if_asked()
 
     def keys(self, prefix: str = "") -> list[str]:
         """The recorded keys that start with `prefix`, sorted."""
@@ -51,9 +43,3 @@ class Ledger:
 
     def __len__(self) -> int:
         return sum(1 for _ in self.directory.glob("*.json"))
-
-    def _stall_if_asked(self) -> None:
-        limit = os.environ.get(STALL_AFTER_ENV)
-        if limit is not None and len(self) >= int(limit):
-            while True:
-                time.sleep(STALL_POLL_SECONDS)

@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 
 from common.errors import UserError
-from data_prep.ledger import STALL_AFTER_ENV
 from data_prep.prep import WORK_DIR, PrepConfig, prep
 from data_prep.readers import ReadCounters, ReadOptions, plan_units, read_unit, resolve_inputs
 from data_prep.shards import Manifest, iter_chunks
 from data_prep.tokenizer import load_tokenizer
-from tests.cli_runner import run_unmask, start_unmask
+from tests.cli_runner import cli_env, run_unmask
 from tests.paths import GPT2, PTB, REPO, TINY, needs_shared
 from tests.shard_fixtures import tree_bytes
 
@@ -141,8 +140,9 @@ def _cli_args(out: Path) -> list[str]:
 
 
 def _kill_when_ledger_reaches(out: Path, entries: int) -> None:
-    process = start_unmask(_cli_args(out), installed=True, env={STALL_AFTER_ENV: str(entries)}, start_new_session=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    command = [sys.executable, "-m", "tests.prep_stall", str(entries), "--", *_cli_args(out)]
+    process = subprocess.Popen(command, cwd=REPO, env=cli_env(), start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ledger = out / WORK_DIR / "ledger"
     deadline = time.monotonic() + KILL_DEADLINE_SECONDS
     while not (ledger.is_dir() and len(list(ledger.glob("*.json"))) >= entries):
