@@ -37,7 +37,7 @@ class Piece:
 class Pieces:
     """Consecutive pieces of one file, in columns (the fields of `Piece`, a list each). The
     readers hand out most documents this way, a run of lines at a time, and the prep encodes
-    them a batch at a time: one object per piece cost as much as a tenth of the encoder's time
+    them a batch at a time: an object per piece cost about a twentieth of the encoder's time
     on documents of a few dozen tokens."""
 
     origin: str
