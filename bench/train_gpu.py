@@ -77,6 +77,7 @@ from data_prep.shards import Manifest  # noqa: E402
 from data_prep.tokenizer import load_tokenizer  # noqa: E402
 from model.denoiser import FunctionDenoiser  # noqa: E402
 from model.diffusion import MaskedDiffusion  # noqa: E402
+from model.sampling import SamplingPlan  # noqa: E402
 from model.schedules import make_schedule  # noqa: E402
 from model.transformer import PRESETS, Transformer, TransformerConfig  # noqa: E402
 from pipeline.config import Config, ModelSection, load_config  # noqa: E402
@@ -310,8 +311,8 @@ def measure_sampling(network: TransformerConfig, num_samples: int, steps: int, d
 
     def sample(sample_steps: int):
         with torch.no_grad(), inference_precision(device):
-            return diffusion.sample(model, num_samples, network.max_seq_len, sample_steps, generator=generator,
-                                    device=device, return_stats=True)[1]
+            return diffusion.sample(model, SamplingPlan(steps=sample_steps), num_samples=num_samples,
+                                    seq_len=network.max_seq_len, generator=generator, device=device)[1]
 
     sample(WARMUP_SAMPLE_STEPS)
     synchronize(device)

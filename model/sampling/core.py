@@ -5,8 +5,8 @@ Randomness per row. ``generator`` is one ``torch.Generator`` for the batch or on
 (``model.generators``). With one per row, row b draws its uniforms from its own generator,
 a fixed number per step (or per event) whatever the other rows do, and only while it has
 positions to generate: its sample then does not depend on which rows share its batch, nor on
-the batch size. ``sample_generators(seed, first, count)`` are the generators of the samples
-numbered first, first + 1, ...: sample i of a seed is the same in any batch.
+the batch size. ``sample_generators(seed, indices)`` are the generators of the samples numbered
+``indices``: sample i of a seed is the same in any batch.
 
 Network calls. ``NetworkCalls`` asks the denoiser for the rows that need it at this step
 (the others' outputs would be thrown away) and counts calls, rows passed and, per row, the
@@ -18,6 +18,7 @@ input shape.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -127,12 +128,12 @@ def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
 
 
 # ------------------------------------------------------------------ randomness
-def sample_generators(seed: int, first: int, count: int) -> list[torch.Generator]:
-    """CPU generators of the samples numbered ``first`` ... ``first + count - 1`` under ``seed``:
-    sample i's is seeded by a hash of (seed, i), so it is the same in every batch."""
-    seeds = [np.random.SeedSequence(seed, spawn_key=(index,)).generate_state(1, dtype=np.uint64)[0]
-             for index in range(first, first + count)]
-    return [torch.Generator().manual_seed(int(word >> 1)) for word in seeds]
+def sample_generators(seed: int, indices: Iterable[int]) -> list[torch.Generator]:
+    """CPU generators of the samples numbered ``indices`` under ``seed``: sample i's is seeded
+    by a hash of (seed, i), so it is the same in every batch."""
+    words = [np.random.SeedSequence(seed, spawn_key=(index,)).generate_state(1, dtype=np.uint64)[0]
+             for index in indices]
+    return [torch.Generator().manual_seed(int(word >> 1)) for word in words]
 
 
 def row_uniforms(shape: tuple[int, ...], generator: Generators, rows: Tensor, device: torch.device) -> Tensor:

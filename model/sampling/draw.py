@@ -68,8 +68,8 @@ def draw(process: SampledProcess, sampler: Sampler, denoiser: DenoiserLike, plan
 
     ``prompt``: LongTensor [seq_len] or [num_samples, seq_len], tokens to keep and
     ``process.generate_id`` where to generate (a prefix, a suffix, any infilling pattern).
-    ``generator``: one generator, or one per sample; None: ``sample_generators(plan.seed, 0,
-    num_samples)``. ``window``: the most positions the network takes (None: no limit).
+    ``generator``: one generator, or one per sample; None: ``sample_generators(plan.seed,
+    range(num_samples))``. ``window``: the most positions the network takes (None: no limit).
     Returns the tokens [num_samples, seq_len] and what they cost.
     """
     check_positive_int("num_samples", num_samples)
@@ -78,7 +78,7 @@ def draw(process: SampledProcess, sampler: Sampler, denoiser: DenoiserLike, plan
     device = torch.device(device) if device is not None else (
         prompt.device if prompt is not None else torch.device("cpu"))
     z = _initial_tokens(process, num_samples, seq_len, prompt, device)
-    generator = sample_generators(plan.seed, 0, num_samples) if generator is None else generator
+    generator = sample_generators(plan.seed, range(num_samples)) if generator is None else generator
     network = NetworkCalls(as_denoiser(denoiser), num_samples, process.vocab_size,
                            static_shape=plan.static_shape, device=device)
     if plan.block_len is None:
