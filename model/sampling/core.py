@@ -163,8 +163,7 @@ class NetworkCalls:
     """The denoiser as the samplers call it: only for the rows that need it (or, with
     ``static_shape``, all rows at all positions), counting the cost (module docstring)."""
 
-    def __init__(self, denoiser: Denoiser, num_rows: int, vocab_size: int, *, static_shape: bool,
-                 device: torch.device) -> None:
+    def __init__(self, denoiser: Denoiser, num_rows: int, vocab_size: int, *, static_shape: bool) -> None:
         self.denoiser, self.vocab_size, self.static_shape = denoiser, vocab_size, static_shape
         self.calls = self.rows_evaluated = 0
         self.row_calls = torch.zeros(num_rows, dtype=torch.long)

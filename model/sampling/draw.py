@@ -79,8 +79,7 @@ def draw(process: SampledProcess, sampler: Sampler, denoiser: DenoiserLike, plan
         prompt.device if prompt is not None else torch.device("cpu"))
     z = _initial_tokens(process, num_samples, seq_len, prompt, device)
     generator = sample_generators(plan.seed, range(num_samples)) if generator is None else generator
-    network = NetworkCalls(as_denoiser(denoiser), num_samples, process.vocab_size,
-                           static_shape=plan.static_shape, device=device)
+    network = NetworkCalls(as_denoiser(denoiser), num_samples, process.vocab_size, static_shape=plan.static_shape)
     if plan.block_len is None:
         z = sampler(process, plan, z, generator, network)
     else:
