@@ -140,7 +140,8 @@ def _exported_step(export_dir: Path) -> int | None:
 
 def is_up_to_date(target: Path, config: EvalConfig, options: ReportOptions) -> bool:
     """Whether the report of ``target`` already scored its export as it is now (the same
-    checkpoint step) on the datasets of ``config``, with as many time samples per block.
+    checkpoint step) on the datasets of ``config``, with as many time samples per block, and
+    holds the samples ``options`` ask for (as many, drawn by the same plan, swept or not).
     False while ``target`` has no export or its report no readable results.json."""
     try:
         export_dir = resolve_export(target)
@@ -151,7 +152,16 @@ def is_up_to_date(target: Path, config: EvalConfig, options: ReportOptions) -> b
             and sorted(results.datasets) == sorted(config.datasets)
             and results.protocol.samples_per_block == config.samples_per_block
             and (results.protocol.blocks_per_replicate or None) == config.blocks_per_replicate
-            and (results.protocol.name or DEFAULT_PROTOCOL) == config.protocol)
+            and (results.protocol.name or DEFAULT_PROTOCOL) == config.protocol
+            and _holds_the_samples(results, options))
+
+
+def _holds_the_samples(results: EvalResults, options: ReportOptions) -> bool:
+    if not options.num_samples:
+        return True
+    sampling = results.sampling
+    return (bool(sampling) and sampling.num_samples == options.num_samples and sampling.plan == options.sampling
+            and bool(sampling.sweep) == options.sample_sweep)
 
 
 # ------------------------------------------------------------------ before the work

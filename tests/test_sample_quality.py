@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ from common.errors import UserError
 from data_prep.tokenizer import load_tokenizer, train_sentencepiece
 from evaluation.generation import generate
 from evaluation.sample_quality import HF_KIND, UNMASK_KIND, load_reference, score_samples, unigram_entropy
+from evaluation.evaluate import EvalConfig
+from evaluation.zero_shot import ReportOptions, is_up_to_date
 from model.sampling import ConfidenceOptions, SamplingPlan
 from pipeline.export import load_export
 from tests.cli_runner import unmask_in_process
@@ -208,8 +211,13 @@ def test_unmask_eval_sweeps_every_sampler_over_the_budgets(exports, tmp_path):
     text.write_text("\n\n".join(_lines()[:10]), encoding="utf-8")
     out = tmp_path / "report"
     assert unmask_in_process(["eval", str(exports["diffusion"]), "--datasets", str(text), "--samples", "2",
-                              "--max-documents", "4", "--num-samples", "2", "--sampler", "first-hitting",
-                              "--sample-sweep", "--reference", str(exports["ar"]), "--out", str(out)]) == 0
+                              "--num-samples", "2", "--sampler", "first-hitting", "--sample-sweep",
+                              "--reference", str(exports["ar"]), "--out", str(out)]) == 0
+    config, plan = EvalConfig(datasets=(str(text),), samples_per_block=2), SamplingPlan(sampler="first-hitting")
+    options = ReportOptions(num_samples=2, sampling=plan, sample_sweep=True, out=out)
+    assert is_up_to_date(exports["diffusion"], config, options)  # unmask run would skip it...
+    assert not is_up_to_date(exports["diffusion"], config, replace(options, sampling=replace(plan, seed=1)))
+    assert not is_up_to_date(exports["diffusion"], config, replace(options, sample_sweep=False))  # ...not these
     sweep = json.loads((out / "results.json").read_text(encoding="utf-8"))["sampling"]["sweep"]
     budgets = (16, 32, 64, 128, 256, 1024)
     assert [(row["sampler"], row["budget"]) for row in sweep] == [

@@ -23,12 +23,12 @@ def test_defaults_resolve_the_samplers_options():
     remdm = SamplingPlan(sampler="remdm", steps=8)
     assert remdm.options == RemaskOptions(schedule="cap", eta=0.008)
     assert RemaskOptions(schedule="loop").eta == 0.02 and RemaskOptions(schedule="rescale").eta == 0.015
-    assert SamplingPlan(sampler="first-hitting", steps=None).steps is None
+    assert SamplingPlan(sampler="first-hitting").steps is None  # exact: one call per token
+    assert SamplingPlan(sampler="remdm").steps == 1000 and SamplingPlan(steps=None).steps == 1000
 
 
 @pytest.mark.parametrize("fields,field,match", [
     ({"sampler": "gibbs"}, "sampler", "sampler must be one of ancestral, first-hitting, confidence, remdm"),
-    ({"steps": None}, "steps", "the ancestral sampler needs steps"),
     ({"steps": 0}, "steps", "steps must be an integer >= 1"),
     ({"steps": 2.5}, "steps", "steps must be an integer >= 1"),
     ({"grid": "log"}, "grid", "grid must be one of uniform, cosine"),

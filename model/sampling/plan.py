@@ -11,11 +11,14 @@ length and the sampler's own options. It is valid by construction: a bad field r
 - ``ancestral``: reverse steps on the grid; caching makes it at most one call per step in
   which the row unmasks a token, so at most min(steps, tokens to generate) for a time-free
   network;
-- ``first-hitting``: None (the default for it) or steps >= the tokens to generate is the
-  exact sampler, one call per generated token; fewer steps reveal k = ceil(tokens / steps)
-  tokens per call (approximate);
+- ``first-hitting``: None or steps >= the tokens to generate is the exact sampler, one call
+  per generated token; fewer steps reveal k = ceil(tokens / steps) tokens per call
+  (approximate);
 - ``confidence``: unmasking steps, exactly one call each while steps <= tokens to generate;
 - ``remdm``: reverse steps, at most one call each.
+
+``steps=None`` (the default) is the sampler's default budget: exact first-hitting, and
+``DEFAULT_STEPS`` (1000) steps for the others.
 
 ``cache`` and ``static_shape`` say how to run, not what to draw: they never change the
 samples. ``cache=False`` calls the network at every step (the ancestral samplers' reference);
@@ -113,7 +116,7 @@ class SamplingPlan:
     """How to sample; see the module docstring. Invalid values raise ``PlanError``."""
 
     sampler: str = "ancestral"
-    steps: int | None = DEFAULT_STEPS   # network-call budget per sequence (per block)
+    steps: int | None = None            # network-call budget per sequence (per block); None: the sampler's
     grid: str = "uniform"               # time grid of the step-based samplers (GRIDS)
     top_p: float | None = None          # nucleus; None: the full distribution
     temperature: float = 1.0            # softmax(logits / temperature)
@@ -129,10 +132,10 @@ class SamplingPlan:
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
             _fail("sampler", f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
-        if self.steps is None:
-            if self.sampler != "first-hitting":
-                _fail("steps", f"the {self.sampler} sampler needs steps (its budget of network calls)")
-        elif isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+        if self.steps is None and self.sampler != "first-hitting":
+            object.__setattr__(self, "steps", DEFAULT_STEPS)
+        if self.steps is not None and (isinstance(self.steps, bool) or not isinstance(self.steps, int)
+                                       or self.steps < 1):
             _fail("steps", f"steps must be an integer >= 1, got {self.steps!r}")
         if self.grid not in GRIDS:
             _fail("grid", f"grid must be one of {', '.join(GRIDS)}, got {self.grid!r}")

@@ -21,7 +21,6 @@ from model.sampling import (
     SamplingPlan,
     parse_sampler_options,
 )
-from model.sampling.plan import DEFAULT_STEPS
 
 __all__ = ["REPORT_FLAGS", "SAMPLE_FLAGS", "SAMPLER_HELP", "SamplingFlags", "add_sampling_arguments",
            "plan_from_args"]
@@ -57,16 +56,13 @@ REPORT_FLAGS = SamplingFlags(steps="--sample-steps", grid="--sample-grid", top_p
                              temperature="--sample-temperature", block_len=None)
 
 
-def add_sampling_arguments(group: argparse._ActionsContainer, flags: SamplingFlags, *,
-                           default_steps: int | None = None) -> None:
-    """The plan's flags (``--seed`` is the command's own). ``default_steps=None``: the sampler's
-    default budget (first-hitting: one call per token; the others: 1000 steps)."""
+def add_sampling_arguments(group: argparse._ActionsContainer, flags: SamplingFlags) -> None:
+    """The plan's flags (``--seed`` is the command's own)."""
     group.add_argument("--sampler", choices=SAMPLERS, default="ancestral",
                        help="how to sample a diffusion export (default: %(default)s; see 'samplers' below)")
-    default = "the sampler's: first-hitting one call per token, others 1000" if default_steps is None \
-        else str(default_steps)
-    group.add_argument(flags.steps, type=int, default=default_steps, dest="plan_steps", metavar="N",
-                       help=f"budget of network calls per sequence: reverse or unmasking steps (default: {default})")
+    group.add_argument(flags.steps, type=int, dest="plan_steps", metavar="N",
+                       help="budget of network calls per sequence: reverse or unmasking steps (default: the "
+                            "sampler's: first-hitting one call per token, the others 1000)")
     group.add_argument(flags.grid, choices=GRIDS, default="uniform", dest="plan_grid",
                        help="time grid of the steps (default: %(default)s)")
     group.add_argument(flags.top_p, type=float, metavar="P", dest="plan_top_p",
@@ -83,14 +79,11 @@ def add_sampling_arguments(group: argparse._ActionsContainer, flags: SamplingFla
 
 def plan_from_args(args: argparse.Namespace, flags: SamplingFlags, seed: int) -> SamplingPlan:
     """The plan the flags describe; a UserError naming the flag of a bad value."""
-    steps = args.plan_steps
-    if steps is None and args.sampler != "first-hitting":
-        steps = DEFAULT_STEPS
     names = {"sampler": "--sampler", "steps": flags.steps, "grid": flags.grid, "top_p": flags.top_p,
              "temperature": flags.temperature, "block_len": flags.block_len, "seed": "--seed",
              "options": "--sampler-option"}
     try:
-        return SamplingPlan(sampler=args.sampler, steps=steps, grid=args.plan_grid, top_p=args.plan_top_p,
+        return SamplingPlan(sampler=args.sampler, steps=args.plan_steps, grid=args.plan_grid, top_p=args.plan_top_p,
                             temperature=args.plan_temperature, seed=seed,
                             block_len=getattr(args, "plan_block_len", None),
                             options=parse_sampler_options(args.sampler, args.plan_options))
