@@ -12,12 +12,17 @@ from evaluation.detokenizers import DETOKENIZERS
 from evaluation.evaluate import EvalConfig
 from evaluation.protocols import DEFAULT_PROTOCOL, PROTOCOLS
 from evaluation.results import EvalResults
-from orchestration.commands.sampling_flags import REPORT_FLAGS, SAMPLER_HELP, add_sampling_arguments, plan_from_args
+from orchestration.commands.sampling_flags import (
+    REPORT_FLAGS,
+    REPORT_SAMPLER_HELP,
+    add_sampling_arguments,
+    plan_from_args,
+)
 
 RAW = argparse.RawDescriptionHelpFormatter
 
 EVAL_EPILOG = f"""\
-{SAMPLER_HELP.replace("--steps", "--sample-steps")}
+{REPORT_SAMPLER_HELP}
 examples:
   unmask eval runs/tiny --datasets ptb,wikitext2,lambada,lm1b --data-dir ../shared/data
   unmask eval runs/tiny --datasets val --shards shards/ --samples 32

@@ -9,14 +9,20 @@ from typing import TYPE_CHECKING
 from common.logs import configure_logging
 from data_prep.readers import ReadOptions
 from orchestration.commands.evaluate import QUICK_BLOCKS_PER_REPLICATE
-from orchestration.commands.sampling_flags import REPORT_FLAGS, add_sampling_arguments, plan_from_args
+from orchestration.commands.sampling_flags import (
+    REPORT_FLAGS,
+    REPORT_SAMPLER_HELP,
+    add_sampling_arguments,
+    plan_from_args,
+)
 from orchestration.commands.train import RAW, add_launcher_arguments, launch_of
 from pipeline.config import config_yaml, load_config, parse_overrides
 
 if TYPE_CHECKING:
     from orchestration.stages import RunSummary
 
-RUN_EPILOG = """\
+RUN_EPILOG = f"""\
+{REPORT_SAMPLER_HELP}
 config overrides: any --SECTION.FIELD VALUE after the flags, e.g. --train.max_steps 50
 
 examples:

@@ -22,11 +22,11 @@ from model.sampling import (
     parse_sampler_options,
 )
 
-__all__ = ["REPORT_FLAGS", "SAMPLE_FLAGS", "SAMPLER_HELP", "SamplingFlags", "add_sampling_arguments",
-           "plan_from_args"]
+__all__ = ["REPORT_FLAGS", "REPORT_SAMPLER_HELP", "SAMPLE_FLAGS", "SAMPLER_HELP", "SamplingFlags",
+           "add_sampling_arguments", "plan_from_args"]
 
 SAMPLER_HELP = f"""\
-samplers (--sampler; --steps is the budget of network calls per sequence, per block with --block-len):
+samplers (--sampler; --steps is the budget of network calls per sequence, or per block):
   ancestral      reverse steps on the grid, network calls only where a token is revealed (default)
   first-hitting  exact: one network call per generated token (no --steps, or steps >= tokens);
                  fewer steps reveal ceil(tokens / steps) tokens per call (approximate)
@@ -37,6 +37,9 @@ sampler options (--sampler-option KEY=VALUE, repeatable):
   remdm          schedule={'|'.join(REMASK_SCHEDULES)} eta=E (default per schedule: 0.008, 0.015, 0.02)
                  t_on=0.55 t_off=0.05 alpha_on=0.9 (the loop's)
 """
+
+# The same, for the commands that sample for a report (their budget flag is --sample-steps).
+REPORT_SAMPLER_HELP = SAMPLER_HELP.replace("--steps", "--sample-steps")
 
 
 @dataclass(frozen=True)
