@@ -6,6 +6,11 @@ also what ``unmask eval`` samples for its report, and what an lm-eval harness ca
     plan = SamplingPlan(sampler="first-hitting", top_p=0.9, seed=1)
     samples = generate(exported, plan, num=4, prompt="Once upon a time")
     print(samples[0].text, samples[0].network_calls)
+    answers = complete(exported, plan, ["Q: 2 + 2 =", "ROMEO:"], max_new_tokens=16)  # one per prompt
+
+``generate`` draws ``num`` samples of one prompt (or template); ``complete`` one continuation
+per prompt, each the same as ``generate``'s sample of that index and prompt: the API an
+evaluation harness's ``generate_until`` calls (it cuts the text at its own stop strings).
 
 Diffusion exports sample with their process's ``sample`` and the plan's sampler
 (``model.sampling``: ancestral, first-hitting, confidence or remdm, as the process allows)
