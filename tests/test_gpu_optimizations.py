@@ -266,7 +266,7 @@ def test_auto_checkpointing_turns_on_only_when_activations_do_not_fit_next_to_th
 # ------------------------------------------------------------------ config
 def test_new_train_fields_are_typed_validated_and_named_in_errors(tmp_path):
     defaults = Config().train
-    assert (defaults.activation_checkpointing, defaults.compile, defaults.chunked_cross_entropy) == (False, False, 0)
+    assert (defaults.activation_checkpointing, defaults.compile, defaults.chunked_cross_entropy) == (False, "auto", 0)
     path = tmp_path / "c.yaml"
     path.write_text("train:\n  activation_checkpointing: auto\n  compile: true\n  chunked_cross_entropy: 2048\n")
     train = load_config(path).train
@@ -275,7 +275,7 @@ def test_new_train_fields_are_typed_validated_and_named_in_errors(tmp_path):
     cases = {
         ("train.activation_checkpointing", "sometimes"): r"--train.activation_checkpointing = 'sometimes': "
                                                           r"expected true or false, or choose one of \['auto'\]",
-        ("train.compile", "fast"): r"--train.compile = 'fast': expected true or false",
+        ("train.compile", "fast"): r"--train.compile = 'fast': expected true or false, or choose one of \['auto'\]",
         ("train.chunked_cross_entropy", "many"): r"--train.chunked_cross_entropy = 'many': expected an integer",
         ("train.chunked_cross_entropy", "-1"): r"train.chunked_cross_entropy = -1: must be >= 0",
     }
@@ -291,8 +291,8 @@ def test_checkpoints_written_before_the_new_fields_resume_without_a_difference()
     for field in ("compile", "chunked_cross_entropy"):
         del saved["train"][field]
     assert config_differences(saved, Config().to_dict()) == []
-    assert config_differences(saved, load_config(None, {"train.compile": "true"}).to_dict()) == [
-        "train.compile: checkpoint False, now True"]
+    assert config_differences(saved, load_config(None, {"train.chunked_cross_entropy": "8"}).to_dict()) == [
+        "train.chunked_cross_entropy: checkpoint 0, now 8"]
 
 
 # ------------------------------------------------------------------ the benchmark
