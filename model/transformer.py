@@ -366,7 +366,9 @@ class Transformer(nn.Module, Denoiser):
         (``CompiledCrossEntropy``), in place: parameter names, checkpoints and exports do not
         change. Not the whole forward: the selection of the masked rows has a data-dependent
         size. ``compile_options`` go to ``torch.compile``. Wrap blocks (activation
-        checkpointing) before, not after."""
+        checkpointing) before, not after. A second call does nothing."""
+        if self._compiled_loss is not None:
+            return
         for block in self.blocks:
             block.compile(**compile_options)
         self._compiled_loss = CompiledCrossEntropy(self._padded_logits, ROW_MULTIPLE, **compile_options)

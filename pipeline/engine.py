@@ -28,7 +28,8 @@ from pipeline.lr_schedule import make_lr_scheduler
 __all__ = ["BatchPlan", "TrainingPlan", "plan_training", "plan_batches", "choose_zero_stage", "resolve_precision",
            "deepspeed_config", "build_engine", "build_optimizer", "device_memory_bytes", "model_state_bytes",
            "activation_memory_bytes", "resolve_activation_checkpointing", "prepare_model", "network_of",
-           "choose_micro_batch", "resolve_compile", "ACTIVATION_DTYPES"]
+           "choose_micro_batch", "resolve_compile", "ACTIVATION_DTYPES", "inference_memory_bytes",
+           "choose_inference_batch"]
 
 # Share of device memory that model states (weights, gradients, optimizer) may take when
 # choosing a ZeRO stage; the rest is left to activations and the allocator.
@@ -244,6 +245,31 @@ def activation_memory_bytes(network: TransformerConfig, micro_batch: int, seq_le
     head_inputs = tokens * network.d_model * (FLOAT32_BYTES + width)
     logits = rows * network.logit_columns * (loss_bytes + width)
     return float(blocks + head_inputs + logits)
+
+
+def inference_memory_bytes(network: TransformerConfig, batch: int, seq_len: int, precision: str) -> float:
+    """Estimated peak bytes of a no-grad forward of ``batch`` sequences with the loss at every
+    position (evaluation's worst case: every token masked): the float32 weights and, under
+    bf16 autocast, their bf16 copies; one block's activations at a time (without autograd
+    nothing is kept from one block to the next; a training block's saved set bounds what one
+    block holds); the float32 residual stream; and the head's logits as in training."""
+    width = 2 if precision == "bf16" else FLOAT32_BYTES
+    weights = parameter_counts(network).total * (FLOAT32_BYTES + (width if precision == "bf16" else 0))
+    tokens = batch * seq_len
+    block = tokens * network.d_model * (BLOCK_FLOAT32_WIDTHS * FLOAT32_BYTES + BLOCK_ACTIVATION_WIDTHS * width)
+    residual = tokens * network.d_model * FLOAT32_BYTES
+    logits = tokens * network.logit_columns * (LOGIT_FLOAT32_BYTES + width)
+    return float(weights + block + residual + logits)
+
+
+def choose_inference_batch(network: TransformerConfig, seq_len: int, precision: str, memory_bytes: int,
+                           largest: int) -> int:
+    """The largest power of two up to ``largest`` whose no-grad forward
+    (``inference_memory_bytes``) fits in ``USABLE_MEMORY_SHARE`` of ``memory_bytes``; 1 if none does."""
+    batch = 1 << (largest.bit_length() - 1)
+    while batch > 1 and inference_memory_bytes(network, batch, seq_len, precision) > USABLE_MEMORY_SHARE * memory_bytes:
+        batch //= 2
+    return batch
 
 
 def resolve_activation_checkpointing(config: Config, network: TransformerConfig, plan: BatchPlan, zero_stage: int,
