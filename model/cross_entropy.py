@@ -89,8 +89,11 @@ class CompiledCrossEntropy:
     def __init__(self, project: Projection, row_multiple: int, **compile_options: Any) -> None:
         check_positive_int("row_multiple", row_multiple)
         self.row_multiple = row_multiple
-        self._one_shot = torch.compile(partial(rows_cross_entropy, project), **compile_options)
-        self._checkpointed = torch.compile(partial(_checkpointed_rows_nll, project), **compile_options)
+        # The functions compiled, by name (what a test hands torch._dynamo.explain).
+        self.functions = {"one_shot": partial(rows_cross_entropy, project),
+                          "checkpointed": partial(_checkpointed_rows_nll, project)}
+        self._one_shot, self._checkpointed = (torch.compile(self.functions[name], **compile_options)
+                                              for name in ("one_shot", "checkpointed"))
 
     def __call__(self, hidden: Tensor, targets: Tensor, chunk_rows: int | None = None) -> Tensor:
         """-log softmax(project(hidden))[targets], float32, of the shape of ``targets``; with

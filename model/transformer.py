@@ -325,13 +325,14 @@ class Transformer(nn.Module, Denoiser):
         super().__init__()
         self.config = config
         d = config.d_model
-        self.embed = nn.Embedding(config.embedding_rows, d)
+        self.embed = _padded(nn.Embedding(config.vocab_size + 1, d), config.embedding_rows)
         self.time_embed = (TimeEmbedding(config.time_embed_dim, config.time_frequencies or config.time_embed_dim,
                                          config.time_input) if config.modulated else None)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.final_norm = LayerNorm(d, config.norm_eps)
         self.final_modulation = nn.Linear(config.time_embed_dim, 2 * d) if config.modulated else None
-        self.head = None if config.tie_weights else nn.Linear(d, config.padded_head_rows, bias=config.head_bias)
+        self.head = None if config.tie_weights else _padded(nn.Linear(d, config.head_rows, bias=config.head_bias),
+                                                            config.padded_head_rows)
         # -inf on the head's columns past V (the mask's row and the padding); None without them.
         padded = config.logit_columns > config.vocab_size
         mask = torch.zeros(config.logit_columns).index_fill_(0, torch.arange(config.vocab_size, config.logit_columns),
@@ -452,6 +453,22 @@ def _selected_rows(output_mask: Tensor, z: Tensor) -> Tensor:
     if output_mask.shape != z.shape:
         raise ValueError(f"output_mask has shape {tuple(output_mask.shape)}, expected {tuple(z.shape)}")
     return output_mask.flatten().nonzero().squeeze(1)
+
+
+def _padded(module: nn.Embedding | nn.Linear, rows: int) -> nn.Embedding | nn.Linear:
+    """``module`` (an embedding or the head) with zero rows appended up to ``rows``. Built at
+    its true size first, so that it draws the random numbers an unpadded one draws: a seed
+    then gives the same network, true rows and every other weight, whatever the padding."""
+    extra = rows - module.weight.shape[0]
+    if extra:
+        module.weight = nn.Parameter(F.pad(module.weight.detach(), (0, 0, 0, extra)))
+        if getattr(module, "bias", None) is not None:
+            module.bias = nn.Parameter(F.pad(module.bias.detach(), (0, extra)))
+        if isinstance(module, nn.Embedding):
+            module.num_embeddings = rows
+        else:
+            module.out_features = rows
+    return module
 
 
 def _normal_rows(weight: Tensor, rows: int, std: float) -> None:
