@@ -55,6 +55,7 @@ from pipeline.validation import ValidationResult, validate
 __all__ = ["TrainResult", "train"]
 
 log = logging.getLogger("unmask.train")
+GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -393,14 +394,18 @@ class Trainer:
         utilization = mfu(tokens_per_second, self.flops_per_token, self.peak, self.dist.world_size)
         if utilization is not None:
             metrics["train/mfu"] = utilization
+        if self.dist.device.type == "cuda":  # the allocator's own count: no device sync
+            metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(self.dist.device) / GIB
         metrics.update(self.objective.state_metrics(self.engine))  # a learned schedule's exponents
         if self.dist.is_main:
             self._record(metrics, self.state.step)
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_second:,.0f}")
-            log.info("step %d/%d loss %.4f nats/token (%.3f bits) lr %.2e grad %.3f %.0f tokens/s %.3f s/step%s",
+            log.info("step %d/%d loss %.4f nats/token (%.3f bits) lr %.2e grad %.3f %.0f tokens/s %.3f s/step%s%s",
                      self.state.step, self.config.train.max_steps, loss, loss / NATS_PER_BIT, metrics["train/lr"],
                      metrics["train/grad_norm"], tokens_per_second, seconds / steps,
-                     f" MFU {utilization:.1%}" if utilization is not None else "")
+                     f" MFU {utilization:.1%}" if utilization is not None else "",
+                     f" peak memory {metrics['train/peak_memory_gib']:.1f} GiB" if "train/peak_memory_gib" in metrics
+                     else "")
 
     def _validate(self) -> ValidationResult:
         split = self.manifest.splits[self.config.data.val_split]
