@@ -296,8 +296,8 @@ def test_checkpoints_written_before_the_new_fields_resume_without_a_difference()
 
 
 # ------------------------------------------------------------------ the benchmark
-TRAIN_FIELDS = {"preset", "variant", "micro_batch", "seq_len", "vocab_size", "step_time_s", "tokens_per_s", "mfu",
-                "peak_memory_bytes", "loader_wait_share"}
+TRAIN_FIELDS = {"preset", "variant", "micro_batch", "seq_len", "vocab_size", "logit_columns", "compile", "attention",
+                "step_time_s", "tokens_per_s", "mfu", "peak_memory_bytes", "loader_wait_share"}
 
 
 @pytest.mark.slow
@@ -317,14 +317,17 @@ def test_gpu_bench_smoke_runs_on_cpu_and_reports_every_field(tmp_path):
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     train = [row for row in rows if row["bench"] == "train"]
     assert [row["variant"] for row in train] == variants
+    assert [row["attention"] for row in train] == ["flash"] * 6 + ["math"]  # auto's CPU choice, or the one named
     for row in train:
         assert TRAIN_FIELDS <= row.keys() and row["tokens_per_s"] > 0 and row["mfu"] is None, row
         assert row["peak_memory_bytes"] is None  # CUDA only
         assert 0 < row["host_rss_bytes"] <= row["host_peak_rss_bytes"], row
         waits = row["loader_wait_share"]
         assert (0 <= waits < 1) if row["variant"].startswith("pipeline") else waits is None, row
-    evaluation, = [row for row in rows if row["bench"] == "evaluate"]
-    assert evaluation["estimate_tokens_per_s_per_sample"] > 0 and evaluation["seq_len"] == 32
+    evaluations = [row for row in rows if row["bench"] == "evaluate"]
+    assert [row["tuned"] for row in evaluations] == [False, True]  # as unmask eval ran before issue 24, and now
+    for evaluation in evaluations:
+        assert evaluation["estimate_tokens_per_s_per_sample"] > 0 and evaluation["seq_len"] == 32
     sample, = [row for row in rows if row["bench"] == "sample"]
     assert sample["steps"] == 1000 and sample["sequences_per_s"] > 0
     assert sample["rows_evaluated"] <= 2 * 32  # cached: at most one evaluation per generated token
