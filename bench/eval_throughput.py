@@ -93,7 +93,8 @@ def measure(name: str, seq_len: int, samples: int, batch_size: int | None, repea
     scored = count * seq_len
     forward_s, estimate_s = _timed(forward, repeats, device_), _timed(estimate, repeats, device_)
     return {"preset": name, "seq_len": seq_len, "vocab": vocab_size, "blocks": count, "samples_per_block": samples,
-            "device": device_.type, "tuned": tuned, "batch_size": batch_size, "forward_tokens_per_s": scored / forward_s,
+            "device": device_.type, "tuned": tuned, "batch_size": batch_size,
+            "forward_tokens_per_s": scored / forward_s,
             "estimate_tokens_per_s_per_sample": scored * samples / estimate_s,
             "estimate_time_vs_forward": estimate_s / (samples * forward_s)}
 

@@ -155,8 +155,8 @@ def choose_micro_batch(config: Config, network: TransformerConfig, world_size: i
     choices = [setting] if isinstance(setting, bool) else [False, True]
     for checkpointing in choices:
         for micro in (m for m in range(per_rank, 0, -1) if per_rank % m == 0):
-            needed = activation_memory_bytes(network, micro, network.max_seq_len, precision, checkpointing=checkpointing,
-                                             chunk_rows=config.train.chunked_cross_entropy,
+            needed = activation_memory_bytes(network, micro, network.max_seq_len, precision,
+                                             checkpointing=checkpointing, chunk_rows=config.train.chunked_cross_entropy,
                                              process=config.model.process)
             if needed <= budget:
                 return micro, checkpointing

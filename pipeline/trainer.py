@@ -36,8 +36,8 @@ from common.provenance import git_commit
 from data_prep.loader import StreamingLoader
 from data_prep.shards import Manifest
 from model.spec import build_trainable
-from pipeline.background_tracking import FAILED_CLOSE_WAIT_S, BackgroundTracker
 from pipeline.attention import attention_kernel
+from pipeline.background_tracking import FAILED_CLOSE_WAIT_S, BackgroundTracker
 from pipeline.checkpoint import CheckpointManager, CheckpointMeta, TrainState, read_state, write_failure
 from pipeline.config import Config, config_differences, with_legacy_values
 from pipeline.distributed import Distributed, init_distributed
@@ -337,7 +337,7 @@ class Trainer:
         """What the run resolved to, "auto" settings included: the line to read when it is slow."""
         plan, batches, train = self.plan, self.plan.batches, self.config.train
         chunks = f"{plan.chunked_cross_entropy} rows" if plan.chunked_cross_entropy else "off"
-        auto = lambda setting: " (auto)" if setting == "auto" else ""  # noqa: E731
+        auto = _marked_auto
         log.info("setup: %d rank(s), micro-batch %d%s x %d accumulation, ZeRO-%d, %s, activation checkpointing %s%s, "
                  "compile %s%s, attention %s%s, chunked cross-entropy %s, vocabulary %d padded to %d",
                  batches.world_size, batches.micro_batch, auto(train.micro_batch_size), batches.accumulation,
@@ -448,6 +448,11 @@ class _Interval:
         steps = max(self.steps, 1)
         self._reset()
         return loss, tokens, seconds, steps
+
+
+def _marked_auto(setting: object) -> str:
+    """" (auto)" after a value that an "auto" setting decided, for the setup line."""
+    return " (auto)" if setting == "auto" else ""
 
 
 def _with_checkpoint_legacy(config: Config, run_dir: Path, dist: Distributed) -> Config:

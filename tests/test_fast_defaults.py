@@ -149,6 +149,18 @@ def test_a_padded_vocabulary_gives_the_true_loss_logits_and_gradients(head, chun
     assert parameter_counts(padded.config).total == sum(p.numel() for p in padded.parameters())
 
 
+def test_the_uniform_process_scores_a_padded_network_as_the_true_one():
+    """The uniform bound uses the whole prediction over the vocabulary: it must see V columns."""
+    from model.uniform import UniformDiffusion
+
+    plain, padded = _net(time_conditioning=True), _net(time_conditioning=True, vocab_multiple=PADDED)
+    diffusion = UniformDiffusion(make_schedule("linear"), VOCAB)
+    loss, grads = _loss_and_grads(plain, diffusion, _batch())
+    padded_loss, padded_grads = _loss_and_grads(padded, diffusion, _batch())
+    torch.testing.assert_close(padded_loss, loss, rtol=1e-6, atol=0)
+    assert not padded_grads["embed.weight"][VOCAB + 1:].any()
+
+
 def test_vocab_multiple_is_validated_and_runs_before_it_resume_with_one():
     assert Config().model.vocab_multiple == 128
     with pytest.raises(UserError, match="config field model.vocab_multiple = 0: must be >= 1"):
@@ -231,7 +243,8 @@ def test_the_evaluation_batch_is_sized_to_the_device():
     assert choose_inference_batch(MEDIUM, 1024, "bf16", GIB, 256) == 1
     config = EvalConfig(datasets=("ptb",))
     assert not should_compile(config, torch.device("cpu"), 10**9)
-    assert should_compile(config, torch.device("cuda"), 10**8) and not should_compile(config, torch.device("cuda"), 10**6)
+    cuda = torch.device("cuda")  # a device object only: nothing runs on it
+    assert should_compile(config, cuda, 10**8) and not should_compile(config, cuda, 10**6)
     assert should_compile(EvalConfig(datasets=("ptb",), compile="on"), torch.device("cpu"), 1)
 
 
@@ -298,7 +311,8 @@ class _HostReads(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._schema.name
         if name in HOST_READS:
-            ours = [f for f in traceback.extract_stack() if f.filename.startswith(str(REPO)) and "/tests/" not in f.filename]
+            ours = [f for f in traceback.extract_stack()
+                    if f.filename.startswith(str(REPO)) and "/tests/" not in f.filename]
             where = f"{Path(ours[-1].filename).relative_to(REPO)}:{ours[-1].name}" if ours else "?"
             self.reads.append((name, where, self.matmuls))
         self.matmuls += name in MATMULS

@@ -34,7 +34,7 @@ def test_the_gpu_check_dry_runs_on_cpu_and_writes_every_result(tmp_path, tinysha
     assert "micro-batch 16 (auto) x 1 accumulation" in (out / "train.log").read_text()
     rows = [json.loads(line) for line in (out / "bench.jsonl").read_text().splitlines()]
     trained = [row["variant"] for row in rows if row["bench"] == "train"]
-    assert trained == ["pipeline-zero1+eager+unpadded+flash", "pipeline-zero1", "pipeline-zero1+flash"]
+    assert trained == ["pipeline-zero1+eager+unpadded+flash", "pipeline-zero1"]
     assert all(row["tokens_per_s"] > 0 for row in rows if row["bench"] == "train")
     assert [row["tuned"] for row in rows if row["bench"] == "evaluate"] == [False, True]
     assert [row["bench"] for row in rows if row["bench"] == "sample"] == ["sample"]
