@@ -300,7 +300,8 @@ def test_chunked_cross_entropy_and_auto_checkpointing_keep_the_losses(tmp_path, 
     config = write_config(tmp_path / "c.yaml", {"train": {"zero_stage": 1, "activation_checkpointing": "auto",
                                                           "chunked_cross_entropy": 5}})
     run = run_train(tmp_path / "run", shards, config)
-    assert "activation checkpointing off (auto), compile off, chunked cross-entropy 5 rows" in run.output
+    assert "activation checkpointing off (auto), compile off (auto), attention flash (auto), chunked cross-entropy " \
+           "5 rows" in run.output
     reference = reference_runs[1, 1].losses()
     assert run.losses().keys() == reference.keys()
     for step, loss in run.losses().items():
