@@ -327,15 +327,20 @@ def _replicate_partials(diffusion: DiffusionProcess, denoiser: DenoiserLike, blo
                         progress: Progress | None = None) -> list[float]:
     """This rank's share of S_k = sum_blocks NELBO_k and Q_k = sum_blocks NELBO_k^2, for k in
     ``replicates``, as [S..., Q...] (a sum over ranks gives the totals)."""
+    slots, terms = [], []
+    for ks, _, _, result in _score_batches(diffusion, denoiser, blocks, replicates, plan, discrete_steps):
+        # Kept on the device and read once at the end: the host prepares the next batch while
+        # the device scores this one.
+        slots.append(ks - replicates.start)
+        terms.append(result.total if isinstance(result, NelboTerms) else result)
+        if progress is not None:
+            progress(len(ks))
     sums = np.zeros(len(replicates), dtype=np.float64)
     squares = np.zeros(len(replicates), dtype=np.float64)
-    for ks, _, _, result in _score_batches(diffusion, denoiser, blocks, replicates, plan, discrete_steps):
-        nelbo = (result.total if isinstance(result, NelboTerms) else result).cpu().numpy()
-        slots = ks.numpy() - replicates.start
-        np.add.at(sums, slots, nelbo)
-        np.add.at(squares, slots, nelbo**2)
-        if progress is not None:
-            progress(len(slots))
+    if terms:
+        slot, nelbo = torch.cat(slots).numpy(), torch.cat([t.to(torch.float64) for t in terms]).cpu().numpy()
+        np.add.at(sums, slot, nelbo)
+        np.add.at(squares, slot, nelbo**2)
     return [*(sums * plan.block_scale(blocks.num_blocks)).tolist(), *squares.tolist()]
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -32,7 +32,7 @@ from common.errors import UserError
 from data_prep.tokenizer import Tokenizer, load_tokenizer
 from model.spec import ModelSpec, Process, build_network, build_process, build_trainable
 from model.trainable import NETWORK_PREFIX, split_state
-from model.transformer import Transformer, TransformerConfig
+from model.transformer import Transformer, TransformerConfig, unpadded_state
 from pipeline.checkpoint import (
     CheckpointMeta,
     intact_checkpoint,
@@ -125,6 +125,7 @@ def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["em
     spec = model_spec(ModelSection(**state.config["model"]), TransformerConfig(**state.network))
     tensors = {canonical_name(name): t.float().contiguous() for name, t in raw.items()}
     _check_complete(tensors, spec, checkpoint)
+    tensors, spec = _unpadded(tensors, spec)
     layout = RunLayout(run_dir)
     out = Path(out_dir) if out_dir is not None else layout.hf_export if format == "hf" else layout.export
     tokenizer_src = layout.tokenizer
@@ -182,6 +183,15 @@ def _check_complete(tensors: dict[str, torch.Tensor], spec: ModelSpec, checkpoin
         missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
         raise UserError(f"{checkpoint}: weights do not match the network in unmask_state.json "
                         f"(missing {missing[:5]}, unexpected {extra[:5]}, or shapes differ)")
+
+
+def _unpadded(tensors: dict[str, torch.Tensor], spec: ModelSpec) -> tuple[dict[str, torch.Tensor], ModelSpec]:
+    """The weights and spec without the padded vocabulary rows (``model.vocab_multiple``): an
+    export holds the true vocabulary, so what reads it (load_export, transformers, other
+    codebases) never meets a padded row."""
+    unpadded = {name: tensor if tensor.shape == tensors[name].shape else tensor.clone()  # a slice: its own storage
+                for name, tensor in unpadded_state(tensors, spec.network).items()}
+    return unpadded, replace(spec, network=replace(spec.network, vocab_multiple=1))
 
 
 def _export_config(spec: ModelSpec, state: CheckpointMeta, checkpoint: Path, weights: str) -> dict:

@@ -31,7 +31,7 @@ def network_config(model: ModelSection, manifest: Manifest) -> TransformerConfig
         config = preset(model.preset, vocab, **shape)
         return replace(config, max_seq_len=max_seq_len, dropout=model.dropout,
                        time_conditioning=model.time_conditioning,
-                       causal=model.objective == "autoregressive")
+                       causal=model.objective == "autoregressive", vocab_multiple=model.vocab_multiple)
     except ValueError as err:
         raise UserError(f"config section model: {err}") from None
 

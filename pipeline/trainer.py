@@ -36,9 +36,10 @@ from common.provenance import git_commit
 from data_prep.loader import StreamingLoader
 from data_prep.shards import Manifest
 from model.spec import build_trainable
+from pipeline.attention import attention_kernel
 from pipeline.background_tracking import FAILED_CLOSE_WAIT_S, BackgroundTracker
 from pipeline.checkpoint import CheckpointManager, CheckpointMeta, TrainState, read_state, write_failure
-from pipeline.config import Config, config_differences
+from pipeline.config import Config, config_differences, with_legacy_values
 from pipeline.distributed import Distributed, init_distributed
 from pipeline.ema import EMA
 from pipeline.engine import TrainingPlan, build_engine, deepspeed_config, plan_training
@@ -54,6 +55,7 @@ from pipeline.validation import ValidationResult, validate
 __all__ = ["TrainResult", "train"]
 
 log = logging.getLogger("unmask.train")
+GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,8 @@ class Trainer:
         derived = {"world_size": self.dist.world_size, "micro_batch": plan.batches.micro_batch,
                    "accumulation": plan.batches.accumulation, "zero_stage": plan.zero_stage,
                    "precision": plan.precision, "parameters": plan.parameters,
-                   "activation_checkpointing": plan.activation_checkpointing,
+                   "activation_checkpointing": plan.activation_checkpointing, "compile": plan.compile,
+                   "attention": plan.attention,
                    "seq_len": self.manifest.seq_len, "vocab_size": self.network_config.vocab_size,
                    "network": asdict(self.network_config)}  # the shape the preset and overrides resolved to
         params = flatten_params({**self.config.to_dict(), "resolved": derived})
@@ -281,7 +284,8 @@ class Trainer:
         if dist.is_main:
             self._log_setup()
         try:
-            with bars_and_logs():  # log lines go above the bar, not through it
+            # The attention kernel for the whole run: steps, validation, and the graphs compiled in them.
+            with bars_and_logs(), attention_kernel(self.plan.attention):  # log lines go above the bar
                 if self.state.step == 0 and config.eval.every:
                     validation = self._validate()  # the curve starts at the initial weights
                 while self.state.step < config.train.max_steps:
@@ -331,13 +335,16 @@ class Trainer:
 
     def _log_setup(self) -> None:
         """What the run resolved to, "auto" settings included: the line to read when it is slow."""
-        plan, batches = self.plan, self.plan.batches
+        plan, batches, train = self.plan, self.plan.batches, self.config.train
         chunks = f"{plan.chunked_cross_entropy} rows" if plan.chunked_cross_entropy else "off"
-        log.info("setup: %d rank(s), micro-batch %d x %d accumulation, ZeRO-%d, %s, activation checkpointing %s%s, "
-                 "compile %s, chunked cross-entropy %s", batches.world_size, batches.micro_batch, batches.accumulation,
+        auto = _marked_auto
+        log.info("setup: %d rank(s), micro-batch %d%s x %d accumulation, ZeRO-%d, %s, activation checkpointing %s%s, "
+                 "compile %s%s, attention %s%s, chunked cross-entropy %s, vocabulary %d padded to %d",
+                 batches.world_size, batches.micro_batch, auto(train.micro_batch_size), batches.accumulation,
                  plan.zero_stage, plan.precision, "on" if plan.activation_checkpointing else "off",
-                 " (auto)" if self.config.train.activation_checkpointing == "auto" else "",
-                 "on" if plan.compile else "off", chunks)
+                 auto(train.activation_checkpointing), "on" if plan.compile else "off", auto(train.compile),
+                 plan.attention, auto(train.attention), chunks, self.network_config.vocab_size,
+                 self.network_config.logit_columns)
 
     def _step(self, batches: Iterator[torch.Tensor], interval: "_Interval") -> None:
         """One optimizer step: the global batch in micro-batches, then EMA and bookkeeping."""
@@ -387,14 +394,18 @@ class Trainer:
         utilization = mfu(tokens_per_second, self.flops_per_token, self.peak, self.dist.world_size)
         if utilization is not None:
             metrics["train/mfu"] = utilization
+        if self.dist.device.type == "cuda":  # the allocator's own count: no device sync
+            metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(self.dist.device) / GIB
         metrics.update(self.objective.state_metrics(self.engine))  # a learned schedule's exponents
         if self.dist.is_main:
             self._record(metrics, self.state.step)
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_second:,.0f}")
-            log.info("step %d/%d loss %.4f nats/token (%.3f bits) lr %.2e grad %.3f %.0f tokens/s %.3f s/step%s",
+            log.info("step %d/%d loss %.4f nats/token (%.3f bits) lr %.2e grad %.3f %.0f tokens/s %.3f s/step%s%s",
                      self.state.step, self.config.train.max_steps, loss, loss / NATS_PER_BIT, metrics["train/lr"],
                      metrics["train/grad_norm"], tokens_per_second, seconds / steps,
-                     f" MFU {utilization:.1%}" if utilization is not None else "")
+                     f" MFU {utilization:.1%}" if utilization is not None else "",
+                     f" peak memory {metrics['train/peak_memory_gib']:.1f} GiB" if "train/peak_memory_gib" in metrics
+                     else "")
 
     def _validate(self) -> ValidationResult:
         split = self.manifest.splits[self.config.data.val_split]
@@ -437,6 +448,28 @@ class _Interval:
         steps = max(self.steps, 1)
         self._reset()
         return loss, tokens, seconds, steps
+
+
+def _marked_auto(setting: object) -> str:
+    """" (auto)" after a value that an "auto" setting decided, for the setup line."""
+    return " (auto)" if setting == "auto" else ""
+
+
+def _with_checkpoint_legacy(config: Config, run_dir: Path, dist: Distributed) -> Config:
+    """``config`` for resuming ``run_dir``: the fields its latest checkpoint predates keep the
+    value they had then (``pipeline.config.with_legacy_values``; a run written before
+    ``model.vocab_multiple`` resumes with 1, the shape of its weights). The checkpoint is not
+    verified here: resuming does that, and refuses what it must."""
+    layout = RunLayout(run_dir)
+    try:
+        saved = read_state(layout.checkpoints / layout.latest.read_text().strip()).config
+    except (OSError, UserError):  # no checkpoint yet, or one that resuming will name
+        return config
+    config, adopted = with_legacy_values(config, saved)
+    if adopted and dist.is_main:
+        log.info("resuming a checkpoint written before these fields existed: %s, as it was trained",
+                 "; ".join(adopted))
+    return config
 
 
 def _record_step(line: str) -> int:
@@ -485,6 +518,8 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
 
 def _train_locked(config: Config, dist: Distributed, data_dir: Path, run_dir: Path, resume: str,
                   allow_config_change: bool, hooks: TrainHooks) -> TrainResult:
+    if resume == "auto":
+        config = _with_checkpoint_legacy(config, run_dir, dist)
     trainer = Trainer(config, data_dir, run_dir, dist, hooks)
     trainer.resume(resume, allow_config_change)
     trainer.write_run_files()
