@@ -59,7 +59,8 @@ def _json_text(data: bytes | None, field: str) -> tuple[str, None] | tuple[None,
         # Invalid UTF-8 becomes lone surrogates, which --bad-utf8 handles if in the text field.
         record = _json_value(data.decode("utf-8", "surrogateescape"))
     except json.JSONDecodeError as err:
-        return None, f"not valid JSON ({err.msg} at column {err.colno})"
+        # Some of json's messages end in " at" ("Unterminated string starting at"): say it once.
+        return None, f"not valid JSON ({err.msg.removesuffix(' at')} at column {err.colno})"
     if not isinstance(record, dict):
         return None, f"expected a JSON object, got {_JSON_TYPES[type(record)]}"
     if field not in record:
