@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from common.atomic_files import temporary_path
+from common.atomic_files import is_temporary
 from common.errors import UserError
 from common.outputs import (
     MARKER,
@@ -262,7 +262,8 @@ def _small_prep(root: Path) -> tuple[PrepConfig, Tokenizer, Path]:
 def test_a_prep_clears_what_killed_shard_writers_left(tmp_path):
     config, tokenizer, out = _small_prep(tmp_path)
     shard = out / Manifest.read(out).splits["train"].shards[0].path
-    left = temporary_path(shard)  # a writer killed before its rename
+    left = shard.with_name(f".{shard.name}.tmp-{_dead_pid()}")  # what a writer killed before its rename leaves
+    assert is_temporary(left.name)
     left.write_bytes(shard.read_bytes()[:100])
     (out / "manifest.json").unlink()  # the prep did not finish
     prep(config, tokenizer, out, progress=False)
