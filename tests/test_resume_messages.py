@@ -18,6 +18,8 @@ from pipeline.distributed import Distributed
 from tests.cli_runner import unmask_in_process
 from tests.train_helpers import MICRO_RUN, run_train, write_config
 
+pytestmark = pytest.mark.slow  # a training run (conftest.micro_run) to resume
+
 ALONE = Distributed(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
 
 
