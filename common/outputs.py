@@ -120,11 +120,11 @@ def _listed(directory: Path, names: Sequence[str]) -> str:
 
 
 # ------------------------------------------------------------------ the checks
-def _refuse_files_on_the_way(target: Path, flag: str, what: str = "a directory") -> None:
+def _refuse_files_on_the_way(target: Path, flag: str) -> None:
     blocker = next((p for p in (target, *target.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         where = "is a file" if blocker == target else f"lies below {blocker}, which is a file"
-        raise UserError(f"{flag} {target}: {where}, not {what}; choose a directory (it is created if missing)")
+        raise UserError(f"{flag} {target}: {where}, not a directory; choose a directory (it is created if missing)")
 
 
 def _absolute(path: str | Path) -> Path:

@@ -156,7 +156,7 @@ class PrepResult:
             f"); leave them out, or convert UTF-16 text to UTF-8 (iconv -f UTF-16 -t UTF-8 IN > OUT.txt):",
             *(f"  {entry['uri']}: {entry['skipped']}" for entry in skipped)]
         counts = self.manifest.counts
-        read = documents_read(counts)
+        read = _documents_read(counts)
         for affected, what in _affected_documents(counts):
             if affected > LOUD_SHARE * read:
                 lines.append(f"{affected / read:.1%} of the documents ({affected:,} of {read:,}) {what}")
@@ -166,7 +166,7 @@ class PrepResult:
         """The documents repaired or skipped, counted, with the flag that changes each, when
         they stay within ``LOUD_SHARE`` of those read (``warnings`` names the others)."""
         counts = self.manifest.counts
-        read = documents_read(counts)
+        read = _documents_read(counts)
         return [f"{affected:,} of {read:,} documents {what}" for affected, what in _affected_documents(counts)
                 if 0 < affected <= LOUD_SHARE * read]
 
@@ -189,7 +189,7 @@ class PrepResult:
                 f"{self.seconds:.1f} s, tokenizing at {rate:,.0f} tokens/s{resumed}")
 
 
-def documents_read(counts: dict) -> int:
+def _documents_read(counts: dict) -> int:
     """The documents the readers met, kept or not (the denominator of the shares above)."""
     return sum(counts.get(name, 0) for name in ("documents", "empty_skipped", "bad_utf8_skipped", "bad_json_skipped"))
 
