@@ -13,9 +13,10 @@ run`` stage by stage) goes through this module, which holds the rule:
    export, the shards of a prep, a tokenizer, a training run, a report) marks its directory
    with ``MARKER``: the kind, and for a directory that is replaced whole the entries it was
    written with. A command writes into a new or empty directory, or one marked with its own
-   kind; never into one marked with another kind or holding anything else. A directory
-   written before the marker existed is recognized by its kind's ``legacy`` test,
-   conservatively (names and records only we write), and is marked when next written.
+   kind; never into one marked with another kind or holding anything else. A directory of a
+   kind that carries no marker (written before the marker existed, or where a tool wrote
+   first: Ray Train's records in RUN/ray_train) is recognized by the kind's ``unmarked``
+   test, conservatively (names and records only we write), and is marked when next written.
 3. **Outputs that appear whole** (exports, tokenizers, reports: ``new_output_dir``) are
    written into a new hidden sibling, ``.NAME.unmask-new-PID``, and renamed into place: a
    reader sees the old directory or the complete new one, and a failure leaves the old one
@@ -73,8 +74,8 @@ class OutputKind:
     noun: str        # what the messages call it, article included: "an unmask export"
     whole: bool      # True: written in a sibling and renamed (new_output_dir); False: filled
                      # in place and resumed (claim_output_dir)
-    # Recognizes a directory of this kind written before the marker existed.
-    legacy: Callable[[Path], bool] = field(default=_never, compare=False)
+    # Recognizes a directory of this kind without the marker (of an earlier version, say).
+    unmarked: Callable[[Path], bool] = field(default=_never, compare=False)
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def _in_the_way(directory: Path, kind: OutputKind, flag: str) -> str | None:
     """Why ``directory`` cannot take ``kind``'s output, with the fix; None when it can."""
     names, marker = entry_names(directory), read_marker(directory)
     if marker is None:
-        if not names or kind.legacy(directory):
+        if not names or kind.unmarked(directory):
             return None
         return (f"is not {kind.noun}: it holds {_listed(directory, list(names))}; choose a new or empty "
                 f"directory for {flag}")

@@ -97,7 +97,7 @@ LOUD_SHARE = 0.01
 PADDING_WARN_SHARE = 0.5
 
 
-def _is_legacy_prep(directory: Path) -> bool:
+def _is_unmarked_prep(directory: Path) -> bool:
     """A prep written before the marker existed: its manifest, or its unfinished work."""
     manifest = json_object(directory / MANIFEST_NAME)
     return (manifest is not None and "prep_config_sha256" in manifest) or \
@@ -105,7 +105,7 @@ def _is_legacy_prep(directory: Path) -> bool:
 
 
 # What `unmask prep --out` (and `unmask run`'s RUN/data) holds: shards, manifest, tokenizer.
-PREP_KIND = OutputKind("prep", "the shards of `unmask prep`", whole=False, legacy=_is_legacy_prep)
+PREP_KIND = OutputKind("prep", "the shards of `unmask prep`", whole=False, unmarked=_is_unmarked_prep)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ __all__ = ["TOKENIZER_KIND", "TRAINING_REQUEST_NAME", "CorpusText", "TrainedToke
 TRAINING_REQUEST_NAME = "training_request.json"
 
 
-def _is_legacy_tokenizer(directory: Path) -> bool:
+def _is_unmarked_tokenizer(directory: Path) -> bool:
     """A directory of `unmask tokenizer train` written before the marker existed: its files
     only, with the record of its training."""
     record = json_object(directory / SP_METADATA_FILE)
@@ -55,7 +55,7 @@ def _is_legacy_tokenizer(directory: Path) -> bool:
 
 # What `unmask tokenizer train --out` writes: a directory that appears whole.
 TOKENIZER_KIND = OutputKind("tokenizer", "a tokenizer of `unmask tokenizer train`", whole=True,
-                            legacy=_is_legacy_tokenizer)
+                            unmarked=_is_unmarked_tokenizer)
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ MISSING = "—"
 UNKNOWN_PROTOCOL = "the paper's own (not recorded in our sources)"
 
 
-def _is_legacy_report(directory: Path) -> bool:
+def _is_unmarked_report(directory: Path) -> bool:
     """A report written before the marker existed: its files only, its results.json (or the
     MLflow record its evaluation wrote first) among them."""
     names = entry_names(directory)
@@ -79,7 +79,7 @@ def _is_legacy_report(directory: Path) -> bool:
 
 
 # What `unmask eval` writes (RUN/report, --out): a directory that appears whole.
-REPORT_KIND = OutputKind("report", "a report of `unmask eval`", whole=True, legacy=_is_legacy_report)
+REPORT_KIND = OutputKind("report", "a report of `unmask eval`", whole=True, unmarked=_is_unmarked_report)
 
 
 @dataclass(frozen=True)

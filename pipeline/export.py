@@ -73,7 +73,7 @@ _WRAPPER_PREFIX = "_checkpoint_wrapped_module."
 EXPORT_DRAWS = 1
 
 
-def _is_legacy_export(directory: Path) -> bool:
+def _is_unmarked_export(directory: Path) -> bool:
     """An export written before the marker existed: its three entries and nothing else, with
     the config.json only an export writes."""
     config = json_object(directory / CONFIG_FILE)
@@ -82,7 +82,7 @@ def _is_legacy_export(directory: Path) -> bool:
 
 
 # What `unmask export` and `unmask import` write: a directory that appears whole.
-EXPORT_KIND = OutputKind("export", "an unmask export", whole=True, legacy=_is_legacy_export)
+EXPORT_KIND = OutputKind("export", "an unmask export", whole=True, unmarked=_is_unmarked_export)
 
 
 def canonical_name(name: str) -> str:

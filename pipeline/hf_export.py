@@ -50,7 +50,7 @@ _HF_ENTRIES = {HF_CONFIG_FILE, HF_WEIGHTS_FILE, HF_MODELING_FILE, HF_TOKENIZER_C
                SPECIAL_TOKENS_MAP_FILE}
 
 
-def _is_legacy_hf_export(directory: Path) -> bool:
+def _is_unmarked_hf_export(directory: Path) -> bool:
     """A directory of this format written before the marker existed: its names only, with our
     modeling file and a config.json of our model type."""
     config = json_object(directory / HF_CONFIG_FILE)
@@ -60,7 +60,7 @@ def _is_legacy_hf_export(directory: Path) -> bool:
 
 # What `unmask export --format hf` writes: a directory that appears whole.
 HF_EXPORT_KIND = OutputKind("hf-export", "a transformers directory of `unmask export --format hf`", whole=True,
-                            legacy=_is_legacy_hf_export)
+                            unmarked=_is_unmarked_hf_export)
 
 
 def write_hf_export(out: Path, tensors: Mapping[str, torch.Tensor], config: dict, tokenizer_dir: Path) -> None:

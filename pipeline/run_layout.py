@@ -122,10 +122,11 @@ class RunLayout:
         return self.root / "run_summary.json"
 
 
-def _is_legacy_run(directory: Path) -> bool:
-    """A run directory written before the marker existed: it holds a file that only a training
-    run writes (a checkpoints/latest, the lock, the metrics, the resolved config, the summary of
-    `unmask run`), or, of an `unmask run` stopped before training, only its corpus and data."""
+def _is_unmarked_run(directory: Path) -> bool:
+    """A run directory without the marker (of an earlier version, or one where Ray Train wrote
+    its records first): it holds a file that only a training run writes (a checkpoints/latest,
+    the lock, the metrics, the resolved config, the summary of `unmask run`), or nothing but what
+    a run holds before its first step (the corpus and data of `unmask run`, Ray Train's records)."""
     layout = RunLayout(directory)
     if any(path.is_file() for path in (layout.latest, layout.lock, layout.metrics, layout.summary)):
         return True
@@ -133,11 +134,11 @@ def _is_legacy_run(directory: Path) -> bool:
     if config is not None and {"model", "train", "data"} <= config.keys():
         return True
     names = entry_names(directory)
-    return bool(names) and names <= {layout.data.name, layout.corpus.name}
+    return bool(names) and names <= {layout.data.name, layout.corpus.name, layout.ray_train.name}
 
 
 # What `unmask train --run-dir` and `unmask run --run-dir` write: a directory that grows in place.
-RUN_KIND = OutputKind("run", "an unmask training run", whole=False, legacy=_is_legacy_run)
+RUN_KIND = OutputKind("run", "an unmask training run", whole=False, unmarked=_is_unmarked_run)
 
 
 def training_data(path: str | Path) -> InputPath:

@@ -50,8 +50,9 @@ JOB_ID_ENV = "UNMASK_JOB_ID"
 TORCHRUN_JOB_ENV = "TORCHELASTIC_RUN_ID"
 SAME_JOB_WAIT_S = 120.0
 POLL_S = 0.5
-# The lock files this process holds, by (device, inode): the descriptor each is held through.
-_HELD: dict[tuple[int, int], int] = {}
+# The lock files this process holds, by (device, inode), with the holder's record: read from
+# here, since opening the file to read it would release the lock when closed.
+_HELD: dict[tuple[int, int], dict] = {}
 # What lockf raises when another process holds the lock.
 _TAKEN = (errno.EACCES, errno.EAGAIN)
 
@@ -76,22 +77,29 @@ class RunLock:
     def acquire(self) -> None:
         """Take the lock, or raise :class:`RunDirLocked` naming the trainer that holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists() and (held := _HELD.get(_key(os.stat(self.path)))) is not None:
-            # Held by this process: opening the file again, then closing it, would release it.
-            raise RunDirLocked(_locked_message(self.path, _read_holder(held)))
+        deadline = time.monotonic() + SAME_JOB_WAIT_S
+        while self.path.exists() and (holder := _HELD.get(_key(os.stat(self.path)))) is not None:
+            # Held by this process (a worker group's previous loop, in another thread): opening
+            # the file again, then closing it, would release it; wait for it like another process.
+            self._wait_for(holder, deadline)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            self._lock(fd)
+            self._lock(fd, deadline)
         except BaseException:
             os.close(fd)
             raise
         self._fd, self._key = fd, _key(os.fstat(fd))
-        _HELD[self._key] = fd
-        self._write_holder(fd)
+        _HELD[self._key] = self._write_holder(fd)
 
-    def _lock(self, fd: int) -> None:
+    def _wait_for(self, holder: dict, deadline: float) -> None:
+        """Wait a poll for ``holder`` when it is this job's previous worker, still exiting (and
+        not for longer than ``deadline``); raise :class:`RunDirLocked` naming it otherwise."""
+        if _job_id() is None or holder.get("job") != _job_id() or time.monotonic() > deadline:
+            raise RunDirLocked(_locked_message(self.path, holder)) from None
+        time.sleep(POLL_S)
+
+    def _lock(self, fd: int, deadline: float) -> None:
         holder = None
-        deadline = time.monotonic() + SAME_JOB_WAIT_S
         while True:
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -99,9 +107,7 @@ class RunLock:
             except OSError as err:
                 if err.errno in _TAKEN:
                     holder = _read_holder(fd)
-                    if _job_id() is None or holder.get("job") != _job_id() or time.monotonic() > deadline:
-                        raise RunDirLocked(_locked_message(self.path, holder)) from None
-                    time.sleep(POLL_S)  # the same job's previous worker is still exiting
+                    self._wait_for(holder, deadline)
                     continue
                 if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                     raise
@@ -113,12 +119,13 @@ class RunLock:
             log.info("taking over %s from pid %s on %s, which is no longer running", self.path,
                      left.get("pid"), left.get("host"))
 
-    def _write_holder(self, fd: int) -> None:
+    def _write_holder(self, fd: int) -> dict:
         record = {"host": socket.gethostname(), "pid": os.getpid(), "job": _job_id(),
                   "since": datetime.datetime.now().isoformat(timespec="seconds"), "command": " ".join(sys.argv)}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         os.fsync(fd)
+        return record
 
     def release(self) -> None:
         """Let the next trainer in (the file stays: removing it would race a new holder)."""
@@ -126,8 +133,8 @@ class RunLock:
             return
         os.ftruncate(self._fd, 0)
         fcntl.lockf(self._fd, fcntl.LOCK_UN)
-        _HELD.pop(self._key, None)
         os.close(self._fd)
+        _HELD.pop(self._key, None)  # last: a waiter of this process opens the file only then
         self._fd = self._key = None
 
     def __enter__(self) -> "RunLock":

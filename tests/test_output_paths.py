@@ -152,8 +152,12 @@ def test_export_never_writes_over_the_run_or_a_directory_of_other_files(run, tmp
         err = _cli(capsys, "export", run, "--out", mixed, "--format", fmt)
         assert f"--out {mixed}: is not {kind}" in err and "it holds config.json, notes.txt;" in err
     assert tree_bytes(run) == finished and (mixed / "notes.txt").read_text() == "mine"
-    assert unmask_in_process(["export", str(run)]) == 0 and unmask_in_process(["export", str(run)]) == 0
-    assert read_marker(run / "export")["kind"] == "export"  # an export replaces an export
+    assert unmask_in_process(["export", str(run)]) == 0
+    (run / "export" / MARKER).unlink()  # as an export written before the marker existed
+    assert unmask_in_process(["export", str(run)]) == 0
+    assert read_marker(run / "export")["kind"] == "export"  # an export replaces an export, and marks it
+    (run / MARKER).unlink()  # a run of an earlier version: recognized by its own files
+    check_output_dir(run, RUN_KIND, "--run-dir")
     err = _cli(capsys, "export", run / "export", "--format", "hf", "--out", run / "export")
     assert "is the export it converts" in err
     assert "holds an unmask export (its .unmask-output.json says so), not a transformers directory" in _cli(

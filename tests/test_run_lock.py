@@ -82,6 +82,30 @@ def test_another_job_does_not_wait(tmp_path, monkeypatch):
         holder.wait()
 
 
+def test_a_second_lock_in_the_same_process_is_refused_without_releasing_the_first(tmp_path, monkeypatch):
+    """A POSIX record lock is the process's: a second one of the process would not conflict, and
+    closing any descriptor of the file would release it. The second is refused, and the first holds."""
+    monkeypatch.setenv(JOB_ID_ENV, "job-1")
+    first = RunLock(tmp_path)
+    first.acquire()
+    try:
+        monkeypatch.setenv(JOB_ID_ENV, "job-2")
+        with pytest.raises(RunDirLocked, match=rf"is being trained by pid {os.getpid()}"):
+            RunLock(tmp_path).acquire()
+        other = subprocess.run([sys.executable, "-c", HOLD, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                               timeout=60)
+        assert other.returncode != 0 and "is being trained by" in other.stderr  # still held
+        monkeypatch.setenv(JOB_ID_ENV, "job-1")  # a restarted worker group of the same job, in this process
+        second = RunLock(tmp_path)
+        waiter = threading.Thread(target=second.acquire)
+        waiter.start()
+    finally:
+        first.release()
+    waiter.join(timeout=60)
+    assert second._fd is not None, "the same job's next loop did not take the lock once the first let it go"
+    second.release()
+
+
 @pytest.mark.slow
 def test_a_second_trainer_on_a_run_dir_exits_at_once_naming_the_first(tinyshakespeare_shards, tmp_path):
     run_dir = tmp_path / "run"
