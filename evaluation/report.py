@@ -4,12 +4,15 @@
     files.markdown, files.html, files.json, files.plots
 
 ``results`` is an ``EvalResults`` (``evaluation.results`` has the schema), or its JSON object;
-every number in the report comes from it. Files in ``out_dir`` (each written atomically, so a
-reader never sees half a file):
+every number in the report comes from it. The directory ``out_dir`` appears whole (written
+beside its place and renamed there: a reader never sees half a report), and replaces only an
+earlier report (``REPORT_KIND``, ``common.outputs``). It holds:
 
 * ``results.json``: ``results`` verbatim (indented, sorted keys); the record to reproduce from.
 * ``plots/*.png``: the training curves given as ``curves`` and each dataset's contributions
   against t, when there is data for them (``evaluation.plots``).
+* ``mlflow_run.json``: the MLflow run a report of its own logs to (``evaluation.tracking``),
+  kept from the directory it replaces.
 * ``report.md`` and ``report.html``: the same document (title, results table with each
   number's protocol, training, a learned schedule's exponents, comparison, reference numbers
   with MDLM's row next to MD4's, samples with their unigram entropy and generative
@@ -21,13 +24,15 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common.atomic_files import atomic_write_bytes
-from evaluation.plots import Curves, report_plots
+from common.outputs import OutputKind, entry_names, new_output_dir
+from evaluation.plots import PLOTS_DIR, Curves, report_plots
 from evaluation.protocols import DEFAULT_PROTOCOL
 from evaluation.references import REFERENCE_SEQ_LEN, REFERENCE_TOKENIZER, Reference, protocol_note, references_for
 from evaluation.report_document import (
@@ -52,8 +57,9 @@ from evaluation.results import (
     SamplingRecord,
     ScheduleToken,
 )
+from pipeline.run_layout import MLFLOW_RECORD
 
-__all__ = ["HTML_NAME", "JSON_NAME", "MARKDOWN_NAME", "ReportFiles", "write_report"]
+__all__ = ["HTML_NAME", "JSON_NAME", "MARKDOWN_NAME", "REPORT_KIND", "ReportFiles", "write_report"]
 
 MARKDOWN_NAME = "report.md"
 HTML_NAME = "report.html"
@@ -62,6 +68,18 @@ GPT2_TOKENIZER_KIND = "gpt2-bpe"  # data_prep.tokenizer's kind of the GPT-2 byte
 AUTOREGRESSIVE = "autoregressive"
 MISSING = "—"
 UNKNOWN_PROTOCOL = "the paper's own (not recorded in our sources)"
+
+
+def _is_unmarked_report(directory: Path) -> bool:
+    """A report written before the marker existed: its files only, its results.json (or the
+    MLflow record its evaluation wrote first) among them."""
+    names = entry_names(directory)
+    return (names <= {JSON_NAME, MARKDOWN_NAME, HTML_NAME, PLOTS_DIR, MLFLOW_RECORD}
+            and bool(names & {JSON_NAME, MLFLOW_RECORD}))
+
+
+# What `unmask eval` writes (RUN/report, --out): a directory that appears whole.
+REPORT_KIND = OutputKind("report", "a report of `unmask eval`", whole=True, unmarked=_is_unmarked_report)
 
 
 @dataclass(frozen=True)
@@ -379,27 +397,31 @@ def _document(results: EvalResults, plots: list[Plot]) -> list[Block]:
 # ------------------------------------------------------------------------- writing
 def write_report(results: EvalResults | Mapping[str, Any], out_dir: Path, *,
                  curves: Curves | None = None) -> ReportFiles:
-    """Write results.json, the plots, report.md and report.html into ``out_dir``.
+    """Write results.json, the plots, report.md and report.html into the new directory
+    ``out_dir`` (module docstring).
 
     ``results``: typed, or the JSON object of a results.json (read with
     ``EvalResults.from_json``); ``curves`` maps a metric name to its (step, value) points.
-    Everything is rendered before the first file is written, so malformed ``results``
-    (ValueError naming what they lack) leave ``out_dir`` as it was.
+    Everything is rendered before the first file is written, and the directory appears whole:
+    malformed ``results`` (ValueError naming what they lack) or a failed write leave
+    ``out_dir`` as it was.
     """
     out_dir = Path(out_dir)
     if not isinstance(results, EvalResults):
         results = EvalResults.from_json(dict(results))
     plots = report_plots(results, curves)
     document = _document(results, plots)
-    # Plots first: a reader of a fresh report.md finds the images it links.
     contents = {
-        **{out_dir / plot.relative_path: plot.png for plot in plots},
-        out_dir / JSON_NAME: results.dumps().encode("utf-8"),
-        out_dir / MARKDOWN_NAME: render_markdown(document).encode("utf-8"),
-        out_dir / HTML_NAME: render_html(document, _title(results)).encode("utf-8"),
+        **{plot.relative_path: plot.png for plot in plots},
+        Path(JSON_NAME): results.dumps().encode("utf-8"),
+        Path(MARKDOWN_NAME): render_markdown(document).encode("utf-8"),
+        Path(HTML_NAME): render_html(document, _title(results)).encode("utf-8"),
     }
-    for path, data in contents.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, data)
+    with new_output_dir(out_dir, REPORT_KIND, "--out") as staging:
+        for path, data in contents.items():
+            (staging / path).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(staging / path, data)
+        if (out_dir / MLFLOW_RECORD).is_file():
+            shutil.copy2(out_dir / MLFLOW_RECORD, staging / MLFLOW_RECORD)
     return ReportFiles(out_dir / MARKDOWN_NAME, out_dir / HTML_NAME, out_dir / JSON_NAME,
                        [out_dir / plot.relative_path for plot in plots])

@@ -7,8 +7,10 @@
 
 In order:
 
-1. every argument is checked before any work: the config and its datasets, the options
-   (``out`` is created), the results.json to compare with, the device;
+1. every argument is checked before any work: the config and its datasets, the options (the
+   reference model's files too), the results.json to compare with, the device, and the report's
+   directory (``common.outputs``: a new or empty one, or an earlier report, never over what the
+   evaluation reads; nothing is created until the report is written);
 2. a training run without an export is exported first: its latest checkpoint's EMA weights,
    or its live weights (with a warning) when the checkpoint has no EMA;
 3. every rank scores every dataset (``evaluation.evaluate``: the blocks are split over the
@@ -36,13 +38,14 @@ from pathlib import Path
 
 import torch
 
-from common.errors import UserError, output_dir
+from common.errors import UserError
+from common.outputs import InputPath, check_output_dir
 from common.provenance import git_commit, package_version
 from data_prep.shards import MANIFEST_NAME
 from evaluation.evaluate import VAL_DATASET, EvalConfig, evaluate
 from evaluation.generation import DEFAULT_GRID, GRIDS, generate, resolve_device
 from evaluation.protocols import DEFAULT_PROTOCOL
-from evaluation.report import JSON_NAME, ReportFiles, write_report
+from evaluation.report import JSON_NAME, REPORT_KIND, ReportFiles, write_report
 from evaluation.results import (
     ABSENT,
     Absent,
@@ -67,6 +70,7 @@ from pipeline.export import (
     CONFIG_FILE,
     Exported,
     export,
+    export_files,
     has_ema,
     load_export,
     resolve_export,
@@ -96,8 +100,8 @@ class ReportOptions:
     mlflow_uri: str | None = None   # None: the training's own MLflow run (a new run without one)
 
     def check(self) -> None:
-        """The sample flags, then ``out`` (created, and probed for writing): a UserError naming
-        the flag."""
+        """The sample flags and the reference (the report's directory is checked with what the
+        evaluation reads, ``run_zero_shot``): a UserError naming the flag."""
         if self.num_samples < 0 or self.sample_steps < 1:
             raise UserError(f"--num-samples must be >= 0 and --sample-steps >= 1, got {self.num_samples} and "
                             f"{self.sample_steps}")
@@ -109,8 +113,6 @@ class ReportOptions:
             if not self.num_samples:
                 raise UserError("--reference scores the report's samples: give --num-samples N too")
             check_reference(self.reference)
-        if self.out is not None:
-            output_dir(self.out, "--out")
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,24 @@ def is_up_to_date(target: Path, config: EvalConfig, options: ReportOptions) -> b
 
 
 # ------------------------------------------------------------------ before the work
+def _check_report_dir(target: Path, config: EvalConfig, options: ReportOptions) -> None:
+    """The directory the report of ``target`` goes to, before any work (module docstring):
+    ``target`` must be a training run or an export, and the report keep clear of the files the
+    evaluation reads."""
+    layout = RunLayout(target)
+    reads = [InputPath(path, "the export it evaluates") for path in export_files(target)]
+    if layout.is_training_run():
+        reads.append(InputPath(layout.checkpoints, "the checkpoints of the run it evaluates"))
+    for flag, path in (("--shards", config.shards), ("--reference", options.reference), ("--compare", options.compare)):
+        if path is not None:
+            reads.append(InputPath(path, flag))
+    if options.out is not None:
+        out = options.out
+    else:  # the default place depends on what the target is, which it must be
+        out = _report_dir(layout.export if layout.is_training_run() else resolve_export(target), None)
+    check_output_dir(out, REPORT_KIND, "--out", reads)
+
+
 def _read_comparison(path: Path, names: tuple[str, ...]) -> Comparison:
     """Another evaluation's results.json (``--compare``), checked before any work: it must be
     one, and have scored one of ``names``."""
@@ -311,6 +331,7 @@ def run_zero_shot(target: Path, config: EvalConfig, options: ReportOptions, *,
     options.check()
     comparison = _read_comparison(Path(options.compare), config.datasets) if options.compare else None
     requested_device = resolve_device(str(device)) if device is not None else None
+    _check_report_dir(target, config, options)
     group = dist or init_distributed(deepspeed_backend=False)
     if group.is_main:
         _export_if_missing(target)

@@ -10,6 +10,7 @@ import sys
 from common.errors import UserError
 from common.provenance import package_version
 from orchestration.commands import config, data, evaluate, importing, jobs, run, sample, train
+from orchestration.exit_codes import USER_ERROR
 from pipeline.hooks import TrainHooks
 
 DESCRIPTION = """\
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None, *, hooks: TrainHooks = TrainHooks()) -> 
         return args.handler(args)
     except UserError as err:
         print(f"unmask {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return USER_ERROR
 
 
 if __name__ == "__main__":

@@ -326,9 +326,32 @@ def _read_yaml(path: Path) -> Any:
         raise UserError(f"{path} line {line}, column {column}: byte 0x{data[err.start]:02x} is not "
                         f"UTF-8; save the file as UTF-8") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
-        raise UserError(f"{path}{_yaml_problem(err)}; fix the YAML syntax there") from None
+        raise UserError(f"{path}{_yaml_problem(err)}; fix the YAML there") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping. YAML requires unique
+    keys, and PyYAML would keep the last silently: a second ``train:`` section would drop every
+    field of the first."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    first: dict[Any, yaml.Mark] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            seen = first.setdefault(key, key_node.start_mark)
+        except TypeError:  # an unhashable key: construct_mapping names it
+            break
+        if seen is not key_node.start_mark:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"the key {key!r} is given twice (first at line {seen.line + 1})", key_node.start_mark)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
@@ -395,7 +418,7 @@ def _override(config: Config, dotted: str, text: str) -> Config:
     if key not in hints:
         raise UserError(f"unknown config override --{dotted}; {section_name} has {sorted(hints)}")
     try:
-        parsed = yaml.safe_load(text) if text != "" else ""
+        parsed = yaml.load(text, Loader=_UniqueKeyLoader) if text != "" else ""
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or " ".join(str(err).split())
         raise UserError(f"flag --{dotted} {text!r}: not a valid YAML value ({problem}); write it as in "

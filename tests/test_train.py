@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from data_prep.loader import StreamingLoader
+from orchestration.exit_codes import PREEMPTED
 from pipeline.checkpoint import rank_file, verify_checkpoint
 from pipeline.export import export, load_export
 from pipeline.reshard import UNIVERSAL_DIR, universal_checkpoint
@@ -231,7 +232,10 @@ def test_sigterm_writes_a_checkpoint_and_resume_continues_exactly(tmp_path, shar
     config = write_config(tmp_path / "c.yaml", {"train": {"zero_stage": 1}})
     run_dir = tmp_path / "run"
     stopped = run_until_stall(run_dir, shards, config, stall_after=4, stop=signal.SIGTERM)
-    assert stopped.returncode == 0, stopped.output[-3000:]
+    # Not finished, not failed: EX_TEMPFAIL, so that a scheduler runs it again (issue 26, item 4).
+    assert stopped.returncode == PREEMPTED == 75, stopped.output[-3000:]
+    summary = json.loads(next(line for line in stopped.output.splitlines() if line.startswith('{"run_dir"')))
+    assert summary["preempted"] is True and summary["step"] == 4
     assert (run_dir / "checkpoints" / "latest").read_text() == "step-00000004"
     assert not list((run_dir / "checkpoints").glob("*.py")), "DeepSpeed's unpickling recovery scripts"
     resumed = run_train(run_dir, shards, config)

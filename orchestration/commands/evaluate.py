@@ -132,7 +132,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--compare", metavar="RESULTS_JSON",
                         help="another evaluation's results.json (e.g. the AR baseline's): the report "
                              "shows the gap on the datasets both scored")
-    parser.add_argument("--out", help="report directory (default RUN/report)")
+    parser.add_argument("--out", help="report directory, new or empty or an earlier report (default RUN/report)")
     parser.add_argument("--mlflow-uri", help="log to this server in a new run (default: the training's run)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: this rank's device)")
     parser.set_defaults(handler=_cmd_eval)
