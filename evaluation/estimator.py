@@ -95,7 +95,7 @@ from model.denoiser import DenoiserLike
 from model.diffusion import DiffusionProcess, NelboTerms, low_discrepancy_times
 
 __all__ = ["Blocks", "BoundEstimate", "TimeContributions", "Z_95", "autoregressive_nll",
-           "estimate_bound", "per_time_contributions", "wrap_blocks"]
+           "estimate_bound", "per_time_contributions", "replicate_terms", "wrap_blocks"]
 
 AllReduce = Callable[[list[float]], list[float]]
 
@@ -415,6 +415,30 @@ def estimate_bound(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: 
                 or estimate.standard_error <= target_rel_error * abs(estimate.nelbo_per_token)):
             return estimate
         wanted = min(2 * done, max_samples_per_block)
+
+
+@torch.no_grad()
+def replicate_terms(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: Blocks, *,
+                    samples_per_block: int = 1, seed: int = 0, batch_size: int = 32,
+                    device: torch.device | str = "cpu", progress: Progress | None = None) -> np.ndarray:
+    """Every block's term in every replicate, float64 [K, N]: NELBO_k(block i) at [k, i].
+
+    The (t, z_t) are exactly those of ``estimate_bound`` with the same seed (one process), so
+    the row sums are its replicate totals S_k. A caller that needs blocks one by one (each
+    block an lm-eval request) takes the mean over k of a column, an unbiased bound for that
+    block, and its replicate standard error std_k / sqrt(K): the replicates are independent
+    and identically distributed for every block and every subset of blocks alike.
+    """
+    plan = _make_plan(seed, batch_size, device, 0, 1)
+    _check_int("samples_per_block", samples_per_block, minimum=1)
+    _check_scorable(blocks)
+    terms = np.zeros((samples_per_block, blocks.num_blocks), dtype=np.float64)
+    for ks, ids, _, result in _score_batches(diffusion, denoiser, blocks, range(samples_per_block), plan,
+                                             discrete_steps=None):
+        terms[ks.numpy(), ids.numpy()] = result.total.cpu().numpy()
+        if progress is not None:
+            progress(len(ks))
+    return terms
 
 
 @torch.no_grad()

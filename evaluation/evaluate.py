@@ -47,7 +47,7 @@ from model.autoregressive import Autoregressive
 from model.diffusion import DiffusionProcess
 from pipeline.export import Exported
 
-__all__ = ["EvalConfig", "check_datasets", "evaluate_dataset", "evaluate", "VAL_DATASET"]
+__all__ = ["EvalConfig", "autocast_precision", "check_datasets", "evaluate_dataset", "evaluate", "VAL_DATASET"]
 
 VAL_DATASET = "val"
 VAL_NEEDS_SHARDS = ("dataset 'val' needs --shards DIR (the training data of `unmask prep`; a run of `unmask run` "
@@ -207,7 +207,7 @@ def evaluate_dataset(name: str, exported: Exported, config: EvalConfig, *, devic
         utf8_bytes = dataset.utf8_bytes
     common = dict(batch_size=config.batch_size, device=device, rank=rank, world_size=world_size)
     network = exported.network.to(device)
-    with _precision(device):
+    with autocast_precision(device):
         return _estimate(record, blocks, utf8_bytes, exported, network, config, common, all_reduce)
 
 
@@ -232,7 +232,7 @@ def _seq_len(exported: Exported, config: EvalConfig, protocol: ZeroShotProtocol)
     return seq_len
 
 
-def _precision(device: torch.device):
+def autocast_precision(device: torch.device):
     """bf16 matmuls on GPU (the network keeps float32 norms and log-softmax; sums are float64)."""
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
