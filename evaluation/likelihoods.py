@@ -324,6 +324,8 @@ def _causal_scores(model: ScoringModel, blocks: Blocks, rows: int,
 def score_documents(model: ScoringModel, documents: Sequence[Sequence[int]], settings: ScoringSettings, *,
                     eos_id: int, pad_id: int, desc: str = "loglikelihood_rolling") -> list[Score]:
     """log p(document + EOS) of every document, in order, under our protocol (module docstring)."""
+    if not documents:
+        return []
     wrapped = [wrap_blocks([list(document)], model.max_seq_len, eos_id=eos_id, pad_id=pad_id) for document in documents]
     blocks = Blocks(torch.cat([w.tokens for w in wrapped]), torch.cat([w.positions for w in wrapped]))
     owner = np.repeat(np.arange(len(wrapped)), [w.num_blocks for w in wrapped])
