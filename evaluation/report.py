@@ -11,22 +11,28 @@ reader never sees half a file):
 * ``plots/*.png``: the training curves given as ``curves`` and each dataset's contributions
   against t, when there is data for them (``evaluation.plots``).
 * ``report.md`` and ``report.html``: the same document (title, results table with each
-  number's protocol, training, a learned schedule's exponents, comparison, reference numbers
-  with MDLM's row next to MD4's, samples with their unigram entropy and generative
-  perplexity, plots, protocol), built here from its sections and rendered by
+  number's protocol, downstream tasks, training, a learned schedule's exponents, comparison,
+  reference numbers with MDLM's row next to MD4's, samples with their unigram entropy and
+  generative perplexity, plots, protocol), built here from its sections and rendered by
   ``evaluation.report_document``.
+
+``downstream`` (``evaluation.downstream_results``, what ``unmask lm-eval`` measured) adds the
+"Downstream tasks" section; with ``results=None`` the report holds that section alone (an
+export scored by lm-eval before ``unmask eval``), and no results.json is written.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from common.atomic_files import atomic_write_bytes
+from evaluation.downstream_results import DownstreamResults, TaskResult
 from evaluation.plots import Curves, report_plots
 from evaluation.protocols import DEFAULT_PROTOCOL
 from evaluation.references import REFERENCE_SEQ_LEN, REFERENCE_TOKENIZER, Reference, protocol_note, references_for
@@ -53,7 +59,10 @@ from evaluation.results import (
     ScheduleToken,
 )
 
-__all__ = ["HTML_NAME", "JSON_NAME", "MARKDOWN_NAME", "ReportFiles", "write_report"]
+__all__ = ["HTML_NAME", "JSON_NAME", "MARKDOWN_NAME", "ReportFiles", "read_record", "write_report"]
+
+log = logging.getLogger("unmask.eval")
+Record = TypeVar("Record")
 
 MARKDOWN_NAME = "report.md"
 HTML_NAME = "report.html"
@@ -70,7 +79,7 @@ class ReportFiles:
 
     markdown: Path
     html: Path
-    json: Path
+    json: Path | None   # None: a report of downstream tasks alone
     plots: list[Path]
 
 
@@ -95,11 +104,11 @@ def _is_autoregressive(results: EvalResults) -> bool:
 
 
 # ------------------------------------------------------------------------- sections
-def _title(results: EvalResults) -> str:
+def _title(results: EvalResults | DownstreamResults) -> str:
     return f"Evaluation report: {results.model.path} at step {_count(results.model.step)}"
 
 
-def _header_blocks(results: EvalResults) -> list[Block]:
+def _header_blocks(results: EvalResults | DownstreamResults) -> list[Block]:
     model = results.model
     blocks: list[Block] = [
         Heading(1, _title(results)),
@@ -370,36 +379,112 @@ def _plot_blocks(plots: list[Plot]) -> list[Block]:
     return [Heading(2, "Plots"), *plots] if plots else []
 
 
-def _document(results: EvalResults, plots: list[Plot]) -> list[Block]:
-    return [*_header_blocks(results), *_results_blocks(results), *_training_blocks(results),
-            *_schedule_blocks(results), *_comparison_blocks(results), *_reference_blocks(results),
-            *_sample_blocks(results), *_plot_blocks(plots), *_protocol_blocks(results)]
+def _metric(value: float | None) -> str:
+    """A metric as lm-eval reports it: 4 decimals, or 4 significant digits when large."""
+    if value is None or not math.isfinite(value) or abs(value) < 1e4:
+        return _number(value, 4)
+    return f"{value:.4g}"
+
+
+def _downstream_documents(record: TaskResult) -> str:
+    documents = _count(record.documents)
+    return documents if record.documents_total == record.documents else f"{documents} of {_count(record.documents_total)}"
+
+
+def _downstream_likelihood_row(task: str, record: TaskResult, exact: bool) -> tuple[Inline, ...]:
+    error = "0 (exact)" if exact else _number(record.monte_carlo_error, 4)
+    median = "0 (exact)" if exact else _number(record.median_request_error, 4)
+    return (task, _count(record.requests), _number(record.mean_log_likelihood, 4), error, median,
+            _count(record.truncated_contexts))
+
+
+def _downstream_blocks(downstream: DownstreamResults | None, step: int | None) -> list[Block]:
+    """The lm-eval tasks: every metric as lm-eval names it with its standard error over
+    documents, then each task's mean log-likelihood per request with its Monte Carlo error."""
+    if downstream is None:
+        return []
+    settings = downstream.settings
+    exact = downstream.model.objective == AUTOREGRESSIVE
+    metrics = tuple((task, Code(key), _metric(value), _metric(error), _downstream_documents(record))
+                    for task, record in downstream.tasks.items() for key, (value, error) in record.values().items())
+    likelihoods = tuple(_downstream_likelihood_row(task, record, exact) for task, record in downstream.tasks.items()
+                        if record.requests)
+    fewshot = settings.get("num_fewshot")
+    meaning = (
+        "The model's log-likelihoods are exact (autoregressive): these are the numbers lm-eval gives any "
+        "causal model." if exact else
+        f"Each log-likelihood is a Monte Carlo lower bound: the conditional ELBO of the continuation with the "
+        f"context kept visible, from {settings.get('samples')} time samples per request (seed "
+        f"{settings.get('seed')}). Accuracies compare these bounds and perplexities are upper bounds; the acc of "
+        f"LAMBADA-style tasks uses is_greedy, approximated by the argmax of one prediction at the all-masked "
+        f"continuation (evaluation.likelihoods). The ± of a metric is lm-eval's, over documents; the Monte Carlo "
+        f"error of the bounds is in the second table (of the task's mean, and the median request's own).")
+    blocks: list[Block] = [
+        Heading(2, "Downstream tasks"),
+        paragraph(f"lm-evaluation-harness {downstream.lm_eval_version} on the export at step "
+                  f"{_count(downstream.model.step)} ({downstream.created}); lm-eval's own results are in ",
+                  Code(downstream.lm_eval_results), f". Documents per task: "
+                  f"{'all' if settings.get('limit') is None else 'at most ' + _raw(settings.get('limit'))}; "
+                  f"few-shot examples: {'each task' + chr(39) + 's own' if fewshot is None else fewshot}."),
+        Table(("task", "metric", "value", "± (documents)", "documents"), metrics), paragraph(meaning)]
+    if likelihoods:
+        blocks.append(Table(("task", "requests", "mean log-likelihood per request (nats)", "± Monte Carlo",
+                             "median request's ±", "contexts cut to fit"), likelihoods))
+    if step != downstream.model.step:
+        blocks.append(paragraph(f"These tasks scored the export at step {_count(downstream.model.step)}; the "
+                                f"bounds above, step {_count(step)}."))
+    return blocks
+
+
+def _document(results: EvalResults, plots: list[Plot], downstream: DownstreamResults | None) -> list[Block]:
+    return [*_header_blocks(results), *_results_blocks(results), *_downstream_blocks(downstream, results.model.step),
+            *_training_blocks(results), *_schedule_blocks(results), *_comparison_blocks(results),
+            *_reference_blocks(results), *_sample_blocks(results), *_plot_blocks(plots), *_protocol_blocks(results)]
+
+
+# ------------------------------------------------------------------------- reading and writing
+def read_record(path: Path, read: Callable[[Path], Record]) -> Record | None:
+    """A record a report is built from (``results.json``, ``downstream.json``) read with
+    ``read``, or None when there is none: one that cannot be read costs a warning, not the report."""
+    if not Path(path).is_file():
+        return None
+    try:
+        return read(Path(path))
+    except (OSError, ValueError) as err:
+        log.warning("%s: left out of the report (%s)", path, err)
+        return None
 
 
 # ------------------------------------------------------------------------- writing
-def write_report(results: EvalResults | Mapping[str, Any], out_dir: Path, *,
-                 curves: Curves | None = None) -> ReportFiles:
+def write_report(results: EvalResults | Mapping[str, Any] | None, out_dir: Path, *,
+                 curves: Curves | None = None, downstream: DownstreamResults | None = None) -> ReportFiles:
     """Write results.json, the plots, report.md and report.html into ``out_dir``.
 
     ``results``: typed, or the JSON object of a results.json (read with
-    ``EvalResults.from_json``); ``curves`` maps a metric name to its (step, value) points.
-    Everything is rendered before the first file is written, so malformed ``results``
-    (ValueError naming what they lack) leave ``out_dir`` as it was.
+    ``EvalResults.from_json``); ``curves`` maps a metric name to its (step, value) points;
+    ``downstream``: the lm-eval tasks' section (with ``results=None``, the report is that
+    section alone and no results.json is written). Everything is rendered before the first
+    file is written, so malformed ``results`` (ValueError naming what they lack) leave
+    ``out_dir`` as it was.
     """
     out_dir = Path(out_dir)
-    if not isinstance(results, EvalResults):
-        results = EvalResults.from_json(dict(results))
-    plots = report_plots(results, curves)
-    document = _document(results, plots)
-    # Plots first: a reader of a fresh report.md finds the images it links.
-    contents = {
-        **{out_dir / plot.relative_path: plot.png for plot in plots},
-        out_dir / JSON_NAME: results.dumps().encode("utf-8"),
-        out_dir / MARKDOWN_NAME: render_markdown(document).encode("utf-8"),
-        out_dir / HTML_NAME: render_html(document, _title(results)).encode("utf-8"),
-    }
+    if results is None:
+        if downstream is None:
+            raise ValueError("write_report needs results, downstream results, or both")
+        document = [*_header_blocks(downstream), *_downstream_blocks(downstream, downstream.model.step)]
+        contents, plots = {}, []
+    else:
+        if not isinstance(results, EvalResults):
+            results = EvalResults.from_json(dict(results))
+        plots = report_plots(results, curves)
+        document = _document(results, plots, downstream)
+        # Plots first: a reader of a fresh report.md finds the images it links.
+        contents = {**{out_dir / plot.relative_path: plot.png for plot in plots},
+                    out_dir / JSON_NAME: results.dumps().encode("utf-8")}
+    contents[out_dir / MARKDOWN_NAME] = render_markdown(document).encode("utf-8")
+    contents[out_dir / HTML_NAME] = render_html(document, _title(results or downstream)).encode("utf-8")
     for path, data in contents.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, data)
-    return ReportFiles(out_dir / MARKDOWN_NAME, out_dir / HTML_NAME, out_dir / JSON_NAME,
+    return ReportFiles(out_dir / MARKDOWN_NAME, out_dir / HTML_NAME, None if results is None else out_dir / JSON_NAME,
                        [out_dir / plot.relative_path for plot in plots])

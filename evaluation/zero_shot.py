@@ -39,10 +39,11 @@ import torch
 from common.errors import UserError, output_dir
 from common.provenance import git_commit, package_version
 from data_prep.shards import MANIFEST_NAME
+from evaluation.downstream_results import DOWNSTREAM_JSON, DownstreamResults
 from evaluation.evaluate import VAL_DATASET, EvalConfig, evaluate
 from evaluation.generation import DEFAULT_GRID, GRIDS, generate, resolve_device
 from evaluation.protocols import DEFAULT_PROTOCOL
-from evaluation.report import JSON_NAME, ReportFiles, write_report
+from evaluation.report import JSON_NAME, ReportFiles, read_record, write_report
 from evaluation.results import (
     ABSENT,
     Absent,
@@ -74,7 +75,8 @@ from pipeline.export import (
 )
 from pipeline.run_layout import RunLayout
 
-__all__ = ["ReportOptions", "ZeroShotReport", "is_up_to_date", "report_dir", "run_zero_shot"]
+__all__ = ["ReportOptions", "ZeroShotReport", "export_if_missing", "is_up_to_date", "model_record", "report_dir",
+           "run_zero_shot"]
 
 log = logging.getLogger("unmask.eval")
 # Token values listed as unmasking first and last in a learned schedule's record (seed 002 shows 10-12).
@@ -173,7 +175,7 @@ def _read_comparison(path: Path, names: tuple[str, ...]) -> Comparison:
     return Comparison.from_json(record)
 
 
-def _export_if_missing(path: Path) -> None:
+def export_if_missing(path: Path) -> None:
     """A training run without an export is exported first: its latest checkpoint's EMA
     weights, or its live weights when the checkpoint has no EMA (with a warning)."""
     layout = RunLayout(path)
@@ -187,7 +189,8 @@ def _export_if_missing(path: Path) -> None:
 
 
 # ------------------------------------------------------------------ the records of rank 0
-def _model_record(export_dir: Path, exported: Exported) -> ModelRecord:
+def model_record(export_dir: Path, exported: Exported) -> ModelRecord:
+    """The record of the export at ``export_dir``: where, what, which weights."""
     config = exported.config
     weights_note = config.get("weights_note") or (  # an imported export describes its own weights
         "EMA weights (decay {})".format(config.get("ema_decay")) if config.get("weights") == "ema"
@@ -270,7 +273,7 @@ def _report(scores: EvalScores, exported: Exported, export_dir: Path, comparison
     out_dir = _report_dir(export_dir, options.out)
     samples, sampling = _samples(exported, options, config.seed, device)
     results = EvalResults(
-        model=_model_record(export_dir, exported), protocol=scores.protocol, datasets=scores.datasets,
+        model=model_record(export_dir, exported), protocol=scores.protocol, datasets=scores.datasets,
         training=ABSENT if run_dir is None else _training_record(run_dir),
         comparison=ABSENT if comparison is None else _shared(comparison, scores.datasets, options.compare),
         samples=samples, sampling=sampling, mlflow=None, created=_now(), unmask_version=package_version("unmask"), git_commit=git_commit(),
@@ -278,7 +281,8 @@ def _report(scores: EvalScores, exported: Exported, export_dir: Path, comparison
     tracking = track_results(results, run_dir=run_dir, out_dir=out_dir, tracking_uri=options.mlflow_uri)
     if tracking is not None:
         results = replace(results, mlflow=tracking.record)
-    files = write_report(results, out_dir, curves=tracking.curves if tracking is not None else None)
+    files = write_report(results, out_dir, curves=tracking.curves if tracking is not None else None,
+                         downstream=read_record(out_dir / DOWNSTREAM_JSON, DownstreamResults.read))
     if tracking is not None:
         tracking.upload_report(out_dir)
     return ZeroShotReport(results, files)
@@ -313,7 +317,7 @@ def run_zero_shot(target: Path, config: EvalConfig, options: ReportOptions, *,
     requested_device = resolve_device(str(device)) if device is not None else None
     group = dist or init_distributed(deepspeed_backend=False)
     if group.is_main:
-        _export_if_missing(target)
+        export_if_missing(target)
     group.barrier()
     export_dir = resolve_export(target)
     exported = load_export(export_dir)
