@@ -26,11 +26,17 @@ log(1 / endpoint_eps) (about 9 times the square of the mean at eps = 1e-4), so K
 a standard error of about 70% of such a request's value. Multiple-choice accuracy compares
 such estimates: take K large (or the AR baseline's exact numbers) when the choices are close.
 
+Common random numbers: requests that share a context (the choices of a multiple-choice
+document) take the same draws in every replicate, the same time and the same mask uniforms
+position by position (``replicate_terms``'s keys), so the same continuation positions are masked
+at the same t. Each bound stays unbiased, and their difference, which decides the accuracy, loses
+the noise they share (mostly w(t) and how many tokens are masked). The times are stratified over
+the distinct contexts of the call, in a random order.
+
 Requests are scored in groups of equal length (context + continuation): every row of a forward
-pass is a real sequence without padding, which a bidirectional model would otherwise see. A group
-draws from its own seed (``seed`` and its length), so a request's estimate depends on the seed and
-on the other requests of its group, whose times its own are stratified with; the same requests
-and seed give the same numbers.
+pass is a real sequence without padding, which a bidirectional model would otherwise see. A
+request's estimate depends on the seed and on the contexts scored with it (their times are
+stratified together); the same requests and seed give the same numbers.
 
 ``is_greedy`` is an approximation: whether every continuation token is the argmax of the
 denoiser's one prediction at the state its sampler starts from at t = 1 (the continuation all
@@ -220,11 +226,6 @@ def _fit(context: Sequence[int], continuation: Sequence[int], max_seq_len: int) 
     return _Row(kept + list(continuation), len(continuation), len(context) - len(kept))
 
 
-def _group_seed(seed: int, length: int) -> int:
-    """The seed of the group of rows of ``length`` tokens: independent streams per group."""
-    return int(np.random.SeedSequence([seed, length]).generate_state(1)[0])
-
-
 def _group_blocks(rows: list[_Row]) -> Blocks:
     """Rows of one length as blocks whose scored positions are the continuations."""
     tokens = torch.tensor([row.tokens for row in rows], dtype=torch.long)
@@ -238,6 +239,8 @@ def score_continuations(model: ScoringModel, pairs: Sequence[Pair], settings: Sc
                         desc: str = "loglikelihood") -> list[Score]:
     """log p(continuation | context) of every pair, in order; see the module docstring."""
     rows = [_fit(context, continuation, model.max_seq_len) for context, continuation in pairs]
+    contexts: dict[tuple[int, ...], int] = {}   # each distinct context's key
+    keys = [contexts.setdefault(tuple(context), len(contexts)) for context, _ in pairs]
     groups: dict[int, list[int]] = {}
     for index, row in enumerate(rows):
         groups.setdefault(len(row.tokens), []).append(index)
@@ -247,23 +250,33 @@ def score_continuations(model: ScoringModel, pairs: Sequence[Pair], settings: Sc
             autocast_precision(model.device):
         for length, members in sorted(groups.items()):
             blocks = _group_blocks([rows[i] for i in members])
-            group = _score_group(model, blocks, settings, _group_seed(settings.seed, length), progress)
+            draws = _Draws(torch.tensor([keys[i] for i in members]), len(contexts))
+            group = _score_group(model, blocks, settings, draws, progress)
             for index, score in zip(members, group):
                 scores[index] = Score(score.log_likelihood, score.standard_error, score.replicates,
                                       score.is_greedy, rows[index].dropped)
     return scores
 
 
-def _score_group(model: ScoringModel, blocks: Blocks, settings: ScoringSettings, seed: int,
+@dataclass(frozen=True)
+class _Draws:
+    """Whose random numbers each row of a group takes: its context's key, of ``count``."""
+
+    keys: Tensor
+    count: int
+
+
+def _score_group(model: ScoringModel, blocks: Blocks, settings: ScoringSettings, draws: _Draws,
                  progress: Progress) -> list[Score]:
     rows = settings.rows(model, blocks.tokens.shape[1])
     if model.exact:
         nll, greedy = _fitted(lambda n, done: _causal_scores(model, blocks, n, done), rows, progress)
         return [Score(-value, 0.0, np.array([-value]), flag) for value, flag in zip(nll, greedy)]
     terms = _fitted(lambda n, done: replicate_terms(model.process, model.network, blocks,
-                                                    samples_per_block=settings.samples, seed=seed, batch_size=n,
-                                                    device=model.device, progress=done), rows, progress)
-    greedy = _fitted(lambda n, done: _greedy_flags(model, blocks, n, seed, done), rows, progress)
+                                                    samples_per_block=settings.samples, seed=settings.seed,
+                                                    batch_size=n, device=model.device, progress=done,
+                                                    keys=draws.keys, num_keys=draws.count), rows, progress)
+    greedy = _fitted(lambda n, done: _greedy_flags(model, blocks, n, settings.seed, done), rows, progress)
     return [_from_replicates(-terms[:, j], flag) for j, flag in enumerate(greedy)]
 
 
