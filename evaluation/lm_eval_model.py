@@ -41,6 +41,7 @@ The requests (``evaluation.likelihoods`` says how each number is made):
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import sys
@@ -73,6 +74,7 @@ DEFAULT_MAX_GEN_TOKS = 256   # lm-eval's HFLM default
 # top one always): lm-eval's greedy decoding (do_sample false) through the samplers' top_p.
 GREEDY_TOP_P = 1e-9
 SAMPLING_TEMPERATURE = 1.0   # what the samplers draw at
+MODEL_ARGUMENTS = ("path", "samples", "seed", "batch_size", "max_batch_size", "device", "gen_steps", "gen_grid")
 
 
 @dataclass(frozen=True)
@@ -102,9 +104,8 @@ class UnmaskLM(TemplateLM):
                  gen_grid: str = "uniform", **unknown: Any) -> None:
         super().__init__()
         if unknown:
-            names = "path, samples, seed, batch_size, max_batch_size, device, gen_steps, gen_grid"
             raise UserError(f"model argument {', '.join(map(repr, unknown))} is not one of the unmask model's: "
-                            f"{names}")
+                            f"{', '.join(MODEL_ARGUMENTS)}{_suggestion(unknown)}")
         if path is None:
             raise UserError("model argument path is required: path=RUN_OR_EXPORT")
         self.settings = _settings(samples, seed, batch_size, max_batch_size)
@@ -135,7 +136,13 @@ class UnmaskLM(TemplateLM):
 
     # ------------------------------------------------------------------ the requests
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        scores = self._score_pairs([self._encode(*request.args) for request in requests])
+        pairs = [self._encode(*request.args) for request in requests]
+        for request, (_, continuation) in zip(requests, pairs):
+            if len(continuation) > self.model.max_seq_len:
+                raise UserError(f"task {request.task_name}, document {request.doc_id}: a continuation of "
+                                f"{len(continuation)} tokens exceeds the model's max_seq_len {self.model.max_seq_len} "
+                                f"(it cannot be scored in one row; lm-eval's Hugging Face model refuses it too)")
+        scores = self._score_pairs(pairs)
         self.records += [RequestRecord(request.task_name, "loglikelihood", score)
                          for request, score in zip(requests, scores)]
         return [(score.log_likelihood, score.is_greedy) for score in scores]
@@ -228,6 +235,11 @@ def _integer(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise UserError(f"model argument {name}={value!r}: must be an integer >= {minimum}")
     return value
+
+
+def _suggestion(unknown: dict[str, Any]) -> str:
+    close = [match for name in unknown for match in difflib.get_close_matches(name, MODEL_ARGUMENTS, n=1)]
+    return f" (did you mean {', '.join(close)}?)" if close else ""
 
 
 def _settings(samples: Any, seed: Any, batch_size: Any, max_batch_size: Any) -> ScoringSettings:
