@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from lm_eval.api.instance import Instance
 from mlflow.tracking import MlflowClient
 
 from data_prep.tokenizer import train_sentencepiece
+from evaluation.downstream import hub_offline
 from evaluation.lm_eval_model import UnmaskLM, sample_continuation
 from evaluation.lm_eval_model import main as lm_eval_main
 from evaluation.lm_eval_tasks import TASKS_DIR
@@ -51,6 +53,16 @@ metric_list:
   - metric: bits_per_byte
     aggregation: bits_per_byte
     higher_is_better: false
+"""
+
+
+HUB_ONLY_TASK = """\
+task: hub_only
+dataset_path: unmask-tests/no-such-dataset
+output_type: loglikelihood
+test_split: test
+doc_to_text: "{{text}}"
+doc_to_target: " x"
 """
 
 
@@ -222,6 +234,20 @@ def test_generation_keeps_the_prompt_stops_at_the_stop_sequence_and_is_greedy(ex
     assert isinstance(model.generate_until(_requests("generate_until", [(long_prompt, {"max_gen_toks": 4})]))[0], str)
 
 
+def test_the_hugging_face_libraries_are_offline_inside_and_as_they_were_after(monkeypatch):
+    import datasets
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    before = (datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE)
+    with hub_offline():
+        assert os.environ["HF_HUB_OFFLINE"] == os.environ["HF_DATASETS_OFFLINE"] == "1"
+        assert datasets.config.HF_HUB_OFFLINE and huggingface_hub.constants.HF_HUB_OFFLINE
+    assert "HF_HUB_OFFLINE" not in os.environ and os.environ["HF_DATASETS_OFFLINE"] == "0"
+    assert (datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE) == before
+
+
 # ---------------------------------------------------------------- bad input: one line each
 def _error(capsys, *argv: str) -> str:
     assert unmask_in_process(["lm-eval", *argv]) == 2
@@ -239,6 +265,12 @@ def test_bad_input_gets_one_clear_line(exports, capsys, tmp_path):
     missing = _error(capsys, export, "--tasks", "lambada_openai_local", "--data-dir", str(empty))
     assert f"expected file {empty / 'lambada' / 'lambada_test.jsonl'} does not exist" in missing
     assert "--data-dir DIR" in _error(capsys, export, "--tasks", "ptb_word_order")
+    tasks = tmp_path / "tasks"   # a task whose dataset is on the Hub only: offline, it fails at once
+    tasks.mkdir()
+    (tasks / "hub_only.yaml").write_text(HUB_ONLY_TASK)
+    offline = _error(capsys, export, "--tasks", "hub_only", "--include-path", str(tasks))
+    assert offline.startswith("unmask lm-eval: error: --tasks hub_only: lm-eval could not load the task")
+    assert offline.endswith("rerun with --download to let lm-eval fetch it from the Hugging Face Hub)")
     assert unmask_in_process(["lm-eval", export, "--tasks", "ptb_word_order", "--samples", "0"]) == 2
     code = lm_eval_main(["--model", "unmask", "--model_args", f"path={export},samplse=4", "--tasks", "ptb_word_order",
                          "--include_path", str(TASKS_DIR), "--limit", "1"])
