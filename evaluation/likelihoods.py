@@ -14,24 +14,23 @@ The context is never noised and stays visible like a prompt, so the bound is one
 equals -log p(c | x) (as the unconditional bound equals -log p(x); tested on the oracle) and is
 tight for a one-token continuation with any denoiser. Its Monte Carlo estimate is the zero-shot
 estimator's (``evaluation.estimator.replicate_terms``, as ``unmask eval --quick`` draws it): K
-replicates; in each, every request gets one time, stratified over the requests of its group in
-a random order, and one z_t from its own generator. A request's log-likelihood is minus the mean
-of its K terms, with the standard error std / sqrt(K) of them. The replicates are independent, so
-that error is honest for each request and for any sum of requests (a task's mean log-likelihood
-takes its own from the replicate totals: ``Score.replicates``).
+replicates; in each, every request gets one time, stratified over the call's distinct contexts
+in a random order, and one z_t from its context's generator (below). A request's log-likelihood
+is minus the mean of its K terms, with the standard error std / sqrt(K) of them. The replicates
+are independent, so that error is honest for each request and for any sum of requests (a task's
+mean log-likelihood takes its own from the replicate totals: ``Score.replicates``).
 
 The terms are heavy-tailed when few tokens are scored: a one-token continuation costs
 w(t) (-log p) when its token is masked and nothing otherwise, whose second moment grows like
 log(1 / endpoint_eps) (about 9 times the square of the mean at eps = 1e-4), so K = 16 leaves
 a standard error of about 70% of such a request's value. Multiple-choice accuracy compares
-such estimates: take K large (or the AR baseline's exact numbers) when the choices are close.
+such estimates: take K large when the choices are close (BENCHMARKS.md: accuracy against K).
 
 Common random numbers: requests that share a context (the choices of a multiple-choice
 document) take the same draws in every replicate, the same time and the same mask uniforms
 position by position (``replicate_terms``'s keys), so the same continuation positions are masked
 at the same t. Each bound stays unbiased, and their difference, which decides the accuracy, loses
-the noise they share (mostly w(t) and how many tokens are masked). The times are stratified over
-the distinct contexts of the call, in a random order.
+the noise they share (mostly w(t) and how many tokens are masked).
 
 Requests are scored in groups of equal length (context + continuation): every row of a forward
 pass is a real sequence without padding, which a bidirectional model would otherwise see. A
