@@ -27,6 +27,8 @@ FOREIGN = {
     "cached": "git ls-files", "others": "git ls-files", "exclude-standard": "git ls-files",
     "nproc-per-node": "torchrun", "hostfile": "deepspeed", "module": "deepspeed",
     "experiment-id": "mlflow experiments restore",
+    "model": "lm_eval", "model_args": "lm_eval", "metadata": "lm_eval", "include_path": "lm_eval",
+    "gen_kwargs": "lm_eval",
 }
 # What a formatted value of an f-string becomes: no flag starts with it, so a flag computed in
 # the message (--{role}-token) is left to the table it comes from.
