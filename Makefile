@@ -11,13 +11,14 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # Order matters: torch first (the CPU or CUDA build this machine needs), then deepspeed
-# without build isolation (its setup.py imports torch), then the project and dev tools.
+# without build isolation (its setup.py imports torch), then the project, the dev tools and
+# lm-evaluation-harness (`unmask lm-eval`; its tests are in the suite).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel
 	$(PIP) install torch==$(TORCH_VERSION)
 	$(PIP) install --no-build-isolation "deepspeed>=0.19.8,<0.20"
-	$(PIP) install -e ".[dev]"
+	$(PIP) install -e ".[dev,lm-eval]"
 	touch $(STAMP)
 
 # The whole pipeline (prep -> train -> export -> eval -> report) on CPython's own docs.

@@ -16,21 +16,28 @@ an ``error`` instead. Variants, named BASE[+OPTION...]:
   torch                            no DeepSpeed: the same model and objective in float32 under
                                    bf16 autocast (GPU), fused AdamW, gradient clipping; random
                                    token batches made on the device
-  +compile                         train.compile: each block torch.compile'd
+  Every base runs the config's defaults (what `unmask train` does with no flags: train.compile
+  auto, on for CUDA; train.attention auto; model.vocab_multiple 128) unless an option says:
+  +compile, +eager                 train.compile true / false: blocks and the head with its loss
+  +unpadded                        model.vocab_multiple = 1 (the head's 50257 rows as they are)
+  +cudnn, +flash, +efficient,      train.attention = that SDPA kernel
+  +math-attention
   +chunked-ce                      train.chunked_cross_entropy = --chunk-rows
   +checkpointing                   train.activation_checkpointing = true
   +full-logits                     (torch only) logits at every position, then the masked rows
                                    picked: what computing them at masked positions only saves
-  +math-attention                  SDPA restricted to its math kernel (no flash attention)
   +foreach-adamw                   (torch only) AdamW's multi-tensor path instead of the fused kernel
   +no-pin                          (pipeline only) the loader without pinned-memory prefetch
   +sync                            a .item() of the loss every step (a host-device sync, as a
                                    naive loop logs); the pipeline syncs only every logging.every steps
+  pipeline-zero1+eager+unpadded+flash is the pipeline as it ran before these defaults (issue 24).
 
 Every variant trains with one micro-batch per optimizer step. Evaluation: per preset,
 bench/eval_throughput.py's measure (estimate_bound, tokens/s per time sample, next to a
-plain forward). Sampling: per preset, MaskedDiffusion.sample from all-mask with --sample-steps
-steps (1000), sequences/s and network calls (cached: at most seq_len per sequence).
+plain forward), as it ran before (eager, --eval-batch) and as `unmask eval` runs now
+(compiled, its batch sized to the device). Sampling: per preset, MaskedDiffusion.sample
+from all-mask with --sample-steps steps (1000), sequences/s and network calls (cached: at
+most seq_len per sequence).
 
 Data: --data, an `unmask prep` output; without it the bench preps --inputs (default
 tinyshakespeare and PTB train, bench/prep_and_load.py's SOURCES) with --tokenizer (default
@@ -45,7 +52,6 @@ DeepSpeed prints some lines of its own to stdout: the bench's are those starting
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import gc
 import json
@@ -61,7 +67,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -83,20 +88,24 @@ from model.transformer import PRESETS, Transformer, TransformerConfig  # noqa: E
 from pipeline.config import Config, ModelSection, load_config  # noqa: E402
 from pipeline.distributed import Distributed, init_distributed  # noqa: E402
 from pipeline.ema import EMA  # noqa: E402
-from pipeline.engine import build_engine, build_optimizer, plan_training, prepare_model, resolve_precision  # noqa: E402
+from pipeline.attention import attention_kernel  # noqa: E402
+from pipeline.engine import TrainingPlan, build_engine, build_optimizer, plan_training, prepare_model  # noqa: E402
 from pipeline.metrics import flops_per_token, mfu, peak_flops  # noqa: E402
 from pipeline.objective import MicroBatchSlot, make_objective, model_spec  # noqa: E402
 from pipeline.run_setup import network_config  # noqa: E402
 
 GPT2_BPE = SHARED_DATA / "gpt2-bpe"
 BASES = {"pipeline-zero1": 1, "pipeline-zero2": 2, "torch": None}
-OPTIONS = ("compile", "chunked-ce", "checkpointing", "full-logits", "math-attention", "foreach-adamw", "no-pin",
-           "sync")
+ATTENTION_OPTIONS = {"cudnn": "cudnn", "flash": "flash", "efficient": "efficient", "math-attention": "math"}
+OPTIONS = ("compile", "eager", "unpadded", *ATTENTION_OPTIONS, "chunked-ce", "checkpointing", "full-logits",
+           "foreach-adamw", "no-pin", "sync")
 TORCH_ONLY = ("full-logits", "foreach-adamw")
 PIPELINE_ONLY = ("no-pin",)
-DEFAULT_VARIANTS = ["pipeline-zero1", "pipeline-zero2", "pipeline-zero1+no-pin", "torch", "torch+compile",
-                    "torch+chunked-ce", "torch+full-logits", "torch+checkpointing", "torch+math-attention",
-                    "torch+foreach-adamw", "torch+sync"]
+BEFORE = "pipeline-zero1+eager+unpadded+flash"   # the pipeline's defaults before issue 24
+DEFAULT_VARIANTS = [BEFORE, "pipeline-zero1", "pipeline-zero1+flash", "pipeline-zero1+unpadded",
+                    "pipeline-zero2", "pipeline-zero1+no-pin", "torch+eager", "torch", "torch+chunked-ce",
+                    "torch+full-logits", "torch+checkpointing", "torch+math-attention", "torch+foreach-adamw",
+                    "torch+sync"]
 # Rows per chunk: the float32 logits of one chunk at V = 50257 are 0.8 GB, and a GEMM of
 # 4096 rows keeps the tensor cores busy.
 DEFAULT_CHUNK_ROWS = 4096
@@ -117,13 +126,18 @@ class Variant:
 
     def config(self, preset: str, micro_batch: int, chunk_rows: int, num_workers: int) -> Config:
         """The training config of this variant (one micro-batch per step)."""
-        return load_config(None, {
+        compile_ = "true" if "compile" in self.options else "false" if "eager" in self.options else "auto"
+        attention = next((ATTENTION_OPTIONS[o] for o in ATTENTION_OPTIONS if o in self.options), "auto")
+        overrides = {
             "model.preset": preset, "train.global_batch_size": str(micro_batch),
             "train.micro_batch_size": str(micro_batch), "train.zero_stage": str(self.zero_stage or 1),
-            "train.compile": str("compile" in self.options).lower(),
+            "train.compile": compile_, "train.attention": attention,
             "train.chunked_cross_entropy": str(chunk_rows if "chunked-ce" in self.options else 0),
             "train.activation_checkpointing": str("checkpointing" in self.options).lower(),
-            "data.num_workers": str(num_workers)})
+            "data.num_workers": str(num_workers)}
+        if "unpadded" in self.options:
+            overrides["model.vocab_multiple"] = "1"
+        return load_config(None, overrides)
 
 
 def parse_variant(name: str) -> Variant:
@@ -138,6 +152,8 @@ def parse_variant(name: str) -> Variant:
         if (option in TORCH_ONLY and BASES[base] is not None) or (option in PIPELINE_ONLY and BASES[base] is None):
             where = "torch loop" if option in TORCH_ONLY else "pipeline bases"
             raise SystemExit(f"--variants {name}: {option} applies to the {where} only")
+    if {"compile", "eager"} <= set(options) or len(set(options) & set(ATTENTION_OPTIONS)) > 1:
+        raise SystemExit(f"--variants {name}: contradictory options")
     return Variant(name, BASES[base], frozenset(options))
 
 
@@ -161,12 +177,16 @@ def prepare_data(args: argparse.Namespace, scratch: Path) -> Path:
 StepFn = Callable[[int], float]   # step index -> seconds the host waited for data
 
 
-def _pipeline_step(config: Config, network: TransformerConfig, variant: Variant, data: Path,
+def _plan(config: Config, network: TransformerConfig, variant: Variant, dist: Distributed) -> TrainingPlan:
+    """What the config resolves to here, with the variant's ZeRO stage and checkpointing."""
+    return dataclasses.replace(plan_training(config, network, dist.world_size, dist.device),
+                               zero_stage=variant.zero_stage or 1,
+                               activation_checkpointing=config.train.activation_checkpointing is True)
+
+
+def _pipeline_step(config: Config, network: TransformerConfig, plan: TrainingPlan, variant: Variant, data: Path,
                    dist: Distributed) -> tuple[StepFn, Callable[[], None]]:
     """A step of the pipeline's engine, objective and EMA on the real loader; and its teardown."""
-    plan = dataclasses.replace(plan_training(config, network, dist.world_size, dist.device),
-                               zero_stage=variant.zero_stage,
-                               activation_checkpointing=config.train.activation_checkpointing is True)
     torch.manual_seed(config.train.seed)
     engine = build_engine(Transformer(network).to(dist.device), plan, config.optim, config.train.max_steps,
                           dist.device)
@@ -198,12 +218,12 @@ def _pipeline_step(config: Config, network: TransformerConfig, variant: Variant,
     return step, engine.destroy
 
 
-def _torch_step(config: Config, network: TransformerConfig, variant: Variant,
+def _torch_step(config: Config, network: TransformerConfig, plan: TrainingPlan, variant: Variant,
                 device: torch.device) -> tuple[StepFn, Callable[[], None]]:
     """A step of a plain PyTorch loop on random tokens; and its (empty) teardown."""
     torch.manual_seed(config.train.seed)
     model = Transformer(network).to(device)
-    prepare_model(model, checkpointing=config.train.activation_checkpointing is True, compile=config.train.compile)
+    prepare_model(model, checkpointing=plan.activation_checkpointing, compile=plan.compile)
     optimizer = build_optimizer(model, config.optim, device,
                                 fused=device.type == "cuda" and "foreach-adamw" not in variant.options)
     objective = make_objective(model_spec(config.model, network), validate=False,
@@ -211,7 +231,7 @@ def _torch_step(config: Config, network: TransformerConfig, variant: Variant,
     # A plain function of the network: the loss then asks for logits at every position and
     # picks the masked rows itself.
     denoiser = FunctionDenoiser(model) if "full-logits" in variant.options else model
-    bf16 = resolve_precision(config, device) == "bf16"
+    bf16 = plan.precision == "bf16"
     micro, length = config.train.micro_batch_size, network.max_seq_len
     generator = torch.Generator(device).manual_seed(config.train.seed)
 
@@ -230,13 +250,6 @@ def _torch_step(config: Config, network: TransformerConfig, variant: Variant,
         return 0.0
 
     return step, lambda: None
-
-
-def _attention_kernels(variant: Variant) -> contextlib.AbstractContextManager:
-    """SDPA's math kernel alone for +math-attention; otherwise SDPA picks (flash on GPU)."""
-    if "math-attention" in variant.options:
-        return sdpa_kernel(SDPBackend.MATH)
-    return contextlib.nullcontext()
 
 
 def _timed_steps(step: StepFn, warmup: int, steps: int, device: torch.device) -> tuple[float, float]:
@@ -271,21 +284,21 @@ def measure_training(args: argparse.Namespace, preset: str, micro_batch: int, va
     device = dist.device
     config = variant.config(preset, micro_batch, args.chunk_rows, args.num_workers)
     network = network_config(config.model, manifest)
+    plan = _plan(config, network, variant, dist)
     row = {"bench": "train", "preset": preset, "variant": variant.name, "micro_batch": micro_batch,
-           "seq_len": manifest.seq_len, "vocab_size": network.vocab_size, "device": device.type,
-           "precision": resolve_precision(config, device), "steps": args.steps,
-           "data": "synthetic" if variant.zero_stage is None else "loader"}
+           "seq_len": manifest.seq_len, "vocab_size": network.vocab_size, "logit_columns": network.logit_columns,
+           "device": device.type, "precision": plan.precision, "compile": plan.compile, "attention": plan.attention,
+           "steps": args.steps, "data": "synthetic" if variant.zero_stage is None else "loader"}
     _release_memory(device)
-    if "compile" in variant.options:
-        torch._dynamo.reset()  # each variant compiles for its own shapes, not a dynamic graph
+    torch._dynamo.reset()  # each variant compiles its own graphs
     row["memory_before_bytes"] = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
     try:
         if variant.zero_stage is None:
-            step, teardown = _torch_step(config, network, variant, device)
+            step, teardown = _torch_step(config, network, plan, variant, device)
         else:
-            step, teardown = _pipeline_step(config, network, variant, data, dist)
+            step, teardown = _pipeline_step(config, network, plan, variant, data, dist)
         try:
-            with _attention_kernels(variant):
+            with attention_kernel(plan.attention):  # as the trainer runs: the whole run
                 step_time, wait_share = _timed_steps(step, args.warmup, args.steps, device)
             row["host_rss_bytes"] = _host_rss_bytes()  # this rank's host memory with the model live
         finally:
@@ -328,11 +341,17 @@ def measure_sampling(network: TransformerConfig, num_samples: int, steps: int, d
 
 def measure_inference(args: argparse.Namespace, preset: str, manifest: Manifest, device: torch.device) -> list[dict]:
     """The evaluation row (bench/eval_throughput.py) and the sampling row of a preset."""
-    network = network_config(ModelSection(preset=preset), manifest)
-    evaluation = measure_evaluation(preset, manifest.seq_len, args.eval_samples, args.eval_batch, args.repeats,
-                                    vocab_size=network.vocab_size, blocks=args.eval_blocks, device=str(device))
+    network = network_config(ModelSection(preset=preset, vocab_multiple=1), manifest)  # an export's
+    rows = []
+    for tuned in (False, True):  # as `unmask eval` ran before issue 24, and as it runs now
+        evaluation = measure_evaluation(preset, manifest.seq_len, args.eval_samples,
+                                        None if tuned else args.eval_batch, args.repeats,
+                                        vocab_size=network.vocab_size, blocks=args.eval_blocks, device=str(device),
+                                        tuned=tuned)
+        rows.append({"bench": "evaluate", **evaluation})
+        torch._dynamo.reset()
     sampling = measure_sampling(network, args.sample_batch, args.sample_steps, device)
-    return [{"bench": "evaluate", **evaluation}, {**sampling, "preset": preset}]
+    return [*rows, {**sampling, "preset": preset}]
 
 
 # ------------------------------------------------------------------ main
@@ -355,11 +374,13 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--num-workers", type=int, default=1, help="DataLoader workers of the pipeline variants")
     parser.add_argument("--eval-samples", type=int, default=2, help="time samples per block")
     parser.add_argument("--eval-blocks", type=int, default=32, help="blocks scored")
-    parser.add_argument("--eval-batch", type=int, default=8, help="blocks per network call")
+    parser.add_argument("--eval-batch", type=int, default=8, help="blocks per network call of the untuned row "
+                        "(the tuned one sizes its batch to the device)")
     parser.add_argument("--repeats", type=int, default=3, help="timed evaluation repeats (median)")
     parser.add_argument("--sample-batch", type=int, default=8, help="sequences sampled together")
     parser.add_argument("--sample-steps", type=int, default=SAMPLE_STEPS)
     parser.add_argument("--skip-inference", action="store_true", help="training rows only")
+    parser.add_argument("--skip-training", action="store_true", help="evaluation and sampling rows only")
     args = parser.parse_args()
     args.variants = [parse_variant(name) for name in args.variants]
     args.seq_len = args.seq_len or (GPU_SEQ_LEN if args.device == "cuda" else CPU_SEQ_LEN)
@@ -385,7 +406,7 @@ def main() -> None:
         data = prepare_data(args, Path(scratch))
         manifest = Manifest.read(data)
         for preset in args.presets:
-            for micro_batch in args.micro_batches:
+            for micro_batch in [] if args.skip_training else args.micro_batches:
                 for variant in args.variants:
                     print(json.dumps(measure_training(args, preset, micro_batch, variant, data, manifest, dist)),
                           flush=True)

@@ -1,23 +1,51 @@
 """Writing files so that readers, and a crash, see the old file or the complete new one; and
-giving a written tree the modes the user's umask asks for."""
+giving a written tree the modes the user's umask asks for.
+
+A file is written under its temporary name (``temporary_path``: hidden, with the writer's
+pid) and renamed; a writer killed in between leaves that name behind, which
+``remove_temporaries`` clears once no writer of the directory is left."""
 
 from __future__ import annotations
 
 import os
-import shutil
+import re
 import stat
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "give_default_modes", "replace_directory"]
+__all__ = ["atomic_write_bytes", "give_default_modes", "is_temporary", "remove_temporaries", "temporary_path"]
 
 # The modes open() and mkdir() ask for; the process umask then takes away what the user denies.
 _FILE_MODE, _DIRECTORY_MODE = 0o666, 0o777
+_TEMPORARY = re.compile(r"^\..+\.tmp-\d+$")
+
+
+def temporary_path(path: str | Path) -> Path:
+    """The name ``path`` is written under before it is renamed into place (``.NAME.tmp-PID``)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether ``name`` is a ``temporary_path`` name."""
+    return _TEMPORARY.match(name) is not None
+
+
+def remove_temporaries(directory: str | Path) -> list[Path]:
+    """Remove the temporary files that killed writers left in ``directory`` (call it when no
+    writer of the directory is running); the ones removed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    left = [entry for entry in directory.iterdir() if is_temporary(entry.name) and entry.is_file()]
+    for entry in left:
+        entry.unlink(missing_ok=True)
+    return left
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write to a temporary name in the same directory, fsync, then rename into place."""
     path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary = temporary_path(path)
     with open(temporary, "wb") as handle:
         handle.write(data)
         handle.flush()
@@ -40,11 +68,3 @@ def give_default_modes(root: str | Path) -> None:
             if stat.S_ISREG(os.lstat(path).st_mode):
                 os.chmod(path, _FILE_MODE & ~umask)
 
-
-def replace_directory(staging: str | Path, target: str | Path) -> None:
-    """Put the finished directory ``staging`` in ``target``'s place (whatever ``target`` held is
-    removed), with the modes of ``give_default_modes``: a reader sees the old tree or the
-    complete new one, never a half-written one."""
-    give_default_modes(staging)
-    shutil.rmtree(target, ignore_errors=True)
-    os.rename(staging, target)

@@ -26,7 +26,8 @@ sequence of a split is padded (see the manifest) and is left out unless
 
 Integrity: before a process first reads a shard, its size and sha256 are checked against the
 manifest (``data_prep.shards.verify_shard``), so a truncated or altered shard stops the run
-with its name instead of training on garbage. The check costs one extra read of each shard
+with its name instead of training on garbage. A DataLoader worker hands such a ``UserError``
+to the main process, which raises it as itself: one line, whatever the number of workers. The check costs one extra read of each shard
 per process (DataLoader workers are new processes each epoch; BENCHMARKS.md has the cost);
 ``verify=False`` skips it.
 
@@ -157,14 +158,30 @@ class _Plan:
             raise UserError(f"{path}: shard listed in the manifest is missing; rerun `unmask prep`") from None
 
 
+@dataclass(frozen=True)
+class _WorkerFailure:
+    """A user's mistake met in a DataLoader worker (a corrupt shard), sent to the main process
+    as an item of the stream: raised there as itself, the one line it is. Raised in the
+    worker, DataLoader would re-raise it with the worker's traceback folded into its message."""
+
+    error: UserError
+
+
 class _EpochStream(IterableDataset):
     def __init__(self, plan: _Plan, epoch: int, first_batch: int) -> None:
         self.plan, self.epoch, self.first_batch = plan, epoch, first_batch
 
-    def __iter__(self) -> Iterator[torch.Tensor]:
+    def __iter__(self) -> Iterator[torch.Tensor | _WorkerFailure]:
         info = get_worker_info()
-        stride, offset = (1, 0) if info is None else (info.num_workers, info.id)
-        return self.plan.batches(self.epoch, self.first_batch, stride, offset)
+        if info is None:
+            return self.plan.batches(self.epoch, self.first_batch, 1, 0)
+        return self._in_worker(info.num_workers, info.id)
+
+    def _in_worker(self, stride: int, offset: int) -> Iterator[torch.Tensor | _WorkerFailure]:
+        try:
+            yield from self.plan.batches(self.epoch, self.first_batch, stride, offset)
+        except UserError as err:
+            yield _WorkerFailure(err)
 
 
 class StreamingLoader:
@@ -209,6 +226,8 @@ class StreamingLoader:
         loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers,
                             pin_memory=self.pin_memory, **extra)
         for batch in loader:
+            if isinstance(batch, _WorkerFailure):
+                raise batch.error
             self.batches += 1
             yield batch
         self.epoch, self.batches = self.epoch + 1, 0

@@ -15,7 +15,12 @@ The shards therefore depend only on the inputs, the tokenizer and the config, ne
 number of workers or on where a previous run was killed. Each split's token count is
 exactly the sum over its documents of (tokens + 1 EOS); its last sequence is padded with
 the tokenizer's pad id (EOS when it has none) and the padding is counted in the manifest.
-Finally ``manifest.json`` is written (atomically) and the work directory removed.
+Finally the tokenizer's files are kept in ``DIR/tokenizer`` (the manifest names that copy
+and its sha256, so the directory trains and exports wherever it is copied), ``manifest.json``
+is written (atomically) and the work directory removed.
+
+The output directory is claimed as a prep's (``PREP_KIND``, ``common.outputs``): a run
+directory, an export, the corpus itself or anything else is refused before any work.
 
 A rerun of an unfinished prep that changes only --bad-utf8 / --bad-json (say, after one that
 stopped on a broken JSONL line) goes on without --overwrite: the units whose counters show no
@@ -36,8 +41,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from common.atomic_files import atomic_write_bytes
-from common.errors import UserError, output_dir
+from common.atomic_files import atomic_write_bytes, remove_temporaries
+from common.errors import UserError
+from common.outputs import InputPath, OutputKind, check_output_dir, claim_output_dir, json_object, staged_directory
 from common.progress import bar as progress_bar
 from common.ray_runtime import ray_session
 from data_prep.ledger import Ledger
@@ -47,6 +53,7 @@ from data_prep.readers import (
     ReadCounters,
     ReadOptions,
     WorkUnit,
+    local_roots,
     plan_units,
     resolve_inputs,
 )
@@ -55,6 +62,7 @@ from data_prep.shards import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     SPLITS,
+    TOKENIZER_DIR,
     Manifest,
     ShardInfo,
     SplitInfo,
@@ -62,7 +70,7 @@ from data_prep.shards import (
     token_dtype,
 )
 from data_prep.tokenize_stage import UnitTokenizer, unit_key
-from data_prep.tokenizer import Tokenizer
+from data_prep.tokenizer import Tokenizer, load_tokenizer
 
 WORK_DIR = ".prep-work"
 IDENTITY_NAME = "identity.json"
@@ -76,6 +84,28 @@ DEFAULT_VAL_FRACTION = 0.005
 # other values of them: only the units whose counters show such documents are redone.
 POLICY_COUNTERS = {"bad_utf8": ("bad_utf8_repaired", "bad_utf8_skipped"),
                    "bad_json": ("bad_json_skipped",)}
+# The longest sequence a prep packs: 128k tokens, the longest context of open models (Llama 3.1).
+# Attention's memory and time grow with the square of the length, and every preset is far
+# below it (medium: 1024); above it, --seq-len is a typo (1000000000 would pack a 2 GB shard of
+# padding out of 30 KB of text). Raise it here for a model that truly needs more.
+MAX_SEQ_LEN = 1 << 17
+# Documents repaired or skipped beyond this share of those read are more than stray bytes:
+# the input is likely in another encoding, or the flag drops most of it.
+LOUD_SHARE = 0.01
+# A split whose padding exceeds this share of its token slots is mostly padding: --seq-len is
+# long for the corpus.
+PADDING_WARN_SHARE = 0.5
+
+
+def _is_unmarked_prep(directory: Path) -> bool:
+    """A prep written before the marker existed: its manifest, or its unfinished work."""
+    manifest = json_object(directory / MANIFEST_NAME)
+    return (manifest is not None and "prep_config_sha256" in manifest) or \
+        (directory / WORK_DIR / IDENTITY_NAME).is_file()
+
+
+# What `unmask prep --out` (and `unmask run`'s RUN/data) holds: shards, manifest, tokenizer.
+PREP_KIND = OutputKind("prep", "the shards of `unmask prep`", whole=False, unmarked=_is_unmarked_prep)
 
 
 @dataclass(frozen=True)
@@ -93,8 +123,9 @@ class PrepConfig:
     def __post_init__(self) -> None:
         if not self.inputs:
             raise UserError("--input: give at least one file, directory or glob")
-        if self.seq_len < 2:
-            raise UserError(f"--seq-len must be >= 2, got {self.seq_len}")
+        if not 2 <= self.seq_len <= MAX_SEQ_LEN:
+            raise UserError(f"--seq-len must lie in [2, {MAX_SEQ_LEN}] (data_prep.prep.MAX_SEQ_LEN: the longest "
+                            f"sequence unmask packs), got {self.seq_len}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise UserError(f"--val-fraction must lie in [0, 1), got {self.val_fraction}")
         if self.shard_bytes < 1 or self.unit_bytes < 1:
@@ -116,13 +147,28 @@ class PrepResult:
     policy_change: str = ""         # what a changed --bad-utf8 / --bad-json made this run redo
 
     def warnings(self) -> list[str]:
-        """What the user should know about the inputs: the files skipped as binary."""
+        """What the user must know about the inputs and the shards: the files skipped as
+        binary, documents repaired or skipped beyond ``LOUD_SHARE`` of those read, splits
+        that are mostly padding."""
         skipped = [entry for entry in self.manifest.inputs if entry.get("skipped")]
-        if not skipped:
-            return []
-        return [f"skipped {len(skipped)} input file(s) as binary (manifest.json: counts.binary_files_skipped"
-                f"); leave them out, or convert UTF-16 text to UTF-8 (iconv -f UTF-16 -t UTF-8 IN > OUT.txt):",
-                *(f"  {entry['uri']}: {entry['skipped']}" for entry in skipped)]
+        lines = [] if not skipped else [
+            f"skipped {len(skipped)} input file(s) as binary (manifest.json: counts.binary_files_skipped"
+            f"); leave them out, or convert UTF-16 text to UTF-8 (iconv -f UTF-16 -t UTF-8 IN > OUT.txt):",
+            *(f"  {entry['uri']}: {entry['skipped']}" for entry in skipped)]
+        counts = self.manifest.counts
+        read = _documents_read(counts)
+        for affected, what in _affected_documents(counts):
+            if affected > LOUD_SHARE * read:
+                lines.append(f"{affected / read:.1%} of the documents ({affected:,} of {read:,}) {what}")
+        return lines + _padding_warnings(self.manifest)
+
+    def notes(self) -> list[str]:
+        """The documents repaired or skipped, counted, with the flag that changes each, when
+        they stay within ``LOUD_SHARE`` of those read (``warnings`` names the others)."""
+        counts = self.manifest.counts
+        read = _documents_read(counts)
+        return [f"{affected:,} of {read:,} documents {what}" for affected, what in _affected_documents(counts)
+                if 0 < affected <= LOUD_SHARE * read]
 
     def summary(self) -> str:
         splits = self.manifest.splits
@@ -141,6 +187,36 @@ class PrepResult:
         return (f"{docs:,} documents, {tokens:,} tokens, {text_bytes:,} bytes of text -> {shards} shards "
                 f"(train {splits['train'].sequences:,} / val {splits['val'].sequences:,} sequences) in "
                 f"{self.seconds:.1f} s, tokenizing at {rate:,.0f} tokens/s{resumed}")
+
+
+def _documents_read(counts: dict) -> int:
+    """The documents the readers met, kept or not (the denominator of the shares above)."""
+    return sum(counts.get(name, 0) for name in ("documents", "empty_skipped", "bad_utf8_skipped", "bad_json_skipped"))
+
+
+def _affected_documents(counts: dict) -> list[tuple[int, str]]:
+    """(count, what happened to them and the flag that changes it) of each nonzero policy."""
+    fix = "; if the input is in another encoding (Latin-1, say), convert it: iconv -f LATIN1 -t UTF-8 IN > OUT"
+    described = [
+        (counts.get("bad_utf8_repaired", 0), "held invalid UTF-8, repaired with U+FFFD (--bad-utf8 replace; "
+                                             f"--bad-utf8 skip leaves them out){fix}"),
+        (counts.get("bad_utf8_skipped", 0), "held invalid UTF-8 and were left out (--bad-utf8 skip; --bad-utf8 "
+                                            f"replace keeps them, repaired with U+FFFD){fix}"),
+        (counts.get("bad_json_skipped", 0), "were JSONL lines that are not JSON or lack the text field, left out "
+                                            "(--bad-json skip; --bad-json error stops at the first)"),
+    ]
+    return [(count, what) for count, what in described if count]
+
+
+def _padding_warnings(manifest: Manifest) -> list[str]:
+    lines = []
+    for name, split in manifest.splits.items():
+        slots = split.sequences * manifest.seq_len
+        if split.documents and split.padding_tokens > PADDING_WARN_SHARE * slots:
+            lines.append(f"split {name}: {split.padding_tokens:,} of its {slots:,} token slots "
+                         f"({split.padding_tokens / slots:.0%}) are padding: --seq-len {manifest.seq_len} is long for "
+                         f"its {split.tokens:,} tokens; lower --seq-len, or give more text")
+    return lines
 
 
 # ------------------------------------------------------------------------- driver
@@ -316,29 +392,76 @@ def _shard_rows(in_process: bool, pending_shards: list[dict], workers: int, shar
         fn_kwargs=shard_args).iter_rows()
 
 
+@dataclass(frozen=True)
+class PrepRun:
+    """How a prep runs (none of it changes the shards): ``prep``'s keyword arguments."""
+
+    workers: int
+    ray_address: str | None
+    overwrite: bool
+    progress: bool
+    tokenizer_follows_inputs: bool
+
+
+def _inputs_of(config: PrepConfig, tokenizer: Tokenizer, out: Path) -> list[InputPath]:
+    """What the prep reads, which its output must keep clear of: the corpus, and the tokenizer
+    unless it is the prep's own copy (``DIR/tokenizer``, given back as --tokenizer)."""
+    inputs = [InputPath(root, "--input") for root in local_roots(config.inputs)]
+    own = (out / TOKENIZER_DIR).resolve()
+    if tokenizer.path and not Path(tokenizer.path).resolve().is_relative_to(own):
+        inputs.append(InputPath(tokenizer.path, "--tokenizer"))
+    return inputs
+
+
 def prep(config: PrepConfig, tokenizer: Tokenizer, out_dir: str | Path, *, workers: int = 1,
          ray_address: str | None = None, overwrite: bool = False, progress: bool = True,
          tokenizer_follows_inputs: bool = False) -> PrepResult:
     """Run (or resume, or skip) a prep; see the module docstring. One worker without
     ``ray_address`` runs in this process (``_runs_in_process``), more in Ray.
     ``tokenizer_follows_inputs``: the tokenizer was trained from these inputs and read flags
-    (``unmask prep --vocab-size``), so a change of --bad-utf8 / --bad-json may have changed it too."""
+    (``unmask prep --vocab-size``), so a change of --bad-utf8 / --bad-json may have changed it too.
+    A prep that fails before any unit was tokenized leaves no trace of itself in ``out_dir``."""
     if workers < 1:
         raise UserError(f"--workers must be >= 1, got {workers}")
     started = time.perf_counter()
-    out = output_dir(out_dir, "--out")
+    out, inputs = Path(out_dir), _inputs_of(config, tokenizer, Path(out_dir))
+    check_output_dir(out, PREP_KIND, "--out", inputs)
     files = resolve_inputs(config.inputs)
+    with _claimed(out, inputs):
+        return _run(config, tokenizer, out, files, started, PrepRun(workers, ray_address, overwrite, progress,
+                                                                    tokenizer_follows_inputs))
+
+
+@contextlib.contextmanager
+def _claimed(out: Path, inputs: list[InputPath]) -> Iterator[None]:
+    """``out`` claimed as a prep's for the block; a failure before any unit was tokenized
+    leaves no trace of the prep there (its work, its marker, the directory it made)."""
+    claim = claim_output_dir(out, PREP_KIND, "--out", inputs)
+    try:
+        yield
+    except BaseException:
+        ledger = out / WORK_DIR / "ledger"
+        if not (ledger.is_dir() and any(ledger.iterdir())):
+            shutil.rmtree(out / WORK_DIR, ignore_errors=True)
+        claim.abandon()
+        raise
+
+
+def _run(config: PrepConfig, tokenizer: Tokenizer, out: Path, files: list[InputFile], started: float,
+         run: PrepRun) -> PrepResult:
     identity = _identity(config, tokenizer, files)
-    finished, policy_change = _prepare_output(out, identity, overwrite, tokenizer_follows_inputs)
+    finished, policy_change = _prepare_output(out, identity, run.overwrite, run.tokenizer_follows_inputs)
     if finished is not None:
+        _keep_tokenizer(tokenizer, out / TOKENIZER_DIR)  # a prep written before it was kept there
         return PrepResult(finished, True, 0, 0, 0, 0, 0, time.perf_counter() - started)
     work = out / WORK_DIR
     ledger = Ledger(work / "ledger")
     units = plan_units(files, config.read, config.unit_bytes)
     pending_units = [u.index for u in units if not ledger.done(unit_key(u.index))]
     dtype = token_dtype(tokenizer.vocab_size)
-    in_process = _runs_in_process(workers, ray_address)
-    with contextlib.nullcontext() if in_process else _ray_data(ray_address, workers):
+    workers, progress = run.workers, run.progress
+    in_process = _runs_in_process(workers, run.ray_address)
+    with contextlib.nullcontext() if in_process else _ray_data(run.ray_address, workers):
         tokens_run, busy, tokenize_started = 0, 0.0, time.perf_counter()
         if pending_units:
             actor_args = (tokenizer, units, config.read, config.seed, config.val_fraction, str(work))
@@ -348,6 +471,7 @@ def prep(config: PrepConfig, tokenizer: Tokenizer, out_dir: str | Path, *, worke
                 rows = _tokenize_rows(pending_units, min(workers, len(pending_units)), actor_args)
             tokens_run, busy = _run_stage(rows, "tokenize", len(pending_units), progress)
         tokenize_seconds = time.perf_counter() - tokenize_started
+        _refuse_an_empty_corpus(config, ledger, units, out)
         layouts = _layouts(ledger, units, config.seq_len, tokenizer)
         rows_per_chunk = chunk_rows(config.seq_len, dtype)
         per_shard = max(rows_per_chunk,
@@ -359,12 +483,52 @@ def prep(config: PrepConfig, tokenizer: Tokenizer, out_dir: str | Path, *, worke
                           "rows_per_chunk": rows_per_chunk}
             _run_stage(_shard_rows(in_process, pending_shards, workers, shard_args), "shards",
                        len(pending_shards), progress)
+    for split in SPLITS:  # every writer has finished: what killed ones left is garbage
+        remove_temporaries(out / split)
+    _keep_tokenizer(tokenizer, out / TOKENIZER_DIR)
     manifest = _assemble_manifest(config, tokenizer, identity, ledger, units, layouts, shards, rows_per_chunk)
     manifest.write(out)
     shutil.rmtree(work)
     return PrepResult(manifest, False, len(units) - len(pending_units), len(pending_units),
                       len(shards) - len(pending_shards), len(pending_shards), tokens_run,
                       time.perf_counter() - started, tokenize_seconds, busy, policy_change)
+
+
+def _keep_tokenizer(tokenizer: Tokenizer, directory: Path) -> None:
+    """The tokenizer's files in ``directory`` (DIR/tokenizer, which the manifest names), unless
+    they are there already: training and export find them there wherever the data directory
+    is copied, and a tokenizer given roles by flags (--eos-token) is only complete there."""
+    try:
+        if load_tokenizer(directory).sha256 == tokenizer.sha256:
+            return
+    except UserError:  # absent, or not a tokenizer
+        pass
+    with staged_directory(directory) as staging:
+        tokenizer.save(staging)
+
+
+def _read_counters(ledger: Ledger, units: Sequence[WorkUnit]) -> ReadCounters:
+    counters = ReadCounters()
+    for unit in units:
+        counters = counters + ReadCounters(**ledger.get(unit_key(unit.index))["counters"])
+    return counters
+
+
+def _refuse_an_empty_corpus(config: PrepConfig, ledger: Ledger, units: Sequence[WorkUnit], out: Path) -> None:
+    """Stop a prep whose inputs hold no document: shards of nothing train nothing. The work,
+    which holds nothing, goes (and the output directory with it, when the prep made it)."""
+    counters = _read_counters(ledger, units)
+    if counters.documents:
+        return
+    dropped = [(counters.empty_skipped, "empty"),
+               (counters.bad_utf8_skipped, "skipped for invalid UTF-8 (--bad-utf8 skip)"),
+               (counters.bad_json_skipped, "skipped as broken JSONL lines (--bad-json skip)")]
+    read = ", ".join(f"{count:,} {what}" for count, what in dropped if count) or "none found"
+    binary = (f"; {counters.binary_files_skipped} file(s) skipped as binary" if counters.binary_files_skipped
+              else "")
+    shutil.rmtree(out / WORK_DIR, ignore_errors=True)
+    raise UserError(f"--input {' '.join(config.inputs)}: no documents to prepare (documents: {read}{binary}); "
+                    f"check the files, --text-format, --text-field or --text-column, and --bad-utf8")
 
 
 def _pad_id(tokenizer: Tokenizer) -> int:
@@ -386,9 +550,7 @@ def _assemble_manifest(config: PrepConfig, tokenizer: Tokenizer, identity: dict,
                        units: Sequence[WorkUnit], layouts: dict[str, SplitLayout], shards: list[dict],
                        rows_per_chunk: int) -> Manifest:
     entries = [ledger.get(unit_key(u.index)) for u in units]
-    counters = ReadCounters()
-    for entry in entries:
-        counters = counters + ReadCounters(**entry["counters"])
+    counters = _read_counters(ledger, units)
     splits = {}
     for split, layout in layouts.items():
         infos = [ShardInfo(**ledger.get(shard_key(split, r["index"]))) for r in shards if r["split"] == split]
@@ -402,7 +564,8 @@ def _assemble_manifest(config: PrepConfig, tokenizer: Tokenizer, identity: dict,
     inputs = [{**item, "skipped": binary[item["uri"]]} if item["uri"] in binary else item
               for item in identity["inputs"]]
     return Manifest(
-        format_version=FORMAT_VERSION, tokenizer=tokenizer.describe(), seq_len=config.seq_len,
+        format_version=FORMAT_VERSION, tokenizer={**tokenizer.describe(), "path": TOKENIZER_DIR},
+        seq_len=config.seq_len,
         dtype=token_dtype(tokenizer.vocab_size).str, chunk_rows=rows_per_chunk, pad_id=_pad_id(tokenizer),
         prep_config=identity["config"], prep_config_sha256=identity["sha256"], inputs=inputs,
         counts=counters.to_dict(), splits=splits)

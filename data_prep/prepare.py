@@ -4,20 +4,22 @@ date). What ``unmask prep`` and the prep stage of ``unmask run`` both run.
     result = prepare(PrepRequest(PrepConfig(inputs=("corpus/",), seq_len=1024), Path("shards"),
                                  vocab_size=32000))
     result.nothing_to_do   # True when the shards already matched
-    result.warnings()      # input files skipped as binary, for the user
+    result.warnings()      # what the user must know: binary inputs, many repaired documents, padding
+    result.notes()         # documents repaired or skipped, counted, with the flag that changes it
 """
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import UserError, output_dir
+from common.errors import UserError
+from common.outputs import InputPath, check_output_dir, claim_output_dir
 from data_prep.hf_tokenizer import NO_SPECIAL_TOKENS, ROLE_FLAGS, SpecialTokens
-from data_prep.prep import PrepConfig, PrepResult, prep
-from data_prep.tokenizer import Tokenizer, load_tokenizer
-from data_prep.tokenizer_training import TOKENIZER_SUBDIR, TrainingRequest, prep_tokenizer
+from data_prep.prep import PREP_KIND, PrepConfig, PrepResult, prep
+from data_prep.readers import local_roots
+from data_prep.tokenizer import load_tokenizer
+from data_prep.tokenizer_training import TrainingRequest, prep_tokenizer
 
 __all__ = ["PrepRequest", "prepare"]
 
@@ -51,32 +53,20 @@ class PrepRequest:
 
 def prepare(request: PrepRequest) -> PrepResult:
     """Run (or resume, or skip) a prep, with the tokenizer it names: loaded, or trained into
-    OUT/tokenizer and reused on a rerun while its training request is unchanged. A tokenizer
-    given special tokens is kept in OUT/tokenizer too (``_keep_with_shards``)."""
-    output_dir(request.out_dir, "--out")  # before training a tokenizer into it
-    config = request.config
+    OUT/tokenizer and reused on a rerun while its training request is unchanged. Either way
+    the prep keeps the tokenizer's files in OUT/tokenizer (``data_prep.prep``)."""
+    config, out = request.config, Path(request.out_dir)
+    corpus = [InputPath(root, "--input") for root in local_roots(config.inputs)]
+    check_output_dir(out, PREP_KIND, "--out", corpus)  # before training a tokenizer into it
+    run = dict(workers=request.workers, ray_address=request.ray_address, overwrite=request.overwrite,
+               progress=request.progress)
     if request.tokenizer is not None:
-        tokenizer = load_tokenizer(request.tokenizer, request.special_tokens)
-    else:
-        training = TrainingRequest(config.inputs, request.vocab_size, seed=config.seed, read=config.read)
-        tokenizer = prep_tokenizer(training, request.out_dir)
-    result = prep(config, tokenizer, request.out_dir, workers=request.workers,
-                  ray_address=request.ray_address, overwrite=request.overwrite,
-                  progress=request.progress, tokenizer_follows_inputs=request.tokenizer is None)
-    if request.special_tokens.given():
-        _keep_with_shards(tokenizer, Path(request.out_dir) / TOKENIZER_SUBDIR)
-    return result
-
-
-def _keep_with_shards(tokenizer: Tokenizer, directory: Path) -> None:
-    """Save ``tokenizer`` into ``directory`` (OUT/tokenizer, which the prep owns) unless it is
-    there already. Special tokens given by flags are in no file of the tokenizer's own
-    directory, so loading that gives another tokenizer; training looks for the shards'
-    tokenizer in OUT/tokenizer too, and finds this one (with its special_tokens_map.json)."""
+        return prep(config, load_tokenizer(request.tokenizer, request.special_tokens), out, **run)
+    training = TrainingRequest(config.inputs, request.vocab_size, seed=config.seed, read=config.read)
+    claim = claim_output_dir(out, PREP_KIND, "--out", corpus)
     try:
-        if load_tokenizer(directory).sha256 == tokenizer.sha256:
-            return
-    except UserError:  # absent, or not a tokenizer
-        pass
-    shutil.rmtree(directory, ignore_errors=True)  # a tokenizer that --vocab-size trained here before
-    tokenizer.save(directory)
+        tokenizer = prep_tokenizer(training, out)
+    except BaseException:
+        claim.abandon()  # nothing was trained: the directory goes if the claim made it
+        raise
+    return prep(config, tokenizer, out, tokenizer_follows_inputs=True, **run)

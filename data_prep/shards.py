@@ -10,7 +10,8 @@ about ``CHUNK_BYTES`` keeps the overhead near 0.1%.
 Tar headers carry no time, owner or host, so the same sequences always give the same
 bytes: shards are reproducible and their sha256 (in the manifest) identifies their content.
 This module owns the format: the writer, the chunk reader (WebDataset's tar iterator) and
-the manifest (``MANIFEST_NAME``, fields in ``Manifest``).
+the manifest (``MANIFEST_NAME``, fields in ``Manifest``). Beside them, ``DIR/tokenizer``
+(``TOKENIZER_DIR``) holds the files of the tokenizer the shards were made with.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from common.atomic_files import atomic_write_bytes
+from common.atomic_files import atomic_write_bytes, temporary_path
 from common.errors import UserError
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+TOKENIZER_DIR = "tokenizer"  # the tokenizer's files, in the data directory: the manifest's tokenizer path
 SPLITS = ("train", "val")
 # Target bytes of token data per tar member (see the module docstring).
 CHUNK_BYTES = 1 << 20
@@ -38,7 +40,7 @@ CHUNK_BYTES = 1 << 20
 UINT16_LIMIT = 1 << 16
 
 __all__ = [
-    "FORMAT_VERSION", "MANIFEST_NAME", "SPLITS", "ShardInfo", "SplitInfo", "Manifest",
+    "FORMAT_VERSION", "MANIFEST_NAME", "SPLITS", "TOKENIZER_DIR", "ShardInfo", "SplitInfo", "Manifest",
     "token_dtype", "chunk_rows", "shard_path", "write_shard", "iter_chunks", "sha256_file", "verify_shard",
 ]
 
@@ -88,7 +90,7 @@ def write_shard(path: str | Path, sequences: np.ndarray, shard_index: int, rows_
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_path(path)
     with open(tmp, "wb") as handle:
         with tarfile.open(fileobj=handle, mode="w", format=tarfile.USTAR_FORMAT) as tar:
             for chunk, start in enumerate(range(0, len(sequences), rows_per_chunk)):

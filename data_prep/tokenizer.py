@@ -324,6 +324,7 @@ def train_sentencepiece(
     atomic_write_bytes(out_dir / SP_VOCAB_FILE, tokenizer.vocab_listing().encode("utf-8"))
     metadata = {
         **tokenizer.describe(),
+        "path": SP_MODEL_FILE,  # beside this record, wherever the directory goes
         "model_type": model_type,
         "unk_id": UNK_ID,
         "seed": seed,

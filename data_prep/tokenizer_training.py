@@ -11,29 +11,51 @@ The training text is every document piece of the inputs, in corpus order, stream
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
 from common.atomic_files import atomic_write_bytes
-from common.errors import output_dir
+from common.outputs import InputPath, OutputKind, entry_names, json_object, new_output_dir, staged_directory
 from data_prep.readers import (
     ReadCounters,
     ReadOptions,
     WorkUnit,
     binary_reason,
+    local_roots,
     plan_units,
     read_batches,
     resolve_inputs,
 )
-from data_prep.tokenizer import SentencePieceTokenizer, Tokenizer, load_tokenizer, train_sentencepiece
+from data_prep.shards import TOKENIZER_DIR
+from data_prep.tokenizer import (
+    SP_METADATA_FILE,
+    SP_MODEL_FILE,
+    SP_VOCAB_FILE,
+    SentencePieceTokenizer,
+    Tokenizer,
+    load_tokenizer,
+    train_sentencepiece,
+)
 
-__all__ = ["TOKENIZER_SUBDIR", "TRAINING_REQUEST_NAME", "CorpusText", "TrainedTokenizer",
-           "TrainingRequest", "prep_tokenizer", "train_tokenizer"]
+__all__ = ["TOKENIZER_KIND", "TRAINING_REQUEST_NAME", "CorpusText", "TrainedTokenizer", "TrainingRequest",
+           "prep_tokenizer", "train_tokenizer"]
 
-TOKENIZER_SUBDIR = "tokenizer"  # where `unmask prep --vocab-size` trains its tokenizer
 # Written next to a tokenizer that `unmask prep --vocab-size` trained, to reuse it on rerun.
 TRAINING_REQUEST_NAME = "training_request.json"
+
+
+def _is_unmarked_tokenizer(directory: Path) -> bool:
+    """A directory of `unmask tokenizer train` written before the marker existed: its files
+    only, with the record of its training."""
+    record = json_object(directory / SP_METADATA_FILE)
+    return (entry_names(directory) <= {SP_MODEL_FILE, SP_VOCAB_FILE, SP_METADATA_FILE}
+            and record is not None and record.get("kind") == SentencePieceTokenizer.kind)
+
+
+# What `unmask tokenizer train --out` writes: a directory that appears whole.
+TOKENIZER_KIND = OutputKind("tokenizer", "a tokenizer of `unmask tokenizer train`", whole=True,
+                            unmarked=_is_unmarked_tokenizer)
 
 
 @dataclass(frozen=True)
@@ -89,22 +111,26 @@ class CorpusText:
 
 def train_tokenizer(request: TrainingRequest, out_dir: str | Path) -> TrainedTokenizer:
     """Train a sentencepiece tokenizer on a sample of the inputs and write it into `out_dir`
-    (checked first, so that a bad one fails before the training)."""
-    output_dir(out_dir, "--out")
-    return _train(request, Path(out_dir))
+    (checked first, so that a bad one fails before the training; the directory appears whole,
+    ``common.outputs``)."""
+    inputs = [InputPath(root, "--input") for root in local_roots(request.inputs)]
+    with new_output_dir(out_dir, TOKENIZER_KIND, "--out", inputs) as staging:
+        trained = _train(request, staging)
+    return replace(trained, tokenizer=SentencePieceTokenizer.from_file(Path(out_dir) / SP_MODEL_FILE))
 
 
 def prep_tokenizer(request: TrainingRequest, prep_dir: str | Path) -> Tokenizer:
     """The tokenizer that a prep into `prep_dir` trains for itself, in PREP_DIR/tokenizer: the
     one trained there before if `request` is unchanged, else a new one."""
-    directory = Path(prep_dir) / TOKENIZER_SUBDIR
+    directory = Path(prep_dir) / TOKENIZER_DIR
     marker = directory / TRAINING_REQUEST_NAME
     if marker.is_file() and json.loads(marker.read_text()) == request.record():
         return load_tokenizer(directory)
-    # The prep reports binary inputs itself (in its manifest and warnings).
-    tokenizer = _train(request, directory).tokenizer
-    atomic_write_bytes(marker, json.dumps(request.record(), sort_keys=True).encode())
-    return tokenizer
+    with staged_directory(directory) as staging:
+        # The prep reports binary inputs itself (in its manifest and warnings).
+        _train(request, staging)
+        atomic_write_bytes(staging / TRAINING_REQUEST_NAME, json.dumps(request.record(), sort_keys=True).encode())
+    return load_tokenizer(directory)
 
 
 def _train(request: TrainingRequest, directory: Path) -> TrainedTokenizer:

@@ -50,7 +50,7 @@ from typing import Callable, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common.errors import UserError
+from common.errors import UserError, json_problem
 from data_prep.readers.lines import is_blank_line
 from evaluation.detokenizers import DETOKENIZERS
 
@@ -316,7 +316,7 @@ def _json_string(path: Path, number: int, line: str, field: str) -> str:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as err:
-        raise UserError(f"{path} line {number}: not valid JSON ({err.msg}); each line must be "
+        raise UserError(f"{path} line {number}: not valid JSON ({json_problem(err)}); each line must be "
                         f"one JSON object") from None
     if not isinstance(record, dict) or field not in record:
         raise UserError(f"{path} line {number}: no field {field!r}; give the field that holds "

@@ -95,7 +95,7 @@ from model.denoiser import DenoiserLike
 from model.diffusion import DiffusionProcess, NelboTerms, low_discrepancy_times
 
 __all__ = ["Blocks", "BoundEstimate", "TimeContributions", "Z_95", "autoregressive_nll",
-           "estimate_bound", "per_time_contributions", "wrap_blocks"]
+           "estimate_bound", "per_time_contributions", "replicate_terms", "wrap_blocks"]
 
 AllReduce = Callable[[list[float]], list[float]]
 
@@ -303,14 +303,16 @@ def _work(blocks: Blocks, replicates: range, plan: _Plan) -> Iterator[tuple[Tens
 
 
 def _score_batches(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: Blocks,
-                   replicates: range, plan: _Plan, discrete_steps: int | None,
+                   replicates: range, plan: _Plan, discrete_steps: int | None, keys: _Keys | None = None,
                    ) -> Iterator[tuple[Tensor, Tensor, Tensor, Tensor | NelboTerms]]:
     """Yield (replicate, block, u, result) per batch: result is the NelboTerms (continuous) or
-    the NELBO_T per block (discrete)."""
-    times = torch.stack([plan.replicate_times(blocks.num_blocks, k) for k in replicates])
+    the NELBO_T per block (discrete). ``keys``: whose draws each block takes (``replicate_terms``)."""
+    slots = blocks.num_blocks if keys is None else keys.count
+    times = torch.stack([plan.replicate_times(slots, k) for k in replicates])
     for ks, ids in _work(blocks, replicates, plan):
-        u = times[ks - replicates.start, ids]
-        generators = [_stream_generator(plan.seed, _MASK_STREAM, int(k), int(i)) for k, i in zip(ks, ids)]
+        draws = ids if keys is None else keys.of_blocks[ids]
+        u = times[ks - replicates.start, draws]
+        generators = [_stream_generator(plan.seed, _MASK_STREAM, int(k), int(i)) for k, i in zip(ks, draws)]
         x0 = blocks.tokens[ids].to(plan.device)
         positions = blocks.positions[ids].to(plan.device)
         if discrete_steps is None:
@@ -327,15 +329,20 @@ def _replicate_partials(diffusion: DiffusionProcess, denoiser: DenoiserLike, blo
                         progress: Progress | None = None) -> list[float]:
     """This rank's share of S_k = sum_blocks NELBO_k and Q_k = sum_blocks NELBO_k^2, for k in
     ``replicates``, as [S..., Q...] (a sum over ranks gives the totals)."""
+    slots, terms = [], []
+    for ks, _, _, result in _score_batches(diffusion, denoiser, blocks, replicates, plan, discrete_steps):
+        # Kept on the device and read once at the end: the host prepares the next batch while
+        # the device scores this one.
+        slots.append(ks - replicates.start)
+        terms.append(result.total if isinstance(result, NelboTerms) else result)
+        if progress is not None:
+            progress(len(ks))
     sums = np.zeros(len(replicates), dtype=np.float64)
     squares = np.zeros(len(replicates), dtype=np.float64)
-    for ks, _, _, result in _score_batches(diffusion, denoiser, blocks, replicates, plan, discrete_steps):
-        nelbo = (result.total if isinstance(result, NelboTerms) else result).cpu().numpy()
-        slots = ks.numpy() - replicates.start
-        np.add.at(sums, slots, nelbo)
-        np.add.at(squares, slots, nelbo**2)
-        if progress is not None:
-            progress(len(slots))
+    if terms:
+        slot, nelbo = torch.cat(slots).numpy(), torch.cat([t.to(torch.float64) for t in terms]).cpu().numpy()
+        np.add.at(sums, slot, nelbo)
+        np.add.at(squares, slot, nelbo**2)
     return [*(sums * plan.block_scale(blocks.num_blocks)).tolist(), *squares.tolist()]
 
 
@@ -415,6 +422,51 @@ def estimate_bound(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: 
                 or estimate.standard_error <= target_rel_error * abs(estimate.nelbo_per_token)):
             return estimate
         wanted = min(2 * done, max_samples_per_block)
+
+
+class _Keys(NamedTuple):
+    of_blocks: Tensor   # LongTensor [N]: each block's key
+    count: int          # M: keys are 0..M-1
+
+
+@torch.no_grad()
+def replicate_terms(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: Blocks, *,
+                    samples_per_block: int = 1, seed: int = 0, batch_size: int = 32,
+                    device: torch.device | str = "cpu", progress: Progress | None = None,
+                    keys: Tensor | None = None, num_keys: int | None = None) -> np.ndarray:
+    """Every block's term in every replicate, float64 [K, N]: NELBO_k(block i) at [k, i].
+
+    The (t, z_t) are exactly those of ``estimate_bound`` with the same seed (one process), so
+    the row sums are its replicate totals S_k. A caller that needs blocks one by one (each
+    block an lm-eval request) takes the mean over k of a column, an unbiased bound for that
+    block, and its replicate standard error std_k / sqrt(K): the replicates are independent
+    and identically distributed for every block and every subset of blocks alike.
+
+    ``keys`` (LongTensor [N] in [0, ``num_keys``)): common random numbers. Blocks with the same
+    key take the same draws in every replicate: the key's time, stratified over the M keys as
+    block times are over blocks, and the key's mask uniforms, position by position (blocks of
+    different lengths share the uniforms of the positions they both have). A key's draws depend
+    only on seed, k, M and the key, so calls with the same seed and M share them too. Each
+    block's terms stay an unbiased bound; only the correlations between blocks change (the
+    difference of two choices that share a context loses most of its noise). None: key i is
+    block i, as above.
+    """
+    plan = _make_plan(seed, batch_size, device, 0, 1)
+    _check_int("samples_per_block", samples_per_block, minimum=1)
+    _check_scorable(blocks)
+    shared = None
+    if keys is not None:
+        _check_int("num_keys", num_keys, minimum=1)
+        if keys.shape != (blocks.num_blocks,) or bool((keys < 0).any()) or bool((keys >= num_keys).any()):
+            raise ValueError(f"keys must be a LongTensor [{blocks.num_blocks}] with values in [0, {num_keys})")
+        shared = _Keys(keys.long(), num_keys)
+    terms = np.zeros((samples_per_block, blocks.num_blocks), dtype=np.float64)
+    for ks, ids, _, result in _score_batches(diffusion, denoiser, blocks, range(samples_per_block), plan,
+                                             discrete_steps=None, keys=shared):
+        terms[ks.numpy(), ids.numpy()] = result.total.cpu().numpy()
+        if progress is not None:
+            progress(len(ks))
+    return terms
 
 
 @torch.no_grad()

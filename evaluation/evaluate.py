@@ -23,7 +23,7 @@ import contextlib
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -45,9 +45,13 @@ from evaluation.protocols import DEFAULT_PROTOCOL, PROTOCOLS, UNMASK, ZeroShotPr
 from evaluation.results import ABSENT, DatasetResult, EvalScores, PerTimeContributions, Protocol
 from model.autoregressive import Autoregressive
 from model.diffusion import DiffusionProcess
+from model.transformer import Transformer, TransformerConfig
+from pipeline.attention import attention_kernel, resolve_attention
+from pipeline.engine import choose_inference_batch, device_memory_bytes
 from pipeline.export import Exported
 
-__all__ = ["EvalConfig", "check_datasets", "evaluate_dataset", "evaluate", "VAL_DATASET"]
+__all__ = ["EvalConfig", "check_datasets", "evaluate_dataset", "evaluate", "VAL_DATASET", "default_batch_size",
+           "inference_mode", "should_compile"]
 
 VAL_DATASET = "val"
 VAL_NEEDS_SHARDS = ("dataset 'val' needs --shards DIR (the training data of `unmask prep`; a run of `unmask run` "
@@ -55,6 +59,16 @@ VAL_NEEDS_SHARDS = ("dataset 'val' needs --shards DIR (the training data of `unm
 # Blocks whose per-time contributions are recorded for the report's plot (a second pass over
 # them; the plot needs a few hundred points, not the whole set).
 PER_T_BLOCKS = 256
+# Blocks per forward with --batch-size unset: on CPU a batch that keeps two cores busy; on a
+# GPU the largest power of two the memory estimate fits (pipeline.engine.choose_inference_batch),
+# at most LARGEST_GPU_BATCH (beyond it a forward is long enough that nothing is left to gain).
+CPU_BATCH_SIZE = 16
+LARGEST_GPU_BATCH = 256
+# --compile auto compiles the network on a GPU when a rank scores at least this many tokens
+# (blocks x length x time samples): compiling GPT-2 medium takes about half a minute, which
+# the fused kernels pay back only over a couple of minutes of scoring (~30M tokens at 2e5/s).
+COMPILE_MIN_TOKENS = 32_000_000
+COMPILE_SETTINGS = ("auto", "on", "off")
 AllReduce = Callable[[list[float]], list[float]]
 
 
@@ -71,7 +85,8 @@ class EvalConfig:
     samples_per_block: int = 16       # K; the 95% interval is honest from about 16 (estimator docs)
     seed: int = 0
     seq_len: int | None = None        # None: the protocol's (ours: the model's max_seq_len)
-    batch_size: int = 16
+    batch_size: int | None = None     # blocks per forward; None: sized to the device (CPU_BATCH_SIZE on CPU)
+    compile: str = "auto"             # COMPILE_SETTINGS: auto compiles on GPU for long evaluations
     discrete_steps: int | None = None
     target_rel_error: float | None = None
     add_eos: bool = True
@@ -83,7 +98,8 @@ class EvalConfig:
     def check(self, *, shards_pending: bool = False) -> None:
         """The flags, then every dataset (check_datasets); ``shards_pending``: see there."""
         checks = [("--samples", self.samples_per_block >= 1, "must be >= 1"),
-                  ("--batch-size", self.batch_size >= 1, "must be >= 1"),
+                  ("--batch-size", self.batch_size is None or self.batch_size >= 1, "must be >= 1"),
+                  ("--compile", self.compile in COMPILE_SETTINGS, f"must be one of {', '.join(COMPILE_SETTINGS)}"),
                   ("--seq-len", self.seq_len is None or self.seq_len >= 2, "must be >= 2"),
                   ("--discrete-steps", self.discrete_steps is None or self.discrete_steps >= 1, "must be >= 1"),
                   ("--target-rel-error", self.target_rel_error is None or 0 < self.target_rel_error < 1,
@@ -205,10 +221,47 @@ def evaluate_dataset(name: str, exported: Exported, config: EvalConfig, *, devic
         dataset = _read_dataset(name, config, protocol)
         blocks, record = _text_blocks(dataset, exported, seq_len, config, protocol)
         utf8_bytes = dataset.utf8_bytes
-    common = dict(batch_size=config.batch_size, device=device, rank=rank, world_size=world_size)
     network = exported.network.to(device)
-    with _precision(device):
+    batch_size = config.batch_size or default_batch_size(network.config, seq_len, device)
+    common = dict(batch_size=batch_size, device=device, rank=rank, world_size=world_size)
+    if should_compile(config, device, _scored_tokens(blocks, config, world_size)):
+        network.compile_parts()
+    with inference_mode(network, device):
         return _estimate(record, blocks, utf8_bytes, exported, network, config, common, all_reduce)
+
+
+def default_batch_size(network: TransformerConfig, seq_len: int, device: torch.device) -> int:
+    """Blocks per forward when --batch-size is not given (``CPU_BATCH_SIZE``, ``LARGEST_GPU_BATCH``)."""
+    if device.type != "cuda":
+        return CPU_BATCH_SIZE
+    return choose_inference_batch(network, seq_len, "bf16", device_memory_bytes(device), LARGEST_GPU_BATCH)
+
+
+def should_compile(config: EvalConfig, device: torch.device, tokens: int) -> bool:
+    """--compile: on, off, or auto: on a GPU when a rank scores ``COMPILE_MIN_TOKENS`` or more."""
+    if config.compile != "auto":
+        return config.compile == "on"
+    return device.type == "cuda" and tokens >= COMPILE_MIN_TOKENS
+
+
+def _scored_tokens(blocks: Blocks, config: EvalConfig, world_size: int) -> int:
+    """Tokens one rank passes through the network: its blocks x length x time samples (at
+    least; a target error may add samples)."""
+    per_replicate = min(config.blocks_per_replicate or blocks.num_blocks, blocks.num_blocks)
+    return math.ceil(per_replicate / world_size) * blocks.tokens.shape[1] * config.samples_per_block
+
+
+@contextlib.contextmanager
+def inference_mode(network: Transformer, device: torch.device) -> Iterator[None]:
+    """How evaluation runs the network: on a GPU under bf16 autocast (float32 norms and
+    log-softmax; sums are float64) with the fastest attention kernel there
+    (``pipeline.attention``); on CPU in float32 with SDPA's own choice."""
+    if device.type != "cuda":
+        yield
+        return
+    kernel = resolve_attention("auto", device, torch.bfloat16, network.config.head_dim, causal=network.config.causal)
+    with torch.autocast("cuda", dtype=torch.bfloat16), attention_kernel(kernel):
+        yield
 
 
 def _scoring_bar(record: dict, blocks: Blocks, config: EvalConfig, common: dict):
@@ -230,13 +283,6 @@ def _seq_len(exported: Exported, config: EvalConfig, protocol: ZeroShotProtocol)
         raise UserError(f"{flag} exceeds the model's max_seq_len {max_seq_len}: give a --seq-len of at most "
                         f"{max_seq_len} (numbers at another length are not comparable with the papers')")
     return seq_len
-
-
-def _precision(device: torch.device):
-    """bf16 matmuls on GPU (the network keeps float32 norms and log-softmax; sums are float64)."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def _estimate(record: dict, blocks: Blocks, utf8_bytes: int, exported: Exported, network, config: EvalConfig,

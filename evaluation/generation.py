@@ -67,7 +67,7 @@ from model.sampling import SamplingPlan, inverse_cdf, row_uniforms, sample_gener
 from pipeline.export import Exported
 
 __all__ = ["DEFAULT_BATCH_SIZE", "INFILL_PLACEHOLDER", "INFILL_SYNTAX", "Sample", "build_prompt", "check_plan",
-           "complete", "generate", "resolve_device"]
+           "complete", "continue_tokens", "generate", "resolve_device"]
 
 # An infill placeholder: "[MASK]" is one generated token, "[MASK*n]" n of them (n >= 1).
 INFILL_PLACEHOLDER = re.compile(r"\[MASK(?:\*(\d+))?\]")
@@ -205,39 +205,56 @@ def generate(exported: Exported, plan: SamplingPlan, *, num: int, seq_len: int |
 def complete(exported: Exported, plan: SamplingPlan, prompts: Sequence[str], *, max_new_tokens: int,
              batch_size: int = DEFAULT_BATCH_SIZE, device: str = "cpu") -> list[Sample]:
     """One continuation of ``max_new_tokens`` tokens per prompt, in the order of ``prompts``:
-    what an evaluation harness's ``generate_until`` asks for.
+    what an evaluation harness's ``generate_until`` asks for (``continue_tokens`` with the
+    prompts encoded, numbered 0, 1, ...).
 
     Sample i continues ``prompts[i]`` and is drawn by generator i of the plan's seed, so it
-    does not depend on the other prompts nor on ``batch_size``; prompts of the same token
-    length are drawn together (a diffusion model fills the ``max_new_tokens`` positions after
-    its prompt, an autoregressive one generates them left to right). ``Sample.text`` is the
-    prompt and its continuation up to the first EOS after the prompt; a harness cuts it at its
-    own stop strings. A prompt whose tokens plus ``max_new_tokens`` exceed the network's
+    does not depend on the other prompts nor on ``batch_size``. ``Sample.text`` is the prompt
+    and its continuation up to the first EOS after the prompt; a harness cuts it at its own
+    stop strings.
+    """
+    encoded = [exported.tokenizer.encode(text) for text in prompts]
+    return continue_tokens(exported, plan, encoded, max_new_tokens=max_new_tokens, shown=list(prompts),
+                           batch_size=batch_size, device=device)
+
+
+def continue_tokens(exported: Exported, plan: SamplingPlan, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                    indices: Sequence[int] | None = None, shown: Sequence[str | None] | None = None,
+                    batch_size: int = DEFAULT_BATCH_SIZE, device: str = "cpu") -> list[Sample]:
+    """``max_new_tokens`` ids after each prompt of token ids, kept as they are, in the order given.
+
+    ``indices``: each prompt's sample number under the plan's seed (default 0, 1, ...): its
+    generator, so a continuation is the same alone or among others. ``shown``: the text each
+    ``Sample.prompt`` records. Prompts of one length are drawn together (a diffusion model
+    fills the ``max_new_tokens`` positions after its prompt, an autoregressive one generates
+    them left to right). A prompt whose tokens plus ``max_new_tokens`` exceed the network's
     ``max_seq_len`` needs ``plan.block_len`` (diffusion; refused for an autoregressive export).
     """
     _check_positive("max_new_tokens", max_new_tokens)
     _check_positive("--batch-size", batch_size)
     objective = check_plan(exported, plan)
-    encoded = [exported.tokenizer.encode(text) for text in prompts]
+    indices = list(range(len(prompts))) if indices is None else list(indices)
+    shown = [None] * len(prompts) if shown is None else list(shown)
     by_length: dict[int, list[int]] = {}
-    for index, tokens in enumerate(encoded):
-        by_length.setdefault(len(tokens), []).append(index)
+    for position, tokens in enumerate(prompts):
+        by_length.setdefault(len(tokens), []).append(position)
     max_seq_len = exported.network.config.max_seq_len
     batches = []
-    for length, indices in sorted(by_length.items()):
+    for length, positions in sorted(by_length.items()):
         if length + max_new_tokens > max_seq_len and (objective == AUTOREGRESSIVE or plan.block_len is None):
-            raise UserError(f"prompt {indices[0]} is {length} tokens: with max_new_tokens {max_new_tokens} it "
+            raise UserError(f"prompt {positions[0]} is {length} tokens: with max_new_tokens {max_new_tokens} it "
                             f"exceeds the network's max_seq_len {max_seq_len}"
                             + ("" if objective == AUTOREGRESSIVE else " (generate it in blocks: plan.block_len)"))
-        for start in range(0, len(indices), batch_size):
-            chosen = indices[start:start + batch_size]
-            prefix = torch.tensor([encoded[i] for i in chosen], dtype=torch.long).view(len(chosen), length)
+        for start in range(0, len(positions), batch_size):
+            chosen = positions[start:start + batch_size]
+            prefix = torch.tensor([list(prompts[i]) for i in chosen], dtype=torch.long).view(len(chosen), length)
             if objective == DIFFUSION:
                 generate_id = exported.process(validate=False).generate_id
                 prefix = torch.cat([prefix, torch.full((len(chosen), max_new_tokens), generate_id)], dim=1)
-            batches.append(_Batch(chosen, prefix, [prompts[i] for i in chosen], length + max_new_tokens))
+            batches.append(_Batch([indices[i] for i in chosen], prefix, [shown[i] for i in chosen],
+                                  length + max_new_tokens))
     drawn = {sample.index: sample for sample in _draw(exported, plan, batches, objective, device)}
-    return [drawn[index] for index in range(len(prompts))]
+    return [drawn[index] for index in indices]
 
 
 def _draw(exported: Exported, plan: SamplingPlan, batches: list[_Batch], objective: str,

@@ -4,30 +4,43 @@
     files.markdown, files.html, files.json, files.plots
 
 ``results`` is an ``EvalResults`` (``evaluation.results`` has the schema), or its JSON object;
-every number in the report comes from it. Files in ``out_dir`` (each written atomically, so a
-reader never sees half a file):
+every number in the report comes from it. The directory ``out_dir`` appears whole (written
+beside its place and renamed there: a reader never sees half a report), and replaces only an
+earlier report (``REPORT_KIND``, ``common.outputs``). It holds:
 
 * ``results.json``: ``results`` verbatim (indented, sorted keys); the record to reproduce from.
 * ``plots/*.png``: the training curves given as ``curves`` and each dataset's contributions
   against t, when there is data for them (``evaluation.plots``).
+* ``mlflow_run.json``: the MLflow run a report of its own logs to (``evaluation.tracking``),
+  kept from the directory it replaces.
 * ``report.md`` and ``report.html``: the same document (title, results table with each
-  number's protocol, training, a learned schedule's exponents, comparison, reference numbers
-  with MDLM's row next to MD4's, samples with their unigram entropy and generative
-  perplexity, plots, protocol), built here from its sections and rendered by
+  number's protocol, downstream tasks, training, a learned schedule's exponents, comparison,
+  reference numbers with MDLM's row next to MD4's, samples with their unigram entropy and
+  generative perplexity, plots, protocol), built here from its sections and rendered by
   ``evaluation.report_document``.
+
+* ``downstream.json`` and ``lm_eval_results.json``: what ``unmask lm-eval`` measured (our record,
+  ``evaluation.downstream_results``, and lm-eval's own results), with the "Downstream tasks"
+  section in the documents; with ``results=None`` the report holds that section alone (an
+  export scored by lm-eval before ``unmask eval``), and no results.json is written. A later
+  ``unmask eval`` keeps them, as it keeps ``mlflow_run.json`` (``KEPT_FILES``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
-from collections.abc import Iterable, Mapping
+import shutil
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from common.atomic_files import atomic_write_bytes
-from evaluation.plots import Curves, report_plots
+from common.outputs import OutputKind, entry_names, new_output_dir
+from evaluation.downstream_results import DOWNSTREAM_JSON, LM_EVAL_JSON, DownstreamResults, TaskResult
+from evaluation.plots import PLOTS_DIR, Curves, report_plots
 from evaluation.protocols import DEFAULT_PROTOCOL
 from evaluation.references import REFERENCE_SEQ_LEN, REFERENCE_TOKENIZER, Reference, protocol_note, references_for
 from evaluation.report_document import (
@@ -52,8 +65,13 @@ from evaluation.results import (
     SamplingRecord,
     ScheduleToken,
 )
+from pipeline.run_layout import MLFLOW_RECORD
 
-__all__ = ["HTML_NAME", "JSON_NAME", "MARKDOWN_NAME", "ReportFiles", "write_report"]
+__all__ = ["HTML_NAME", "JSON_NAME", "KEPT_FILES", "MARKDOWN_NAME", "REPORT_KIND", "ReportFiles", "read_record",
+           "write_report"]
+
+log = logging.getLogger("unmask.eval")
+Record = TypeVar("Record")
 
 MARKDOWN_NAME = "report.md"
 HTML_NAME = "report.html"
@@ -64,13 +82,28 @@ MISSING = "—"
 UNKNOWN_PROTOCOL = "the paper's own (not recorded in our sources)"
 
 
+def _is_unmarked_report(directory: Path) -> bool:
+    """A report written before the marker existed: its files only, its results.json (or the
+    MLflow record its evaluation wrote first) among them."""
+    names = entry_names(directory)
+    return (names <= {JSON_NAME, MARKDOWN_NAME, HTML_NAME, PLOTS_DIR, MLFLOW_RECORD}
+            and bool(names & {JSON_NAME, MLFLOW_RECORD}))
+
+
+# What `unmask eval` writes (RUN/report, --out): a directory that appears whole.
+REPORT_KIND = OutputKind("report", "a report of `unmask eval`", whole=True, unmarked=_is_unmarked_report)
+# Files that other steps write into a report directory (the MLflow record of a report's own run,
+# written when tracking starts; `unmask lm-eval`'s records): a rewritten report keeps them.
+KEPT_FILES = (MLFLOW_RECORD, DOWNSTREAM_JSON, LM_EVAL_JSON)
+
+
 @dataclass(frozen=True)
 class ReportFiles:
     """Where ``write_report`` put the report; ``plots`` lists only the plots it wrote."""
 
     markdown: Path
     html: Path
-    json: Path
+    json: Path | None   # None: a report of downstream tasks alone
     plots: list[Path]
 
 
@@ -95,11 +128,11 @@ def _is_autoregressive(results: EvalResults) -> bool:
 
 
 # ------------------------------------------------------------------------- sections
-def _title(results: EvalResults) -> str:
+def _title(results: EvalResults | DownstreamResults) -> str:
     return f"Evaluation report: {results.model.path} at step {_count(results.model.step)}"
 
 
-def _header_blocks(results: EvalResults) -> list[Block]:
+def _header_blocks(results: EvalResults | DownstreamResults) -> list[Block]:
     model = results.model
     blocks: list[Block] = [
         Heading(1, _title(results)),
@@ -385,36 +418,122 @@ def _plot_blocks(plots: list[Plot]) -> list[Block]:
     return [Heading(2, "Plots"), *plots] if plots else []
 
 
-def _document(results: EvalResults, plots: list[Plot]) -> list[Block]:
-    return [*_header_blocks(results), *_results_blocks(results), *_training_blocks(results),
-            *_schedule_blocks(results), *_comparison_blocks(results), *_reference_blocks(results),
-            *_sample_blocks(results), *_plot_blocks(plots), *_protocol_blocks(results)]
+def _metric(value: float | None) -> str:
+    """A metric as lm-eval reports it: 4 decimals, or 4 significant digits when large."""
+    if value is None or not math.isfinite(value) or abs(value) < 1e4:
+        return _number(value, 4)
+    return f"{value:.4g}"
+
+
+def _downstream_documents(record: TaskResult) -> str:
+    documents = _count(record.documents)
+    return documents if record.documents_total == record.documents else f"{documents} of {_count(record.documents_total)}"
+
+
+def _downstream_likelihood_row(task: str, record: TaskResult, exact: bool) -> tuple[Inline, ...]:
+    error = "0 (exact)" if exact else _number(record.monte_carlo_error, 4)
+    median = "0 (exact)" if exact else _number(record.median_request_error, 4)
+    return (task, _count(record.requests), _number(record.mean_log_likelihood, 4), error, median,
+            _count(record.truncated_contexts))
+
+
+def _downstream_blocks(downstream: DownstreamResults | None, step: int | None) -> list[Block]:
+    """The lm-eval tasks: every metric as lm-eval names it with its standard error over
+    documents, then each task's mean log-likelihood per request with its Monte Carlo error."""
+    if downstream is None:
+        return []
+    settings = downstream.settings
+    exact = downstream.model.objective == AUTOREGRESSIVE
+    metrics = tuple((task, Code(key), _metric(value), _metric(error), _downstream_documents(record))
+                    for task, record in downstream.tasks.items() for key, (value, error) in record.values().items())
+    likelihoods = tuple(_downstream_likelihood_row(task, record, exact) for task, record in downstream.tasks.items()
+                        if record.requests)
+    fewshot = settings.get("num_fewshot")
+    meaning = (
+        "The model's log-likelihoods are exact (autoregressive): these are the numbers lm-eval gives any "
+        "causal model." if exact else
+        f"Each log-likelihood is a Monte Carlo lower bound: the conditional ELBO of the continuation with the "
+        f"context kept visible, from {settings.get('samples')} time samples per request (seed "
+        f"{settings.get('seed')}). Accuracies compare these bounds and perplexities are upper bounds; the acc of "
+        f"LAMBADA-style tasks uses is_greedy, approximated by the argmax of one prediction at the all-masked "
+        f"continuation (evaluation.likelihoods). The ± of a metric is lm-eval's, over documents; the Monte Carlo "
+        f"error of the bounds is in the second table (of the task's mean, and the median request's own).")
+    blocks: list[Block] = [
+        Heading(2, "Downstream tasks"),
+        paragraph(f"lm-evaluation-harness {downstream.lm_eval_version} on the export at step "
+                  f"{_count(downstream.model.step)} ({downstream.created}); lm-eval's own results are in ",
+                  Code(downstream.lm_eval_results), f". Documents per task: "
+                  f"{'all' if settings.get('limit') is None else 'at most ' + _raw(settings.get('limit'))}; "
+                  f"few-shot examples: {'each task' + chr(39) + 's own' if fewshot is None else fewshot}."),
+        Table(("task", "metric", "value", "± (documents)", "documents"), metrics), paragraph(meaning)]
+    if likelihoods:
+        blocks.append(Table(("task", "requests", "mean log-likelihood per request (nats)", "± Monte Carlo",
+                             "median request's ±", "contexts cut to fit"), likelihoods))
+    if step != downstream.model.step:
+        blocks.append(paragraph(f"These tasks scored the export at step {_count(downstream.model.step)}; the "
+                                f"bounds above, step {_count(step)}."))
+    return blocks
+
+
+def _document(results: EvalResults, plots: list[Plot], downstream: DownstreamResults | None) -> list[Block]:
+    return [*_header_blocks(results), *_results_blocks(results), *_downstream_blocks(downstream, results.model.step),
+            *_training_blocks(results), *_schedule_blocks(results), *_comparison_blocks(results),
+            *_reference_blocks(results), *_sample_blocks(results), *_plot_blocks(plots), *_protocol_blocks(results)]
+
+
+# ------------------------------------------------------------------------- reading and writing
+def read_record(path: Path, read: Callable[[Path], Record]) -> Record | None:
+    """A record a report is built from (``results.json``, ``downstream.json``) read with
+    ``read``, or None when there is none: one that cannot be read costs a warning, not the report."""
+    if not Path(path).is_file():
+        return None
+    try:
+        return read(Path(path))
+    except (OSError, ValueError) as err:
+        log.warning("%s: left out of the report (%s)", path, err)
+        return None
 
 
 # ------------------------------------------------------------------------- writing
-def write_report(results: EvalResults | Mapping[str, Any], out_dir: Path, *,
-                 curves: Curves | None = None) -> ReportFiles:
-    """Write results.json, the plots, report.md and report.html into ``out_dir``.
+def write_report(results: EvalResults | Mapping[str, Any] | None, out_dir: Path, *,
+                 curves: Curves | None = None, downstream: DownstreamResults | None = None,
+                 lm_eval_results: bytes | None = None) -> ReportFiles:
+    """Write the report into the new directory ``out_dir`` (module docstring).
 
     ``results``: typed, or the JSON object of a results.json (read with
-    ``EvalResults.from_json``); ``curves`` maps a metric name to its (step, value) points.
-    Everything is rendered before the first file is written, so malformed ``results``
-    (ValueError naming what they lack) leave ``out_dir`` as it was.
+    ``EvalResults.from_json``); ``curves`` maps a metric name to its (step, value) points;
+    ``downstream``: the lm-eval tasks' section, written as downstream.json beside lm-eval's
+    own ``lm_eval_results`` (with ``results=None``, the report is that section alone and no
+    results.json is written). The ``KEPT_FILES`` of the directory replaced are carried over
+    unless given anew. Everything is rendered before the first file is written, and the
+    directory appears whole: malformed ``results`` (ValueError naming what they lack) or a
+    failed write leave ``out_dir`` as it was.
     """
     out_dir = Path(out_dir)
-    if not isinstance(results, EvalResults):
+    if results is None and downstream is None:
+        raise ValueError("write_report needs results, downstream results, or both")
+    if results is not None and not isinstance(results, EvalResults):
         results = EvalResults.from_json(dict(results))
-    plots = report_plots(results, curves)
-    document = _document(results, plots)
-    # Plots first: a reader of a fresh report.md finds the images it links.
-    contents = {
-        **{out_dir / plot.relative_path: plot.png for plot in plots},
-        out_dir / JSON_NAME: results.dumps().encode("utf-8"),
-        out_dir / MARKDOWN_NAME: render_markdown(document).encode("utf-8"),
-        out_dir / HTML_NAME: render_html(document, _title(results)).encode("utf-8"),
-    }
-    for path, data in contents.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, data)
-    return ReportFiles(out_dir / MARKDOWN_NAME, out_dir / HTML_NAME, out_dir / JSON_NAME,
+    plots = [] if results is None else report_plots(results, curves)
+    if results is None:
+        document = [*_header_blocks(downstream), *_downstream_blocks(downstream, downstream.model.step)]
+    else:
+        document = _document(results, plots, downstream)
+    contents = {plot.relative_path: plot.png for plot in plots}
+    if results is not None:
+        contents[Path(JSON_NAME)] = results.dumps().encode("utf-8")
+    if downstream is not None:
+        contents[Path(DOWNSTREAM_JSON)] = downstream.dumps().encode("utf-8")
+    if lm_eval_results is not None:
+        contents[Path(LM_EVAL_JSON)] = lm_eval_results
+    contents[Path(MARKDOWN_NAME)] = render_markdown(document).encode("utf-8")
+    contents[Path(HTML_NAME)] = render_html(document, _title(results or downstream)).encode("utf-8")
+    with new_output_dir(out_dir, REPORT_KIND, "--out") as staging:
+        for path, data in contents.items():
+            (staging / path).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(staging / path, data)
+        for name in KEPT_FILES:
+            if Path(name) not in contents and (out_dir / name).is_file():
+                shutil.copy2(out_dir / name, staging / name)
+    return ReportFiles(out_dir / MARKDOWN_NAME, out_dir / HTML_NAME, None if results is None else out_dir / JSON_NAME,
                        [out_dir / plot.relative_path for plot in plots])

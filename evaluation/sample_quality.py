@@ -28,6 +28,7 @@ empty text has entropy 0 and adds nothing to the perplexity.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from abc import ABC, abstractmethod
@@ -41,11 +42,12 @@ import torch
 import torch.nn.functional as F
 
 from common.errors import UserError
+from common.outputs import json_object
 from data_prep.tokenizer import Tokenizer
 from evaluation.generation import Sample
 from evaluation.results import GenerativePerplexity
 from model.autoregressive import Autoregressive
-from pipeline.export import CONFIG_FILE, Exported, load_export, resolve_export
+from pipeline.export import CONFIG_FILE, WEIGHTS_FILE, Exported, load_export, resolve_export
 
 if TYPE_CHECKING:  # transformers is optional: imported only to load a Hugging Face reference
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -58,6 +60,8 @@ HF_KIND = "huggingface"
 # A Hugging Face model directory's config.json names its architecture family; ours names an objective.
 _HF_CONFIG_KEY = "model_type"
 _HF_INSTALL = "pip install transformers"
+_HF_WEIGHTS = "*.safetensors"  # one file, or the shards an index names
+_REFERENCES = "an unmask autoregressive export (or its run) or a Hugging Face causal LM directory"
 
 
 def unigram_entropy(ids: Sequence[int]) -> float:
@@ -169,17 +173,38 @@ def _load_huggingface(path: Path, device: torch.device) -> HuggingFaceReference:
 def _load_export(path: Path, device: torch.device) -> ExportReference:
     export_dir = resolve_export(path)
     exported = load_export(export_dir)
-    if exported.config.get("objective") != "autoregressive":
-        raise UserError(f"--reference {path}: a {exported.config.get('objective')} export; generative perplexity "
-                        f"needs an autoregressive one (an AR run's export, e.g. the tiny-ar preset's)")
+    _require_autoregressive(path, exported.config.get("objective"))
     return ExportReference(exported, export_dir, device)
 
 
 def check_reference(path: Path) -> None:
-    """A UserError naming ``--reference`` when ``path`` does not exist (before any work)."""
-    if not Path(path).exists():
-        raise UserError(f"--reference {path} does not exist: give an unmask autoregressive export (or its run) "
-                        f"or a Hugging Face causal LM directory")
+    """Check the reference at ``path`` before any work, without loading its weights: a Hugging
+    Face causal LM directory with safetensors weights (and transformers installed), or an
+    unmask autoregressive export or a run with one. A UserError naming ``--reference``."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"--reference {path} does not exist: give {_REFERENCES}")
+    if _is_huggingface_model(path):
+        if importlib.util.find_spec("transformers") is None:
+            raise UserError(f"--reference {path} is a Hugging Face model directory: install transformers to use it "
+                            f"({_HF_INSTALL})")
+        if not any(path.glob(_HF_WEIGHTS)):
+            raise UserError(f"--reference {path}: a Hugging Face model directory without {_HF_WEIGHTS} weights "
+                            f"(only safetensors are loaded: README, Security); give {_REFERENCES}")
+        return
+    try:
+        export_dir = resolve_export(path)
+    except UserError:
+        raise UserError(f"--reference {path}: neither an unmask export (no {CONFIG_FILE} and {WEIGHTS_FILE}) nor a "
+                        f"training run with one, nor a Hugging Face model directory; give {_REFERENCES}") from None
+    config = json_object(export_dir / CONFIG_FILE)
+    _require_autoregressive(path, config.get("objective") if config else None)
+
+
+def _require_autoregressive(path: Path, objective: str | None) -> None:
+    if objective != "autoregressive":
+        raise UserError(f"--reference {path}: a {objective} export; generative perplexity needs an autoregressive "
+                        f"one (an AR run's export, e.g. the tiny-ar preset's)")
 
 
 def load_reference(path: Path, *, device: str | torch.device = "cpu") -> ReferenceModel:

@@ -16,23 +16,31 @@ reference model, ``eval/samples/generative_perplexity``, and the sampling plan a
 another plan and MLflow params never change) go to the training's own MLflow run when
 the export belongs to one, or, with a tracking URI, to a new run in the ``unmask-eval``
 experiment tagged with the checkpoint.
+
+``track_downstream`` logs ``unmask lm-eval``'s tasks to the same run (the same rules find it):
+``lm_eval/TASK/METRIC`` for every numeric metric lm-eval reports (``acc,none`` becomes ``acc``,
+another filter ``acc_FILTER``) with ``..._stderr`` beside it, and for the tasks that score
+log-likelihoods ``lm_eval/TASK/mean_log_likelihood`` and ``lm_eval/TASK/monte_carlo_error``.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlflow.exceptions import MlflowException
 
+from evaluation.downstream_results import DOWNSTREAM_JSON, DownstreamResults
 from evaluation.plots import Curves
 from evaluation.report import JSON_NAME
 from evaluation.results import EvalResults, MlflowRecord, ModelRecord, SamplingRecord, ScheduleRecord
 from pipeline.tracking import Tracker, TrackingUnreachable, flatten_params
 
-__all__ = ["CURVE_METRICS", "EVAL_EXPERIMENT", "REPORT_ARTIFACT_DIR", "VAL_METRIC", "EvalTracking",
-           "track_results"]
+__all__ = ["CURVE_METRICS", "DOWNSTREAM_PREFIX", "EVAL_EXPERIMENT", "REPORT_ARTIFACT_DIR", "VAL_METRIC",
+           "EvalTracking", "downstream_metrics", "track_downstream", "track_results"]
 
 log = logging.getLogger("unmask.eval")
 
@@ -42,6 +50,11 @@ EVAL_EXPERIMENT = "unmask-eval"
 REPORT_ARTIFACT_DIR = "report"
 # What a tracking server that is down or failing raises.
 TRACKING_ERRORS = (TrackingUnreachable, MlflowException, OSError)
+DOWNSTREAM_PREFIX = "lm_eval"
+# lm-eval's filters ("none", "strict-match", ...): "none" is left out of the metric's name.
+NO_FILTER = "none"
+# MLflow's metric names allow letters, digits and _ - . / : and spaces; anything else becomes _.
+_METRIC_UNSAFE = re.compile(r"[^A-Za-z0-9_\-./: ]")
 
 
 def _first_clause(err: BaseException) -> str:
@@ -112,6 +125,38 @@ def _log_metrics(tracker: Tracker, results: EvalResults) -> None:
                              f"eval/{key}/standard_error": record.standard_error}, step)
 
 
+def downstream_metrics(downstream: DownstreamResults) -> dict[str, float]:
+    """The MLflow metrics of ``unmask lm-eval``'s tasks (module docstring)."""
+    metrics: dict[str, float] = {}
+    for task, record in downstream.tasks.items():
+        prefix = _METRIC_UNSAFE.sub("_", f"{DOWNSTREAM_PREFIX}/{task}")
+        for key, (value, error) in record.values().items():
+            name, _, where = key.partition(",")
+            name = _METRIC_UNSAFE.sub("_", name if where in ("", NO_FILTER) else f"{name}_{where}")
+            metrics[f"{prefix}/{name}"] = value
+            if error is not None:
+                metrics[f"{prefix}/{name}_stderr"] = error
+        if record.mean_log_likelihood is not None:
+            metrics[f"{prefix}/mean_log_likelihood"] = record.mean_log_likelihood
+            metrics[f"{prefix}/monte_carlo_error"] = record.monte_carlo_error
+    return metrics
+
+
+def _track(model: ModelRecord, log_to: Callable[[Tracker], None], *, run_dir: Path | None, out_dir: Path,
+           tracking_uri: str | None, record_file: str) -> EvalTracking | None:
+    """Open the run, log with ``log_to`` and fetch the training curves; None, with a warning
+    naming ``record_file`` (where the numbers stay), when the tracking server fails."""
+    try:
+        tracker = _tracker(run_dir, out_dir, tracking_uri, model)
+        log_to(tracker)
+        curves = {key: tracker.metric_history(key) for key in CURVE_METRICS}
+    except TRACKING_ERRORS as err:
+        log.warning("MLflow: the results were not logged (%s); they are in %s", _first_clause(err),
+                    out_dir / record_file)
+        return None
+    return EvalTracking(tracker, {key: points for key, points in curves.items() if points} or None)
+
+
 def track_results(results: EvalResults, *, run_dir: Path | None, out_dir: Path,
                   tracking_uri: str | None) -> EvalTracking | None:
     """Log the metrics of ``results`` and fetch the training curves, when the server answers.
@@ -120,12 +165,14 @@ def track_results(results: EvalResults, *, run_dir: Path | None, out_dir: Path,
     ``tracking_uri``: log to a new run there instead of the training's. None, with a warning,
     when the tracking server is down or failing: the results in ``out_dir`` stand without it.
     """
-    try:
-        tracker = _tracker(run_dir, out_dir, tracking_uri, results.model)
-        _log_metrics(tracker, results)
-        curves = {key: tracker.metric_history(key) for key in CURVE_METRICS}
-    except TRACKING_ERRORS as err:
-        log.warning("MLflow: the results were not logged (%s); they are in %s", _first_clause(err),
-                    out_dir / JSON_NAME)
-        return None
-    return EvalTracking(tracker, {key: points for key, points in curves.items() if points} or None)
+    return _track(results.model, lambda tracker: _log_metrics(tracker, results), run_dir=run_dir,
+                  out_dir=out_dir, tracking_uri=tracking_uri, record_file=JSON_NAME)
+
+
+def track_downstream(downstream: DownstreamResults, *, run_dir: Path | None, out_dir: Path,
+                     tracking_uri: str | None) -> EvalTracking | None:
+    """``track_results`` for ``unmask lm-eval``'s tasks: the same run, their metrics at the
+    checkpoint's step."""
+    metrics = downstream_metrics(downstream)
+    return _track(downstream.model, lambda tracker: tracker.log_metrics(metrics, downstream.model.step or 0),
+                  run_dir=run_dir, out_dir=out_dir, tracking_uri=tracking_uri, record_file=DOWNSTREAM_JSON)

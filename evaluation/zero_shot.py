@@ -7,8 +7,10 @@
 
 In order:
 
-1. every argument is checked before any work: the config and its datasets, the options
-   (``out`` is created), the results.json to compare with, the device;
+1. every argument is checked before any work: the config and its datasets, the options (the
+   reference model's files too), the results.json to compare with, the device, and the report's
+   directory (``common.outputs``: a new or empty one, or an earlier report, never over what the
+   evaluation reads; nothing is created until the report is written);
 2. a training run without an export is exported first: its latest checkpoint's EMA weights,
    or its live weights (with a warning) when the checkpoint has no EMA;
 3. every rank scores every dataset (``evaluation.evaluate``: the blocks are split over the
@@ -33,18 +35,21 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from common.errors import UserError, output_dir
+from common.errors import UserError
+from common.outputs import InputPath, check_output_dir
 from common.provenance import git_commit, package_version
 from data_prep.shards import MANIFEST_NAME
+from evaluation.downstream_results import DOWNSTREAM_JSON, DownstreamResults
 from evaluation.evaluate import VAL_DATASET, EvalConfig, evaluate
 from evaluation.generation import check_plan, generate, resolve_device
 from evaluation.protocols import DEFAULT_PROTOCOL
-from evaluation.report import JSON_NAME, ReportFiles, write_report
+from evaluation.report import JSON_NAME, REPORT_KIND, ReportFiles, read_record, write_report
 from evaluation.results import (
     ABSENT,
     Absent,
@@ -72,6 +77,7 @@ from pipeline.export import (
     CONFIG_FILE,
     Exported,
     export,
+    export_files,
     has_ema,
     load_export,
     resolve_export,
@@ -79,7 +85,8 @@ from pipeline.export import (
 )
 from pipeline.run_layout import RunLayout
 
-__all__ = ["ReportOptions", "ZeroShotReport", "is_up_to_date", "report_dir", "run_zero_shot"]
+__all__ = ["ReportOptions", "ZeroShotReport", "check_report_dir", "export_if_missing", "is_up_to_date", "model_record",
+           "report_dir", "run_zero_shot"]
 
 log = logging.getLogger("unmask.eval")
 # Token values listed as unmasking first and last in a learned schedule's record (seed 002 shows 10-12).
@@ -100,8 +107,8 @@ class ReportOptions:
     mlflow_uri: str | None = None   # None: the training's own MLflow run (a new run without one)
 
     def check(self) -> None:
-        """The sample flags, then ``out`` (created, and probed for writing): a UserError naming
-        the flag."""
+        """The sample flags and the reference (the report's directory is checked with what the
+        evaluation reads, ``run_zero_shot``): a UserError naming the flag."""
         if self.num_samples < 0:
             raise UserError(f"--num-samples must be >= 0, got {self.num_samples}")
         if self.sample_sweep and not self.num_samples:
@@ -110,8 +117,6 @@ class ReportOptions:
             if not self.num_samples:
                 raise UserError("--reference scores the report's samples: give --num-samples N too")
             check_reference(self.reference)
-        if self.out is not None:
-            output_dir(self.out, "--out")
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,26 @@ def _holds_the_samples(results: EvalResults, options: ReportOptions) -> bool:
 
 
 # ------------------------------------------------------------------ before the work
+def check_report_dir(target: Path, out: Path | None, inputs: Sequence[InputPath] = ()) -> None:
+    """The directory the report of ``target`` goes to (``out``, else its default place), before
+    any work (module docstring): ``target`` must be a training run or an export, and the report
+    keep clear of the files the evaluation reads (the export, the run's checkpoints, ``inputs``)."""
+    layout = RunLayout(target)
+    reads = [InputPath(path, "the export it evaluates") for path in export_files(target)]
+    if layout.is_training_run():
+        reads.append(InputPath(layout.checkpoints, "the checkpoints of the run it evaluates"))
+    if out is None:  # the default place depends on what the target is, which it must be
+        out = _report_dir(layout.export if layout.is_training_run() else resolve_export(target), None)
+    check_output_dir(out, REPORT_KIND, "--out", [*reads, *inputs])
+
+
+def _check_report_dir(target: Path, config: EvalConfig, options: ReportOptions) -> None:
+    reads = [InputPath(path, flag) for flag, path in
+             (("--shards", config.shards), ("--reference", options.reference), ("--compare", options.compare))
+             if path is not None]
+    check_report_dir(target, options.out, reads)
+
+
 def _read_comparison(path: Path, names: tuple[str, ...]) -> Comparison:
     """Another evaluation's results.json (``--compare``), checked before any work: it must be
     one, and have scored one of ``names``."""
@@ -184,7 +209,7 @@ def _read_comparison(path: Path, names: tuple[str, ...]) -> Comparison:
     return Comparison.from_json(record)
 
 
-def _export_if_missing(path: Path) -> None:
+def export_if_missing(path: Path) -> None:
     """A training run without an export is exported first: its latest checkpoint's EMA
     weights, or its live weights when the checkpoint has no EMA (with a warning)."""
     layout = RunLayout(path)
@@ -198,7 +223,8 @@ def _export_if_missing(path: Path) -> None:
 
 
 # ------------------------------------------------------------------ the records of rank 0
-def _model_record(export_dir: Path, exported: Exported) -> ModelRecord:
+def model_record(export_dir: Path, exported: Exported) -> ModelRecord:
+    """The record of the export at ``export_dir``: where, what, which weights."""
     config = exported.config
     weights_note = config.get("weights_note") or (  # an imported export describes its own weights
         "EMA weights (decay {})".format(config.get("ema_decay")) if config.get("weights") == "ema"
@@ -288,7 +314,7 @@ def _report(scores: EvalScores, exported: Exported, export_dir: Path, comparison
     out_dir = _report_dir(export_dir, options.out)
     samples, sampling = _samples(exported, options, device)
     results = EvalResults(
-        model=_model_record(export_dir, exported), protocol=scores.protocol, datasets=scores.datasets,
+        model=model_record(export_dir, exported), protocol=scores.protocol, datasets=scores.datasets,
         training=ABSENT if run_dir is None else _training_record(run_dir),
         comparison=ABSENT if comparison is None else _shared(comparison, scores.datasets, options.compare),
         samples=samples, sampling=sampling, mlflow=None, created=_now(), unmask_version=package_version("unmask"), git_commit=git_commit(),
@@ -296,7 +322,8 @@ def _report(scores: EvalScores, exported: Exported, export_dir: Path, comparison
     tracking = track_results(results, run_dir=run_dir, out_dir=out_dir, tracking_uri=options.mlflow_uri)
     if tracking is not None:
         results = replace(results, mlflow=tracking.record)
-    files = write_report(results, out_dir, curves=tracking.curves if tracking is not None else None)
+    files = write_report(results, out_dir, curves=tracking.curves if tracking is not None else None,
+                         downstream=read_record(out_dir / DOWNSTREAM_JSON, DownstreamResults.read))
     if tracking is not None:
         tracking.upload_report(out_dir)
     return ZeroShotReport(results, files)
@@ -329,9 +356,10 @@ def run_zero_shot(target: Path, config: EvalConfig, options: ReportOptions, *,
     options.check()
     comparison = _read_comparison(Path(options.compare), config.datasets) if options.compare else None
     requested_device = resolve_device(str(device)) if device is not None else None
+    _check_report_dir(target, config, options)
     group = dist or init_distributed(deepspeed_backend=False)
     if group.is_main:
-        _export_if_missing(target)
+        export_if_missing(target)
     group.barrier()
     export_dir = resolve_export(target)
     exported = load_export(export_dir)

@@ -11,12 +11,14 @@ the float32 logits of every scored token the largest activation of the loss. A
 - ``logits_at(z_t, t, selected)``: logits [N, V] at the N positions where ``selected``
   (bool [B, L]) is True, in row-major order;
 - ``nll_at(z_t, t, selected, targets, chunk_rows)``: -log softmax(f)[targets] [N] in float32
-  at those positions, with at most ``chunk_rows`` rows of logits alive at a time;
+  at those positions, with at most ``chunk_rows`` rows of logits alive at a time (None: all);
+  ``fused_nll`` says whether it computes them without the [N, V] logits (from the network's
+  hidden states), in which case the bounds always ask for it;
 - ``time_independent``: whether the output depends on z_t alone, so that a sampler may reuse
   an output computed at another time (MDLM's caching).
 
-Only ``logits`` must be written: the others default to selecting rows of it and to
-"depends on t". ``model.transformer.Transformer`` implements all four efficiently. A plain
+Only ``logits`` must be written: the others default to selecting rows of it, to "not
+fused" and to "depends on t". ``model.transformer.Transformer`` implements all four efficiently. A plain
 function ``(z_t, t) -> logits`` is a denoiser too: every process and sampler takes one and
 adapts it with ``as_denoiser``; wrap it in ``FunctionDenoiser`` to declare it time-independent.
 """
@@ -49,13 +51,20 @@ class Denoiser(ABC):
         """Logits [N, V] at the N True positions of ``selected`` (bool [B, L])."""
         return self.logits(z_t, t)[selected]
 
-    def nll_at(self, z_t: Tensor, t: Tensor, selected: Tensor, targets: Tensor, chunk_rows: int) -> Tensor:
+    def nll_at(self, z_t: Tensor, t: Tensor, selected: Tensor, targets: Tensor,
+               chunk_rows: int | None = None) -> Tensor:
         """-log softmax(logits)[targets] in float32 [N] at the selected positions (targets: LongTensor [N]).
 
         This default holds the N rows of logits at once, whatever ``chunk_rows``: only a
         denoiser that computes the loss from its hidden states can chunk the projection.
         """
         return F.cross_entropy(self.logits_at(z_t, t, selected).float(), targets, reduction="none")
+
+    @property
+    def fused_nll(self) -> bool:
+        """Whether ``nll_at`` computes the loss from the network's hidden states, never holding
+        the [N, V] logits (then the bounds ask for it rather than for ``logits_at``)."""
+        return False
 
     @property
     def time_independent(self) -> bool:

@@ -23,7 +23,8 @@ over the V clean tokens (SUBS: no mask logit, so the mask is never predicted), o
 (``logits_at``: a ``Transformer`` then skips the output projection everywhere else). When
 the diffusion has a ``cross_entropy_chunk_rows``, they ask instead for -log p(target) [N]
 at those positions (``nll_at``), which a ``Transformer`` computes without materializing the
-[N, V] float32 logits (``model.cross_entropy``; the same loss to float rounding).
+[N, V] float32 logits (``model.cross_entropy``; the same loss to float rounding); so they
+do, all rows at once, whenever the denoiser computes it itself (``Denoiser.fused_nll``).
 
 Scoring only some positions (``positions``, bool [B, L], True = a real token): the others
 (padding of a partial evaluation block) are never masked and never scored, so they stay
@@ -239,7 +240,7 @@ class MaskedDiffusion(DiffusionProcess):
     host with the device, so a GPU trainer fed by validated shards may turn it off.
     ``cross_entropy_chunk_rows`` > 0 asks the denoiser for the masked cross-entropy itself,
     that many rows at a time (``Denoiser.nll_at``, see the module docstring); 0 asks it for
-    logits.
+    logits, unless it computes the cross-entropy itself (``Denoiser.fused_nll``: all rows at once).
     """
 
     schedule_type: type = Schedule  # what ``schedule`` must be (a subclass may widen it)
@@ -346,13 +347,15 @@ class MaskedDiffusion(DiffusionProcess):
 
         The log-softmax runs in float32 even when the network returns bf16 logits.
         """
-        rows = masked.nonzero(as_tuple=True)[0]
-        targets = x0[masked]
-        if self.cross_entropy_chunk_rows:
-            nll = as_denoiser(denoiser).nll_at(z_t, t, masked, targets, self.cross_entropy_chunk_rows)
-            check_nll(nll, rows.numel())
+        # One read of the masked positions (a host sync on a GPU); rows and targets follow on the device.
+        flat = masked.flatten().nonzero().squeeze(1)
+        rows, targets = torch.div(flat, x0.shape[1], rounding_mode="floor"), x0.flatten().index_select(0, flat)
+        denoiser = as_denoiser(denoiser)
+        if self.cross_entropy_chunk_rows or denoiser.fused_nll:
+            nll = denoiser.nll_at(z_t, t, masked, targets, self.cross_entropy_chunk_rows or None)
+            check_nll(nll, flat.numel())
         else:
-            nll = F.cross_entropy(self._logits_at(denoiser, z_t, t, masked, rows.numel()).float(), targets,
+            nll = F.cross_entropy(self._logits_at(denoiser, z_t, t, masked, flat.numel()).float(), targets,
                                   reduction="none")
         return sum_by_row(nll, rows, x0.shape[0])
 

@@ -252,9 +252,12 @@ class EnumerableDistribution(Denoiser):
         return True
 
     # ------------------------------------------------------------------ exact bounds
-    def _masked_nll_by_pattern(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """For every mask pattern M: CE(M) per sequence [P, B] and |M| [P]."""
+    def _masked_nll_by_pattern(self, x: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """For every mask pattern M of the scored positions (bool [L], None: all): CE(M) per
+        sequence [P, B] and |M| [P]. The other positions are never masked."""
         patterns = torch.tensor(list(itertools.product([False, True], repeat=self.seq_len)))
+        if positions is not None:
+            patterns = patterns[~(patterns & ~positions.cpu()).any(-1)]
         nll = torch.empty(len(patterns), x.shape[0], dtype=torch.float64)
         for i, mask in enumerate(patterns):
             z = torch.where(mask[None, :], self.vocab_size, x.cpu())
@@ -262,21 +265,26 @@ class EnumerableDistribution(Denoiser):
             nll[i] = -(logp * mask[None, :]).sum(-1)
         return nll, patterns.sum(-1, dtype=torch.float64)  # float64: a ** LongTensor would be float32
 
-    def _endpoint_terms(self, nll: Tensor, num_masked: Tensor, schedule: Schedule) -> Tensor:
-        length = self.seq_len
+    def _endpoint_terms(self, nll: Tensor, num_masked: Tensor, schedule: Schedule, length: int) -> Tensor:
         alpha0, alpha1 = _endpoint_alphas(schedule)
         pattern_prob = (1 - alpha0) ** num_masked * alpha0 ** (length - num_masked)
         reconstruction = (pattern_prob.to(torch.float64)[:, None] * nll).sum(0)
         return reconstruction + length * alpha1 * math.log(self.vocab_size)
 
-    def exact_nelbo(self, x: Tensor, schedule: Schedule) -> Tensor:
-        """The expectation of ``MaskedDiffusion.nelbo`` with this denoiser, per sequence."""
-        nll, num_masked = self._masked_nll_by_pattern(x)
+    def exact_nelbo(self, x: Tensor, schedule: Schedule, positions: Tensor | None = None) -> Tensor:
+        """The expectation of ``MaskedDiffusion.nelbo`` with this denoiser, per sequence.
+
+        ``positions`` (bool [L], the same for every sequence) scores only its True positions and
+        keeps the others visible, as ``nelbo(..., positions=)`` does: the conditional bound on
+        -log p(x at positions | x elsewhere), which with these exact conditionals it equals up
+        to the endpoint guard."""
+        nll, num_masked = self._masked_nll_by_pattern(x, positions)
+        length = self.seq_len if positions is None else int(positions.sum())
         alpha0, alpha1 = _endpoint_alphas(schedule)
         coefficient = torch.tensor(
-            [_integral_of_beta_kernel(int(k), self.seq_len, alpha1, alpha0) if k > 0 else 0.0
+            [_integral_of_beta_kernel(int(k), length, alpha1, alpha0) if k > 0 else 0.0
              for k in num_masked], dtype=torch.float64)
-        return (coefficient[:, None] * nll).sum(0) + self._endpoint_terms(nll, num_masked, schedule)
+        return (coefficient[:, None] * nll).sum(0) + self._endpoint_terms(nll, num_masked, schedule, length)
 
     def exact_nelbo_discrete(self, x: Tensor, schedule: Schedule, steps: int) -> Tensor:
         """The expectation of ``MaskedDiffusion.nelbo_discrete`` with this denoiser."""
@@ -288,7 +296,7 @@ class EnumerableDistribution(Denoiser):
             a_t, a_s = float(alpha[i]), float(alpha[i - 1])
             pattern_prob = (1 - a_t) ** num_masked * a_t ** (self.seq_len - num_masked)
             total += (a_s - a_t) / (1 - a_t) * (pattern_prob.to(torch.float64)[:, None] * nll).sum(0)
-        return total + self._endpoint_terms(nll, num_masked, schedule)
+        return total + self._endpoint_terms(nll, num_masked, schedule, self.seq_len)
 
     # ------------------------------------------------------------------ any process
     def exact_denoiser(self, process: DiffusionProcess, known: Tensor | None = None) -> DenoiserFunction:

@@ -30,6 +30,15 @@ own network, whose parameters and outputs they leave unchanged:
   position x frequency rounded to float32) instead of in float64: at position 1000 the two
   tables differ by about 1e-4 radians, which an exact import must not add.
 
+Vocabulary padding (``vocab_multiple``, 1 by default: none). The embedding's V + 1 rows and
+the head's rows are padded up to a multiple (128 in training: ``model.vocab_multiple``), so
+the head's matmul, the largest of the network at GPT-2 sizes, has an output dimension that
+tensor-core tiles divide (50257 -> 50304). The head multiplies every padded row and adds
+-inf to the logits of the columns past V (the mask's, under tied weights, and the padding),
+so log-softmax, the loss and their gradients are those of the V true columns, and the padded
+rows never get a gradient; the logits the network returns are the V true columns (a view).
+The padded rows start at zero and never change; ``unpadded_state`` drops them for an export.
+
 MDLM's norms are ours already: a weight and no bias, eps 1e-5, computed in float32; so are its
 rotary pairs (i, i + head_dim / 2), its qkv layout and its adaLN chunk order.
 """
@@ -44,11 +53,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.cross_entropy import chunked_cross_entropy
+from model.cross_entropy import CompiledCrossEntropy, chunked_cross_entropy, rows_cross_entropy
 from model.denoiser import Denoiser
 
 __all__ = ["TransformerConfig", "Transformer", "ParameterCounts", "PRESETS", "preset",
-           "parameter_counts", "count_parameters", "TimeInput", "RopeAngles", "LOGLINEAR_SIGMA_EPS"]
+           "parameter_counts", "count_parameters", "TimeInput", "RopeAngles", "LOGLINEAR_SIGMA_EPS",
+           "ROW_MULTIPLE", "round_up", "unpadded_state"]
 
 # Frequencies of the sinusoidal time features span periods from 1 to this many units of
 # t * TIME_SCALE (the DiT / transformer convention).
@@ -59,6 +69,10 @@ TIME_SCALE = 1000.0
 # The eps of the log-linear schedule whose total noise sigma(t) = -log(1 - (1 - eps) t) is the
 # time input "loglinear_sigma": MDLM's LogLinearNoise, whose eps its configs never change.
 LOGLINEAR_SIGMA_EPS = 1e-3
+# The compiled head and loss take their rows in multiples of this (model.cross_entropy's
+# CompiledCrossEntropy): tensor-core tiles divide the matmul's row count, and at most 63 rows
+# of a micro-batch's thousands are padding.
+ROW_MULTIPLE = 64
 
 TimeInput = Literal["scaled_t", "loglinear_sigma"]
 RopeAngles = Literal["float64", "float32"]
@@ -90,6 +104,7 @@ class TransformerConfig:
     time_frequencies: int = 0       # sinusoidal features of the time input; 0: time_embed_dim
     time_input: TimeInput = "scaled_t"  # or "loglinear_sigma": MDLM's sigma(t)
     rope_angles: RopeAngles = "float64"  # or "float32": MDLM's rounding of the rotary angles
+    vocab_multiple: int = 1         # embedding and head rows padded to a multiple of this (module docstring)
 
     def __post_init__(self) -> None:
         checks = {
@@ -100,6 +115,7 @@ class TransformerConfig:
             "time_frequencies": self.time_frequencies == 0 or self.time_frequencies >= 2,
             "time_input": self.time_input in get_args(TimeInput),
             "rope_angles": self.rope_angles in get_args(RopeAngles),
+            "vocab_multiple": isinstance(self.vocab_multiple, int) and self.vocab_multiple >= 1,
         }
         for field, ok in checks.items():
             if not ok:
@@ -123,8 +139,28 @@ class TransformerConfig:
 
     @property
     def head_rows(self) -> int:
-        """Rows of an untied head: V, or V + 1 with the mask's row."""
+        """Rows of an untied head: V, or V + 1 with the mask's row (padding not counted)."""
         return self.vocab_size + int(self.head_mask_row)
+
+    @property
+    def embedding_rows(self) -> int:
+        """Rows of the embedding: the V tokens and the mask, padded to ``vocab_multiple``."""
+        return round_up(self.vocab_size + 1, self.vocab_multiple)
+
+    @property
+    def padded_head_rows(self) -> int:
+        """Rows of an untied head, padded to ``vocab_multiple``."""
+        return round_up(self.head_rows, self.vocab_multiple)
+
+    @property
+    def logit_columns(self) -> int:
+        """Columns of the head's matmul: V padded to ``vocab_multiple`` (those past V are -inf)."""
+        return round_up(self.vocab_size, self.vocab_multiple)
+
+
+def round_up(count: int, multiple: int) -> int:
+    """The smallest multiple of ``multiple`` that is >= ``count``."""
+    return -(-count // multiple) * multiple
 
 
 PRESETS: dict[str, dict] = {
@@ -268,14 +304,18 @@ class Transformer(nn.Module, Denoiser):
 
     With ``output_mask`` (bool [B, L]) it returns logits only at the selected positions,
     ``[N, V]``; the output projection is the largest matmul at GPT-2 sizes, so computing
-    it at masked positions only saves a sizeable share of the FLOPs.
+    it at masked positions only saves a sizeable share of the FLOPs. The indices of those
+    positions are read first: their count is the forward's one host synchronization, taken
+    before any of its kernels are queued, so a GPU never drains in the middle of a forward.
 
     With ``targets`` (LongTensor of the output's leading shape: [N] with ``output_mask``,
     [B, L] without) it returns -log softmax(logits)[targets] in float32 instead of the
-    logits, computed ``chunk_rows`` rows at a time (``model.cross_entropy``), so the
-    float32 logits of all rows never exist at once. It goes through ``forward`` rather
-    than a separate method so that wrappers that only see calls (DeepSpeed's engine and
-    its ZeRO-3 parameter gathering, torch.compile) see it too.
+    logits; with ``chunk_rows`` computed that many rows at a time (``model.cross_entropy``),
+    so the float32 logits of all rows never exist at once. It goes through ``forward``
+    rather than a separate method so that wrappers that only see calls (DeepSpeed's engine
+    and its ZeRO-3 parameter gathering, torch.compile) see it too.
+
+    ``compile_parts`` compiles what carries the FLOPs: each block, and the head with its loss.
 
     As a ``Denoiser``: ``logits``, ``logits_at`` and ``nll_at`` are these three calls of
     ``forward``, and it is ``time_independent`` without time conditioning.
@@ -285,13 +325,20 @@ class Transformer(nn.Module, Denoiser):
         super().__init__()
         self.config = config
         d = config.d_model
-        self.embed = nn.Embedding(config.vocab_size + 1, d)
+        self.embed = _padded(nn.Embedding(config.vocab_size + 1, d), config.embedding_rows)
         self.time_embed = (TimeEmbedding(config.time_embed_dim, config.time_frequencies or config.time_embed_dim,
                                          config.time_input) if config.modulated else None)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.final_norm = LayerNorm(d, config.norm_eps)
         self.final_modulation = nn.Linear(config.time_embed_dim, 2 * d) if config.modulated else None
-        self.head = None if config.tie_weights else nn.Linear(d, config.head_rows, bias=config.head_bias)
+        self.head = None if config.tie_weights else _padded(nn.Linear(d, config.head_rows, bias=config.head_bias),
+                                                            config.padded_head_rows)
+        # -inf on the head's columns past V (the mask's row and the padding); None without them.
+        padded = config.logit_columns > config.vocab_size
+        mask = torch.zeros(config.logit_columns).index_fill_(0, torch.arange(config.vocab_size, config.logit_columns),
+                                                             -math.inf) if padded else None
+        self.register_buffer("logit_mask", mask, persistent=False)
+        self._compiled_loss: CompiledCrossEntropy | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -301,11 +348,12 @@ class Transformer(nn.Module, Denoiser):
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 is_residual = name.endswith(("attn.out", "mlp.down"))
-                nn.init.normal_(module.weight, mean=0.0, std=residual_std if is_residual else std)
+                rows = self.config.head_rows if module is self.head else module.weight.shape[0]
+                _normal_rows(module.weight, rows, residual_std if is_residual else std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=std)
+                _normal_rows(module.weight, self.config.vocab_size + 1, std)
             elif isinstance(module, LayerNorm):
                 nn.init.ones_(module.weight)
         # adaLN-zero: every block starts as the identity.
@@ -314,10 +362,23 @@ class Transformer(nn.Module, Denoiser):
                 nn.init.zeros_(modulation.weight)
                 nn.init.zeros_(modulation.bias)
 
+    def compile_parts(self, **compile_options) -> None:
+        """Compile each block (the identical blocks share one graph) and the head with its loss
+        (``CompiledCrossEntropy``), in place: parameter names, checkpoints and exports do not
+        change. Not the whole forward: the selection of the masked rows has a data-dependent
+        size. ``compile_options`` go to ``torch.compile``. Wrap blocks (activation
+        checkpointing) before, not after. A second call does nothing."""
+        if self._compiled_loss is not None:
+            return
+        for block in self.blocks:
+            block.compile(**compile_options)
+        self._compiled_loss = CompiledCrossEntropy(self._padded_logits, ROW_MULTIPLE, **compile_options)
+
     def forward(self, z: Tensor, t: Tensor | None = None, output_mask: Tensor | None = None,
                 targets: Tensor | None = None, chunk_rows: int | None = None) -> Tensor:
         if self.config.time_conditioning and t is None:
             raise ValueError("this Transformer is time-conditioned: pass t")
+        selected = None if output_mask is None else _selected_rows(output_mask, z)
         cond = self._condition(z, t)
         x = self.embed(z)
         for block in self.blocks:
@@ -326,10 +387,10 @@ class Transformer(nn.Module, Denoiser):
         if self.final_modulation is not None:
             shift, scale = self.final_modulation(cond)[:, None].chunk(2, dim=-1)
             x = _modulate(x, shift, scale)
-        if output_mask is not None:
-            x = x[output_mask]
+        if selected is not None:
+            x = x.flatten(0, 1).index_select(0, selected)  # [B, L, d] -> [N, d], rows in row-major order
         if targets is not None:
-            return chunked_cross_entropy(x, targets, self.output_logits, chunk_rows)
+            return self._nll(x, targets, chunk_rows)
         return self.output_logits(x)
 
     def _condition(self, z: Tensor, t: Tensor | None) -> Tensor | None:
@@ -340,6 +401,15 @@ class Transformer(nn.Module, Denoiser):
             t = torch.zeros(z.shape[0], device=z.device)
         return self.time_embed(t)
 
+    def _nll(self, hidden: Tensor, targets: Tensor, chunk_rows: int | None) -> Tensor:
+        """-log softmax(head(hidden))[targets], float32, of the shape of ``targets``."""
+        if self._compiled_loss is not None:
+            return self._compiled_loss(hidden, targets, chunk_rows)
+        if chunk_rows:
+            return chunked_cross_entropy(hidden, targets, self._padded_logits, chunk_rows)
+        return rows_cross_entropy(self._padded_logits, hidden.reshape(-1, hidden.shape[-1]),
+                                  targets.reshape(-1)).view(targets.shape)
+
     # ------------------------------------------------------------------- as a Denoiser
     def logits(self, z_t: Tensor, t: Tensor | None = None) -> Tensor:
         return self(z_t, t)
@@ -347,8 +417,13 @@ class Transformer(nn.Module, Denoiser):
     def logits_at(self, z_t: Tensor, t: Tensor | None, selected: Tensor) -> Tensor:
         return self(z_t, t, output_mask=selected)
 
-    def nll_at(self, z_t: Tensor, t: Tensor | None, selected: Tensor, targets: Tensor, chunk_rows: int) -> Tensor:
+    def nll_at(self, z_t: Tensor, t: Tensor | None, selected: Tensor, targets: Tensor,
+               chunk_rows: int | None = None) -> Tensor:
         return self(z_t, t, output_mask=selected, targets=targets, chunk_rows=chunk_rows)
+
+    @property
+    def fused_nll(self) -> bool:
+        return True
 
     @property
     def time_independent(self) -> bool:
@@ -356,14 +431,59 @@ class Transformer(nn.Module, Denoiser):
         return not self.config.time_conditioning
 
     def output_logits(self, hidden: Tensor) -> Tensor:
-        """Project final hidden states [..., d] to logits over the V clean tokens."""
-        v = self.config.vocab_size
-        if self.head is None:
-            return F.linear(hidden, self.embed.weight[:v])
-        if not self.config.head_mask_row:
-            return self.head(hidden)
-        # The mask's row is left out: its logit would only be set to -inf (SUBS).
-        return F.linear(hidden, self.head.weight[:v], None if self.head.bias is None else self.head.bias[:v])
+        """Project final hidden states [..., d] to logits over the V clean tokens (with padded
+        rows, a view of the first V columns of ``_padded_logits``)."""
+        logits = self._padded_logits(hidden)
+        return logits if self.logit_mask is None else logits[..., :self.config.vocab_size]
+
+    def _padded_logits(self, hidden: Tensor) -> Tensor:
+        """Logits [..., logit_columns]: the V true ones, then -inf (the mask's row of a tied head
+        or of ``head_mask_row``, and the padding: never predicted, SUBS)."""
+        columns = self.config.logit_columns
+        weight = (self.embed.weight if self.head is None else self.head.weight)[:columns]
+        bias = None if self.head is None or self.head.bias is None else self.head.bias[:columns]
+        if self.logit_mask is not None:
+            mask = self.logit_mask.to(weight.dtype)
+            bias = mask if bias is None else bias + mask
+        return F.linear(hidden, weight, bias)
+
+
+def _selected_rows(output_mask: Tensor, z: Tensor) -> Tensor:
+    """The flat indices [N] of the True positions of ``output_mask`` (bool [B, L]), row-major."""
+    if output_mask.shape != z.shape:
+        raise ValueError(f"output_mask has shape {tuple(output_mask.shape)}, expected {tuple(z.shape)}")
+    return output_mask.flatten().nonzero().squeeze(1)
+
+
+def _padded(module: nn.Embedding | nn.Linear, rows: int) -> nn.Embedding | nn.Linear:
+    """``module`` (an embedding or the head) with zero rows appended up to ``rows``. Built at
+    its true size first, so that it draws the random numbers an unpadded one draws: a seed
+    then gives the same network, true rows and every other weight, whatever the padding."""
+    extra = rows - module.weight.shape[0]
+    if extra:
+        module.weight = nn.Parameter(F.pad(module.weight.detach(), (0, 0, 0, extra)))
+        if getattr(module, "bias", None) is not None:
+            module.bias = nn.Parameter(F.pad(module.bias.detach(), (0, extra)))
+        if isinstance(module, nn.Embedding):
+            module.num_embeddings = rows
+        else:
+            module.out_features = rows
+    return module
+
+
+def _normal_rows(weight: Tensor, rows: int, std: float) -> None:
+    """N(0, std^2) in the first ``rows`` rows (drawing what a weight of ``rows`` rows would),
+    zeros in the padding after them."""
+    with torch.no_grad():
+        nn.init.normal_(weight[:rows], mean=0.0, std=std)
+        weight[rows:].zero_()
+
+
+def unpadded_state(state: dict[str, Tensor], config: TransformerConfig) -> dict[str, Tensor]:
+    """A state dict of a network of ``config`` without its padded rows: that of the same
+    network with ``vocab_multiple = 1`` (what exports hold)."""
+    rows = {"embed.weight": config.vocab_size + 1, "head.weight": config.head_rows, "head.bias": config.head_rows}
+    return {name: tensor[:rows[name]] if name in rows else tensor for name, tensor in state.items()}
 
 
 # --------------------------------------------------------------------------- counting
@@ -376,8 +496,9 @@ class ParameterCounts:
 
 
 def parameter_counts(config: TransformerConfig) -> ParameterCounts:
-    """Counts from the config alone (no allocation), e.g. for FLOPs per token."""
-    d, v = config.d_model, config.vocab_size
+    """Counts from the config alone (no allocation), padded vocabulary rows included (they are
+    allocated: memory estimates count them; FLOPs per token use ``vocab_multiple = 1``)."""
+    d = config.d_model
     hidden = config.mlp_ratio * d
     per_block = 4 * d * d + 2 * d * hidden + 2 * d  # qkv + out, up + down, two norms
     per_block += (hidden + d) if config.mlp_bias else 0
@@ -387,8 +508,8 @@ def parameter_counts(config: TransformerConfig) -> ParameterCounts:
         per_block += c * 6 * d + 6 * d
         extra += (f * c + c) + (c * c + c) + c * 2 * d + 2 * d
     if config.head_bias:
-        extra += config.head_rows
-    embedding = (v + 1) * d + (0 if config.tie_weights else config.head_rows * d)
+        extra += config.padded_head_rows
+    embedding = config.embedding_rows * d + (0 if config.tie_weights else config.padded_head_rows * d)
     non_embedding = config.n_layers * per_block + extra
     return ParameterCounts(total=non_embedding + embedding, non_embedding=non_embedding)
 

@@ -9,7 +9,8 @@ import sys
 
 from common.errors import UserError
 from common.provenance import package_version
-from orchestration.commands import config, data, evaluate, importing, jobs, run, sample, train
+from orchestration.commands import config, data, downstream, evaluate, importing, jobs, run, sample, train
+from orchestration.exit_codes import USER_ERROR
 from pipeline.hooks import TrainHooks
 
 DESCRIPTION = """\
@@ -27,6 +28,7 @@ examples:
   unmask export runs/tiny
   unmask import mdlm mdlm-owt/ --tokenizer ../shared/data/gpt2-bpe --out mdlm-export/
   unmask eval runs/tiny --datasets ptb,wikitext2,lambada,lm1b --data-dir ../shared/data
+  unmask lm-eval runs/tiny --tasks lambada_openai_local,ptb_word_order --data-dir ../shared/data
   unmask sample runs/tiny --num 4 --steps 1000 --prompt "ROMEO:"
   unmask run                                  # the whole pipeline on a built-in corpus
   unmask submit --address http://HEAD:8265 -- run --config configs/small.yaml --input /shared/owt
@@ -58,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  unmask version --all", formatter_class=argparse.RawDescriptionHelpFormatter)
     version.add_argument("--all", action="store_true", help="also print Python and dependency versions")
     version.set_defaults(handler=_cmd_version)
-    for group in (data, train, importing, run, evaluate, sample, jobs, config):
+    for group in (data, train, importing, run, evaluate, downstream, sample, jobs, config):
         group.register(commands)
     return parser
 
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None, *, hooks: TrainHooks = TrainHooks()) -> 
         return args.handler(args)
     except UserError as err:
         print(f"unmask {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return USER_ERROR
 
 
 if __name__ == "__main__":

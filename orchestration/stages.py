@@ -11,6 +11,11 @@ killed one continues where it stopped:
 - export: skipped when ``RUN/export`` holds the latest checkpoint;
 - eval: skipped when ``RUN/report/results.json`` scored that export on the same datasets.
 
+A train stage stopped by SIGTERM or SIGINT (a preemption) has written its checkpoint but not
+finished: ``run_pipeline`` raises ``Preempted`` instead of going on to the export, and
+``unmask run`` exits with ``orchestration.exit_codes.PREEMPTED``. The run directory is
+claimed as a run's first (``common.outputs``), before any stage.
+
 With no inputs the corpus is the documentation text shipped with CPython
 (``data_prep.builtin_corpus``) and the config ``configs/demo.yaml``: a demo that needs no
 download and finishes in minutes on a laptop CPU.
@@ -24,11 +29,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from common.errors import UserError, output_dir
+from common.errors import UserError
+from common.outputs import InputPath, claim_output_dir
 from data_prep.builtin_corpus import write_cpython_corpus
-from data_prep.prep import DEFAULT_VAL_FRACTION, PrepConfig
+from data_prep.prep import DEFAULT_VAL_FRACTION, MAX_SEQ_LEN, PrepConfig
 from data_prep.prepare import PrepRequest, prepare
-from data_prep.readers import ReadOptions
+from data_prep.readers import ReadOptions, local_roots
 from evaluation.evaluate import EvalConfig
 from evaluation.results import EvalResults, TrainingRecord
 from evaluation.zero_shot import ReportOptions, is_up_to_date, run_zero_shot
@@ -38,10 +44,11 @@ from orchestration.ray_train import RayLaunch, launch
 from pipeline.checkpoint import latest_step
 from pipeline.config import Config
 from pipeline.export import CONFIG_FILE, export
-from pipeline.run_layout import RunLayout
+from pipeline.hooks import TrainHooks
+from pipeline.run_layout import RUN_KIND, RunLayout
 from pipeline.trainer import train
 
-__all__ = ["RunRequest", "EvalStage", "RunSummary", "run_pipeline", "DEMO_CONFIG"]
+__all__ = ["RunRequest", "EvalStage", "RunSummary", "Preempted", "run_pipeline", "DEMO_CONFIG"]
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 # The built-in corpus is small (about 0.4M tokens): prep's default 0.5% would leave a handful
@@ -88,7 +95,8 @@ class RunRequest:
         sample count must not wait for the end of a training."""
         evaluation = self.evaluation
         checks = [("--prep-workers", self.prep_workers >= 1, "must be >= 1"),
-                  ("--seq-len", self.seq_len is None or self.seq_len >= 2, "must be >= 2"),
+                  ("--seq-len", self.seq_len is None or 2 <= self.seq_len <= MAX_SEQ_LEN,
+                   f"must lie in [2, {MAX_SEQ_LEN}] (data_prep.prep.MAX_SEQ_LEN)"),
                   ("--val-fraction", self.val_fraction is None or 0 <= self.val_fraction < 1,
                    "must lie in [0, 1)"),
                   ("--num-samples", evaluation.num_samples >= 0, "must be >= 0")]
@@ -107,6 +115,30 @@ class RunRequest:
 
     def report_options(self) -> ReportOptions:
         return ReportOptions(num_samples=self.evaluation.num_samples, sampling=self.evaluation.sampling)
+
+    def reads(self) -> list[InputPath]:
+        """What the run reads from outside its directory, which the directory keeps clear of."""
+        tokenizer = [InputPath(self.tokenizer, "--tokenizer")] if self.tokenizer else []
+        return [InputPath(root, "--input") for root in local_roots(self.inputs)] + tokenizer
+
+
+class Preempted(Exception):
+    """The train stage stopped on a signal after writing its checkpoint: the run goes on
+    when the same request runs again."""
+
+    def __init__(self, step: int | None) -> None:
+        super().__init__(f"stage train was stopped by a signal at step {step} and wrote its checkpoint; "
+                         f"rerun the same `unmask run` to continue")
+        self.step = step
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """What every stage gets beside the request: where to say what it does, and the hooks of
+    the training loop (tests and embedding scripts watch or pause its steps)."""
+
+    say: Callable[[str], None] = print
+    hooks: TrainHooks = TrainHooks()
 
 
 @dataclass(frozen=True)
@@ -132,8 +164,8 @@ def _seq_len(request: RunRequest) -> int:
     return request.seq_len or model.max_seq_len or PRESETS[model.preset]["max_seq_len"]
 
 
-def _stage_prep(request: RunRequest, say: Callable[[str], None]) -> str:
-    layout = request.layout
+def _stage_prep(request: RunRequest, context: StageContext) -> str:
+    layout, say = request.layout, context.say
     inputs, val_fraction = request.inputs, request.val_fraction
     if not inputs:
         inputs = (str(write_cpython_corpus(layout.corpus)),)
@@ -144,22 +176,28 @@ def _stage_prep(request: RunRequest, say: Callable[[str], None]) -> str:
     result = prepare(PrepRequest(config, layout.data, tokenizer=request.tokenizer,
                                  vocab_size=None if request.tokenizer else request.vocab_size,
                                  workers=request.prep_workers, ray_address=request.ray_address))
+    for note in result.notes():
+        say(f"unmask run: note: {note}")
     for warning in result.warnings():
         say(f"unmask run: warning: {warning}")
     say(result.summary())
     return f"skipped: {layout.data} is up to date" if result.nothing_to_do else f"shards in {layout.data}"
 
 
-def _stage_train(request: RunRequest, say: Callable[[str], None]) -> str:
+def _stage_train(request: RunRequest, context: StageContext) -> str:
     run_dir, config = request.run_dir, request.config
     step = latest_step(run_dir)
     if step is not None and step >= config.train.max_steps:
         return f"skipped: already trained to step {step}"
     config = replace(config, data=replace(config.data, path=str(request.layout.data)))
     if request.launch is None:
-        train(config, data_dir=request.layout.data, run_dir=run_dir)
+        preempted = train(config, data_dir=request.layout.data, run_dir=run_dir, hooks=context.hooks).preempted
     else:
-        launch(config, request.launch, data_dir=request.layout.data, run_dir=run_dir)
+        summary = launch(config, request.launch, data_dir=request.layout.data, run_dir=run_dir,
+                         on_step=context.hooks.on_step)
+        preempted = bool(summary.get("preempted"))
+    if preempted:
+        raise Preempted(latest_step(run_dir))
     return f"trained to step {latest_step(run_dir)}"
 
 
@@ -168,7 +206,7 @@ def _exported_step(layout: RunLayout) -> int | None:
     return json.loads(path.read_text()).get("step") if path.is_file() else None
 
 
-def _stage_export(request: RunRequest, say: Callable[[str], None]) -> str:
+def _stage_export(request: RunRequest, context: StageContext) -> str:
     step = latest_step(request.run_dir)
     if _exported_step(request.layout) == step:
         return f"skipped: the export holds step {step}"
@@ -176,7 +214,7 @@ def _stage_export(request: RunRequest, say: Callable[[str], None]) -> str:
     return f"exported step {step} (EMA weights)"
 
 
-def _stage_eval(request: RunRequest, say: Callable[[str], None]) -> str:
+def _stage_eval(request: RunRequest, context: StageContext) -> str:
     config, options = request.eval_config(), request.report_options()
     if is_up_to_date(request.run_dir, config, options):
         return f"skipped: {request.layout.results} is up to date"
@@ -184,20 +222,23 @@ def _stage_eval(request: RunRequest, say: Callable[[str], None]) -> str:
     return f"report in {request.layout.report}"
 
 
-STAGES: tuple[tuple[str, Callable[[RunRequest, Callable[[str], None]], str]], ...] = (
+STAGES: tuple[tuple[str, Callable[[RunRequest, StageContext], str]], ...] = (
     ("prep", _stage_prep), ("train", _stage_train), ("export", _stage_export), ("eval", _stage_eval))
 
 
-def run_pipeline(request: RunRequest, *, say: Callable[[str], None] = print) -> RunSummary:
+def run_pipeline(request: RunRequest, *, say: Callable[[str], None] = print,
+                 hooks: TrainHooks = TrainHooks()) -> RunSummary:
     """Run every stage that is not up to date; the summary (also in ``RUN/run_summary.json``).
-    A stage that fails raises; rerunning the same request continues from it."""
+    A stage that fails raises (``Preempted`` for a training stopped by a signal); rerunning
+    the same request continues from it. ``hooks`` run inside the training loop."""
     request.check()
-    output_dir(request.run_dir, "--run-dir")
+    claim_output_dir(request.run_dir, RUN_KIND, "--run-dir", request.reads())
+    context = StageContext(say, hooks)
     start, stages = time.perf_counter(), {}
     for name, stage in STAGES:
         say(f"unmask run: stage {name}")
         try:
-            stages[name] = stage(request, say)
+            stages[name] = stage(request, context)
         except UserError as err:
             raise UserError(f"stage {name} failed: {err}. Fix it and rerun the same `unmask run`: finished "
                             f"stages are kept and skipped") from None

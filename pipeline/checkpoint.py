@@ -302,17 +302,19 @@ class CheckpointManager:
 
     def newest_intact(self) -> Path | None:
         """The checkpoint to resume from, decided by rank 0 (which verifies the files) and
-        the same on every rank; each newer, broken one is named in a warning."""
-        chosen = None
+        the same on every rank; each newer, broken one is named in a warning. With none
+        intact, every rank raises the one message that says so (and nothing is resumed)."""
+        chosen, refusal = None, None
         if self.dist.is_main:
             intact, broken = intact_checkpoint(self.run_dir)
-            for problem in broken:
-                log.warning("checkpoint %s: not used; resuming from %s instead", problem,
-                            intact.name if intact else "scratch")
             if broken and intact is None:
-                raise UserError(f"{self.root}: no intact checkpoint ({'; '.join(broken)}); delete the run "
-                                "directory's checkpoints to start over, or restore them")
+                refusal = UserError(f"{self.root}: no intact checkpoint to resume from ({'; '.join(broken)}); restore "
+                                    f"them, or move the checkpoints away to start over")
+            for problem in broken if intact is not None else ():
+                log.warning("checkpoint %s: not used; resuming from %s instead", problem, intact.name)
             chosen = intact.name if intact else None
+        if self.dist.any(refusal is not None):
+            raise refusal or UserError(f"{self.root}: no intact checkpoint to resume from; rank 0's message says why")
         chosen = self.dist.broadcast(chosen)
         return self.root / chosen if chosen else None
 

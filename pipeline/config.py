@@ -6,8 +6,11 @@ value`` overrides, coerces every value to its declared type and validates the wh
 before any work starts; errors name the file and the field. ``Config.to_dict`` is what
 gets logged, checkpointed and compared on resume.
 
-Fields marked ``RESUME_SAFE`` (logging cadence, length of the run, where metrics go)
-may change when a run resumes; any other difference is refused unless overridden.
+Fields marked ``RESUME_SAFE`` (logging cadence, length of the run, where metrics go, how
+fast a step runs) may change when a run resumes; any other difference is refused unless
+overridden. A field whose new default would change a run written before the field existed
+names, in its metadata, the value such runs had (``"absent"``: ``model.vocab_multiple``'s 1):
+``with_legacy_values`` gives a resumed run its checkpoint's value.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from model.transformer import PRESETS
 
 __all__ = ["ModelSection", "DataSection", "OptimSection", "TrainSection", "EvalSection",
            "CheckpointSection", "LoggingSection", "Config", "load_config", "parse_overrides",
-           "config_differences"]
+           "config_differences", "legacy_values", "with_legacy_values"]
 
 RESUME_SAFE = {"resume_safe": True}
 # A config's key naming the config it builds on (see _read_layers), and where presets live.
@@ -59,6 +62,10 @@ class ModelSection:
     # linear (w = 1) or polynomial (w = power).
     schedule: str = "linear"
     schedule_args: dict = field(default_factory=dict)   # e.g. {power: 2}, {endpoint_eps: 1e-4}
+    # Embedding and head rows padded to a multiple of this (tensor-core tiles divide the head's
+    # matmul: 50257 -> 50304); the padded logits are -inf, never predicted, and exports drop the
+    # padding. 1: no padding (what runs written before this field used).
+    vocab_multiple: int = field(default=128, metadata={"absent": 1})
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,11 @@ class TrainSection:
 
     max_steps: int = field(default=1_000_000, metadata=RESUME_SAFE)   # optimizer steps of the whole run
     global_batch_size: int = 512                # sequences per optimizer step, all ranks together
-    micro_batch_size: int | None = None         # per rank; None: global / world size (no accumulation)
+    # Sequences per rank per forward; gradient accumulation makes up the global batch (the
+    # sequence of batches does not depend on it). "auto": on GPU the largest that the memory
+    # estimate fits in the device (pipeline.engine.choose_micro_batch); on CPU, and None,
+    # global / world size (no accumulation).
+    micro_batch_size: int | Literal["auto"] | None = field(default="auto", metadata=RESUME_SAFE)
     seed: int = 0                               # initial weights, data order, times and masks
     precision: Literal["auto", "fp32", "bf16"] = "auto"   # auto: bf16 on GPU, fp32 on CPU
     zero_stage: Literal["auto", 1, 2, 3] = "auto"         # auto: pipeline.engine.choose_zero_stage
@@ -101,7 +112,13 @@ class TrainSection:
     # when the micro-batch's activations would not fit next to the model states
     # (pipeline.engine.activation_memory_bytes); decided per run, from the device's memory.
     activation_checkpointing: bool | Literal["auto"] = False
-    compile: bool = False                       # torch.compile each block (fused kernels; the first steps compile)
+    # torch.compile each block and the head with its loss (fused kernels; the first steps
+    # compile). "auto": on for CUDA (under ZeRO 1 and 2), off for CPU.
+    compile: bool | Literal["auto"] = field(default="auto", metadata=RESUME_SAFE)
+    # The attention kernel (torch SDPA's backend). "auto": the fastest this device runs at the
+    # training dtype (cudnn, then flash, then efficient on GPU; flash on CPU); one it cannot
+    # run is refused before training starts.
+    attention: Literal["auto", "cudnn", "flash", "efficient", "math"] = field(default="auto", metadata=RESUME_SAFE)
     # Rows per chunk of the output head + cross-entropy (model.cross_entropy): bounds the loss's
     # memory by rows x vocabulary instead of masked tokens x vocabulary; 0: all rows at once.
     chunked_cross_entropy: int = 0
@@ -204,8 +221,9 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
         ("optim.grad_clip", o.grad_clip >= 0, "must be >= 0 (0 disables clipping)"),
         ("train.max_steps", t.max_steps >= 1, positive),
         ("train.global_batch_size", t.global_batch_size >= 1, positive),
-        ("train.micro_batch_size", t.micro_batch_size is None or t.micro_batch_size >= 1, positive),
-        ("train.micro_batch_size", t.micro_batch_size is None
+        ("model.vocab_multiple", m.vocab_multiple >= 1, f"{positive} (1: no padding)"),
+        ("train.micro_batch_size", not isinstance(t.micro_batch_size, int) or t.micro_batch_size >= 1, positive),
+        ("train.micro_batch_size", not isinstance(t.micro_batch_size, int)
          or t.global_batch_size % t.micro_batch_size == 0,
          f"must divide train.global_batch_size = {t.global_batch_size}"),
         ("train.seed", t.seed >= 0, "must be >= 0"),
@@ -308,9 +326,32 @@ def _read_yaml(path: Path) -> Any:
         raise UserError(f"{path} line {line}, column {column}: byte 0x{data[err.start]:02x} is not "
                         f"UTF-8; save the file as UTF-8") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
-        raise UserError(f"{path}{_yaml_problem(err)}; fix the YAML syntax there") from None
+        raise UserError(f"{path}{_yaml_problem(err)}; fix the YAML there") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping. YAML requires unique
+    keys, and PyYAML would keep the last silently: a second ``train:`` section would drop every
+    field of the first."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    first: dict[Any, yaml.Mark] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            seen = first.setdefault(key, key_node.start_mark)
+        except TypeError:  # an unhashable key: construct_mapping names it
+            break
+        if seen is not key_node.start_mark:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"the key {key!r} is given twice (first at line {seen.line + 1})", key_node.start_mark)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
@@ -377,7 +418,7 @@ def _override(config: Config, dotted: str, text: str) -> Config:
     if key not in hints:
         raise UserError(f"unknown config override --{dotted}; {section_name} has {sorted(hints)}")
     try:
-        parsed = yaml.safe_load(text) if text != "" else ""
+        parsed = yaml.load(text, Loader=_UniqueKeyLoader) if text != "" else ""
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or " ".join(str(err).split())
         raise UserError(f"flag --{dotted} {text!r}: not a valid YAML value ({problem}); write it as in "
@@ -471,8 +512,9 @@ def config_differences(saved: dict, current: dict, *, include_resume_safe: bool 
     safe = set() if include_resume_safe else {
         f"{s.name}.{f.name}" for s in fields(Config)
         for f in fields(typing.get_type_hints(Config)[s.name]) if f.metadata.get("resume_safe")}
-    # A field added after the checkpoint was written had, in effect, its default value.
-    defaults = Config().to_dict()
+    # A field added after the checkpoint was written had, in effect, its default value, or
+    # the value its metadata names as "absent" (legacy_values).
+    defaults = _merge(Config().to_dict(), legacy_values())
     differ = []
     for section, values in current.items():
         for key, value in values.items():
@@ -481,3 +523,27 @@ def config_differences(saved: dict, current: dict, *, include_resume_safe: bool 
             if name not in safe and old != value:
                 differ.append(f"{name}: checkpoint {old!r}, now {value!r}")
     return differ
+
+
+def legacy_values() -> dict[str, dict[str, Any]]:
+    """The value each field marked ``"absent"`` had, in effect, in configs written before it
+    existed, section by section."""
+    values: dict[str, dict[str, Any]] = {}
+    for section in fields(Config):
+        for f in fields(typing.get_type_hints(Config)[section.name]):
+            if "absent" in f.metadata:
+                values.setdefault(section.name, {})[f.name] = f.metadata["absent"]
+    return values
+
+
+def with_legacy_values(config: Config, saved: dict) -> tuple[Config, list[str]]:
+    """``config`` for resuming a checkpoint whose config is ``saved``: the fields that
+    ``saved`` predates take the value they had then (``legacy_values``). Returns the config
+    and, for each field so set, ``"section.field = value"``."""
+    adopted = []
+    for section, values in legacy_values().items():
+        for key, value in values.items():
+            if key not in saved.get(section, {}) and getattr(getattr(config, section), key) != value:
+                config = replace(config, **{section: replace(getattr(config, section), **{key: value})})
+                adopted.append(f"{section}.{key} = {value!r}")
+    return config, adopted

@@ -13,6 +13,7 @@ import socket
 import sys
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,10 @@ class Distributed:
     local_rank: int
     device: torch.device
     backend: str
+    # A gloo group over the same ranks for host values (flags, logged sums) under NCCL: NCCL
+    # moves only device tensors, and reading one back would wait for the device's queue, a
+    # host sync the training loop would pay at every step boundary. None: the default group.
+    host_group: Any = None
 
     @property
     def is_main(self) -> bool:
@@ -49,16 +54,16 @@ class Distributed:
         """Sum float64 values over all ranks (one collective)."""
         if self.world_size == 1:
             return list(values)
-        tensor = torch.tensor(values, dtype=torch.float64, device=self._collective_device)
-        dist.all_reduce(tensor)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._host_device)
+        dist.all_reduce(tensor, group=self.host_group)
         return tensor.tolist()
 
     def any(self, flag: bool) -> bool:
-        """True on every rank when any rank passes True."""
+        """True on every rank when any rank passes True (no device sync under NCCL: ``host_group``)."""
         if self.world_size == 1:
             return flag
-        tensor = torch.tensor([int(flag)], device=self._collective_device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        tensor = torch.tensor([int(flag)], device=self._host_device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.host_group)
         return bool(tensor.item())
 
     def broadcast(self, obj: object) -> object:
@@ -66,7 +71,7 @@ class Distributed:
         if self.world_size == 1:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0, device=self._collective_device)
+        dist.broadcast_object_list(box, src=0, group=self.host_group, device=self._host_device)
         return box[0]
 
     def shutdown(self) -> None:
@@ -77,9 +82,9 @@ class Distributed:
             dist.destroy_process_group()
 
     @property
-    def _collective_device(self) -> torch.device:
-        # NCCL moves only CUDA tensors; gloo only CPU ones.
-        return self.device if self.backend == "nccl" else torch.device("cpu")
+    def _host_device(self) -> torch.device:
+        # NCCL moves only CUDA tensors; gloo (the default group on CPU, or host_group) only CPU ones.
+        return self.device if self.backend == "nccl" and self.host_group is None else torch.device("cpu")
 
 
 def init_distributed(timeout_minutes: float = 30.0, *, deepspeed_backend: bool = True) -> Distributed:
@@ -118,5 +123,7 @@ def init_distributed(timeout_minutes: float = 30.0, *, deepspeed_backend: bool =
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False, timeout=timeout)
     elif world_size > 1:
         dist.init_process_group(backend=backend, timeout=timeout)
+    # Every rank creates it, in the same order (new_group is collective).
+    host_group = dist.new_group(backend="gloo") if backend == "nccl" and world_size > 1 else None
     return Distributed(rank=rank, world_size=world_size, local_rank=local_rank, device=device,
-                       backend=backend)
+                       backend=backend, host_group=host_group)

@@ -1,7 +1,11 @@
 """The DeepSpeed engine: batch arithmetic, ZeRO stage, precision, optimizer, LR schedule.
 
 Everything DeepSpeed needs is derived from the typed config here, so the JSON DeepSpeed
-sees is a function of (config, world size, device) and is logged with the run.
+sees is a function of (config, world size, device) and is logged with the run. Every
+"auto" of ``train`` is decided here, once, into a ``TrainingPlan``: the ZeRO stage from the
+model states' memory, the micro-batch (and activation checkpointing) from the activations'
+memory estimate, compile from the device, and the attention kernel by asking SDPA
+(``pipeline.attention``).
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ from common.errors import UserError
 from model.state_dependent import DEFAULT_DRAWS
 from model.trainable import DiffusionModel
 from model.transformer import Block, Transformer, TransformerConfig, parameter_counts
+from pipeline.attention import resolve_attention
 from pipeline.config import Config, OptimSection
 from pipeline.lr_schedule import make_lr_scheduler
 
 __all__ = ["BatchPlan", "TrainingPlan", "plan_training", "plan_batches", "choose_zero_stage", "resolve_precision",
            "deepspeed_config", "build_engine", "build_optimizer", "device_memory_bytes", "model_state_bytes",
-           "activation_memory_bytes", "resolve_activation_checkpointing", "prepare_model", "network_of"]
+           "activation_memory_bytes", "resolve_activation_checkpointing", "prepare_model", "network_of",
+           "choose_micro_batch", "resolve_compile", "ACTIVATION_DTYPES", "inference_memory_bytes",
+           "choose_inference_batch"]
 
 # Share of device memory that model states (weights, gradients, optimizer) may take when
 # choosing a ZeRO stage; the rest is left to activations and the allocator.
@@ -52,6 +59,19 @@ LOGIT_FLOAT32_BYTES = 8
 # beside the float32 copy of the logits.
 FULL_PREDICTION_FLOAT32_BYTES = 20
 FLOAT32_BYTES = 4
+# The dtype of the activations (and so of the attention inputs) under each precision.
+ACTIVATION_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# DeepSpeed's gradient buckets under ZeRO 1 and 2, in elements, for one to eight GPUs of a
+# node. Its default (5e8) holds all of GPT-2 medium's 355M gradients: the reduction would
+# then start only once the backward is over. 5e7 splits medium into about seven buckets, so
+# that with overlap_comm each bucket is reduced while the backward computes the next, and a
+# bucket of 5e7 fp32 values (200 MB) is still far above the few MB at which NCCL reaches its
+# bus bandwidth over NVLink. The all-gather of the updated weights (stage 1 and 2) takes
+# buckets of the same size. overlap_comm keeps about 4.5 buckets of buffers (0.9 GB): worth
+# it only with someone to talk to, so a single rank leaves it off; contiguous_gradients
+# copies each gradient into one preallocated buffer as it is produced (no fragmentation at
+# the step, stage 2's reduce-scatter reads it in place).
+GRADIENT_BUCKET_ELEMENTS = 50_000_000
 
 
 @dataclass(frozen=True)
@@ -72,33 +92,86 @@ class TrainingPlan:
     precision: str                   # "fp32" | "bf16"
     activation_checkpointing: bool
     compile: bool
+    attention: str                   # a pipeline.attention.KERNELS key
     chunked_cross_entropy: int       # rows per chunk of the head and loss; 0: all at once
     parameters: int                  # of the whole network (before ZeRO-3 partitions it)
+    overlap_comm: bool = False       # DeepSpeed reduces gradient buckets during the backward
 
 
 def plan_training(config: Config, network: TransformerConfig, world_size: int, device: torch.device) -> TrainingPlan:
     """Resolve ``config.train`` for ``network`` on ``world_size`` ranks of ``device``."""
-    batches = plan_batches(config, world_size)
     precision = resolve_precision(config, device)
     parameters = parameter_counts(network).total
     memory = device_memory_bytes(device)
     stage = config.train.zero_stage
     zero_stage = choose_zero_stage(parameters, world_size, precision, memory) if stage == "auto" else stage
-    checkpointing = resolve_activation_checkpointing(config, network, batches, zero_stage, precision, memory)
-    return TrainingPlan(batches, zero_stage, precision, checkpointing, config.train.compile,
-                        config.train.chunked_cross_entropy, parameters)
+    if config.train.micro_batch_size == "auto" and device.type == "cuda":
+        micro, checkpointing = choose_micro_batch(config, network, world_size, zero_stage, precision, memory)
+        batches = plan_batches(config, world_size, micro)
+    else:
+        batches = plan_batches(config, world_size)
+        checkpointing = resolve_activation_checkpointing(config, network, batches, zero_stage, precision, memory)
+    attention = resolve_attention(config.train.attention, device, ACTIVATION_DTYPES[precision], network.head_dim,
+                                  causal=network.causal, dropout=network.dropout)
+    return TrainingPlan(batches, zero_stage, precision, checkpointing,
+                        resolve_compile(config.train.compile, device, zero_stage), attention,
+                        config.train.chunked_cross_entropy, parameters,
+                        overlap_comm=device.type == "cuda" and world_size > 1)
 
 
-def plan_batches(config: Config, world_size: int) -> BatchPlan:
-    """Micro-batch and gradient accumulation from the global batch and the world size."""
+def resolve_compile(setting: bool | str, device: torch.device, zero_stage: int) -> bool:
+    """``train.compile`` as a decision. "auto": on for CUDA, where fused kernels and fewer
+    launches pay for the first steps' compilation, unless ZeRO-3 (it gathers each block's
+    weights in hooks around the block's forward, which compiling the block would trace);
+    off for CPU, where inductor's C++ compile takes longer than a short run saves."""
+    if setting != "auto":
+        return bool(setting)
+    return device.type == "cuda" and zero_stage < 3
+
+
+def _per_rank_batch(config: Config, world_size: int) -> int:
+    """The global batch over ``world_size`` ranks: sequences per rank per step."""
+    global_batch = config.train.global_batch_size
+    if global_batch % world_size:
+        raise UserError(f"config field train.global_batch_size = {global_batch} does not divide "
+                        f"over {world_size} ranks; make it a multiple of {world_size} or set "
+                        f"train.micro_batch_size")
+    return global_batch // world_size
+
+
+def choose_micro_batch(config: Config, network: TransformerConfig, world_size: int, zero_stage: int,
+                       precision: str, memory_bytes: int) -> tuple[int, bool]:
+    """``train.micro_batch_size: auto`` on a GPU: the largest micro-batch that divides the
+    rank's share of the global batch and whose activations (``activation_memory_bytes``,
+    sequences of ``max_seq_len``) fit next to the model states in ``USABLE_MEMORY_SHARE`` of
+    ``memory_bytes``; and whether it needs activation checkpointing. With
+    ``activation_checkpointing: auto`` a micro-batch without it is preferred (recomputation
+    costs a third more compute); only when not even one sequence fits is it turned on. When
+    nothing fits, 1 (the run then fails on memory, and says so)."""
+    per_rank = _per_rank_batch(config, world_size)
+    states = model_state_bytes(parameter_counts(network).total, zero_stage, world_size, precision)
+    budget = USABLE_MEMORY_SHARE * memory_bytes - states
+    setting = config.train.activation_checkpointing
+    choices = [setting] if isinstance(setting, bool) else [False, True]
+    for checkpointing in choices:
+        for micro in (m for m in range(per_rank, 0, -1) if per_rank % m == 0):
+            needed = activation_memory_bytes(network, micro, network.max_seq_len, precision,
+                                             checkpointing=checkpointing, chunk_rows=config.train.chunked_cross_entropy,
+                                             process=config.model.process)
+            if needed <= budget:
+                return micro, checkpointing
+    return 1, choices[-1]
+
+
+def plan_batches(config: Config, world_size: int, micro_batch: int | None = None) -> BatchPlan:
+    """Micro-batch and gradient accumulation from the global batch and the world size;
+    ``micro_batch`` (e.g. ``choose_micro_batch``'s) replaces ``train.micro_batch_size``,
+    whose None and "auto" (off GPU) mean global / world size."""
     train = config.train
-    global_batch, micro = train.global_batch_size, train.micro_batch_size
-    if micro is None:
-        if global_batch % world_size:
-            raise UserError(f"config field train.global_batch_size = {global_batch} does not divide "
-                            f"over {world_size} ranks; make it a multiple of {world_size} or set "
-                            f"train.micro_batch_size")
-        micro = global_batch // world_size
+    global_batch = train.global_batch_size
+    micro = micro_batch or train.micro_batch_size
+    if not isinstance(micro, int):
+        micro = _per_rank_batch(config, world_size)
     if global_batch % (micro * world_size):
         raise UserError(f"config fields train.global_batch_size = {global_batch} and train.micro_batch_size "
                         f"= {micro} do not divide over {world_size} ranks: the global batch must be a "
@@ -170,8 +243,33 @@ def activation_memory_bytes(network: TransformerConfig, micro_batch: int, seq_le
         blocks = network.n_layers * per_block
     rows = min(chunk_rows, tokens) if chunk_rows else tokens
     head_inputs = tokens * network.d_model * (FLOAT32_BYTES + width)
-    logits = rows * network.vocab_size * (loss_bytes + width)
+    logits = rows * network.logit_columns * (loss_bytes + width)
     return float(blocks + head_inputs + logits)
+
+
+def inference_memory_bytes(network: TransformerConfig, batch: int, seq_len: int, precision: str) -> float:
+    """Estimated peak bytes of a no-grad forward of ``batch`` sequences with the loss at every
+    position (evaluation's worst case: every token masked): the float32 weights and, under
+    bf16 autocast, their bf16 copies; one block's activations at a time (without autograd
+    nothing is kept from one block to the next; a training block's saved set bounds what one
+    block holds); the float32 residual stream; and the head's logits as in training."""
+    width = 2 if precision == "bf16" else FLOAT32_BYTES
+    weights = parameter_counts(network).total * (FLOAT32_BYTES + (width if precision == "bf16" else 0))
+    tokens = batch * seq_len
+    block = tokens * network.d_model * (BLOCK_FLOAT32_WIDTHS * FLOAT32_BYTES + BLOCK_ACTIVATION_WIDTHS * width)
+    residual = tokens * network.d_model * FLOAT32_BYTES
+    logits = tokens * network.logit_columns * (LOGIT_FLOAT32_BYTES + width)
+    return float(weights + block + residual + logits)
+
+
+def choose_inference_batch(network: TransformerConfig, seq_len: int, precision: str, memory_bytes: int,
+                           largest: int) -> int:
+    """The largest power of two up to ``largest`` whose no-grad forward
+    (``inference_memory_bytes``) fits in ``USABLE_MEMORY_SHARE`` of ``memory_bytes``; 1 if none does."""
+    batch = 1 << (largest.bit_length() - 1)
+    while batch > 1 and inference_memory_bytes(network, batch, seq_len, precision) > USABLE_MEMORY_SHARE * memory_bytes:
+        batch //= 2
+    return batch
 
 
 def resolve_activation_checkpointing(config: Config, network: TransformerConfig, plan: BatchPlan, zero_stage: int,
@@ -197,22 +295,22 @@ def network_of(model: nn.Module) -> Transformer:
     return model.network if isinstance(model, DiffusionModel) else model
 
 
-def prepare_model(model: nn.Module, *, checkpointing: bool, compile: bool) -> None:
+def prepare_model(model: nn.Module, *, checkpointing: bool, compile: bool, **compile_options: Any) -> None:
     """Apply the network-side optimizations in place, before an engine wraps the model
     (a network, or a ``DiffusionModel`` holding one).
 
-    ``checkpointing`` wraps each block in activation checkpointing. ``train.compile``
-    compiles each (wrapped) block with ``nn.Module.compile``, as torchtitan does, rather
-    than the whole forward: the forward selects the masked positions (a data-dependent
-    shape that would break the graph there anyway), the blocks hold nearly all the FLOPs
-    outside the head's single matmul, the identical blocks share one compiled graph, and
-    compiling in place keeps parameter names, so checkpoints, EMA and export are unchanged.
+    ``checkpointing`` wraps each block in activation checkpointing. ``compile``
+    (``train.compile``) compiles each (wrapped) block and the head with its loss
+    (``Transformer.compile_parts``, ``compile_options`` passed to ``torch.compile``), as
+    torchtitan compiles per block, rather than the whole forward: the forward selects the
+    masked positions (a data-dependent size that would break the graph there), the
+    identical blocks share one compiled graph, and compiling in place keeps parameter
+    names, so checkpoints, EMA and export are unchanged.
     """
     if checkpointing:
         apply_activation_checkpointing(model, check_fn=lambda module: isinstance(module, Block))
     if compile:
-        for block in network_of(model).blocks:
-            block.compile()
+        network_of(model).compile_parts(**compile_options)
 
 
 def deepspeed_config(plan: TrainingPlan, optim: OptimSection) -> dict[str, Any]:
@@ -223,7 +321,7 @@ def deepspeed_config(plan: TrainingPlan, optim: OptimSection) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": batches.micro_batch,
         "gradient_accumulation_steps": batches.accumulation,
         "gradient_clipping": optim.grad_clip,
-        "zero_optimization": {"stage": plan.zero_stage},
+        "zero_optimization": _zero_optimization(plan),
         "bf16": {"enabled": precision == "bf16"},
         # Our AdamW (torch's, fused on GPU) is the client optimizer under every ZeRO stage.
         "zero_allow_untested_optimizer": True,
@@ -233,6 +331,16 @@ def deepspeed_config(plan: TrainingPlan, optim: OptimSection) -> dict[str, Any]:
     if precision == "bf16":
         ds["data_types"] = {"grad_accum_dtype": "fp32"}
     return ds
+
+
+def _zero_optimization(plan: TrainingPlan) -> dict[str, Any]:
+    """The ZeRO section: the stage, and under stages 1 and 2 the buckets and overlap of
+    ``GRADIENT_BUCKET_ELEMENTS`` (stage 3 keeps DeepSpeed's own prefetch and bucket sizes)."""
+    zero: dict[str, Any] = {"stage": plan.zero_stage}
+    if plan.zero_stage in (1, 2):
+        zero.update(reduce_bucket_size=GRADIENT_BUCKET_ELEMENTS, allgather_bucket_size=GRADIENT_BUCKET_ELEMENTS,
+                    overlap_comm=plan.overlap_comm, contiguous_gradients=True)
+    return zero
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

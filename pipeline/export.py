@@ -13,6 +13,10 @@ exports the live weights instead, through DeepSpeed's own ZeRO-to-fp32 conversio
 ``format="hf"`` (default ``RUN/export-hf``) and ``export_to_hf`` (of an existing export) write
 the same model as a transformers directory instead (``pipeline.hf_export``). Every exported
 file gets the mode the user's umask gives new files.
+
+An export directory appears whole (``common.outputs``): it is written beside its place and
+renamed there, and it replaces only an earlier export (``EXPORT_KIND``), never the run it
+comes from, its checkpoints or anything else.
 """
 
 from __future__ import annotations
@@ -20,19 +24,20 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from common.atomic_files import atomic_write_bytes, replace_directory
+from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
+from common.outputs import InputPath, OutputKind, check_output_dir, entry_names, json_object, new_output_dir
 from data_prep.tokenizer import Tokenizer, load_tokenizer
 from model.spec import ModelSpec, Process, build_network, build_process, build_trainable
 from model.trainable import NETWORK_PREFIX, split_state
-from model.transformer import Transformer, TransformerConfig
+from model.transformer import Transformer, TransformerConfig, unpadded_state
 from pipeline.checkpoint import (
     CheckpointMeta,
     intact_checkpoint,
@@ -43,13 +48,14 @@ from pipeline.checkpoint import (
 )
 from pipeline.config import ModelSection
 from pipeline.ema import full_state
-from pipeline.hf_export import write_hf_export
+from pipeline.hf_export import HF_EXPORT_KIND, write_hf_export
 from pipeline.objective import model_spec
 from pipeline.run_layout import RunLayout
 from pipeline.safe_load import deepspeed_loads_safely, find_unloadable, load_torch_file
 
 __all__ = ["export", "has_ema", "resolve_export", "training_run_of", "write_export", "load_export", "Exported",
-           "canonical_name", "export_to_hf", "ExportFormat", "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_DIR"]
+           "canonical_name", "export_to_hf", "export_files", "ExportFormat", "EXPORT_KIND", "WEIGHTS_FILE",
+           "CONFIG_FILE", "TOKENIZER_DIR"]
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -65,6 +71,18 @@ _WRAPPER_PREFIX = "_checkpoint_wrapped_module."
 # Draws of z_t per sequence of a learned process built from an export: scoring takes no
 # gradient, and the second draw of training only serves the gradient's baseline.
 EXPORT_DRAWS = 1
+
+
+def _is_unmarked_export(directory: Path) -> bool:
+    """An export written before the marker existed: its three entries and nothing else, with
+    the config.json only an export writes."""
+    config = json_object(directory / CONFIG_FILE)
+    return (entry_names(directory) <= {CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_DIR}
+            and config is not None and {"format_version", "network"} <= config.keys())
+
+
+# What `unmask export` and `unmask import` write: a directory that appears whole.
+EXPORT_KIND = OutputKind("export", "an unmask export", whole=True, unmarked=_is_unmarked_export)
 
 
 def canonical_name(name: str) -> str:
@@ -109,12 +127,17 @@ def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["em
     ``format="hf"`` writes the transformers directory of ``pipeline.hf_export`` instead
     (default ``RUN/export-hf``)."""
     run_dir = Path(run_dir)
+    layout = RunLayout(run_dir)
+    out = Path(out_dir) if out_dir is not None else layout.hf_export if format == "hf" else layout.export
+    check_output_dir(out, HF_EXPORT_KIND if format == "hf" else EXPORT_KIND, "--out",
+                     [InputPath(layout.checkpoints, "the checkpoints it exports"),
+                      InputPath(layout.tokenizer, "the run's tokenizer")])
     checkpoint = resolve_checkpoint(run_dir, step)
     problem = verify_checkpoint(checkpoint)
     if problem is not None:
         intact, _ = intact_checkpoint(run_dir)
-        fix = f"export the newest intact one with --step {read_state(intact).step}" if intact else \
-            "no intact checkpoint is left"
+        fix = (f"export the newest intact one: `unmask export {run_dir} --checkpoint {read_state(intact).step}`"
+               if intact else "no intact checkpoint is left")
         raise UserError(f"cannot export {checkpoint.name}: {problem}; {fix}")
     state = read_state(checkpoint)
     if weights not in ("ema", "model"):
@@ -125,8 +148,7 @@ def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["em
     spec = model_spec(ModelSection(**state.config["model"]), TransformerConfig(**state.network))
     tensors = {canonical_name(name): t.float().contiguous() for name, t in raw.items()}
     _check_complete(tensors, spec, checkpoint)
-    layout = RunLayout(run_dir)
-    out = Path(out_dir) if out_dir is not None else layout.hf_export if format == "hf" else layout.export
+    tensors, spec = _unpadded(tensors, spec)
     tokenizer_src = layout.tokenizer
     if not tokenizer_src.is_dir():
         raise UserError(f"{run_dir}: no {tokenizer_src.name}/ directory (written when training starts)")
@@ -137,20 +159,27 @@ def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["em
 
 
 def write_export(out: Path, tensors: dict[str, torch.Tensor], config: dict, tokenizer_dir: Path) -> None:
-    """Write an export directory; it appears whole or not at all (staged, then renamed)."""
-    staging = out.with_name(out.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt", "weights": config["weights"]})
-    shutil.copytree(tokenizer_dir, staging / TOKENIZER_DIR)
-    atomic_write_bytes(staging / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True).encode())
-    replace_directory(staging, out)  # files readable as the umask allows (safetensors writes 0600)
+    """Write the export directory ``out``; it appears whole or not at all, and replaces only
+    an earlier export (``common.outputs.new_output_dir``)."""
+    with new_output_dir(out, EXPORT_KIND, "--out") as staging:
+        save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt", "weights": config["weights"]})
+        shutil.copytree(tokenizer_dir, staging / TOKENIZER_DIR)
+        atomic_write_bytes(staging / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True).encode())
+
+
+def export_files(path: str | Path) -> list[Path]:
+    """The files of the export that ``path`` names (an export, or a training run's
+    ``RUN/export``), for an output that must keep clear of them; nothing is read."""
+    layout = RunLayout(path)
+    directory = layout.export if layout.is_training_run() else Path(path)
+    return [directory / WEIGHTS_FILE, directory / CONFIG_FILE, directory / TOKENIZER_DIR]
 
 
 def export_to_hf(export_dir: str | Path, out: str | Path) -> Path:
     """Write the transformers directory ``out`` of the unmask export ``export_dir`` (one
     written by ``export`` or by an import); returns ``out``."""
     export_dir, out = Path(export_dir), Path(out)
+    check_output_dir(out, HF_EXPORT_KIND, "--out", [InputPath(export_dir, "the export it converts")])
     exported = load_export(export_dir)  # checks the config, the weights and the tokenizer
     write_hf_export(out, load_file(str(export_dir / WEIGHTS_FILE)), exported.config, export_dir / TOKENIZER_DIR)
     return out
@@ -182,6 +211,15 @@ def _check_complete(tensors: dict[str, torch.Tensor], spec: ModelSpec, checkpoin
         missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
         raise UserError(f"{checkpoint}: weights do not match the network in unmask_state.json "
                         f"(missing {missing[:5]}, unexpected {extra[:5]}, or shapes differ)")
+
+
+def _unpadded(tensors: dict[str, torch.Tensor], spec: ModelSpec) -> tuple[dict[str, torch.Tensor], ModelSpec]:
+    """The weights and spec without the padded vocabulary rows (``model.vocab_multiple``): an
+    export holds the true vocabulary, so what reads it (load_export, transformers, other
+    codebases) never meets a padded row."""
+    unpadded = {name: tensor if tensor.shape == tensors[name].shape else tensor.clone()  # a slice: its own storage
+                for name, tensor in unpadded_state(tensors, spec.network).items()}
+    return unpadded, replace(spec, network=replace(spec.network, vocab_multiple=1))
 
 
 def _export_config(spec: ModelSpec, state: CheckpointMeta, checkpoint: Path, weights: str) -> dict:

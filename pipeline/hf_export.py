@@ -7,7 +7,8 @@
     OUT/<tokenizer files>     the tokenizer's own files, and transformers' files where they
                               give the same ids (GPT-2's BPE, a tokenizer.json)
 
-``AutoModelForMaskedLM.from_pretrained(OUT, trust_remote_code=True)`` gives the logits of
+The directory appears whole and replaces only an earlier one of its kind (``HF_EXPORT_KIND``,
+``common.outputs``). ``AutoModelForMaskedLM.from_pretrained(OUT, trust_remote_code=True)`` gives the logits of
 ``pipeline.export.load_export`` on the same input. A sentencepiece tokenizer is shipped as
 its ``tokenizer.model`` only: transformers' sentencepiece tokenizers normalize and split
 differently from unmask's, so ``AutoTokenizer`` is not offered ids that would differ.
@@ -24,12 +25,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from common.atomic_files import atomic_write_bytes, replace_directory
+from common.atomic_files import atomic_write_bytes
+from common.outputs import OutputKind, entry_names, json_object, new_output_dir
 from data_prep.gpt2_bpe import GPT2_ENCODER_FILE, GPT2_EOS_TOKEN, GPT2_MERGES_FILE
-from data_prep.tokenizer import Tokenizer, load_tokenizer
+from data_prep.hf_tokenizer import SPECIAL_TOKENS_MAP_FILE, TOKENIZER_JSON_FILE
+from data_prep.tokenizer import SP_MODEL_FILE, Tokenizer, load_tokenizer
 from model.spec import ModelSpec, build_network
 
-__all__ = ["HF_MODELING_FILE", "HF_MODEL_TYPE", "write_hf_export"]
+__all__ = ["HF_EXPORT_KIND", "HF_MODELING_FILE", "HF_MODEL_TYPE", "write_hf_export"]
 
 HF_MODEL_TYPE = "unmask"
 HF_MODELING_FILE = "modeling_unmask.py"
@@ -41,6 +44,23 @@ _MODULE = HF_MODELING_FILE.removesuffix(".py")
 AUTO_MAP = {"AutoConfig": f"{_MODULE}.UnmaskConfig", "AutoModelForMaskedLM": f"{_MODULE}.UnmaskForMaskedLM"}
 # transformers' names for GPT-2's two files (the same bytes as OpenAI's encoder.json and vocab.bpe).
 HF_GPT2_VOCAB_FILE, HF_GPT2_MERGES_FILE = "vocab.json", "merges.txt"
+# Every name a directory of this format holds: the model's files, and the tokenizer's of any kind.
+_HF_ENTRIES = {HF_CONFIG_FILE, HF_WEIGHTS_FILE, HF_MODELING_FILE, HF_TOKENIZER_CONFIG_FILE, HF_GPT2_VOCAB_FILE,
+               HF_GPT2_MERGES_FILE, GPT2_ENCODER_FILE, GPT2_MERGES_FILE, SP_MODEL_FILE, TOKENIZER_JSON_FILE,
+               SPECIAL_TOKENS_MAP_FILE}
+
+
+def _is_unmarked_hf_export(directory: Path) -> bool:
+    """A directory of this format written before the marker existed: its names only, with our
+    modeling file and a config.json of our model type."""
+    config = json_object(directory / HF_CONFIG_FILE)
+    return (entry_names(directory) <= _HF_ENTRIES and (directory / HF_MODELING_FILE).is_file()
+            and config is not None and config.get("model_type") == HF_MODEL_TYPE)
+
+
+# What `unmask export --format hf` writes: a directory that appears whole.
+HF_EXPORT_KIND = OutputKind("hf-export", "a transformers directory of `unmask export --format hf`", whole=True,
+                            unmarked=_is_unmarked_hf_export)
 
 
 def write_hf_export(out: Path, tensors: Mapping[str, torch.Tensor], config: dict, tokenizer_dir: Path) -> None:
@@ -49,17 +69,14 @@ def write_hf_export(out: Path, tensors: Mapping[str, torch.Tensor], config: dict
     appears whole or not at all. Tensors that are not the network's (a learned schedule's)
     stay in the unmask export only."""
     spec = ModelSpec.from_dict(config)
-    staging = out.with_name(out.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    save_file(_network_weights(tensors, spec), str(staging / HF_WEIGHTS_FILE), metadata={"format": "pt"})
-    shutil.copyfile(_MODELING_SOURCE, staging / HF_MODELING_FILE)
-    hf_config = {"model_type": HF_MODEL_TYPE, "architectures": ["UnmaskForMaskedLM"], "auto_map": AUTO_MAP,
-                 "network": asdict(spec.network), "unmask": config, "dtype": "float32",
-                 "tie_word_embeddings": False}
-    atomic_write_bytes(staging / HF_CONFIG_FILE, json.dumps(hf_config, indent=2, sort_keys=True).encode())
-    _write_tokenizer(staging, load_tokenizer(tokenizer_dir), spec.network.max_seq_len)
-    replace_directory(staging, out)
+    with new_output_dir(out, HF_EXPORT_KIND, "--out") as staging:
+        save_file(_network_weights(tensors, spec), str(staging / HF_WEIGHTS_FILE), metadata={"format": "pt"})
+        shutil.copyfile(_MODELING_SOURCE, staging / HF_MODELING_FILE)
+        hf_config = {"model_type": HF_MODEL_TYPE, "architectures": ["UnmaskForMaskedLM"], "auto_map": AUTO_MAP,
+                     "network": asdict(spec.network), "unmask": config, "dtype": "float32",
+                     "tie_word_embeddings": False}
+        atomic_write_bytes(staging / HF_CONFIG_FILE, json.dumps(hf_config, indent=2, sort_keys=True).encode())
+        _write_tokenizer(staging, load_tokenizer(tokenizer_dir), spec.network.max_seq_len)
 
 
 def _network_weights(tensors: Mapping[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:

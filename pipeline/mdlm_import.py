@@ -36,10 +36,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from common.errors import UserError
+from common.outputs import InputPath, check_output_dir
 from data_prep.tokenizer import Tokenizer, load_tokenizer
 from model.spec import ModelSpec, build_network
 from model.transformer import LOGLINEAR_SIGMA_EPS, TransformerConfig
-from pipeline.export import EXPORT_FORMAT_VERSION, write_export
+from pipeline.export import EXPORT_FORMAT_VERSION, EXPORT_KIND, write_export
 from pipeline.inert_pickle import InertArchive, InertObject, TensorRef
 
 __all__ = ["MdlmHyperParameters", "import_mdlm", "mdlm_network", "mdlm_parameter_names"]
@@ -121,9 +122,12 @@ def import_mdlm(source: str | Path, tokenizer_dir: str | Path, out: str | Path, 
     or a Lightning ``.ckpt``) with the tokenizer at ``tokenizer_dir``; returns ``out``.
 
     ``weights`` chooses in a ``.ckpt``: ``"ema"`` (the default) or ``"model"`` (the live
-    weights); a Hugging Face directory holds one set and takes neither.
+    weights); a Hugging Face directory holds one set and takes neither. ``out`` is checked
+    first (``common.outputs``): an earlier export, or a new or empty directory, never the
+    source or the tokenizer.
     """
     source, out = Path(source), Path(out)
+    check_output_dir(out, EXPORT_KIND, "--out", [InputPath(source, "SOURCE"), InputPath(tokenizer_dir, "--tokenizer")])
     tokenizer = load_tokenizer(tokenizer_dir)
     if source.is_dir():
         if weights is not None:

@@ -12,6 +12,8 @@ a little less than the formula; MFU by convention credits the full model.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from model.transformer import TransformerConfig, parameter_counts
@@ -27,8 +29,9 @@ PEAK_BF16_FLOPS = {
 
 
 def flops_per_token(config: TransformerConfig, seq_len: int) -> float:
-    """Training FLOPs (forward + backward) per token."""
-    n = parameter_counts(config).total
+    """Training FLOPs (forward + backward) per token, of the true vocabulary: the padded rows
+    of ``vocab_multiple`` are work the model does not need, so MFU does not credit them."""
+    n = parameter_counts(replace(config, vocab_multiple=1)).total
     return 6.0 * n + 12.0 * config.n_layers * config.d_model * seq_len
 
 

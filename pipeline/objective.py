@@ -105,8 +105,13 @@ class EngineDenoiser(Denoiser):
     def logits_at(self, z_t: Tensor, t: Tensor, selected: Tensor) -> Tensor:
         return self.engine(z_t, t, output_mask=selected)
 
-    def nll_at(self, z_t: Tensor, t: Tensor, selected: Tensor, targets: Tensor, chunk_rows: int) -> Tensor:
+    def nll_at(self, z_t: Tensor, t: Tensor, selected: Tensor, targets: Tensor,
+               chunk_rows: int | None = None) -> Tensor:
         return self.engine(z_t, t, output_mask=selected, targets=targets, chunk_rows=chunk_rows)
+
+    @property
+    def fused_nll(self) -> bool:
+        return self.network.fused_nll
 
     @property
     def time_independent(self) -> bool:

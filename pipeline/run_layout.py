@@ -15,6 +15,7 @@ add to, and what ``unmask run`` fills stage by stage:
     RUN/report/                   report.md, report.html, results.json, plots
     RUN/ray_train/                Ray Train's records (--launcher ray without --storage)
     RUN/data/, RUN/corpus/, RUN/run_summary.json   what `unmask run` adds
+    RUN/.unmask-output.json       marks the directory as a run (``RUN_KIND``, common.outputs)
 """
 
 from __future__ import annotations
@@ -23,9 +24,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["RunLayout", "step_tag", "TAG_PATTERN"]
+from common.outputs import InputPath, OutputKind, entry_names, json_object
+
+__all__ = ["MLFLOW_RECORD", "RUN_KIND", "RunLayout", "step_tag", "training_data", "TAG_PATTERN"]
 
 TAG_PATTERN = re.compile(r"^step-(\d{8})$")
+# The MLflow run a directory logs to: a training run's, or a report's own (pipeline.tracking).
+MLFLOW_RECORD = "mlflow_run.json"
 
 
 def step_tag(step: int) -> str:
@@ -82,7 +87,7 @@ class RunLayout:
     # ------------------------------------------------------------------ tracking
     @property
     def mlflow_record(self) -> Path:
-        return self.root / "mlflow_run.json"
+        return self.root / MLFLOW_RECORD
 
     # ------------------------------------------------------------------ later stages
     @property
@@ -115,3 +120,28 @@ class RunLayout:
     @property
     def summary(self) -> Path:
         return self.root / "run_summary.json"
+
+
+def _is_unmarked_run(directory: Path) -> bool:
+    """A run directory without the marker (of an earlier version, or one where Ray Train wrote
+    its records first): it holds a file that only a training run writes (a checkpoints/latest,
+    the lock, the metrics, the resolved config, the summary of `unmask run`), or nothing but what
+    a run holds before its first step (the corpus and data of `unmask run`, Ray Train's records)."""
+    layout = RunLayout(directory)
+    if any(path.is_file() for path in (layout.latest, layout.lock, layout.metrics, layout.summary)):
+        return True
+    config = json_object(layout.config)
+    if config is not None and {"model", "train", "data"} <= config.keys():
+        return True
+    names = entry_names(directory)
+    return bool(names) and names <= {layout.data.name, layout.corpus.name, layout.ray_train.name}
+
+
+# What `unmask train --run-dir` and `unmask run --run-dir` write: a directory that grows in place.
+RUN_KIND = OutputKind("run", "an unmask training run", whole=False, unmarked=_is_unmarked_run)
+
+
+def training_data(path: str | Path) -> InputPath:
+    """The data a run trains on, as an input its run directory keeps clear of: the run may hold
+    it (`unmask run`'s RUN/data), but must not be it or lie inside it."""
+    return InputPath(path, "--data (data.path)", may_lie_inside=True)

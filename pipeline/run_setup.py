@@ -8,9 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from common.errors import UserError
-from data_prep.shards import Manifest
+from data_prep.shards import TOKENIZER_DIR, Manifest
 from data_prep.tokenizer import Tokenizer, load_tokenizer
-from data_prep.tokenizer_training import TOKENIZER_SUBDIR
 from model.transformer import TransformerConfig, preset
 from pipeline.config import ModelSection
 
@@ -31,7 +30,7 @@ def network_config(model: ModelSection, manifest: Manifest) -> TransformerConfig
         config = preset(model.preset, vocab, **shape)
         return replace(config, max_seq_len=max_seq_len, dropout=model.dropout,
                        time_conditioning=model.time_conditioning,
-                       causal=model.objective == "autoregressive")
+                       causal=model.objective == "autoregressive", vocab_multiple=model.vocab_multiple)
     except ValueError as err:
         raise UserError(f"config section model: {err}") from None
 
@@ -39,12 +38,14 @@ def network_config(model: ModelSection, manifest: Manifest) -> TransformerConfig
 def find_tokenizer(manifest: Manifest, data_dir: Path) -> Tokenizer:
     """The tokenizer the shards were made with, checked against the manifest's sha256.
 
-    The manifest records the path as given to ``unmask prep``; it is tried as is, then
-    relative to the data directory, then as the data directory's own ``tokenizer/``.
+    A prep keeps the tokenizer's files in the data directory's ``tokenizer/`` (the manifest's
+    path), so a data directory trains wherever it is copied. A prep of an earlier version
+    recorded the path it was given: it is tried after that, as is, then relative to the data
+    directory.
     """
     recorded = manifest.tokenizer.get("path") or ""
-    candidates = [Path(recorded), data_dir / recorded, data_dir / TOKENIZER_SUBDIR] if recorded else \
-        [data_dir / TOKENIZER_SUBDIR]
+    candidates = list(dict.fromkeys([data_dir / TOKENIZER_DIR, *([Path(recorded), data_dir / recorded]
+                                                                  if recorded else [])]))
     for path in candidates:
         if path.exists():
             try:
@@ -56,7 +57,8 @@ def find_tokenizer(manifest: Manifest, data_dir: Path) -> Tokenizer:
                 return tokenizer
     raise UserError(f"{data_dir}/manifest.json: tokenizer {recorded!r} (sha256 "
                     f"{manifest.tokenizer['sha256'][:12]}...) not found at any of "
-                    f"{[str(c) for c in candidates]}; the run needs it for export")
+                    f"{[str(c) for c in candidates]}; rerun that `unmask prep --out {data_dir}` where its tokenizer "
+                    f"is (nothing is redone): the prep then keeps a copy in {data_dir / TOKENIZER_DIR}")
 
 
 def _check_vocab_size(tokenizer: Tokenizer, manifest: Manifest, data_dir: Path) -> None:

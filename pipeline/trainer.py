@@ -30,22 +30,25 @@ from tqdm import tqdm
 
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
+from common.outputs import claim_output_dir
 from common.progress import bar as progress_bar
 from common.progress import bars_and_logs
 from common.provenance import git_commit
 from data_prep.loader import StreamingLoader
 from data_prep.shards import Manifest
-from model.spec import build_trainable
+from model.spec import ModelSpec, build_trainable
+from model.transformer import TransformerConfig
+from pipeline.attention import attention_kernel
 from pipeline.background_tracking import FAILED_CLOSE_WAIT_S, BackgroundTracker
 from pipeline.checkpoint import CheckpointManager, CheckpointMeta, TrainState, read_state, write_failure
-from pipeline.config import Config, config_differences
+from pipeline.config import Config, ModelSection, config_differences, with_legacy_values
 from pipeline.distributed import Distributed, init_distributed
 from pipeline.ema import EMA
 from pipeline.engine import TrainingPlan, build_engine, deepspeed_config, plan_training
 from pipeline.hooks import TrainHooks
 from pipeline.metrics import flops_per_token, mfu, peak_flops
 from pipeline.objective import NATS_PER_BIT, MicroBatchSlot, make_objective, model_spec
-from pipeline.run_layout import RunLayout
+from pipeline.run_layout import RUN_KIND, RunLayout, training_data
 from pipeline.run_lock import RunLock
 from pipeline.run_setup import find_tokenizer, network_config
 from pipeline.tracking import OPTIONAL_WAIT_S, REACHABLE_WAIT_S, Tracker, TrackingUnreachable, flatten_params
@@ -54,6 +57,9 @@ from pipeline.validation import ValidationResult, validate
 __all__ = ["TrainResult", "train"]
 
 log = logging.getLogger("unmask.train")
+GIB = 2**30
+# The resume point of a run started from scratch: no step's records are kept.
+NOTHING_KEPT = -1
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,9 @@ class Trainer:
         # checkpointed at the next step boundary.
         self.deferred_failure: UserError | None = None
         self.config_changes: list[str] = []
+        # The last step whose records (metrics.jsonl, MLflow) stand: the checkpoint resumed
+        # from, or NOTHING_KEPT from scratch, where even step 0's validation is logged again.
+        self.resume_point = NOTHING_KEPT
         self.flops_per_token = flops_per_token(self.network_config, self.manifest.seq_len)
         self.peak = peak_flops(dist.device)
 
@@ -162,6 +171,7 @@ class Trainer:
         """``mode``: "auto" (latest if any), "never" (refuse a run dir with checkpoints)."""
         latest = self.checkpoints.latest()
         if latest is None:
+            self._forget_metrics_after(self.resume_point)  # of a run killed before its first checkpoint
             return
         if mode == "never":
             raise UserError(f"{self.run_dir} already has checkpoints (latest {latest.name}); pass "
@@ -172,14 +182,16 @@ class Trainer:
         self.state = replace(saved.state)
         # A position in global batches: the same on every rank, and on any number of ranks.
         self.train_loader.load_state_dict(self.state.loader)
+        self.resume_point = self.state.step
+        self._forget_metrics_after(self.resume_point)
         if self.dist.is_main:
-            self._forget_metrics_after(self.state.step)
             log.info("resumed from %s (step %d, %d tokens seen)", intact, self.state.step, self.state.tokens_seen)
 
     def _forget_metrics_after(self, step: int) -> None:
-        """Drop the records of steps after the checkpoint: the resumed run logs them again."""
+        """Rank 0: drop the records of steps after ``step`` (the resume point): the resumed run
+        logs them again, and metrics.jsonl holds each step once."""
         path = self.layout.metrics
-        if not path.is_file():
+        if not self.dist.is_main or not path.is_file():
             return
         lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
         kept = [line for line in lines if _record_step(line) <= step]
@@ -198,6 +210,12 @@ class Trainer:
         if differ and not allow_config_change:
             raise UserError(f"cannot resume {directory} with a different config: " + "; ".join(differ)
                             + ". Pass --allow-config-change to resume anyway.")
+        mismatch = _first_tensor_mismatch(saved, model_spec(self.config.model, self.network_config))
+        if mismatch is not None:
+            changed = ", ".join(d.split(":")[0] for d in differ if d.startswith("model.")) or "model"
+            raise UserError(f"cannot resume {directory}: the network changed shape ({changed}): {mismatch}. "
+                            f"--allow-config-change cannot reshape weights: keep the checkpoint's model section, or "
+                            f"train this one in a new --run-dir")
         self.config_changes = config_differences(saved.config, self.config.to_dict(), include_resume_safe=True)
         return saved
 
@@ -211,7 +229,7 @@ class Trainer:
                                    run_name=logging_.run_name,
                                    wait_s=REACHABLE_WAIT_S if logging_.mlflow_required else OPTIONAL_WAIT_S)
             self._log_run_identity(tracker)
-            skip = tracker.logged_steps_after(self.state.step)
+            skip = tracker.logged_steps_after(self.resume_point)
         except TrackingUnreachable as err:
             if logging_.mlflow_required:
                 raise
@@ -232,7 +250,8 @@ class Trainer:
         derived = {"world_size": self.dist.world_size, "micro_batch": plan.batches.micro_batch,
                    "accumulation": plan.batches.accumulation, "zero_stage": plan.zero_stage,
                    "precision": plan.precision, "parameters": plan.parameters,
-                   "activation_checkpointing": plan.activation_checkpointing,
+                   "activation_checkpointing": plan.activation_checkpointing, "compile": plan.compile,
+                   "attention": plan.attention,
                    "seq_len": self.manifest.seq_len, "vocab_size": self.network_config.vocab_size,
                    "network": asdict(self.network_config)}  # the shape the preset and overrides resolved to
         params = flatten_params({**self.config.to_dict(), "resolved": derived})
@@ -281,7 +300,8 @@ class Trainer:
         if dist.is_main:
             self._log_setup()
         try:
-            with bars_and_logs():  # log lines go above the bar, not through it
+            # The attention kernel for the whole run: steps, validation, and the graphs compiled in them.
+            with bars_and_logs(), attention_kernel(self.plan.attention):  # log lines go above the bar
                 if self.state.step == 0 and config.eval.every:
                     validation = self._validate()  # the curve starts at the initial weights
                 while self.state.step < config.train.max_steps:
@@ -331,13 +351,16 @@ class Trainer:
 
     def _log_setup(self) -> None:
         """What the run resolved to, "auto" settings included: the line to read when it is slow."""
-        plan, batches = self.plan, self.plan.batches
+        plan, batches, train = self.plan, self.plan.batches, self.config.train
         chunks = f"{plan.chunked_cross_entropy} rows" if plan.chunked_cross_entropy else "off"
-        log.info("setup: %d rank(s), micro-batch %d x %d accumulation, ZeRO-%d, %s, activation checkpointing %s%s, "
-                 "compile %s, chunked cross-entropy %s", batches.world_size, batches.micro_batch, batches.accumulation,
+        auto = _marked_auto
+        log.info("setup: %d rank(s), micro-batch %d%s x %d accumulation, ZeRO-%d, %s, activation checkpointing %s%s, "
+                 "compile %s%s, attention %s%s, chunked cross-entropy %s, vocabulary %d padded to %d",
+                 batches.world_size, batches.micro_batch, auto(train.micro_batch_size), batches.accumulation,
                  plan.zero_stage, plan.precision, "on" if plan.activation_checkpointing else "off",
-                 " (auto)" if self.config.train.activation_checkpointing == "auto" else "",
-                 "on" if plan.compile else "off", chunks)
+                 auto(train.activation_checkpointing), "on" if plan.compile else "off", auto(train.compile),
+                 plan.attention, auto(train.attention), chunks, self.network_config.vocab_size,
+                 self.network_config.logit_columns)
 
     def _step(self, batches: Iterator[torch.Tensor], interval: "_Interval") -> None:
         """One optimizer step: the global batch in micro-batches, then EMA and bookkeeping."""
@@ -387,14 +410,18 @@ class Trainer:
         utilization = mfu(tokens_per_second, self.flops_per_token, self.peak, self.dist.world_size)
         if utilization is not None:
             metrics["train/mfu"] = utilization
+        if self.dist.device.type == "cuda":  # the allocator's own count: no device sync
+            metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(self.dist.device) / GIB
         metrics.update(self.objective.state_metrics(self.engine))  # a learned schedule's exponents
         if self.dist.is_main:
             self._record(metrics, self.state.step)
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_second:,.0f}")
-            log.info("step %d/%d loss %.4f nats/token (%.3f bits) lr %.2e grad %.3f %.0f tokens/s %.3f s/step%s",
+            log.info("step %d/%d loss %.4f nats/token (%.3f bits) lr %.2e grad %.3f %.0f tokens/s %.3f s/step%s%s",
                      self.state.step, self.config.train.max_steps, loss, loss / NATS_PER_BIT, metrics["train/lr"],
                      metrics["train/grad_norm"], tokens_per_second, seconds / steps,
-                     f" MFU {utilization:.1%}" if utilization is not None else "")
+                     f" MFU {utilization:.1%}" if utilization is not None else "",
+                     f" peak memory {metrics['train/peak_memory_gib']:.1f} GiB" if "train/peak_memory_gib" in metrics
+                     else "")
 
     def _validate(self) -> ValidationResult:
         split = self.manifest.splits[self.config.data.val_split]
@@ -439,6 +466,46 @@ class _Interval:
         return loss, tokens, seconds, steps
 
 
+def _marked_auto(setting: object) -> str:
+    """" (auto)" after a value that an "auto" setting decided, for the setup line."""
+    return " (auto)" if setting == "auto" else ""
+
+
+def _with_checkpoint_legacy(config: Config, run_dir: Path, dist: Distributed) -> Config:
+    """``config`` for resuming ``run_dir``: the fields its latest checkpoint predates keep the
+    value they had then (``pipeline.config.with_legacy_values``; a run written before
+    ``model.vocab_multiple`` resumes with 1, the shape of its weights). The checkpoint is not
+    verified here: resuming does that, and refuses what it must."""
+    layout = RunLayout(run_dir)
+    try:
+        saved = read_state(layout.checkpoints / layout.latest.read_text().strip()).config
+    except (OSError, UserError):  # no checkpoint yet, or one that resuming will name
+        return config
+    config, adopted = with_legacy_values(config, saved)
+    if adopted and dist.is_main:
+        log.info("resuming a checkpoint written before these fields existed: %s, as it was trained",
+                 "; ".join(adopted))
+    return config
+
+
+def _first_tensor_mismatch(saved: CheckpointMeta, spec: ModelSpec) -> str | None:
+    """The first weight whose name or shape differs between the network a checkpoint holds and
+    ``spec``'s, named with both shapes; None when they agree. Built on the meta device: names
+    and shapes only, nothing allocated."""
+    theirs = model_spec(ModelSection(**saved.config["model"]), TransformerConfig(**saved.network))
+    with torch.device("meta"):
+        old, new = ({name: tuple(t.shape) for name, t in build_trainable(s, validate=False).state_dict().items()}
+                    for s in (theirs, spec))
+    for name in [*old, *(name for name in new if name not in old)]:
+        if old.get(name) != new.get(name):
+            return f"{name} is {_shape(old.get(name))} in the checkpoint and {_shape(new.get(name))} in this config"
+    return None
+
+
+def _shape(shape: tuple[int, ...] | None) -> str:
+    return "absent" if shape is None else str(list(shape))
+
+
 def _record_step(line: str) -> int:
     """The step of a metrics.jsonl line (a torn last line counts as after every step)."""
     try:
@@ -459,7 +526,9 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
     ``hooks`` run on every rank: ``on_step`` after each step, ``on_checkpoint`` after each
     checkpoint is committed (the Ray Train launcher mirrors checkpoints to durable storage
     through it). A process group this call created is left at the end, by all ranks
-    together; one that existed before (a launcher's) stays.
+    together; one that existed before (a launcher's) stays. Rank 0 first claims ``run_dir``
+    as a run's (``common.outputs``: never the data, a prep, an export or a directory of
+    other files) and takes its lock.
     """
     if resume not in ("auto", "never"):
         raise UserError(f"--resume must be 'auto' or 'never', got {resume!r}")
@@ -469,6 +538,7 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
     refusal = None
     if dist.is_main:
         try:
+            claim_output_dir(run_dir, RUN_KIND, "--run-dir", [training_data(data_dir)])
             lock.acquire()
         except UserError as err:
             refusal = err
@@ -485,6 +555,8 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
 
 def _train_locked(config: Config, dist: Distributed, data_dir: Path, run_dir: Path, resume: str,
                   allow_config_change: bool, hooks: TrainHooks) -> TrainResult:
+    if resume == "auto":
+        config = _with_checkpoint_legacy(config, run_dir, dist)
     trainer = Trainer(config, data_dir, run_dir, dist, hooks)
     trainer.resume(resume, allow_config_change)
     trainer.write_run_files()

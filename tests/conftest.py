@@ -76,6 +76,16 @@ def tinyshakespeare_shards(tmp_path_factory):
     return make_tinyshakespeare_shards(tmp_path_factory.mktemp("tinyshakespeare"))
 
 
+@pytest.fixture(scope="session")
+def micro_run(tmp_path_factory, tinyshakespeare_shards):
+    """A finished 2-step run of `unmask train` on ``tinyshakespeare_shards`` (a checkpoint at
+    each step, validation at steps 0 and 2, no export). Tests copy it before changing it."""
+    from tests.train_helpers import MICRO_RUN, run_train, write_config
+
+    root = tmp_path_factory.mktemp("micro-run")
+    return run_train(root / "run", tinyshakespeare_shards, write_config(root / "micro.yaml", MICRO_RUN)).run_dir
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny networks and thousands of small tensor ops: on a busy 2-core machine intra-op

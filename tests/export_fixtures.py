@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from model.state_dependent import LearnedSchedule
+from model.trainable import SCHEDULE_PREFIX
 from model.transformer import Transformer, preset
 from pipeline.export import write_export
 
@@ -25,5 +27,9 @@ def write_untrained_export(out: Path, tokenizer: Tokenizer, tokenizer_dir: Path,
     model = Transformer(preset("tiny", tokenizer.vocab_size, **shape))
     record = {"network": vars(model.config), "objective": objective, **(config or {}), "weights": "ema", "step": 0,
               "tokenizer_sha256": tokenizer.sha256}
-    write_export(out, model.state_dict(), record, tokenizer_dir)
+    tensors = model.state_dict()
+    if record.get("process") == "learned":  # the learned schedule's theta, at its initial value
+        tensors.update({f"{SCHEDULE_PREFIX}{name}": value for name, value in
+                        LearnedSchedule(tokenizer.vocab_size).state_dict().items()})
+    write_export(out, tensors, record, tokenizer_dir)
     return out

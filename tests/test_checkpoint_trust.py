@@ -166,6 +166,7 @@ def _assert_mlflow_holds_each_step_once(run_dir: Path, steps: list[int]) -> None
 def test_export_of_a_truncated_checkpoint_names_the_file_and_the_intact_step(run_copy):
     path = run_copy / "checkpoints" / LAST / "rank-00000.pt"
     path.write_bytes(path.read_bytes()[:1000])
-    with pytest.raises(UserError, match=rf"cannot export {LAST}: .*rank-00000.pt has 1000 bytes.*--step 3"):
+    with pytest.raises(UserError, match=rf"cannot export {LAST}: .*rank-00000.pt has 1000 bytes.*"
+                                        rf"`unmask export {run_copy} --checkpoint 3`"):
         export(run_copy)
     assert export(run_copy, step=3).is_dir()

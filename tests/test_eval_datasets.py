@@ -345,7 +345,8 @@ def test_jsonl_file_field_and_detokenizer(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    ('{"text": "ok"}\n{"text": \n', "line 2: not valid JSON"),
+    ('{"text": "ok"}\n{"text": \n', "line 2: not valid JSON (Expecting value at column 10)"),
+    ('{"text": "o\n', "line 1: not valid JSON (Unterminated string starting at column 10)"),
     ('{"text": "ok"}\n{"other": "x"}\n', "line 2: no field 'text'"),
     ('["text"]\n', "line 1: no field 'text'"),
     ('{"text": 3}\n', "line 1: field 'text' is int, not a string"),

@@ -2,8 +2,11 @@
 
 What only a GPU exercises: bf16 autocast against float32 on the same batch, the flash
 attention kernel, NCCL, ``train.compile`` with Triton kernels, and the evaluation bound
-under bf16 against float32 on the same weights. ``make gpu-check`` runs these and the GPU
-benchmark in one command.
+under bf16 against float32 on the same weights; and the defaults of issue 24: compile "auto"
+(blocks, head and loss, a bounded number of graphs), the attention kernels SDPA offers here
+(cuDNN, flash) and "auto"'s choice, the padded vocabulary under bf16, the host syncs of a
+training micro-step. ``make gpu-check`` runs these and the GPU benchmark in one command;
+``bench/gpu_check.sh`` runs them on a lent device (README: Performance).
 """
 
 from __future__ import annotations
@@ -15,11 +18,18 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import warnings
+
 from evaluation.estimator import estimate_bound, wrap_blocks
 from model.diffusion import MaskedDiffusion
 from model.schedules import make_schedule
+from model.spec import ModelSpec
 from model.transformer import Transformer, preset
-from pipeline.engine import prepare_model
+from pipeline.attention import AUTO_ORDER, attention_kernel, kernel_runs, resolve_attention
+from pipeline.config import load_config
+from pipeline.ema import EMA
+from pipeline.engine import plan_training, prepare_model
+from pipeline.objective import MicroBatchSlot, make_objective
 from tests.cli_runner import cli_env
 from tests.paths import REPO
 
@@ -79,10 +89,15 @@ def test_nccl_initializes_a_world_of_one():
     assert done.stdout.split()[-3:] == ["nccl", "nccl", "1"]
 
 
-def test_compiled_blocks_give_the_eager_loss_and_gradients():
+def test_compile_auto_is_on_and_the_compiled_blocks_head_and_loss_give_the_eager_loss_and_gradients():
+    plan = plan_training(load_config(None, {"model.preset": "small", "train.global_batch_size": str(BATCH)}),
+                         _network().config, 1, torch.device("cuda"))
+    assert plan.compile and plan.precision == "bf16"
     x0 = _batch()
     eager, compiled = _network(), _network()
-    prepare_model(compiled, checkpointing=False, compile=True)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    prepare_model(compiled, checkpointing=False, compile=plan.compile)
     losses, grads = [], []
     for network in (eager, compiled):
         loss = _loss(network, x0, bf16=True)
@@ -92,6 +107,83 @@ def test_compiled_blocks_give_the_eager_loss_and_gradients():
     torch.testing.assert_close(losses[1], losses[0], rtol=COMPILE_LOSS_RTOL, atol=0)
     cosine = torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0)
     assert cosine > 0.999
+    # Other mask counts (other times) reuse the graphs compiled so far (the blocks', the head
+    # and loss's; the t = 0 reconstruction's smaller batch may have added the blocks' dynamic one).
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert 2 <= graphs <= 3
+    diffusion = MaskedDiffusion(make_schedule("linear"), VOCAB, validate=False)
+    for step in range(6):
+        t = torch.full((BATCH,), (step + 0.5) / 6, dtype=torch.float64)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            diffusion.nelbo(compiled, x0, t, torch.Generator("cuda").manual_seed(step),
+                            reconstruction="uniform").sum().backward()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
+def test_every_attention_kernel_that_runs_gives_the_default_loss_and_auto_picks_the_first_that_runs():
+    runs = [name for name in AUTO_ORDER["cuda"] if kernel_runs(name, torch.device("cuda"), torch.bfloat16, 64)]
+    assert "flash" in runs  # Ampere and later
+    if torch.cuda.get_device_capability() >= (9, 0):
+        assert "cudnn" in runs  # Hopper: cuDNN's fused attention, auto's choice
+    assert resolve_attention("auto", torch.device("cuda"), torch.bfloat16, 64) == runs[0]
+    network, x0 = _network(), _batch()
+    with torch.no_grad():
+        default = _loss(network, x0, bf16=True)
+        for name in runs:
+            with attention_kernel(name):
+                torch.testing.assert_close(_loss(network, x0, bf16=True), default, rtol=BF16_LOSS_RTOL, atol=0,
+                                           msg=name)
+
+
+def test_a_padded_vocabulary_gives_the_unpadded_loss_under_bf16_and_no_gradient_to_its_rows():
+    plain, padded, x0 = _network(), _network(vocab_multiple=128), _batch()
+    assert padded.embed.weight.shape[0] == 50304 and padded.config.logit_columns == 50304
+    losses = {}
+    for name, network in (("plain", plain), ("padded", padded)):
+        loss = _loss(network, x0, bf16=True)
+        loss.backward()
+        losses[name] = loss.detach()
+    torch.testing.assert_close(losses["padded"], losses["plain"], rtol=BF16_LOSS_RTOL, atol=0)
+    assert not padded.embed.weight.grad[VOCAB + 1:].any()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        assert padded(x0).shape == (BATCH, LENGTH, VOCAB)
+
+
+def test_a_training_micro_step_syncs_the_host_only_before_its_first_matmul():
+    """Every synchronizing CUDA call of the objective's loss, its backward and the EMA update
+    (as torch.cuda.set_sync_debug_mode reports them) comes before the forward's first matmul:
+    the masked count and the host's times; the device never drains in the middle of a step."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Syncs(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.matmuls, self.syncs = 0, []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                out = func(*args, **(kwargs or {}))
+            if any("synchronizing" in str(w.message) for w in caught):
+                self.syncs.append((func._schema.name, self.matmuls))
+            self.matmuls += func._schema.name in ("aten::mm", "aten::addmm", "aten::bmm")
+            return out
+
+    network = _network()
+    objective = make_objective(ModelSpec(network=network.config), validate=False)
+    ema = EMA(network, 0.99)
+    slot = MicroBatchSlot(seed=0, step=3, rank=0, world_size=1, micro=0, micro_batches=1)
+    x0 = _batch()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with Syncs() as syncs, torch.autocast("cuda", dtype=torch.bfloat16):
+            loss_sum = objective.loss_sum(network, x0, slot)
+            (loss_sum / x0.numel()).backward()
+            ema.update()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert syncs.matmuls > 0 and syncs.syncs, "sync debug mode reported nothing: is it on?"
+    assert all(matmuls == 0 for _, matmuls in syncs.syncs), syncs.syncs
 
 
 def test_the_evaluation_bound_under_bf16_is_the_fp32_bound_within_its_standard_error():

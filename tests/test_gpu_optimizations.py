@@ -266,7 +266,7 @@ def test_auto_checkpointing_turns_on_only_when_activations_do_not_fit_next_to_th
 # ------------------------------------------------------------------ config
 def test_new_train_fields_are_typed_validated_and_named_in_errors(tmp_path):
     defaults = Config().train
-    assert (defaults.activation_checkpointing, defaults.compile, defaults.chunked_cross_entropy) == (False, False, 0)
+    assert (defaults.activation_checkpointing, defaults.compile, defaults.chunked_cross_entropy) == (False, "auto", 0)
     path = tmp_path / "c.yaml"
     path.write_text("train:\n  activation_checkpointing: auto\n  compile: true\n  chunked_cross_entropy: 2048\n")
     train = load_config(path).train
@@ -275,7 +275,7 @@ def test_new_train_fields_are_typed_validated_and_named_in_errors(tmp_path):
     cases = {
         ("train.activation_checkpointing", "sometimes"): r"--train.activation_checkpointing = 'sometimes': "
                                                           r"expected true or false, or choose one of \['auto'\]",
-        ("train.compile", "fast"): r"--train.compile = 'fast': expected true or false",
+        ("train.compile", "fast"): r"--train.compile = 'fast': expected true or false, or choose one of \['auto'\]",
         ("train.chunked_cross_entropy", "many"): r"--train.chunked_cross_entropy = 'many': expected an integer",
         ("train.chunked_cross_entropy", "-1"): r"train.chunked_cross_entropy = -1: must be >= 0",
     }
@@ -291,13 +291,13 @@ def test_checkpoints_written_before_the_new_fields_resume_without_a_difference()
     for field in ("compile", "chunked_cross_entropy"):
         del saved["train"][field]
     assert config_differences(saved, Config().to_dict()) == []
-    assert config_differences(saved, load_config(None, {"train.compile": "true"}).to_dict()) == [
-        "train.compile: checkpoint False, now True"]
+    assert config_differences(saved, load_config(None, {"train.chunked_cross_entropy": "8"}).to_dict()) == [
+        "train.chunked_cross_entropy: checkpoint 0, now 8"]
 
 
 # ------------------------------------------------------------------ the benchmark
-TRAIN_FIELDS = {"preset", "variant", "micro_batch", "seq_len", "vocab_size", "step_time_s", "tokens_per_s", "mfu",
-                "peak_memory_bytes", "loader_wait_share"}
+TRAIN_FIELDS = {"preset", "variant", "micro_batch", "seq_len", "vocab_size", "logit_columns", "compile", "attention",
+                "step_time_s", "tokens_per_s", "mfu", "peak_memory_bytes", "loader_wait_share"}
 
 
 @pytest.mark.slow
@@ -317,14 +317,17 @@ def test_gpu_bench_smoke_runs_on_cpu_and_reports_every_field(tmp_path):
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     train = [row for row in rows if row["bench"] == "train"]
     assert [row["variant"] for row in train] == variants
+    assert [row["attention"] for row in train] == ["flash"] * 6 + ["math"]  # auto's CPU choice, or the one named
     for row in train:
         assert TRAIN_FIELDS <= row.keys() and row["tokens_per_s"] > 0 and row["mfu"] is None, row
         assert row["peak_memory_bytes"] is None  # CUDA only
         assert 0 < row["host_rss_bytes"] <= row["host_peak_rss_bytes"], row
         waits = row["loader_wait_share"]
         assert (0 <= waits < 1) if row["variant"].startswith("pipeline") else waits is None, row
-    evaluation, = [row for row in rows if row["bench"] == "evaluate"]
-    assert evaluation["estimate_tokens_per_s_per_sample"] > 0 and evaluation["seq_len"] == 32
+    evaluations = [row for row in rows if row["bench"] == "evaluate"]
+    assert [row["tuned"] for row in evaluations] == [False, True]  # as unmask eval ran before issue 24, and now
+    for evaluation in evaluations:
+        assert evaluation["estimate_tokens_per_s_per_sample"] > 0 and evaluation["seq_len"] == 32
     sample, = [row for row in rows if row["bench"] == "sample"]
     assert sample["steps"] == 1000 and sample["sequences_per_s"] > 0
     assert sample["rows_evaluated"] <= 2 * 32  # cached: at most one evaluation per generated token

@@ -223,7 +223,7 @@ def test_unmask_prep_with_a_tokenizer_json_and_flags_through_ray(files, tmp_path
     assert [line for line in done.stderr.splitlines() if line.strip()] == [], done.stderr[-2000:]
     tokenizer = load_tokenizer(files["bpe"], SpecialTokens(eos="<s>", pad="</s>"))
     manifest = Manifest.read(out)
-    assert manifest.tokenizer == tokenizer.describe() and manifest.pad_id == tokenizer.pad_id
+    assert manifest.tokenizer == {**tokenizer.describe(), "path": "tokenizer"} and manifest.pad_id == tokenizer.pad_id
     paragraphs = [p for p in corpus.read_text(encoding="utf-8").split("\n\n") if p.strip()]
     assert sorted(_documents(out, tokenizer)) == sorted(paragraphs)  # exact: a byte-level BPE
     # The flags' roles are in no file beside the tokenizer.json: the shards keep the tokenizer
@@ -244,7 +244,7 @@ def test_prep_with_other_model_types_counts_every_document(files, tmp_path, kind
     assert result.manifest.counts["documents"] == len(paragraphs)
     assert sum(s.tokens for s in result.manifest.splits.values()) == sum(
         len(ids) + 1 for ids in tokenizer.encode_batch(paragraphs))
-    assert not (tmp_path / "out" / "tokenizer").exists()  # nothing given by flags: nothing to keep
+    assert load_tokenizer(tmp_path / "out" / "tokenizer").sha256 == tokenizer.sha256  # kept with the shards
 
 
 def test_no_eos_stops_unmask_prep_with_the_flag_to_give(tmp_path):

@@ -215,6 +215,20 @@ def test_a_truncated_shard_is_named_with_the_fix(tmp_path, num_workers):
         list(StreamingLoader(tmp_path, "train", 1, shuffle=False, verify=False))
 
 
+def test_a_user_error_in_a_dataloader_worker_reaches_the_user_as_itself(tmp_path):
+    """Raised in a worker, DataLoader re-raises it as "Caught UserError in DataLoader worker
+    process 0" with the worker's traceback in the message: the user must see the one line."""
+    write_numbered_split(tmp_path, [4, 4])
+    shard = tmp_path / "train" / "shard-000000.tar"
+    shard.write_bytes(shard.read_bytes()[:700])
+    messages = {}
+    for workers in (0, 2):
+        with pytest.raises(UserError) as caught:
+            list(StreamingLoader(tmp_path, "train", 1, shuffle=False, num_workers=workers))
+        messages[workers] = str(caught.value)
+    assert messages[2] == messages[0] and "\n" not in messages[2] and "shard-000000.tar: 700 bytes" in messages[2]
+
+
 @pytest.mark.parametrize("path", ["../outside.tar", "/etc/passwd", "train/../../outside.tar"])
 def test_manifest_paths_outside_the_data_dir_are_refused(tmp_path, path):
     data_dir = tmp_path / "data"

@@ -440,17 +440,20 @@ def test_jsonl_lines_parse_as_json_loads_parses_them(tmp_path):
     # Whitespace around the object is allowed; a second value, or a U+FEFF that starts a line
     # (not the file), is an error that json.loads names.
     good = '  {"text": "a"}\t \n'
-    bad = ['{"text": "b"} {"x": 1}', '\ufeff{"text": "c"}', '{"text": "d"']
+    bad = ['{"text": "b"} {"x": 1}', '\ufeff{"text": "c"}', '{"text": "d"', '{"text": "e']
     path = write(tmp_path, "a.jsonl", good + "\n".join(bad) + "\n")
     docs, counters = read_documents([path], ReadOptions(bad_json="skip"))
-    assert docs == [(f"{path}:1", "a")] and counters.bad_json_skipped == 3
+    assert docs == [(f"{path}:1", "a")] and counters.bad_json_skipped == 4
     for index, line in enumerate(bad):
         path = write(tmp_path, f"{index}.jsonl", good + line + "\n")
         with pytest.raises(json.JSONDecodeError) as error:
             json.loads(line)
-        problem = f"{path}:2: not valid JSON ({error.value.msg} at column {error.value.colno})"
+        problem = f"{path}:2: not valid JSON ({error.value.msg.removesuffix(' at')} at column {error.value.colno})"
         with pytest.raises(UserError, match=re.escape(problem)):
             read_pieces([path], ReadOptions())
+    # json's "Unterminated string starting at" once said "at at column 10" (issue 26, item 15).
+    with pytest.raises(UserError, match=re.escape("(Unterminated string starting at column 10)")):
+        read_pieces([path], ReadOptions())
 
 
 def test_jsonl_bad_utf8_counts_only_in_the_text_field(tmp_path):

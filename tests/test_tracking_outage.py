@@ -14,6 +14,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
+from orchestration.exit_codes import PREEMPTED
 from pipeline.background_tracking import BackgroundTracker
 from pipeline.tracking import Tracker
 from tests.cli_runner import start_unmask
@@ -77,7 +78,7 @@ def test_an_outage_during_training_blocks_no_step_and_loses_no_metric(tinyshakes
         with running_mlflow_server(root, port):
             output.until(lambda line: "takes records again" in line)
             process.send_signal(signal.SIGTERM)
-            assert process.wait(timeout=RUN_TIMEOUT_S) == 0, "".join(output.seen[-40:])
+            assert process.wait(timeout=RUN_TIMEOUT_S) == PREEMPTED, "".join(output.seen[-40:])
             record = json.loads((run_dir / "mlflow_run.json").read_text())
             client = MlflowClient(url)
             history = sorted(m.step for m in client.get_metric_history(record["run_id"], "train/loss"))

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from data_prep.loader import StreamingLoader
+from orchestration.exit_codes import PREEMPTED
 from pipeline.checkpoint import rank_file, verify_checkpoint
 from pipeline.export import export, load_export
 from pipeline.reshard import UNIVERSAL_DIR, universal_checkpoint
@@ -66,6 +67,8 @@ def test_two_ranks_share_one_mlflow_run_and_one_metrics_log(reference_runs):
     assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6]
     params = client.get_run(recorded["run_id"]).data.params
     assert params["train.zero_stage"] == "2" and params["resolved.world_size"] == "2"
+    assert (params["train.attention"], params["resolved.attention"], params["resolved.compile"]) == \
+        ("auto", "flash", "false")
 
 
 @pytest.mark.parametrize("stage", [1, 3])
@@ -151,6 +154,58 @@ def test_resume_on_another_number_of_ranks_sees_the_same_global_batches(tmp_path
     assert relative_gap(load_export_of(run_dir), load_export_of(reference.run_dir)) < 1e-7
 
 
+def test_resume_on_another_micro_batch_size_sees_the_same_global_batches(tmp_path, shards, reference_runs):
+    """The 6-step run at micro-batch 2 (4 accumulated), preempted after step 3 and resumed at
+    micro-batch 4 (2 accumulated; train.micro_batch_size may change on resume): steps 4-6 take
+    the same sequences into the same places with the same times and masks, and give the
+    uninterrupted losses up to the order of float sums (a micro-batch of 4 sums its 4 sequences'
+    float64 terms where two of 2 did; the gradients accumulate in another order)."""
+    reference = reference_runs[1, 1]
+    config = write_config(tmp_path / "c.yaml", {"train": {**MICRO_CONFIG["train"], "zero_stage": 1,
+                                                          "micro_batch_size": 4}})
+    run_dir = tmp_path / "run"
+    stopped_after_first_checkpoint(reference.run_dir, run_dir)
+    resumed = run_train(run_dir, shards, config, log_batches=True)
+    assert "setup: 1 rank(s), micro-batch 4 x 2 accumulation" in resumed.output
+    assert "compile off (auto), attention flash (auto)" in resumed.output
+    logged, stream = logged_global_batches(run_dir), stream_global_batches(shards, 6)
+    assert logged.keys() == {4, 5, 6} and logged == {step: stream[step] for step in logged}
+    ours, theirs = resumed.losses(), reference.losses()
+    assert ours.keys() == theirs.keys() == {1, 2, 3, 4, 5, 6}
+    for step in (4, 5, 6):
+        assert ours[step] == pytest.approx(theirs[step], rel=1e-7), step
+    assert relative_gap(load_export_of(run_dir), load_export_of(reference.run_dir)) < 1e-6
+
+
+def test_a_run_from_before_vocab_multiple_resumes_unpadded_and_exports_hold_the_true_vocabulary(
+        tmp_path, shards, reference_runs):
+    """Checkpoints written before model.vocab_multiple existed (their config and network lack
+    it) resume with 1, the shape of their weights, under today's default config (128). The
+    vocabulary of these shards, 384, is a multiple of 128: padding only adds zero embedding
+    rows (385 -> 512) that no token reads, so the losses are the padded reference's."""
+    reference = reference_runs[1, 1]
+    old = write_config(tmp_path / "old.yaml", {"model": {**MICRO_CONFIG["model"], "vocab_multiple": 1},
+                                               "train": {**MICRO_CONFIG["train"], "zero_stage": 1, "max_steps": 3}})
+    run_dir = tmp_path / "run"
+    run_train(run_dir, shards, old)
+    state_file = run_dir / "checkpoints" / FIRST_CHECKPOINT / "unmask_state.json"
+    state = json.loads(state_file.read_text())
+    del state["config"]["model"]["vocab_multiple"], state["network"]["vocab_multiple"]
+    state_file.write_text(json.dumps(state))
+    resumed = run_train(run_dir, shards, write_config(tmp_path / "now.yaml", {"train": {"zero_stage": 1}}))
+    assert "resuming a checkpoint written before these fields existed: model.vocab_multiple = 1" in resumed.output
+    assert "vocabulary 384 padded to 384" in resumed.output
+    ours, theirs = resumed.losses(), reference.losses()
+    assert ours.keys() == theirs.keys()
+    for step in ours:
+        assert ours[step] == pytest.approx(theirs[step], rel=1e-6), step
+    for run in (run_dir, reference.run_dir):  # the padded run's export is unpadded too
+        exported = load_export(export(run, out_dir=run / "export-test"))
+        assert exported.network.embed.weight.shape[0] == 385 and exported.config["network"]["vocab_multiple"] == 1
+    assert json.loads((reference.run_dir / "checkpoints" / FIRST_CHECKPOINT / "unmask_state.json").read_text()
+                      )["network"]["vocab_multiple"] == 128
+
+
 def test_a_conversion_is_reused_by_a_rerun_and_redone_when_broken(tmp_path, reference_runs, caplog):
     """The universal form of a checkpoint (written by rank 0 before a resume on another number
     of ranks) is staged under a temporary name; a rerun reuses it once its files check out."""
@@ -177,7 +232,10 @@ def test_sigterm_writes_a_checkpoint_and_resume_continues_exactly(tmp_path, shar
     config = write_config(tmp_path / "c.yaml", {"train": {"zero_stage": 1}})
     run_dir = tmp_path / "run"
     stopped = run_until_stall(run_dir, shards, config, stall_after=4, stop=signal.SIGTERM)
-    assert stopped.returncode == 0, stopped.output[-3000:]
+    # Not finished, not failed: EX_TEMPFAIL, so that a scheduler runs it again (issue 26, item 4).
+    assert stopped.returncode == PREEMPTED == 75, stopped.output[-3000:]
+    summary = json.loads(next(line for line in stopped.output.splitlines() if line.startswith('{"run_dir"')))
+    assert summary["preempted"] is True and summary["step"] == 4
     assert (run_dir / "checkpoints" / "latest").read_text() == "step-00000004"
     assert not list((run_dir / "checkpoints").glob("*.py")), "DeepSpeed's unpickling recovery scripts"
     resumed = run_train(run_dir, shards, config)
@@ -246,7 +304,8 @@ def test_chunked_cross_entropy_and_auto_checkpointing_keep_the_losses(tmp_path, 
     config = write_config(tmp_path / "c.yaml", {"train": {"zero_stage": 1, "activation_checkpointing": "auto",
                                                           "chunked_cross_entropy": 5}})
     run = run_train(tmp_path / "run", shards, config)
-    assert "activation checkpointing off (auto), compile off, chunked cross-entropy 5 rows" in run.output
+    assert "activation checkpointing off (auto), compile off (auto), attention flash (auto), chunked cross-entropy " \
+           "5 rows" in run.output
     reference = reference_runs[1, 1].losses()
     assert run.losses().keys() == reference.keys()
     for step, loss in run.losses().items():

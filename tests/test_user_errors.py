@@ -74,6 +74,20 @@ def test_malformed_and_non_utf8_yaml_name_the_line_and_column(tmp_path):
         load_config(latin)
 
 
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path):
+    """PyYAML keeps the last of two equal keys: a second `train:` silently dropped the first's fields."""
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("train:\n  max_steps: 5\nmodel:\n  preset: tiny\ntrain:\n  seed: 3\n")
+    with pytest.raises(UserError, match=r"twice.yaml line 5, column 1: not valid YAML: the key 'train' is given "
+                                        r"twice \(first at line 1\)"):
+        load_config(twice)
+    twice.write_text("optim:\n  lr: 0.1\n  warmup_steps: 5\n  lr: 0.2\n")
+    with pytest.raises(UserError, match=r"line 4, column 3: .*the key 'lr' is given twice \(first at line 2\)"):
+        load_config(twice)
+    with pytest.raises(UserError, match=r"flag --model.schedule_args .*the key 'power' is given twice"):
+        load_config(None, {"model.schedule_args": "{power: 2, power: 3}"})
+
+
 def test_an_override_that_is_not_yaml_names_the_flag():
     with pytest.raises(UserError, match=r"flag --optim.betas '\[0.9': not a valid YAML value"):
         load_config(None, {"optim.betas": "[0.9"})
@@ -81,18 +95,20 @@ def test_an_override_that_is_not_yaml_names_the_flag():
 
 # ---------------------------------------------------------------- output paths
 def test_output_paths_that_are_files_or_below_files_are_refused(a_file):
-    from common.errors import output_dir, output_file
+    from common.outputs import check_output_dir, check_output_file
+    from pipeline.export import EXPORT_KIND
 
     with pytest.raises(UserError, match=r"--out .*a-file: is a file, not a directory"):
-        output_dir(a_file, "--out")
+        check_output_dir(a_file, EXPORT_KIND, "--out")
     with pytest.raises(UserError, match=r"--out .*a-file/sub: lies below .*a-file, which is a file"):
-        output_dir(a_file / "sub", "--out")
+        check_output_dir(a_file / "sub", EXPORT_KIND, "--out")
     with pytest.raises(UserError, match=r"--out .*: is a directory; give a file name"):
-        output_file(a_file.parent, "--out")
+        check_output_file(a_file.parent, "--out")
 
 
 def test_an_unwritable_output_directory_is_named(tmp_path, monkeypatch):
-    from common.errors import output_dir
+    from common.outputs import check_output_dir
+    from pipeline.run_layout import RUN_KIND
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
@@ -100,7 +116,7 @@ def test_an_unwritable_output_directory_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr("tempfile.mkstemp", refuse)
     with pytest.raises(UserError, match=r"--run-dir .*: cannot write there \(Permission denied\); choose a "
                                         r"directory you can write to"):
-        output_dir(tmp_path / "run", "--run-dir")
+        check_output_dir(tmp_path / "run", RUN_KIND, "--run-dir")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
@@ -166,7 +182,7 @@ def test_export_refuses_a_missing_run_and_never_clears_a_directory_of_other_file
     keep = tmp_path / "keep"
     keep.mkdir()
     (keep / "notes.txt").write_text("mine")
-    assert "holds files that are not an export" in _cli(capsys, "export", str(run), "--out", str(keep))
+    assert "is not an unmask export: it holds notes.txt" in _cli(capsys, "export", str(run), "--out", str(keep))
     assert (keep / "notes.txt").read_text() == "mine"
 
 

@@ -33,6 +33,10 @@ MICRO_CONFIG = {
 }
 
 
+# MICRO_CONFIG cut to 2 steps, each checkpointed: a finished run to copy (conftest's micro_run).
+MICRO_RUN = {"train": {"max_steps": 2}, "eval": {"every": 2, "batches": 1}, "checkpoint": {"every": 1}}
+
+
 def make_tinyshakespeare_shards(root: Path, seq_len: int = 64, vocab_size: int = 384,
                            max_bytes: int | None = 400_000) -> Path:
     """Tokenizer + shards of (the start of) tinyshakespeare, made by the real prep."""

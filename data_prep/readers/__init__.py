@@ -28,7 +28,7 @@ One module per concern, and this package's names are their public API:
 
 from data_prep.readers.byte_source import BINARY_CHECK_BYTES, READ_BLOCK_BYTES, binary_reason
 from data_prep.readers.formats import read_batches, read_unit
-from data_prep.readers.inputs import FileFormat, InputFile, resolve_inputs
+from data_prep.readers.inputs import FileFormat, InputFile, local_roots, resolve_inputs
 from data_prep.readers.jsonl import MAX_JSONL_LINE_BYTES
 from data_prep.readers.options import (
     DEFAULT_PIECE_BYTES,
@@ -45,5 +45,5 @@ __all__ = [
     "BINARY_CHECK_BYTES", "DEFAULT_PIECE_BYTES", "DEFAULT_UNIT_BYTES", "MAX_JSONL_LINE_BYTES",
     "MIN_PIECE_BYTES", "READ_BLOCK_BYTES", "BadJson", "BadUtf8", "FileFormat", "InputFile",
     "Piece", "Pieces", "ReadCounters", "ReadOptions", "TextFormat", "WorkUnit", "binary_reason",
-    "plan_units", "read_batches", "read_unit", "resolve_inputs",
+    "local_roots", "plan_units", "read_batches", "read_unit", "resolve_inputs",
 ]

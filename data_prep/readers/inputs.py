@@ -17,7 +17,7 @@ import pyarrow.fs as pafs
 
 from common.errors import UserError
 
-__all__ = ["FileFormat", "InputFile", "filesystem", "resolve_inputs"]
+__all__ = ["FileFormat", "InputFile", "filesystem", "local_roots", "resolve_inputs"]
 
 FileFormat = Literal["text", "jsonl", "parquet"]
 
@@ -62,6 +62,20 @@ def resolve_inputs(patterns: Sequence[str]) -> list[InputFile]:
         raise UserError("no inputs given: name files, directories or globs")
     found = {file.uri: file for pattern in patterns for file in _expand(pattern)}
     return [found[uri] for uri in sorted(found)]
+
+
+def local_roots(patterns: Sequence[str]) -> list[str]:
+    """The local files and directories that ``patterns`` read from: each pattern itself, or the
+    directory a glob searches; URIs of other filesystems are left out. An output must keep
+    clear of them (``common.outputs.InputPath``)."""
+    roots = []
+    for pattern in patterns:
+        if "://" in pattern and not pattern.startswith("file://"):
+            continue
+        pattern = pattern.removeprefix("file://")
+        glob = _GLOB_CHARS.search(pattern)
+        roots.append(pattern if glob is None else pattern[:pattern.rfind("/", 0, glob.start()) + 1] or ".")
+    return roots
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Iterator
 
-from common.errors import UserError
+from common.errors import UserError, json_problem
 from data_prep.readers.byte_source import ByteSource
 from data_prep.readers.lines import Line, owned_lines
 from data_prep.readers.options import ReadOptions
@@ -59,7 +59,7 @@ def _json_text(data: bytes | None, field: str) -> tuple[str, None] | tuple[None,
         # Invalid UTF-8 becomes lone surrogates, which --bad-utf8 handles if in the text field.
         record = _json_value(data.decode("utf-8", "surrogateescape"))
     except json.JSONDecodeError as err:
-        return None, f"not valid JSON ({err.msg} at column {err.colno})"
+        return None, f"not valid JSON ({json_problem(err)})"
     if not isinstance(record, dict):
         return None, f"expected a JSON object, got {_JSON_TYPES[type(record)]}"
     if field not in record:

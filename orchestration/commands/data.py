@@ -51,9 +51,9 @@ def _read_options(args: argparse.Namespace) -> ReadOptions:
                        bad_utf8=args.bad_utf8, bad_json=args.bad_json)
 
 
-def _warn(command: str, lines: list[str]) -> None:
+def _warn(command: str, lines: list[str], level: str = "warning") -> None:
     for line in lines:
-        print(f"unmask {command}: warning: {line}", file=sys.stderr)
+        print(f"unmask {command}: {level}: {line}", file=sys.stderr)
 
 
 def _cmd_tokenizer_train(args: argparse.Namespace) -> int:
@@ -75,6 +75,7 @@ def _cmd_prep(args: argparse.Namespace) -> int:
                                  special_tokens=special_tokens, workers=args.workers,
                                  ray_address=args.ray_address, overwrite=args.overwrite,
                                  progress=not args.no_progress))
+    _warn("prep", result.notes(), level="note")
     _warn("prep", result.warnings())
     print(result.summary())
     if args.json:
@@ -98,7 +99,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         epilog=TOKENIZER_EPILOG, formatter_class=RAW)
     _add_read_arguments(train)
     train.add_argument("--vocab-size", type=int, required=True, help="number of tokens")
-    train.add_argument("--out", required=True, help="output directory")
+    train.add_argument("--out", required=True, help="output directory: new or empty, or an earlier tokenizer "
+                                                    "(replaced whole)")
     train.add_argument("--model-type", choices=["bpe", "unigram"], default="bpe")
     train.add_argument("--seed", type=int, default=0, help="seed of the training sample")
     train.set_defaults(handler=_cmd_tokenizer_train)
@@ -111,7 +113,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "killed one finishes it without redoing finished work.",
         epilog=PREP_EPILOG, formatter_class=RAW)
     _add_read_arguments(parser)
-    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--out", required=True, help="output directory: new or empty, or a prep's (resumed; "
+                                                     "another prep's with --overwrite)")
     parser.add_argument("--seq-len", type=int, required=True, help="tokens per packed sequence")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--tokenizer", help="a sentencepiece .model, a trained tokenizer directory, a "

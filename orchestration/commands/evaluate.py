@@ -9,7 +9,7 @@ from pathlib import Path
 
 from common.logs import configure_logging
 from evaluation.detokenizers import DETOKENIZERS
-from evaluation.evaluate import EvalConfig
+from evaluation.evaluate import COMPILE_SETTINGS, EvalConfig
 from evaluation.protocols import DEFAULT_PROTOCOL, PROTOCOLS
 from evaluation.results import EvalResults
 from orchestration.commands.sampling_flags import (
@@ -44,7 +44,8 @@ def _eval_config(args: argparse.Namespace) -> EvalConfig:
         datasets=tuple(name.strip() for name in args.datasets.split(",") if name.strip()),
         data_dir=args.data_dir, shards=args.shards, split=args.split, protocol=args.protocol,
         detokenizer=args.detokenizer, samples_per_block=args.samples,
-        seed=args.seed, seq_len=args.seq_len, batch_size=args.batch_size, discrete_steps=args.discrete_steps,
+        seed=args.seed, seq_len=args.seq_len, batch_size=args.batch_size, compile=args.compile,
+        discrete_steps=args.discrete_steps,
         target_rel_error=args.target_rel_error, add_eos=not args.no_eos, max_documents=args.max_documents,
         blocks_per_replicate=QUICK_BLOCKS_PER_REPLICATE if args.quick else args.blocks_per_replicate)
 
@@ -109,7 +110,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seq-len", type=int, help="block length (default: the protocol's; ours: the model's "
                                                     "training length, mdlm: 1024)")
-    parser.add_argument("--batch-size", type=int, default=16, help="blocks per forward pass")
+    parser.add_argument("--batch-size", type=int, help="blocks per forward pass (default: sized to the device: "
+                                                       "16 on CPU, the largest the GPU's memory fits up to 256)")
+    parser.add_argument("--compile", choices=COMPILE_SETTINGS, default="auto",
+                        help="torch.compile the network: auto does on a GPU when a rank scores 32M tokens or more "
+                             "(compiling takes about half a minute) (default: %(default)s)")
     parser.add_argument("--discrete-steps", type=int, help="report the T-step discrete bound instead")
     parser.add_argument("--target-rel-error", type=float,
                         help="add samples until the standard error is this fraction of the bound")
@@ -134,7 +139,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--compare", metavar="RESULTS_JSON",
                         help="another evaluation's results.json (e.g. the AR baseline's): the report "
                              "shows the gap on the datasets both scored")
-    parser.add_argument("--out", help="report directory (default RUN/report)")
+    parser.add_argument("--out", help="report directory, new or empty or an earlier report (default RUN/report)")
     parser.add_argument("--mlflow-uri", help="log to this server in a new run (default: the training's run)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: this rank's device)")
     parser.set_defaults(handler=_cmd_eval)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from orchestration.commands.train import check_export_out
-
 RAW = argparse.RawDescriptionHelpFormatter
 
 MDLM_EPILOG = """\
@@ -24,8 +22,7 @@ examples:
 def _cmd_import_mdlm(args: argparse.Namespace) -> int:
     from pipeline.mdlm_import import import_mdlm
 
-    out = check_export_out(args.out)
-    import_mdlm(args.source, args.tokenizer, out, weights=args.weights)
+    out = import_mdlm(args.source, args.tokenizer, args.out, weights=args.weights)
     print(f"imported MDLM's model from {args.source} to {out}")
     return 0
 
@@ -48,7 +45,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     mdlm.add_argument("source", metavar="SOURCE", help="MDLM's Hugging Face directory, or a .ckpt file")
     mdlm.add_argument("--tokenizer", required=True, metavar="DIR",
                       help="the model's tokenizer: GPT-2's BPE (encoder.json + vocab.bpe) for MDLM's OpenWebText model")
-    mdlm.add_argument("--out", required=True, help="the export directory to write")
+    mdlm.add_argument("--out", required=True, help="the export directory to write: new or empty, or an earlier export")
     mdlm.add_argument("--weights", choices=["ema", "model"],
                       help="of a .ckpt: ema (default) or model (the live weights)")
     mdlm.set_defaults(handler=_cmd_import_mdlm)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ from orchestration.commands.sampling_flags import (
     plan_from_args,
 )
 from orchestration.commands.train import RAW, add_launcher_arguments, launch_of
+from orchestration.exit_codes import OK, PREEMPTED
 from pipeline.config import config_yaml, load_config, parse_overrides
 
 if TYPE_CHECKING:
@@ -35,7 +37,7 @@ examples:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from orchestration.stages import DEMO_CONFIG, EvalStage, RunRequest, run_pipeline
+    from orchestration.stages import DEMO_CONFIG, EvalStage, Preempted, RunRequest, run_pipeline
 
     overrides = parse_overrides(args.overrides)
     if args.mlflow_uri is not None:
@@ -59,8 +61,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
                              blocks_per_replicate=QUICK_BLOCKS_PER_REPLICATE if args.quick else None,
                              sampling=plan_from_args(args, REPORT_FLAGS, seed=0)))
     configure_logging()
-    _print_run_summary(run_pipeline(request))
-    return 0
+    try:
+        summary = run_pipeline(request, hooks=args.hooks)
+    except Preempted as stopped:
+        print(f"unmask run: {stopped}", file=sys.stderr)
+        return PREEMPTED
+    _print_run_summary(summary)
+    return OK
 
 
 def _print_run_summary(summary: RunSummary) -> None:

@@ -8,12 +8,11 @@ import json
 import sys
 from pathlib import Path
 
-from common.atomic_files import atomic_write_bytes
-from common.errors import output_file
+from common.outputs import InputPath, check_output_file, write_output_file
 from evaluation.generation import DEFAULT_BATCH_SIZE, INFILL_SYNTAX, Sample, generate
 from evaluation.sample_quality import SampleQuality, check_reference, load_reference, score_samples
 from orchestration.commands.sampling_flags import SAMPLE_FLAGS, SAMPLER_HELP, add_sampling_arguments, plan_from_args
-from pipeline.export import load_export, resolve_export
+from pipeline.export import export_files, load_export, resolve_export
 
 RAW = argparse.RawDescriptionHelpFormatter
 SAMPLE_SEPARATOR = "----- sample {index} (network calls: {calls}) -----"
@@ -52,9 +51,22 @@ examples:
 """
 
 
+def _is_samples_file(path: Path) -> bool:
+    """Whether ``path`` holds samples of this command (its first line is one): what --out may replace."""
+    with open(path, "rb") as handle:
+        first = handle.readline()
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and {"text", "tokens"} <= record.keys()
+
+
 def _cmd_sample(args: argparse.Namespace) -> int:
-    if args.out is not None:
-        output_file(args.out, "--out")  # before sampling, not after it
+    if args.out is not None:  # before sampling, not after it
+        check_output_file(args.out, "--out", inputs=[InputPath(path, "the export it samples")
+                                                     for path in export_files(args.run_or_export)],
+                          ours=_is_samples_file, noun="a samples file of `unmask sample`")
     if args.reference is not None:
         check_reference(Path(args.reference))
     plan = plan_from_args(args, SAMPLE_FLAGS, args.seed)
@@ -68,7 +80,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     else:
         lines = "".join(json.dumps({**sample.to_dict(), **dataclasses.asdict(score)}, ensure_ascii=False)
                         + "\n" for sample, score in zip(samples, quality.scores))
-        atomic_write_bytes(Path(args.out), lines.encode("utf-8"))
+        write_output_file(args.out, lines.encode("utf-8"))
         print(f"wrote {len(samples)} samples to {args.out}")
     _print_quality(quality)
     return 0

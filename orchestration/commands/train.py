@@ -8,9 +8,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.errors import UserError, output_dir
+from common.errors import UserError
 from common.logs import configure_logging
+from common.outputs import check_output_dir
+from orchestration.exit_codes import OK, PREEMPTED
 from pipeline.config import Config, config_yaml, load_config, parse_overrides
+from pipeline.run_layout import RUN_KIND, training_data
 
 if TYPE_CHECKING:
     from orchestration.ray_train import RayLaunch
@@ -70,7 +73,7 @@ def _check_paths(args: argparse.Namespace, config: Config) -> None:
     if not (data / "manifest.json").is_file():
         raise UserError(f"--data {config.data.path} (data.path): no manifest.json, so not the output of a "
                         f"finished `unmask prep`; run (or rerun) `unmask prep --out {config.data.path}`")
-    output_dir(args.run_dir, "--run-dir")
+    check_output_dir(args.run_dir, RUN_KIND, "--run-dir", [training_data(config.data.path)])
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -88,7 +91,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                    allow_config_change=args.allow_config_change, hooks=args.hooks)
     if os.environ.get("RANK", "0") == "0":  # one summary per job, not per process
         print(json.dumps(result.summary()))
-    return 0
+    return PREEMPTED if result.preempted else OK
 
 
 def launch_of(args: argparse.Namespace) -> RayLaunch:
@@ -106,7 +109,7 @@ def _train_with_ray(args: argparse.Namespace, config: Config) -> int:
     summary = launch(config, launch_of(args), data_dir=config.data.path, run_dir=args.run_dir, resume=args.resume,
                      allow_config_change=args.allow_config_change, on_step=args.hooks.on_step)
     print(json.dumps(summary))
-    return 0
+    return PREEMPTED if summary.get("preempted") else OK
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -117,8 +120,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if not source.is_dir():
         raise UserError(f"{args.run_dir}: {'is a file' if source.exists() else 'does not exist'}, "
                         f"not a training run directory (the --run-dir of `unmask train`)")
-    if args.out is not None:
-        check_export_out(args.out)
     if args.format == "hf" and not RunLayout(source).is_training_run():
         if args.out is None or args.checkpoint is not None:
             raise UserError(f"{args.run_dir} is not a training run: to convert an export, name the new "
@@ -130,26 +131,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_export_out(path: str) -> Path:
-    """``--out`` of a command that writes an export: created if needed, and not a directory of
-    other files (an export replaces its directory whole)."""
-    from pipeline.export import CONFIG_FILE, WEIGHTS_FILE
-
-    out = output_dir(path, "--out")
-    if any(out.iterdir()) and not ((out / CONFIG_FILE).is_file() or (out / WEIGHTS_FILE).is_file()):
-        raise UserError(f"--out {path}: holds files that are not an export, and an export replaces "
-                        f"its directory whole; choose a new or empty directory")
-    return out
-
-
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``train`` and ``export`` to the ``unmask`` command."""
     train = commands.add_parser(
         "train", help="pretrain with DeepSpeed ZeRO on the shards of `unmask prep`",
         description="Train the masked diffusion transformer (or the AR baseline) on prepared shards. "
                     "Runs alone, or in every process started by torchrun / deepspeed. Checkpoints "
-                    "every checkpoint.every steps, at the end and on SIGTERM; --resume auto continues "
-                    "exactly where the run stopped.",
+                    "every checkpoint.every steps, at the end and on SIGTERM, after which it exits 75 "
+                    "(EX_TEMPFAIL: preempted, to be run again); --resume auto continues exactly where "
+                    "the run stopped.",
         epilog=TRAIN_EPILOG, formatter_class=RAW)
     train.add_argument("--config", help="YAML config (configs/tiny.yaml, small.yaml, medium.yaml)")
     train.add_argument("--data", help="shard directory (overrides data.path)")
@@ -180,7 +170,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     export.add_argument("--weights", choices=["ema", "model"], default="ema")
     export.add_argument("--format", choices=["unmask", "hf"], default="unmask",
                         help="unmask: unmask's own export (default); hf: a transformers directory")
-    export.add_argument("--out", help="output directory (default: RUN/export, RUN/export-hf with --format hf)")
+    export.add_argument("--out", help="output directory, new or empty or an earlier export of the format, replaced "
+                                      "whole (default: RUN/export, RUN/export-hf with --format hf)")
     export.set_defaults(handler=_cmd_export)
 
 

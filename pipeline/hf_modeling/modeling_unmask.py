@@ -29,7 +29,7 @@ from transformers.modeling_outputs import MaskedLMOutput
 NETWORK_FIELDS = (
     "vocab_size", "n_layers", "d_model", "n_heads", "max_seq_len", "mlp_ratio", "dropout", "time_conditioning",
     "time_embed_dim", "tie_weights", "causal", "rope_base", "norm_eps", "init_std", "mlp_bias", "head_bias",
-    "head_mask_row", "adaptive_norm", "time_frequencies", "time_input", "rope_angles",
+    "head_mask_row", "adaptive_norm", "time_frequencies", "time_input", "rope_angles", "vocab_multiple",
 )
 MAX_TIME_PERIOD = 10_000.0  # periods of the sinusoidal time features span 1 to this many units
 TIME_SCALE = 1000.0         # time input "scaled_t": TIME_SCALE * t
@@ -48,6 +48,9 @@ class UnmaskConfig(PretrainedConfig):
         if unknown:
             raise ValueError(f"this modeling file does not know the network fields {unknown}: export again "
                              "with the unmask version that trained the model")
+        if self.network.get("vocab_multiple", 1) != 1:  # exports drop the padded vocabulary rows
+            raise ValueError(f"network vocab_multiple = {self.network['vocab_multiple']}: this file takes the "
+                             "weights of an export, whose vocabulary is unpadded (vocab_multiple 1)")
         kwargs.setdefault("tie_word_embeddings", False)  # the tied head reads the embedding itself
         super().__init__(**kwargs)
 

@@ -1,0 +1,356 @@
+"""Output paths: the one owner of every directory, and every file, that a command writes.
+
+Finished work must never be lost to a mistyped path, and a half-written output must never
+pass for a finished one. Every command that writes a directory (``unmask export`` in both
+formats, ``import mdlm``, ``prep``, ``tokenizer train``, ``train``, ``eval`` and ``unmask
+run`` stage by stage) goes through this module, which holds the rule:
+
+1. **Checked before any work** (``check_output_dir``). A path that is a file, lies below a
+   file or cannot be written is refused; so is one that is an input of the command, lies
+   inside one or contains one (``InputPath``): an export never goes into the checkpoints it
+   reads, a prep never into its corpus, a report never over the export it scores.
+2. **One kind of output per directory.** Each kind (``OutputKind``: an export, a Hugging Face
+   export, the shards of a prep, a tokenizer, a training run, a report) marks its directory
+   with ``MARKER``: the kind, and for a directory that is replaced whole the entries it was
+   written with. A command writes into a new or empty directory, or one marked with its own
+   kind; never into one marked with another kind or holding anything else. A directory of a
+   kind that carries no marker (written before the marker existed, or where a tool wrote
+   first: Ray Train's records in RUN/ray_train) is recognized by the kind's ``unmarked``
+   test, conservatively (names and records only we write), and is marked when next written.
+3. **Outputs that appear whole** (exports, tokenizers, reports: ``new_output_dir``) are
+   written into a new hidden sibling, ``.NAME.unmask-new-PID``, and renamed into place: a
+   reader sees the old directory or the complete new one, and a failure leaves the old one
+   and no trace of the new, not even the parent directories it created. The old one is
+   replaced only while it holds nothing but the entries its marker lists: a report someone
+   wrote into an export is never deleted with it.
+4. **Outputs that grow in place** and resume after a kill (the shards of a prep, a training
+   run: ``claim_output_dir``) are created and marked before the work; a command that fails
+   before writing anything worth keeping gives the directory back (``OutputClaim.abandon``).
+5. **Output files** (``check_output_file``, ``write_output_file``: samples) are checked the
+   same way and written atomically; an existing file is replaced only when it is recognized
+   as one of ours.
+6. **Refusals are one line**: the flag, the path, what is in the way, and the fix.
+
+Sub-directories of an output the caller owns already (the tokenizer inside a prep) are
+replaced with ``staged_directory``: the same sibling and rename, without the checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common.atomic_files import atomic_write_bytes, give_default_modes, is_temporary
+from common.errors import UserError
+
+__all__ = ["MARKER", "InputPath", "OutputClaim", "OutputKind", "check_output_dir", "check_output_file",
+           "claim_output_dir", "entry_names", "json_object", "new_output_dir", "read_marker",
+           "staged_directory", "write_output_file"]
+
+MARKER = ".unmask-output.json"
+# The hidden siblings of a replacement: the new directory being written, and the old one for
+# the instant between the two renames.
+_SIBLING = re.compile(r"^\.(?P<name>.+)\.unmask-(?P<role>new|old)-(?P<pid>\d+)$")
+# Entries a refusal names before "and N more".
+SHOWN_ENTRIES = 3
+
+
+def _never(path: Path) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """One kind of output directory (module docstring, rule 2)."""
+
+    name: str        # recorded in the marker: "export", "prep", "run", ...
+    noun: str        # what the messages call it, article included: "an unmask export"
+    whole: bool      # True: written in a sibling and renamed (new_output_dir); False: filled
+                     # in place and resumed (claim_output_dir)
+    # Recognizes a directory of this kind without the marker (of an earlier version, say).
+    unmarked: Callable[[Path], bool] = field(default=_never, compare=False)
+
+
+@dataclass(frozen=True)
+class InputPath:
+    """A path the command reads, which its output must keep clear of (rule 1)."""
+
+    path: str | Path
+    what: str                      # for the message: "--input", "the checkpoints it exports"
+    may_lie_inside: bool = False   # an input the output may hold (`unmask run`'s RUN/data)
+
+
+# ------------------------------------------------------------------ reading a directory
+def entry_names(directory: Path) -> set[str]:
+    """The names in ``directory`` but the marker and our own temporary files."""
+    return {entry.name for entry in directory.iterdir() if entry.name != MARKER and not is_temporary(entry.name)}
+
+
+def json_object(path: Path) -> dict | None:
+    """The JSON object in the file ``path``; None if absent, unreadable or not an object."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def read_marker(directory: Path) -> dict | None:
+    """The marker of ``directory`` (module docstring), or None when it has none."""
+    return json_object(directory / MARKER)
+
+
+def _write_marker(directory: Path, kind: OutputKind, entries: list[str] | None = None) -> None:
+    record = {"kind": kind.name, "what": kind.noun}
+    if entries is not None:
+        record["entries"] = entries
+    atomic_write_bytes(directory / MARKER, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+
+
+def _listed(directory: Path, names: Sequence[str]) -> str:
+    shown = [f"{name}/" if (directory / name).is_dir() else name for name in sorted(names)[:SHOWN_ENTRIES]]
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "")
+
+
+# ------------------------------------------------------------------ the checks
+def _refuse_files_on_the_way(target: Path, flag: str) -> None:
+    blocker = next((p for p in (target, *target.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        where = "is a file" if blocker == target else f"lies below {blocker}, which is a file"
+        raise UserError(f"{flag} {target}: {where}, not a directory; choose a directory (it is created if missing)")
+
+
+def _absolute(path: str | Path) -> Path:
+    return Path(path).expanduser().resolve()
+
+
+def _refuse_inputs(target: Path, flag: str, inputs: Sequence[InputPath]) -> None:
+    here = _absolute(target)
+    for read in inputs:
+        if "://" in str(read.path):  # on another filesystem: nothing of ours can overlap it
+            continue
+        there = _absolute(read.path)
+        if here == there:
+            raise UserError(f"{flag} {target}: is {read.what} ({read.path}), which the command reads; "
+                            f"choose another {flag}")
+        if there.is_relative_to(here) and not read.may_lie_inside:
+            raise UserError(f"{flag} {target}: contains {read.what} ({read.path}), which the command reads; "
+                            f"choose a {flag} outside it")
+        if here.is_relative_to(there):
+            raise UserError(f"{flag} {target}: lies inside {read.what} ({read.path}), which the command reads; "
+                            f"choose a {flag} outside it")
+
+
+def _in_the_way(directory: Path, kind: OutputKind, flag: str) -> str | None:
+    """Why ``directory`` cannot take ``kind``'s output, with the fix; None when it can."""
+    names, marker = entry_names(directory), read_marker(directory)
+    if marker is None:
+        if not names or kind.unmarked(directory):
+            return None
+        return (f"is not {kind.noun}: it holds {_listed(directory, list(names))}; choose a new or empty "
+                f"directory for {flag}")
+    if marker.get("kind") != kind.name:
+        return (f"holds {marker.get('what') or marker.get('kind')} (its {MARKER} says so), not {kind.noun}; "
+                f"choose a new or empty directory for {flag}")
+    extra = sorted(names - set(marker.get("entries", names))) if kind.whole else []
+    if extra:
+        return (f"holds {_listed(directory, extra)} beside {kind.noun}, and replacing the directory would "
+                f"delete them; move them out, or choose another {flag}")
+    return None
+
+
+def _nearest_existing(path: Path) -> Path:
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
+def _probe(directory: Path, target: Path, flag: str) -> None:
+    """Write and remove a file in ``directory``: permissions, read-only mounts, full quotas."""
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".unmask-write-check-", dir=directory)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as err:
+        raise UserError(f"{flag} {target}: cannot write there ({err.strerror or err}); choose a directory "
+                        f"you can write to, or fix its permissions") from None
+
+
+def check_output_dir(path: str | Path, kind: OutputKind, flag: str, inputs: Sequence[InputPath] = ()) -> Path:
+    """Check, before any work and without creating anything, that ``kind``'s output can go to
+    ``path`` (given with ``flag``): rules 1 and 2 of the module docstring. Returns the Path;
+    a one-line UserError naming the flag, the path and the fix otherwise."""
+    target = Path(path)
+    _refuse_files_on_the_way(target, flag)
+    _refuse_inputs(target, flag, inputs)
+    if kind.whole and target.is_symlink():
+        raise UserError(f"{flag} {path}: is a symbolic link, and {kind.noun} replaces its directory whole (the "
+                        f"link, not what it points to); give the directory itself, {target.resolve()}")
+    if target.is_dir():
+        problem = _in_the_way(target, kind, flag)
+        if problem is not None:
+            raise UserError(f"{flag} {path}: {problem}")
+    # The new directory of a whole output goes beside the target; a claim writes inside it.
+    _probe(_nearest_existing(target.parent if kind.whole else target), target, flag)
+    return target
+
+
+# ------------------------------------------------------------------ outputs that grow in place
+def _make_dirs(directory: Path) -> tuple[Path, ...]:
+    """Create ``directory`` and its missing parents; the ones created, outermost first."""
+    missing = [p for p in (directory, *directory.parents) if not p.exists()][::-1]
+    for path in missing:
+        path.mkdir(exist_ok=True)  # another rank of the job may create it at the same time
+    return tuple(missing)
+
+
+def _remove_empty(directories: Sequence[Path]) -> None:
+    for directory in reversed(directories):
+        try:
+            directory.rmdir()
+        except OSError:
+            return  # not empty: it, and the ones around it, hold something
+
+
+def _holds_files(directory: Path) -> bool:
+    return any(p.name != MARKER and not p.is_dir() for p in directory.rglob("*"))
+
+
+@dataclass(frozen=True)
+class OutputClaim:
+    """A directory claimed for an output that grows in place (rule 4)."""
+
+    path: Path
+    made: tuple[Path, ...]   # the directories the claim created, outermost first
+    marked: bool             # whether the claim wrote the marker
+
+    def abandon(self) -> None:
+        """After a failure: when the directory holds no file besides the marker (nothing was
+        done worth keeping), remove what the claim added: its marker and its directories."""
+        if not self.path.is_dir() or _holds_files(self.path):
+            return
+        if self.marked:
+            (self.path / MARKER).unlink(missing_ok=True)
+            for empty in sorted((p for p in self.path.rglob("*") if p.is_dir()), reverse=True):
+                empty.rmdir()
+        _remove_empty(self.made)
+
+
+def claim_output_dir(path: str | Path, kind: OutputKind, flag: str,
+                     inputs: Sequence[InputPath] = ()) -> OutputClaim:
+    """Check ``path`` (``check_output_dir``), create it and mark it as ``kind``'s (rule 4)."""
+    if kind.whole:
+        raise ValueError(f"{kind.name} is written whole: use new_output_dir")
+    target = check_output_dir(path, kind, flag, inputs)
+    made = _make_dirs(target)
+    marked = read_marker(target) is None
+    if marked:
+        _write_marker(target, kind)
+    return OutputClaim(target, made, marked)
+
+
+# ------------------------------------------------------------------ outputs that appear whole
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return pid != os.getpid()  # our own sibling is a leftover of an earlier, failed attempt
+
+
+def _clear_leftovers(target: Path) -> None:
+    """The siblings a killed replacement left: its new directory is removed; an old one whose
+    replacement never arrived (killed between the renames) is put back."""
+    if not target.parent.is_dir():
+        return
+    for sibling in target.parent.iterdir():
+        match = _SIBLING.match(sibling.name)
+        if match is None or match["name"] != target.name or _alive(int(match["pid"])):
+            continue
+        if match["role"] == "old" and not target.exists():
+            sibling.rename(target)
+        else:
+            shutil.rmtree(sibling, ignore_errors=True)
+
+
+def _swap_into_place(staging: Path, target: Path) -> None:
+    """``staging`` in ``target``'s place: the old one moves aside, the new one in, the old
+    one goes. A reader sees the old tree or the new one, never a half-written one."""
+    give_default_modes(staging)  # files readable as the umask allows (safetensors writes 0600)
+    old = target.with_name(f".{target.name}.unmask-old-{os.getpid()}")
+    if target.exists():
+        os.rename(target, old)
+    os.rename(staging, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def staged_directory(target: Path) -> Iterator[Path]:
+    """Yield a new hidden sibling of ``target`` to write into; on success it replaces
+    ``target`` whole, on failure it is removed with the parents it needed. No checks and no
+    marker: for a directory inside an output the caller owns already."""
+    target = Path(target)
+    made = _make_dirs(target.parent)
+    _clear_leftovers(target)
+    staging = target.with_name(f".{target.name}.unmask-new-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir()
+        yield staging
+        _swap_into_place(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        _remove_empty(made)
+        raise
+
+
+@contextmanager
+def new_output_dir(path: str | Path, kind: OutputKind, flag: str,
+                   inputs: Sequence[InputPath] = ()) -> Iterator[Path]:
+    """Write ``kind``'s output for ``path``: check it (``check_output_dir``), yield a new
+    hidden sibling to write into, then mark it with its entries and rename it into place
+    (rule 3). Whatever the block raises leaves ``path`` as it was."""
+    target = check_output_dir(path, kind, flag, inputs)
+    if not kind.whole:
+        raise ValueError(f"{kind.name} grows in place: use claim_output_dir")
+    with staged_directory(target) as staging:
+        yield staging
+        check_output_dir(target, kind, flag)  # what may have changed there while the work ran
+        _write_marker(staging, kind, sorted(entry_names(staging)))
+
+
+# ------------------------------------------------------------------ output files
+def check_output_file(path: str | Path, flag: str, *, inputs: Sequence[InputPath] = (),
+                      ours: Callable[[Path], bool] = _never, noun: str = "an output of unmask") -> Path:
+    """Check, before any work, that the file ``path`` (given with ``flag``) can be written: not
+    a directory, not an input, in a directory that exists or can be created and is writable;
+    an existing non-empty file only when ``ours`` recognizes it as ``noun``."""
+    file = Path(path)
+    if file.is_dir():
+        raise UserError(f"{flag} {path}: is a directory; give a file name")
+    _refuse_inputs(file, flag, inputs)
+    if file.is_file() and file.stat().st_size and not ours(file):
+        raise UserError(f"{flag} {path}: exists and is not {noun}, which it would replace; give a new file "
+                        f"name, or move the file away")
+    try:
+        _refuse_files_on_the_way(file.parent, flag)
+        _probe(_nearest_existing(file.parent), file.parent, flag)
+    except UserError as err:
+        raise UserError(f"{flag} {path}: cannot write this file: {str(err).removeprefix(f'{flag} ')}") from None
+    return file
+
+
+def write_output_file(path: str | Path, data: bytes) -> None:
+    """Write the file ``path`` (checked with ``check_output_file``) atomically, creating its
+    directory if needed."""
+    file = Path(path)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(file, data)
