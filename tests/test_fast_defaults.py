@@ -312,7 +312,8 @@ class _HostReads(TorchDispatchMode):
         name = func._schema.name
         if name in HOST_READS:
             ours = [f for f in traceback.extract_stack()
-                    if f.filename.startswith(str(REPO)) and "/tests/" not in f.filename]
+                    if f.filename.startswith(str(REPO)) and "/tests/" not in f.filename
+                    and "site-packages" not in f.filename]  # CI's .venv lies inside REPO
             where = f"{Path(ours[-1].filename).relative_to(REPO)}:{ours[-1].name}" if ours else "?"
             self.reads.append((name, where, self.matmuls))
         self.matmuls += name in MATMULS
