@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
 from common.errors import UserError
 from data_prep.tokenizer import train_sentencepiece
 from evaluation import generation
-from evaluation.generation import Sample, build_prompt, complete, generate
+from evaluation.evaluate import COMPILE_MIN_TOKENS
+from evaluation.generation import Sample, build_prompt, complete, generate, should_compile_sampling
 from model.diffusion import MaskedDiffusion
 from model.sampling import RemaskOptions, SamplingPlan, sample_generators
 from model.schedules import make_schedule
@@ -319,3 +321,41 @@ def test_autoregressive_tokens_follow_the_network_left_to_right(autoregressive):
 def test_autoregressive_exports_refuse_what_only_diffusion_does(autoregressive, plan, infill, message):
     with pytest.raises(UserError, match=message):
         generate(autoregressive, plan, num=1, seq_len=SEQ_LEN, infill=infill)
+
+
+# ------------------------------------------------------------------ compile
+def test_sampling_compiles_on_a_gpu_when_the_work_repays_it_and_as_the_plan_says():
+    cpu, cuda, auto = torch.device("cpu"), torch.device("cuda"), SamplingPlan()
+    assert not should_compile_sampling(auto, cpu, 10**12)  # inductor's C++ compile outlasts a CPU run
+    assert should_compile_sampling(auto, cuda, COMPILE_MIN_TOKENS)
+    assert not should_compile_sampling(auto, cuda, COMPILE_MIN_TOKENS - 1)
+    assert should_compile_sampling(replace(auto, compile="on"), cpu, 1)
+    assert not should_compile_sampling(replace(auto, compile="off"), cuda, 10**12)
+
+
+@pytest.mark.parametrize("plan,tokens", [
+    (SamplingPlan(steps=1000), 3 * 1024 * 1000),                               # the budget per row
+    (SamplingPlan(sampler="first-hitting"), 3 * 1024 * 1024),                  # one call per token
+    (SamplingPlan(steps=100, block_len=256), 3 * 1024 * 100 * 4),              # the budget per block
+])
+def test_the_work_that_decides_compiling_bounds_the_tokens_through_the_network(plan, tokens):
+    batch = generation._Batch([0, 1, 2], torch.zeros(3, 1024, dtype=torch.long), [None] * 3, 1024)
+    assert generation._network_tokens(plan, [batch], generation.DIFFUSION) == tokens
+
+
+def test_compiled_sampling_draws_the_eager_samples_from_three_graphs_without_a_break(exports, diffusion):
+    """The blocks compiled as ``compile_parts`` does for sampling on a GPU (here with a counting
+    CPU backend): the calls, with every row count of the batch at every step of the sampler,
+    reuse at most three graphs (the first shape, the batch dimension dynamic, and one row,
+    which torch specializes); no graph break."""
+    plan = SamplingPlan(steps=12, seed=5)
+    eager = generate(diffusion, plan, num=5, seq_len=SEQ_LEN, batch_size=4)
+    compiled = load_export(exports["diffusion"])
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled.network.compile_parts(backend=counter)  # generate's own compile_parts then does nothing
+    again = generate(compiled, replace(plan, compile="on"), num=5, seq_len=SEQ_LEN, batch_size=4)
+    assert [sample.tokens for sample in again] == [sample.tokens for sample in eager]
+    assert len({sample.network_calls for sample in eager}) > 1  # rows needed different calls
+    assert sum(sample.network_calls for sample in eager) > 20 and counter.frame_count <= 3
+    assert not torch._dynamo.utils.counters["graph_break"]

@@ -37,6 +37,7 @@ def test_defaults_resolve_the_samplers_options():
     ({"temperature": float("nan")}, "temperature", "temperature must be a number > 0"),
     ({"seed": -1}, "seed", "seed must be an integer >= 0"),
     ({"block_len": 0}, "block_len", "block_len must be an integer >= 1"),
+    ({"compile": "yes"}, "compile", "compile must be one of auto, on, off"),
     ({"options": ConfidenceOptions()}, "options", "the ancestral sampler takes no options"),
     ({"sampler": "remdm", "options": ConfidenceOptions()}, "options", "takes RemaskOptions"),
 ])
@@ -64,6 +65,7 @@ def test_a_bad_option_is_named(make, field, match):
     SamplingPlan(sampler="first-hitting", steps=None, top_p=0.9, temperature=0.8, seed=3, block_len=64),
     SamplingPlan(sampler="confidence", steps=16, grid="cosine", options=ConfidenceOptions(score="margin")),
     SamplingPlan(sampler="remdm", steps=128, options=RemaskOptions(schedule="loop", eta=0.05), static_shape=True),
+    SamplingPlan(steps=64, compile="off"),
 ])
 def test_the_record_is_json_and_reads_back_to_the_same_plan(plan):
     record = json.loads(json.dumps(plan.to_dict()))

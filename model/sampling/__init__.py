@@ -33,6 +33,7 @@ from model.sampling.core import (
 from model.sampling.draw import Sampler, draw
 from model.sampling.first_hitting import first_hitting_sample
 from model.sampling.plan import (
+    COMPILE_SETTINGS,
     CONFIDENCE_SCORES,
     GRIDS,
     REMASK_SCHEDULES,
@@ -46,7 +47,7 @@ from model.sampling.plan import (
 )
 from model.sampling.remasking import remask_sample
 
-__all__ = ["CONFIDENCE_SCORES", "GRIDS", "REMASK_SCHEDULES", "SAMPLERS", "ConfidenceOptions", "NetworkCalls",
+__all__ = ["COMPILE_SETTINGS", "CONFIDENCE_SCORES", "GRIDS", "REMASK_SCHEDULES", "SAMPLERS", "ConfidenceOptions", "NetworkCalls",
            "PlanError", "RemaskOptions", "Sampler", "SamplerOptions", "SamplingPlan", "SamplingStats",
            "ancestral_sample", "confidence_sample", "draw", "first_hitting_sample", "inverse_cdf",
            "parse_sampler_options", "remask_sample", "reverse_sample", "row_uniforms", "sample_generators",

@@ -20,10 +20,13 @@ length and the sampler's own options. It is valid by construction: a bad field r
 ``steps=None`` (the default) is the sampler's default budget: exact first-hitting, and
 ``DEFAULT_STEPS`` (1000) steps for the others.
 
-``cache`` and ``static_shape`` say how to run, not what to draw: they never change the
-samples. ``cache=False`` calls the network at every step (the ancestral samplers' reference);
+``cache``, ``static_shape`` and ``compile`` say how to run, not what to draw: they never
+change the samples (``compile`` up to the compiled kernels' floating-point differences).
+``cache=False`` calls the network at every step (the ancestral samplers' reference);
 ``static_shape=True`` passes every row of the batch, at every position, through each call
-(a fixed input shape, for compiled networks and CUDA graphs) and reads only what is needed.
+(a fixed input shape, for compiled networks and CUDA graphs) and reads only what is needed;
+``compile`` (``COMPILE_SETTINGS``) compiles the network's blocks before sampling: "auto"
+does on a GPU when the work repays the compile time (``evaluation.generation``).
 """
 
 from __future__ import annotations
@@ -33,13 +36,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-__all__ = ["CONFIDENCE_SCORES", "GRIDS", "REMASK_SCHEDULES", "SAMPLERS", "ConfidenceOptions", "PlanError",
+__all__ = ["COMPILE_SETTINGS", "CONFIDENCE_SCORES", "GRIDS", "REMASK_SCHEDULES", "SAMPLERS", "ConfidenceOptions", "PlanError",
            "RemaskOptions", "SamplerOptions", "SamplingPlan", "parse_sampler_options"]
 
 SAMPLERS = ("ancestral", "first-hitting", "confidence", "remdm")
 GRIDS = ("uniform", "cosine")
 CONFIDENCE_SCORES = ("max-prob", "margin")
 REMASK_SCHEDULES = ("cap", "rescale", "loop")
+COMPILE_SETTINGS = ("auto", "on", "off")  # as ``unmask eval --compile`` and ``train.compile``
 # ReMDM's own settings for OpenWebText (Wang et al. 2025, their scripts): eta per schedule,
 # and the loop's switch-on time, switch-off time and the alpha held in between.
 REMASK_ETA = {"cap": 0.008, "rescale": 0.015, "loop": 0.02}
@@ -125,9 +129,10 @@ class SamplingPlan:
     options: SamplerOptions | None = field(default=None)  # None: the sampler's defaults
     cache: bool = True                  # skip calls whose output nobody needs
     static_shape: bool = False          # every row, every position through each call
+    compile: str = "auto"               # COMPILE_SETTINGS: torch.compile the network's blocks
 
     RECORDED: ClassVar[tuple[str, ...]] = ("sampler", "steps", "grid", "top_p", "temperature", "seed",
-                                           "block_len", "options", "cache", "static_shape")
+                                           "block_len", "options", "cache", "static_shape", "compile")
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
@@ -149,6 +154,8 @@ class SamplingPlan:
         if self.block_len is not None and (isinstance(self.block_len, bool) or not isinstance(self.block_len, int)
                                            or self.block_len < 1):
             _fail("block_len", f"block_len must be an integer >= 1, got {self.block_len!r}")
+        if self.compile not in COMPILE_SETTINGS:
+            _fail("compile", f"compile must be one of {', '.join(COMPILE_SETTINGS)}, got {self.compile!r}")
         self._resolve_options()
 
     def _resolve_options(self) -> None:

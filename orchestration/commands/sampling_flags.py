@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from common.errors import UserError
 from model.sampling import (
+    COMPILE_SETTINGS,
     CONFIDENCE_SCORES,
     GRIDS,
     REMASK_SCHEDULES,
@@ -51,12 +52,13 @@ class SamplingFlags:
     top_p: str
     temperature: str
     block_len: str | None
+    compile: str | None     # None: the command's own --compile (unmask eval's) applies, if it has one
 
 
 SAMPLE_FLAGS = SamplingFlags(steps="--steps", grid="--grid", top_p="--top-p", temperature="--temperature",
-                             block_len="--block-len")
+                             block_len="--block-len", compile="--compile")
 REPORT_FLAGS = SamplingFlags(steps="--sample-steps", grid="--sample-grid", top_p="--sample-top-p",
-                             temperature="--sample-temperature", block_len=None)
+                             temperature="--sample-temperature", block_len=None, compile=None)
 
 
 def add_sampling_arguments(group: argparse._ActionsContainer, flags: SamplingFlags) -> None:
@@ -76,6 +78,10 @@ def add_sampling_arguments(group: argparse._ActionsContainer, flags: SamplingFla
         group.add_argument(flags.block_len, type=int, metavar="N", dest="plan_block_len",
                            help="semi-autoregressive: generate blocks of N tokens left to right, each with the text "
                                 "before it as context (sequences beyond the network's max_seq_len)")
+    if flags.compile is not None:
+        group.add_argument(flags.compile, choices=COMPILE_SETTINGS, default="auto", dest="compile",
+                           help="torch.compile the network's blocks: auto does on a GPU when the samples pass "
+                                "32M tokens or more through it (default: %(default)s)")
     group.add_argument("--sampler-option", action="append", default=[], metavar="KEY=VALUE", dest="plan_options",
                        help="an option of the sampler (repeatable; see 'sampler options' below)")
 
@@ -84,11 +90,11 @@ def plan_from_args(args: argparse.Namespace, flags: SamplingFlags, seed: int) ->
     """The plan the flags describe; a UserError naming the flag of a bad value."""
     names = {"sampler": "--sampler", "steps": flags.steps, "grid": flags.grid, "top_p": flags.top_p,
              "temperature": flags.temperature, "block_len": flags.block_len, "seed": "--seed",
-             "options": "--sampler-option"}
+             "options": "--sampler-option", "compile": flags.compile or "--compile"}
     try:
         return SamplingPlan(sampler=args.sampler, steps=args.plan_steps, grid=args.plan_grid, top_p=args.plan_top_p,
                             temperature=args.plan_temperature, seed=seed,
-                            block_len=getattr(args, "plan_block_len", None),
+                            block_len=getattr(args, "plan_block_len", None), compile=getattr(args, "compile", "auto"),
                             options=parse_sampler_options(args.sampler, args.plan_options))
     except PlanError as err:
         flag = names.get(err.field.split(".")[0], "--sampler-option")
