@@ -1,17 +1,21 @@
-"""Sampling throughput on CPU: sequences per second of the ancestral sampler, with and without
-caching, at a few step counts.
+"""Sampling throughput on CPU per sampler: sequences per second and network calls, at a few
+budgets, against the ancestral sampler measured in the same run.
 
-For each step count it draws one batch from all-mask with ``MaskedDiffusion.sample`` twice:
-  cache     the network is called only for rows where the step unmasks something (MDLM's
-            caching for a time-free network: at most seq_len rows evaluated per sequence,
-            however many steps)
-  no_cache  the network is called at every step (the reference; the same samples for a seed)
+For each budget (``--steps``: the plan's budget of network calls per sequence) it draws one
+batch from all-mask with ``MaskedDiffusion.sample`` per variant:
+  ancestral-no-cache  the network at every step (the reference of the cache; same samples)
+  ancestral           calls only for rows where the step reveals a token (MDLM's caching)
+  first-hitting       exact at budget >= seq_len: one call per token; below, k tokens per call
+  confidence          one call per step, the most confident positions revealed
+  remdm               ReMDM (cap): at most one call per step, revealed tokens may be remasked
 The variants run interleaved, repeated, and the median is reported, because this machine is
-noisy; the cache / no-cache ratio measured in the same run is the figure to compare. The
-network is an untrained time-free preset: what a step costs does not depend on the weights,
-and which steps unmask something depends only on the schedule.
+noisy; the ratio to ``ancestral`` measured in the same run is the figure to compare. The
+network is an untrained time-free preset: what a call costs does not depend on the weights.
+Which steps call the network does, for confidence and first-hitting not at all, for ancestral
+and remdm only through the schedule's coins. ``--static-shape`` passes every row through
+every call (a fixed input shape, what CUDA graphs need).
 
-    python bench/sampling_cpu.py [--preset tiny] [--steps 128 1000] [--batch 8] [--seq-len 128]
+    python bench/sampling_cpu.py [--preset tiny] [--steps 64 256 1024] [--batch 8] [--seq-len 128]
 
 Prints one JSON object per (steps, variant) line after a line describing the machine.
 """
@@ -24,64 +28,76 @@ import os
 import platform
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
 from model.diffusion import MaskedDiffusion
-from model.sampling import SamplingStats
+from model.sampling import SamplingPlan, SamplingStats
 from model.schedules import make_schedule
 from model.transformer import Transformer, parameter_counts, preset
 
 VOCAB_SIZE = 4096   # a small tokenizer's vocabulary, as bench/model_cpu.py's tiny shape
-VARIANTS = {"cache": True, "no_cache": False}
+BASELINE = "ancestral"
+VARIANTS = {"ancestral-no-cache": SamplingPlan(cache=False), "ancestral": SamplingPlan(),
+            "first-hitting": SamplingPlan(sampler="first-hitting"), "confidence": SamplingPlan(sampler="confidence"),
+            "remdm": SamplingPlan(sampler="remdm")}
 
 
-def _draw(diffusion: MaskedDiffusion, network: Transformer, batch: int, seq_len: int, steps: int,
-          cache: bool) -> tuple[float, SamplingStats]:
-    """Seconds for one batch, and the network calls it made (the same seed for every draw)."""
-    generator = torch.Generator().manual_seed(0)
+def _draw(diffusion: MaskedDiffusion, network: Transformer, plan: SamplingPlan, batch: int,
+          seq_len: int) -> tuple[float, SamplingStats]:
+    """Seconds for one batch, and what it cost (the plan's seed: the same samples every draw)."""
     start = time.perf_counter()
     with torch.inference_mode():
-        _, stats = diffusion.sample(network, batch, seq_len, steps, generator, cache=cache, return_stats=True)
+        _, stats = diffusion.sample(network, plan, num_samples=batch, seq_len=seq_len)
     return time.perf_counter() - start, stats
 
 
-def bench_steps(diffusion: MaskedDiffusion, network: Transformer, batch: int, seq_len: int, steps: int,
-                repeats: int) -> list[dict]:
-    _draw(diffusion, network, batch, seq_len, min(steps, 8), cache=True)  # warm-up: allocator, thread pools
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+def bench_steps(diffusion: MaskedDiffusion, network: Transformer, plans: dict[str, SamplingPlan], batch: int,
+                seq_len: int, repeats: int) -> list[dict]:
+    """One row per variant at one budget, with its speed relative to ``BASELINE``."""
+    warm = next(iter(plans.values()))
+    _draw(diffusion, network, replace(warm, steps=min(warm.steps, 8)), batch, seq_len)  # allocator, thread pools
+    times: dict[str, list[float]] = {name: [] for name in plans}
     stats: dict[str, SamplingStats] = {}
     for _ in range(repeats):
-        for name, cache in VARIANTS.items():
-            seconds, stats[name] = _draw(diffusion, network, batch, seq_len, steps, cache)
+        for name, plan in plans.items():
+            seconds, stats[name] = _draw(diffusion, network, plan, batch, seq_len)
             times[name].append(seconds)
-    reference = statistics.median(times["no_cache"])
-    return [{"steps": steps, "variant": name, "batch": batch, "seq_len": seq_len,
+    reference = statistics.median(times[BASELINE])
+    return [{"steps": plans[name].steps, "variant": name, "batch": batch, "seq_len": seq_len,
+             "static_shape": plans[name].static_shape,
              "network_calls": stats[name].network_calls, "rows_evaluated": stats[name].rows_evaluated,
+             "calls_per_sequence": round(sum(stats[name].row_calls) / batch, 2),
              "median_s": round(statistics.median(values), 3), "min_s": round(min(values), 3),
              "sequences_per_s": round(batch / statistics.median(values), 3),
-             "speedup_vs_no_cache": round(reference / statistics.median(values), 2)}
+             "speedup_vs_ancestral": round(reference / statistics.median(values), 2)}
             for name, values in times.items()]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny", choices=["tiny", "small"])
-    parser.add_argument("--steps", type=int, nargs="+", default=[128, 1000])
+    parser.add_argument("--steps", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--static-shape", action="store_true", help="every row through every call")
     args = parser.parse_args()
+    if BASELINE not in args.variants:
+        parser.error(f"--variants must include the baseline {BASELINE}")
     torch.manual_seed(0)
     config = preset(args.preset, VOCAB_SIZE, max_seq_len=max(args.seq_len, 256))
     network = Transformer(config).eval()
-    diffusion = MaskedDiffusion(make_schedule("linear"), VOCAB_SIZE)
+    diffusion = MaskedDiffusion(make_schedule("linear"), VOCAB_SIZE, validate=False)
     print(json.dumps({"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                       "threads": torch.get_num_threads(), "torch": torch.__version__,
                       "python": platform.python_version(), "preset": args.preset, "vocab_size": VOCAB_SIZE,
                       "params": parameter_counts(config).total}))
     for steps in args.steps:
-        for row in bench_steps(diffusion, network, args.batch, args.seq_len, steps, args.repeats):
+        plans = {name: replace(VARIANTS[name], steps=steps, static_shape=args.static_shape) for name in args.variants}
+        for row in bench_steps(diffusion, network, plans, args.batch, args.seq_len, args.repeats):
             print(json.dumps(row), flush=True)
 
 

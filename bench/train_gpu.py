@@ -37,7 +37,7 @@ bench/eval_throughput.py's measure (estimate_bound, tokens/s per time sample, ne
 plain forward), as it ran before (eager, --eval-batch) and as `unmask eval` runs now
 (compiled, its batch sized to the device). Sampling: per preset, MaskedDiffusion.sample
 from all-mask with --sample-steps steps (1000), sequences/s and network calls (cached: at
-most seq_len per sequence).
+most seq_len per sequence), as the bench ran before and as `unmask sample` runs now.
 
 Data: --data, an `unmask prep` output; without it the bench preps --inputs (default
 tinyshakespeare and PTB train, bench/prep_and_load.py's SOURCES) with --tokenizer (default
@@ -80,8 +80,11 @@ from data_prep.loader import StreamingLoader  # noqa: E402
 from data_prep.prep import PrepConfig, prep  # noqa: E402
 from data_prep.shards import Manifest  # noqa: E402
 from data_prep.tokenizer import load_tokenizer  # noqa: E402
+from evaluation.evaluate import inference_mode  # noqa: E402
+from evaluation.generation import should_compile_sampling  # noqa: E402
 from model.denoiser import FunctionDenoiser  # noqa: E402
 from model.diffusion import MaskedDiffusion  # noqa: E402
+from model.sampling import SamplingPlan, sample_generators  # noqa: E402
 from model.schedules import make_schedule  # noqa: E402
 from model.transformer import PRESETS, Transformer, TransformerConfig  # noqa: E402
 from pipeline.config import Config, ModelSection, load_config  # noqa: E402
@@ -313,18 +316,29 @@ def measure_training(args: argparse.Namespace, preset: str, micro_batch: int, va
 
 
 # ------------------------------------------------------------------ evaluation and sampling
-def measure_sampling(network: TransformerConfig, num_samples: int, steps: int, device: torch.device) -> dict:
+def measure_sampling(network: TransformerConfig, num_samples: int, steps: int, device: torch.device, *,
+                     tuned: bool) -> dict:
     """Sequences/s of ancestral sampling from all-mask (a fresh network: the cost does not
-    depend on the weights, since whether a step unmasks anything does not)."""
+    depend on the weights, since whether a step unmasks anything does not). ``tuned``: as
+    ``unmask sample`` runs (``evaluation.generation``: inference mode, evaluation's attention
+    kernel, one generator per sample, the blocks compiled when the plan's "auto" says so);
+    otherwise as the bench ran before issue 24 (bf16 autocast under no_grad, one generator)."""
     torch.manual_seed(0)
     model = Transformer(network).to(device).eval()
     diffusion = MaskedDiffusion(make_schedule("linear"), network.vocab_size, validate=False)
-    generator = torch.Generator(device).manual_seed(0)
+    plan = SamplingPlan(steps=steps)
+    tokens = num_samples * network.max_seq_len * steps
+    compiled = tuned and should_compile_sampling(plan, device, tokens)
+    if compiled:
+        model.compile_parts()
 
     def sample(sample_steps: int):
-        with torch.no_grad(), inference_precision(device):
-            return diffusion.sample(model, num_samples, network.max_seq_len, sample_steps, generator=generator,
-                                    device=device, return_stats=True)[1]
+        generator = (sample_generators(plan.seed, range(num_samples)) if tuned
+                     else torch.Generator(device).manual_seed(0))
+        context = inference_mode(model, device) if tuned else inference_precision(device)
+        with torch.inference_mode(), context:
+            return diffusion.sample(model, dataclasses.replace(plan, steps=sample_steps), num_samples=num_samples,
+                                    seq_len=network.max_seq_len, generator=generator, device=device)[1]
 
     sample(WARMUP_SAMPLE_STEPS)
     synchronize(device)
@@ -332,9 +346,9 @@ def measure_sampling(network: TransformerConfig, num_samples: int, steps: int, d
     stats = sample(steps)
     synchronize(device)
     elapsed = time.perf_counter() - start
-    return {"bench": "sample", "seq_len": network.max_seq_len, "vocab_size": network.vocab_size,
-            "device": device.type, "num_samples": num_samples, "steps": steps, "seconds": elapsed,
-            "sequences_per_s": num_samples / elapsed, "network_calls": stats.network_calls,
+    return {"bench": "sample", "tuned": tuned, "compiled": compiled, "seq_len": network.max_seq_len,
+            "vocab_size": network.vocab_size, "device": device.type, "num_samples": num_samples, "steps": steps,
+            "seconds": elapsed, "sequences_per_s": num_samples / elapsed, "network_calls": stats.network_calls,
             "rows_evaluated": stats.rows_evaluated}
 
 
@@ -349,8 +363,11 @@ def measure_inference(args: argparse.Namespace, preset: str, manifest: Manifest,
                                         tuned=tuned)
         rows.append({"bench": "evaluate", **evaluation})
         torch._dynamo.reset()
-    sampling = measure_sampling(network, args.sample_batch, args.sample_steps, device)
-    return [*rows, {**sampling, "preset": preset}]
+    for tuned in (False, True):
+        rows.append({**measure_sampling(network, args.sample_batch, args.sample_steps, device, tuned=tuned),
+                     "preset": preset})
+        torch._dynamo.reset()
+    return rows
 
 
 # ------------------------------------------------------------------ main

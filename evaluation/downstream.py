@@ -89,7 +89,8 @@ class DownstreamConfig:
     samples: int = 16                    # K: time samples per loglikelihood request
     seed: int = 0
     batch_size: int | None = None        # rows per forward pass; None: by the device's capacity
-    gen_steps: int | None = None         # reverse steps of a diffusion sample (generate_until)
+    gen_sampler: str = "ancestral"       # how a diffusion model samples for generate_until (model.sampling)
+    gen_steps: int | None = None         # its budget of network calls (None: one per generated token)
     download: bool = False               # let lm-eval fetch datasets from the Hugging Face Hub
 
     def check(self) -> None:
@@ -114,7 +115,7 @@ class DownstreamConfig:
     def model_args(self, device: str) -> dict[str, Any]:
         """The ``unmask`` model's arguments (``evaluation.lm_eval_model``)."""
         return {"samples": self.samples, "seed": self.seed, "batch_size": self.batch_size or AUTO,
-                "device": device, "gen_steps": self.gen_steps}
+                "device": device, "gen_sampler": self.gen_sampler, "gen_steps": self.gen_steps}
 
 
 @dataclass(frozen=True)
@@ -279,7 +280,8 @@ def _settings(config: DownstreamConfig, device: str) -> dict[str, Any]:
             "data_dir": None if config.data_dir is None else str(Path(config.data_dir).resolve()),
             "limit": config.limit, "num_fewshot": config.num_fewshot, "samples": config.samples,
             "seed": config.seed, "batch_size": config.batch_size or AUTO, "device": device,
-            "precision": "bf16" if device.startswith("cuda") else "fp32", "gen_steps": config.gen_steps,
+            "precision": "bf16" if device.startswith("cuda") else "fp32", "gen_sampler": config.gen_sampler,
+            "gen_steps": config.gen_steps,
             "offline": not config.download}
 
 

@@ -1,18 +1,29 @@
 """Text generation from an export, unconditionally, after a prompt, or by infilling (the
-library behind ``unmask sample``, whose command line is ``orchestration.commands.sample``).
+library behind ``unmask sample``, whose command line is ``orchestration.commands.sample``;
+also what ``unmask eval`` samples for its report, and what an lm-eval harness calls).
 
     exported = load_export(resolve_export(Path("runs/tiny")))
-    samples = generate(exported, num=4, steps=1000, prompt="Once upon a time")
+    plan = SamplingPlan(sampler="first-hitting", top_p=0.9, seed=1)
+    samples = generate(exported, plan, num=4, prompt="Once upon a time")
     print(samples[0].text, samples[0].network_calls)
+    answers = complete(exported, plan, ["Q: 2 + 2 =", "ROMEO:"], max_new_tokens=16)  # one per prompt
 
-Diffusion exports sample with their process's ``sample`` (ancestral, cached network calls)
+``generate`` draws ``num`` samples of one prompt (or template); ``complete`` one continuation
+per prompt, each the same as ``generate``'s sample of that index and prompt: the API an
+evaluation harness's ``generate_until`` calls (it cuts the text at its own stop strings).
+
+Diffusion exports sample with their process's ``sample`` and the plan's sampler
+(``model.sampling``: ancestral, first-hitting, confidence or remdm, as the process allows)
 under the process and schedule they were trained with (a learned schedule with its trained
 theta). Conditioning is a tensor of kept tokens and mask ids: ``prompt`` keeps its tokens
 at the start of the sequence and generates the rest; ``infill`` takes a template whose
 literal text is kept in place and whose placeholders (``INFILL_SYNTAX``) are generated, as is
-everything after the template. Autoregressive exports sample left to right (temperature 1,
-optional nucleus ``top_p``) and continue a ``prompt``; they cannot infill. Bad arguments
-raise ``UserError`` naming the flag of ``unmask sample`` that sets them.
+everything after the template. ``seq_len`` beyond the network's ``max_seq_len`` needs the
+plan's ``block_len`` (semi-autoregressive blocks). Autoregressive exports sample left to
+right (the plan's temperature and nucleus; its sampler must be ``ancestral``, the default)
+and continue a ``prompt``; they cannot infill. Bad arguments raise ``UserError`` naming the
+flag of ``unmask sample`` that sets them; ``check_plan`` checks a plan against an export
+before any work.
 
 Text. ``Sample.tokens`` is the whole sampled sequence (``seq_len`` ids). ``Sample.text``
 decodes it up to, not including, the first EOS after the last kept token (the prompt's
@@ -20,27 +31,28 @@ last token, or the template's last literal token): the model marks a document's 
 EOS and what follows belongs to an unrelated document. An EOS generated between kept
 tokens stays (a SentencePiece EOS decodes to nothing). ``Sample.text_tokens`` is how many
 leading ids the text decodes: what sample quality (``evaluation.sample_quality``) scores.
-Every sample also records how it was drawn: ``steps``, ``grid``, ``top_p`` and ``seed``.
+Every sample also records how it was drawn: the plan, and its ``index`` under the plan's seed.
 
-Cost. ``Sample.network_calls`` counts the network evaluations of that sample's sequence.
-A diffusion batch reports only its total (``SamplingStats.rows_evaluated``: rows passed
-through the denoiser, summed over calls); each sample gets that total divided by the
-batch's rows, rounded up, which is exact for ``batch_size=1``. With caching it is at most
-the number of generated positions, however many steps, for the absorbing process; the
-uniform and learned processes need the network at every step where a row changed (and at
-every step for a time-conditioned network). An autoregressive sample costs
-one evaluation per generated token (no KV cache: each one re-reads the whole prefix).
+Cost. ``Sample.network_calls`` counts the network evaluations that sample needed (the
+sampler counts them per row, ``SamplingStats.row_calls``). With caching the ancestral
+sampler of the absorbing process needs at most one per generated position however many
+steps; first-hitting exactly one per generated token; the uniform and learned processes
+need the network at every step where a row changed (and at every step for a
+time-conditioned network). An autoregressive sample costs one evaluation per generated
+token (no KV cache: each one re-reads the whole prefix).
 
-Determinism. One ``torch.Generator`` seeded with ``seed`` on the sampling device draws
-every batch in turn, so the same export, arguments, batch size and device give the same
-samples; a different batch size or device gives different (equally valid) samples.
+Determinism. Sample i draws from its own generator, seeded by (the plan's seed, i)
+(``model.sampling.sample_generators``, CPU generators whatever the device): the same export,
+plan and arguments give the same samples whatever ``batch_size``, and on any device up to the
+network's floating-point differences between devices and batch shapes (bit-identical on CPU
+in our tests).
 """
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -48,14 +60,15 @@ from torch import Tensor
 from common.errors import UserError
 from common.progress import bar as progress_bar
 from data_prep.tokenizer import Tokenizer
+from evaluation.evaluate import COMPILE_MIN_TOKENS, inference_mode
 from model.denoiser import Denoiser
 
 # The diffusion sampler's float64 inverse-CDF draw: the AR sampler draws its tokens the same way.
-from model.sampling import GRIDS, inverse_cdf, top_p_filter
+from model.sampling import SamplingPlan, inverse_cdf, row_uniforms, sample_generators, token_probs
 from pipeline.export import Exported
 
-__all__ = ["INFILL_PLACEHOLDER", "INFILL_SYNTAX", "Sample", "build_prompt", "generate", "resolve_device",
-           "GRIDS", "DEFAULT_BATCH_SIZE", "DEFAULT_GRID"]
+__all__ = ["DEFAULT_BATCH_SIZE", "INFILL_PLACEHOLDER", "INFILL_SYNTAX", "Sample", "build_prompt", "check_plan",
+           "complete", "continue_tokens", "generate", "resolve_device", "should_compile_sampling"]
 
 # An infill placeholder: "[MASK]" is one generated token, "[MASK*n]" n of them (n >= 1).
 INFILL_PLACEHOLDER = re.compile(r"\[MASK(?:\*(\d+))?\]")
@@ -65,7 +78,6 @@ _PLACEHOLDER_START = "[MASK"
 
 DIFFUSION, AUTOREGRESSIVE = "diffusion", "autoregressive"
 DEFAULT_BATCH_SIZE = 8
-DEFAULT_GRID = "uniform"
 
 
 @dataclass(frozen=True)
@@ -74,15 +86,17 @@ class Sample:
 
     text: str                # decoded up to the first EOS after the last kept token
     tokens: list[int]        # the whole sequence, seq_len ids
-    network_calls: int       # network evaluations of this sequence
-    steps: int               # diffusion: reverse steps; autoregressive: tokens generated
-    prompt: str | None       # the prompt text or the infill template
     text_tokens: int         # how many leading ids of ``tokens`` ``text`` decodes
-    # How it was drawn (set by ``generate``): the time grid (None for an autoregressive
-    # export), the nucleus (None: the full distribution) and the seed of its generator.
-    grid: str | None = None
-    top_p: float | None = None
-    seed: int | None = None
+    network_calls: int       # network evaluations this sequence needed
+    prompt: str | None       # the prompt text or the infill template
+    plan: SamplingPlan       # how it was drawn
+    index: int               # its number under the plan's seed (sample i is the same in any batch)
+
+    def to_dict(self) -> dict:
+        """The sample as a JSON object (a line of ``unmask sample --out``)."""
+        return {"text": self.text, "tokens": self.tokens, "text_tokens": self.text_tokens,
+                "network_calls": self.network_calls, "prompt": self.prompt, "index": self.index,
+                "plan": self.plan.to_dict()}
 
 
 # ------------------------------------------------------------------ conditioning
@@ -152,58 +166,177 @@ def _literal_tokens(tokenizer: Tokenizer, segment: str) -> list[int]:
 
 
 # ------------------------------------------------------------------ generation
-def generate(exported: Exported, *, num: int, steps: int | None, seq_len: int | None = None,
-             grid: str = DEFAULT_GRID, prompt: str | None = None, infill: str | None = None,
-             top_p: float | None = None, seed: int = 0, batch_size: int = DEFAULT_BATCH_SIZE,
-             device: str = "cpu") -> list[Sample]:
-    """Draw ``num`` samples from ``exported``; see the module docstring.
+@dataclass(frozen=True)
+class _Batch:
+    """Samples drawn together: their numbers under the plan's seed, what they start from
+    (diffusion: [rows, seq_len] kept tokens and ``generate_id``; autoregressive: the
+    [rows, P] prefix) and the prompt text each records."""
 
-    ``steps`` (reverse steps) is required for diffusion exports and ignored by
-    autoregressive ones. ``seq_len`` defaults to the network's ``max_seq_len``. Bad
-    arguments raise ``UserError`` naming the CLI flag.
+    indices: list[int]
+    conditioning: Tensor
+    shown: list[str | None]
+    seq_len: int
+
+
+def generate(exported: Exported, plan: SamplingPlan, *, num: int, seq_len: int | None = None,
+             prompt: str | None = None, infill: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
+             device: str = "cpu") -> list[Sample]:
+    """Draw ``num`` samples (numbered 0 to num - 1) from ``exported`` as ``plan`` says, all with
+    the same ``prompt`` or ``infill`` template; see the module docstring.
+
+    ``seq_len`` defaults to the network's ``max_seq_len``; longer needs ``plan.block_len``.
+    Bad arguments raise ``UserError`` naming the CLI flag.
     """
+    seq_len = exported.network.config.max_seq_len if seq_len is None else seq_len
+    _check_positive("--num", num)
+    _check_positive("--batch-size", batch_size)
+    objective = check_plan(exported, plan, seq_len=seq_len, infill=infill)
+    if objective == AUTOREGRESSIVE:
+        conditioning = torch.tensor(_autoregressive_prefix(exported.tokenizer, prompt, seq_len), dtype=torch.long)
+    else:
+        generate_id = exported.process(validate=False).generate_id
+        conditioning = build_prompt(exported.tokenizer, seq_len, generate_id, prompt=prompt, infill=infill)
+        conditioning = torch.full((seq_len,), generate_id) if conditioning is None else conditioning
+    shown = prompt if infill is None else infill
+    batches = [_Batch(list(range(first, first + rows)), conditioning.expand(rows, -1), [shown] * rows, seq_len)
+               for first in range(0, num, batch_size) for rows in [min(batch_size, num - first)]]
+    return _draw(exported, plan, batches, objective, device)
+
+
+def complete(exported: Exported, plan: SamplingPlan, prompts: Sequence[str], *, max_new_tokens: int,
+             batch_size: int = DEFAULT_BATCH_SIZE, device: str = "cpu") -> list[Sample]:
+    """One continuation of ``max_new_tokens`` tokens per prompt, in the order of ``prompts``:
+    what an evaluation harness's ``generate_until`` asks for (``continue_tokens`` with the
+    prompts encoded, numbered 0, 1, ...).
+
+    Sample i continues ``prompts[i]`` and is drawn by generator i of the plan's seed, so it
+    does not depend on the other prompts nor on ``batch_size``. ``Sample.text`` is the prompt
+    and its continuation up to the first EOS after the prompt; a harness cuts it at its own
+    stop strings.
+    """
+    encoded = [exported.tokenizer.encode(text) for text in prompts]
+    return continue_tokens(exported, plan, encoded, max_new_tokens=max_new_tokens, shown=list(prompts),
+                           batch_size=batch_size, device=device)
+
+
+def continue_tokens(exported: Exported, plan: SamplingPlan, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                    indices: Sequence[int] | None = None, shown: Sequence[str | None] | None = None,
+                    batch_size: int = DEFAULT_BATCH_SIZE, device: str = "cpu") -> list[Sample]:
+    """``max_new_tokens`` ids after each prompt of token ids, kept as they are, in the order given.
+
+    ``indices``: each prompt's sample number under the plan's seed (default 0, 1, ...): its
+    generator, so a continuation is the same alone or among others. ``shown``: the text each
+    ``Sample.prompt`` records. Prompts of one length are drawn together (a diffusion model
+    fills the ``max_new_tokens`` positions after its prompt, an autoregressive one generates
+    them left to right). A prompt whose tokens plus ``max_new_tokens`` exceed the network's
+    ``max_seq_len`` needs ``plan.block_len`` (diffusion; refused for an autoregressive export).
+    """
+    _check_positive("max_new_tokens", max_new_tokens)
+    _check_positive("--batch-size", batch_size)
+    objective = check_plan(exported, plan)
+    indices = list(range(len(prompts))) if indices is None else list(indices)
+    shown = [None] * len(prompts) if shown is None else list(shown)
+    by_length: dict[int, list[int]] = {}
+    for position, tokens in enumerate(prompts):
+        by_length.setdefault(len(tokens), []).append(position)
+    max_seq_len = exported.network.config.max_seq_len
+    batches = []
+    for length, positions in sorted(by_length.items()):
+        if length + max_new_tokens > max_seq_len and (objective == AUTOREGRESSIVE or plan.block_len is None):
+            raise UserError(f"prompt {positions[0]} is {length} tokens: with max_new_tokens {max_new_tokens} it "
+                            f"exceeds the network's max_seq_len {max_seq_len}"
+                            + ("" if objective == AUTOREGRESSIVE else " (generate it in blocks: plan.block_len)"))
+        for start in range(0, len(positions), batch_size):
+            chosen = positions[start:start + batch_size]
+            prefix = torch.tensor([list(prompts[i]) for i in chosen], dtype=torch.long).view(len(chosen), length)
+            if objective == DIFFUSION:
+                generate_id = exported.process(validate=False).generate_id
+                prefix = torch.cat([prefix, torch.full((len(chosen), max_new_tokens), generate_id)], dim=1)
+            batches.append(_Batch([indices[i] for i in chosen], prefix, [shown[i] for i in chosen],
+                                  length + max_new_tokens))
+    drawn = {sample.index: sample for sample in _draw(exported, plan, batches, objective, device)}
+    return [drawn[index] for index in indices]
+
+
+def _draw(exported: Exported, plan: SamplingPlan, batches: list[_Batch], objective: str,
+          device: str) -> list[Sample]:
+    """Every batch, in order, on ``device``, with a progress bar: under inference mode, and on a
+    GPU as evaluation runs the network (bf16 autocast, the fastest attention kernel), its
+    blocks compiled when ``should_compile_sampling`` says so."""
+    target = resolve_device(device)
+    network = exported.network.to(target).eval()
+    if should_compile_sampling(plan, target, _network_tokens(plan, batches, objective)):
+        network.compile_parts()
+    draw = _autoregressive_batch if objective == AUTOREGRESSIVE else _diffusion_batch
+    samples = []
+    with torch.inference_mode(), inference_mode(network, target):
+        for batch in progress_bar(batches, desc="sample", unit="batch"):
+            samples += draw(exported, network, plan, batch, target)
+    return samples
+
+
+def should_compile_sampling(plan: SamplingPlan, device: torch.device, tokens: int) -> bool:
+    """``plan.compile``: on, off, or auto: on a GPU when the sampling passes at least
+    ``COMPILE_MIN_TOKENS`` tokens through the network (an evaluation's threshold: below it
+    the compile takes longer than it saves)."""
+    if plan.compile != "auto":
+        return plan.compile == "on"
+    return device.type == "cuda" and tokens >= COMPILE_MIN_TOKENS
+
+
+def _network_tokens(plan: SamplingPlan, batches: list[_Batch], objective: str) -> int:
+    """An upper bound on the tokens the batches pass through the network: rows x length x calls
+    per row (the tokens to generate for first-hitting and autoregressive sampling, else the
+    budget per block)."""
+    total = 0
+    for batch in batches:
+        rows, length = batch.conditioning.shape[0], batch.seq_len
+        if objective == AUTOREGRESSIVE or plan.steps is None:
+            calls = length
+        else:
+            calls = plan.steps * (1 if plan.block_len is None else -(-length // plan.block_len))
+        total += rows * length * calls
+    return total
+
+
+def check_plan(exported: Exported, plan: SamplingPlan, *, seq_len: int | None = None,
+               infill: str | None = None) -> str:
+    """The export's objective, once ``plan`` (and ``seq_len``, ``infill``) fit it; else a UserError
+    naming the flag: a sampler the process does not take, a sequence or block longer than
+    the network's context, an autoregressive export asked to infill or to use blocks."""
     objective = exported.config.get("objective")
     if objective not in (DIFFUSION, AUTOREGRESSIVE):
         raise UserError(f"export objective {objective!r} is not one of {DIFFUSION}, {AUTOREGRESSIVE}")
-    seq_len = exported.network.config.max_seq_len if seq_len is None else seq_len
-    _check_arguments(exported, objective, num=num, steps=steps, seq_len=seq_len, grid=grid,
-                     infill=infill, top_p=top_p, batch_size=batch_size)
-    target = resolve_device(device)
-    network = exported.network.to(target).eval()
-    generator = torch.Generator(device=target).manual_seed(seed)
-    sizes = progress_bar(_batches(num, batch_size), desc="sample", unit="batch")
-    with torch.inference_mode():
-        if objective == AUTOREGRESSIVE:
-            samples = _sample_autoregressive(exported, network, sizes, seq_len=seq_len, prompt=prompt,
-                                             top_p=top_p, generator=generator, device=target)
-        else:
-            samples = _sample_diffusion(exported, network, sizes, steps=steps, seq_len=seq_len, grid=grid,
-                                        prompt=prompt, infill=infill, top_p=top_p, generator=generator,
-                                        device=target)
-    drawn_on = None if objective == AUTOREGRESSIVE else grid
-    return [replace(sample, grid=drawn_on, top_p=top_p, seed=seed) for sample in samples]
-
-
-def _check_arguments(exported: Exported, objective: str, *, num: int, steps: int | None, seq_len: int,
-                     grid: str, infill: str | None, top_p: float | None, batch_size: int) -> None:
     max_seq_len = exported.network.config.max_seq_len
-    _check_positive("--num", num)
-    _check_positive("--batch-size", batch_size)
-    _check_positive("--seq-len", seq_len)
-    if seq_len > max_seq_len:
-        raise UserError(f"--seq-len {seq_len} exceeds the network's max_seq_len {max_seq_len}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise UserError(f"--top-p must lie in (0, 1], got {top_p}")
+    if seq_len is not None:
+        _check_positive("--seq-len", seq_len)
     if objective == AUTOREGRESSIVE:
-        if infill is not None:
-            raise UserError("--infill needs a diffusion export: an autoregressive model only "
-                            "continues a --prompt left to right")
-        return
-    if steps is None:
-        raise UserError("--steps is required for a diffusion export (the number of reverse steps)")
-    _check_positive("--steps", steps)
-    if grid not in GRIDS:
-        raise UserError(f"--grid must be one of {', '.join(GRIDS)}, got {grid!r}")
+        _check_autoregressive(plan, seq_len, max_seq_len, infill)
+        return objective
+    try:
+        exported.process(validate=False).sampler(plan.sampler)
+    except ValueError as err:
+        raise UserError(f"--sampler {plan.sampler}: {err}") from None
+    if plan.block_len is not None and plan.block_len > max_seq_len:
+        raise UserError(f"--block-len {plan.block_len} exceeds the network's max_seq_len {max_seq_len}")
+    if seq_len is not None and seq_len > max_seq_len and plan.block_len is None:
+        raise UserError(f"--seq-len {seq_len} exceeds the network's max_seq_len {max_seq_len}: add --block-len "
+                        f"(at most {max_seq_len}) to generate it in semi-autoregressive blocks")
+    return objective
+
+
+def _check_autoregressive(plan: SamplingPlan, seq_len: int | None, max_seq_len: int, infill: str | None) -> None:
+    if infill is not None:
+        raise UserError("--infill needs a diffusion export: an autoregressive model only "
+                        "continues a --prompt left to right")
+    if plan.sampler != "ancestral":
+        raise UserError(f"--sampler {plan.sampler} needs a diffusion export: an autoregressive model samples "
+                        f"left to right (the default, ancestral)")
+    if plan.block_len is not None:
+        raise UserError("--block-len needs a diffusion export: an autoregressive model already generates "
+                        "left to right")
+    if seq_len is not None and seq_len > max_seq_len:
+        raise UserError(f"--seq-len {seq_len} exceeds the network's max_seq_len {max_seq_len}")
 
 
 def _check_positive(flag: str, value: int) -> None:
@@ -223,72 +356,58 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def _batches(num: int, batch_size: int) -> list[int]:
-    """Sizes of the batches that draw ``num`` samples."""
-    return [min(batch_size, num - start) for start in range(0, num, batch_size)]
-
-
-def _sample_diffusion(exported: Exported, network: torch.nn.Module, sizes: list[int], *, steps: int,
-                      seq_len: int, grid: str, prompt: str | None, infill: str | None,
-                      top_p: float | None, generator: torch.Generator, device: torch.device) -> list[Sample]:
+def _diffusion_batch(exported: Exported, network: torch.nn.Module, plan: SamplingPlan, batch: _Batch,
+                     device: torch.device) -> list[Sample]:
     diffusion = exported.process(validate=True)  # checks the prompt's token ids
-    conditioning = build_prompt(exported.tokenizer, seq_len, diffusion.generate_id, prompt=prompt, infill=infill)
-    kept_end = _conditioning_end(conditioning, diffusion.generate_id)
-    shown = prompt if infill is None else infill
-    samples = []
-    for rows in sizes:
-        tokens, stats = diffusion.sample(
-            network, rows, seq_len, steps, generator=generator, grid=grid,
-            prompt=None if conditioning is None else conditioning.to(device),
-            top_p=top_p, device=device, return_stats=True)
-        # Only the batch total is known; each row gets its share, rounded up (see the docstring).
-        calls = math.ceil(stats.rows_evaluated / rows)
-        samples += [_sample(exported.tokenizer, row, kept_end, calls, steps, shown)
-                    for row in tokens.tolist()]
-    return samples
+    tokens, stats = diffusion.sample(network, plan, num_samples=len(batch.indices), seq_len=batch.seq_len,
+                                     prompt=batch.conditioning.to(device), generator=sample_generators(
+                                         plan.seed, batch.indices), window=exported.network.config.max_seq_len,
+                                     device=device)
+    return [_sample(exported.tokenizer, row, _conditioning_end(kept, diffusion.generate_id), calls, shown, plan, index)
+            for row, kept, calls, shown, index in zip(tokens.tolist(), batch.conditioning, stats.row_calls,
+                                                      batch.shown, batch.indices)]
 
 
-def _conditioning_end(conditioning: Tensor | None, mask_id: int) -> int:
+def _conditioning_end(conditioning: Tensor, generate_id: int) -> int:
     """One past the last kept position: where a document end (EOS) may first cut the text."""
-    if conditioning is None:
-        return 0
-    kept = (conditioning != mask_id).nonzero()
+    kept = (conditioning != generate_id).nonzero()
     return int(kept.max()) + 1 if kept.numel() else 0
 
 
-def _sample_autoregressive(exported: Exported, network: torch.nn.Module, sizes: list[int], *,
-                           seq_len: int, prompt: str | None, top_p: float | None,
-                           generator: torch.Generator, device: torch.device) -> list[Sample]:
-    prefix = exported.tokenizer.encode(prompt) if prompt is not None else []
+def _autoregressive_prefix(tokenizer: Tokenizer, prompt: str | None, seq_len: int) -> list[int]:
+    prefix = tokenizer.encode(prompt) if prompt is not None else []
     if len(prefix) >= seq_len:
         raise UserError(f"--prompt is {len(prefix)} tokens, which leaves nothing to generate in "
                         f"--seq-len {seq_len}")
-    generated = seq_len - len(prefix)
-    samples = []
-    for rows in sizes:
-        tokens = _left_to_right(network, exported.network.config.vocab_size, prefix, rows, seq_len,
-                                top_p, generator, device)
-        samples += [_sample(exported.tokenizer, row, len(prefix), generated, generated, prompt)
-                    for row in tokens.tolist()]
-    return samples
+    return prefix
 
 
-def _left_to_right(network: torch.nn.Module, vocab_size: int, prefix: list[int], rows: int, seq_len: int,
-                   top_p: float | None, generator: torch.Generator, device: torch.device) -> Tensor:
-    """Ancestral sampling from a causal network that reads ``[start, x_0, ...]`` (start id V).
+def _autoregressive_batch(exported: Exported, network: torch.nn.Module, plan: SamplingPlan, batch: _Batch,
+                          device: torch.device) -> list[Sample]:
+    prefix = batch.conditioning.shape[1]
+    tokens = _left_to_right(network, exported.network.config.vocab_size, batch.conditioning.to(device),
+                            batch.seq_len, plan, sample_generators(plan.seed, batch.indices))
+    return [_sample(exported.tokenizer, row, prefix, batch.seq_len - prefix, shown, plan, index)
+            for row, shown, index in zip(tokens.tolist(), batch.shown, batch.indices)]
 
-    Tokens are drawn by inverse CDF from float64 probabilities, as in the diffusion sampler.
+
+def _left_to_right(network: torch.nn.Module, vocab_size: int, prefix: Tensor, seq_len: int, plan: SamplingPlan,
+                   generators: list[torch.Generator]) -> Tensor:
+    """Ancestral sampling from a causal network that reads ``[start, x_0, ...]`` (start id V),
+    after ``prefix`` [B, P].
+
+    Tokens are drawn by inverse CDF from the plan's float64 distribution, one uniform per row
+    per token from the row's own generator, as in the diffusion samplers.
     """
+    rows, device = prefix.shape[0], prefix.device
     tokens = torch.empty((rows, seq_len), dtype=torch.long, device=device)
-    tokens[:, :len(prefix)] = torch.tensor(prefix, dtype=torch.long, device=device)
+    tokens[:, :prefix.shape[1]] = prefix
     start = torch.full((rows, 1), vocab_size, dtype=torch.long, device=device)
-    for position in range(len(prefix), seq_len):
+    every_row = torch.ones(rows, dtype=torch.bool)
+    for position in range(prefix.shape[1], seq_len):
         logits = _next_token_logits(network, torch.cat([start, tokens[:, :position]], dim=1))
-        probs = torch.softmax(logits.to(torch.float64), dim=-1)
-        if top_p is not None and top_p < 1.0:
-            probs = top_p_filter(probs, top_p)
-        u = torch.rand(rows, generator=generator, dtype=torch.float64, device=device)
-        tokens[:, position] = inverse_cdf(probs, u)
+        u = row_uniforms((), generators, every_row, device)
+        tokens[:, position] = inverse_cdf(token_probs(logits, plan), u)
     return tokens
 
 
@@ -300,8 +419,8 @@ def _next_token_logits(network: Denoiser, context: Tensor) -> Tensor:
     return network.logits_at(context, None, last)
 
 
-def _sample(tokenizer: Tokenizer, tokens: list[int], kept_end: int, calls: int, steps: int,
-            prompt: str | None) -> Sample:
+def _sample(tokenizer: Tokenizer, tokens: list[int], kept_end: int, calls: int, prompt: str | None,
+            plan: SamplingPlan, index: int) -> Sample:
     cut = next((i for i in range(kept_end, len(tokens)) if tokens[i] == tokenizer.eos_id), len(tokens))
-    return Sample(text=tokenizer.decode(tokens[:cut]), tokens=tokens, network_calls=calls, steps=steps,
-                  prompt=prompt, text_tokens=cut)
+    return Sample(text=tokenizer.decode(tokens[:cut]), tokens=tokens, text_tokens=cut, network_calls=calls,
+                  prompt=prompt, plan=plan, index=index)

@@ -300,7 +300,8 @@ def _greedy_flags(model: ScoringModel, blocks: Blocks, rows: int, seed: int, pro
         start = torch.where(scored, process.generate_id, x0)
         prior_tokens = getattr(process, "prior_tokens", None)   # uniform noise, for the uniform process
         if prior_tokens is not None:
-            start = prior_tokens(start, scored, generator)
+            u = torch.rand(start.shape, generator=generator, dtype=torch.float64, device=model.device)
+            start = prior_tokens(start, scored, u)
         t = torch.full((x0.shape[0],), GREEDY_TIME, dtype=torch.float64, device=model.device)
         misses = denoiser.logits_at(start, t, scored).argmax(-1) != x0[scored]
         flags += (_row_sums(misses, scored) == 0).tolist()

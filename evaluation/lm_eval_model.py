@@ -18,8 +18,11 @@ Model arguments (``--model_args``, or keywords): ``path`` (a training run with a
 export; required), ``samples`` (K time samples per loglikelihood request of a diffusion model,
 default 16), ``seed`` (0), ``batch_size`` (rows per forward pass, or ``auto``: by the device's
 capacity), ``max_batch_size`` (a cap on ``auto``), ``device`` (default: cuda when available),
-``gen_steps`` (reverse steps of a diffusion sample; default one per generated token) and
-``gen_grid`` (``uniform`` or ``cosine``). Any other name is refused in one line.
+and how ``generate_until`` samples a diffusion model (``model.sampling``): ``gen_sampler``
+(``ancestral``, the default, ``first-hitting``, ``confidence`` or ``remdm``, as the process
+allows), ``gen_steps`` (its budget of network calls; default one per generated token, and
+for first-hitting the exact sampler) and ``gen_grid`` (``uniform`` or ``cosine``). Any other
+name is refused in one line.
 
 The requests (``evaluation.likelihoods`` says how each number is made):
 
@@ -34,16 +37,17 @@ The requests (``evaluation.likelihoods`` says how each number is made):
 - ``generate_until``: a sample with the context kept as a prompt (cut from the left to leave
   ``max_gen_toks`` positions, as HFLM does), of ``max_gen_toks`` tokens, decoded up to the first
   EOS and cut at the first stop sequence (``until``). ``do_sample: false`` (lm-eval's default)
-  draws each token as the argmax (the smallest nucleus); ``true`` samples at temperature 1 with
-  the task's ``top_p``. A diffusion model generates all ``max_gen_toks`` positions at once and
-  the text is cut afterwards.
+  draws each token as the argmax (the smallest nucleus); ``true`` samples at the task's
+  ``temperature`` (default 1; 0 is greedy) with its ``top_p``. A diffusion model generates all
+  ``max_gen_toks`` positions at once and the text is cut afterwards. Request i of a call is
+  sample i of the ``seed`` (``evaluation.generation.continue_tokens``): the same answer
+  whatever the other requests.
 """
 
 from __future__ import annotations
 
 import difflib
 import logging
-import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,8 +63,9 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from common.errors import UserError
 from common.progress import bar as progress_bar
 from evaluation.evaluate import inference_mode
-from evaluation.generation import GRIDS, resolve_device
+from evaluation.generation import continue_tokens, resolve_device
 from evaluation.likelihoods import Score, ScoringModel, ScoringSettings, score_continuations, score_documents
+from model.sampling import PlanError, SamplingPlan
 from pipeline.export import Exported, load_export, resolve_export
 
 __all__ = ["MODEL_NAME", "RequestRecord", "UnmaskLM", "sample_continuation"]
@@ -73,8 +78,9 @@ DEFAULT_MAX_GEN_TOKS = 256   # lm-eval's HFLM default
 # A nucleus this small keeps only the most likely token (model.sampling.top_p_filter keeps the
 # top one always): lm-eval's greedy decoding (do_sample false) through the samplers' top_p.
 GREEDY_TOP_P = 1e-9
-SAMPLING_TEMPERATURE = 1.0   # what the samplers draw at
-MODEL_ARGUMENTS = ("path", "samples", "seed", "batch_size", "max_batch_size", "device", "gen_steps", "gen_grid")
+DEFAULT_TEMPERATURE = 1.0    # lm-eval's do_sample without a temperature
+MODEL_ARGUMENTS = ("path", "samples", "seed", "batch_size", "max_batch_size", "device", "gen_sampler", "gen_steps",
+                   "gen_grid")
 
 
 @dataclass(frozen=True)
@@ -89,10 +95,17 @@ class RequestRecord:
 
 @dataclass(frozen=True)
 class Generation:
-    """How ``generate_until`` samples (the model arguments ``gen_steps`` and ``gen_grid``)."""
+    """How ``generate_until`` samples (the model arguments ``gen_sampler``, ``gen_steps``, ``gen_grid``)."""
 
-    steps: int | None = None       # reverse steps of a diffusion sample; None: one per generated token
+    sampler: str = "ancestral"
+    steps: int | None = None       # the budget of a diffusion sample; None: one call per generated token
     grid: str = "uniform"
+
+    def plan(self, new_tokens: int, *, top_p: float | None, temperature: float, seed: int) -> SamplingPlan:
+        """The plan of one request of ``new_tokens`` tokens."""
+        steps = self.steps if self.steps is not None or self.sampler == "first-hitting" else new_tokens
+        return SamplingPlan(sampler=self.sampler, steps=steps, grid=self.grid, top_p=top_p, temperature=temperature,
+                            seed=seed)
 
 
 @register_model(MODEL_NAME)
@@ -100,8 +113,8 @@ class UnmaskLM(TemplateLM):
     """An unmask export as an lm-eval model; see the module docstring."""
 
     def __init__(self, path: str | Path | None = None, samples: int = 16, seed: int = 0, batch_size: int | str = AUTO,
-                 max_batch_size: int | None = None, device: str | None = None, gen_steps: int | None = None,
-                 gen_grid: str = "uniform", **unknown: Any) -> None:
+                 max_batch_size: int | None = None, device: str | None = None, gen_sampler: str = "ancestral",
+                 gen_steps: int | None = None, gen_grid: str = "uniform", **unknown: Any) -> None:
         super().__init__()
         if unknown:
             raise UserError(f"model argument {', '.join(map(repr, unknown))} is not one of the unmask model's: "
@@ -109,10 +122,11 @@ class UnmaskLM(TemplateLM):
         if path is None:
             raise UserError("model argument path is required: path=RUN_OR_EXPORT")
         self.settings = _settings(samples, seed, batch_size, max_batch_size)
-        self.generation = _generation(gen_steps, gen_grid)
+        self.generation = _generation(gen_sampler, gen_steps, gen_grid)
         self._device = _device(device)
         self.export_dir = resolve_export(path)
         self.exported: Exported = load_export(self.export_dir)
+        _check_sampler(self.exported, self.generation.sampler)
         self.model = ScoringModel.of(self.exported, self._device)
         self.records: list[RequestRecord] = []
         self.truncated_contexts = 0   # requests whose context lost tokens on the left
@@ -157,10 +171,9 @@ class UnmaskLM(TemplateLM):
         return [score.log_likelihood for score in scores]
 
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
-        generator = torch.Generator(device=self._device).manual_seed(self.settings.seed)
         with progress_bar(requests, desc="generate_until", unit="request", disable=disable_tqdm) as bar:
-            return [self._generate(context, gen_kwargs, generator) for context, gen_kwargs in
-                    (request.args for request in bar)]
+            return [self._generate(context, gen_kwargs, index) for index, (context, gen_kwargs) in
+                    enumerate(request.args for request in bar)]
 
     def get_model_info(self) -> dict[str, Any]:
         """What lm-eval records under ``config`` in its results."""
@@ -188,7 +201,7 @@ class UnmaskLM(TemplateLM):
         self.truncated_contexts += truncated
         return scores
 
-    def _generate(self, context: str, gen_kwargs: dict, generator: torch.Generator) -> str:
+    def _generate(self, context: str, gen_kwargs: dict, index: int) -> str:
         tokenizer = self.exported.tokenizer
         kwargs = normalize_gen_kwargs(gen_kwargs, DEFAULT_MAX_GEN_TOKS)
         until = handle_stop_sequences(kwargs.pop("until", None), eos=None)
@@ -196,10 +209,10 @@ class UnmaskLM(TemplateLM):
         if not 0 < new_tokens < self.model.max_seq_len:
             raise UserError(f"generate_until asks for max_gen_toks {new_tokens}: it must lie in [1, "
                             f"{self.model.max_seq_len - 1}] for this model (max_seq_len {self.model.max_seq_len})")
-        top_p = _nucleus(kwargs)
+        top_p, temperature = _token_distribution(kwargs)
+        plan = self.generation.plan(new_tokens, top_p=top_p, temperature=temperature, seed=self.settings.seed)
         prompt = self.tok_encode(context)[-(self.model.max_seq_len - new_tokens):] if context else []
-        tokens = sample_continuation(self.exported, self.model, prompt, new_tokens, top_p=top_p,
-                                     generation=self.generation, generator=generator)
+        tokens = sample_continuation(self.exported, self.model, prompt, new_tokens, plan=plan, index=index)
         if tokenizer.eos_id in tokens:
             tokens = tokens[:tokens.index(tokenizer.eos_id)]
         return postprocess_generated_text(tokenizer.decode(tokens), until, None)
@@ -207,24 +220,14 @@ class UnmaskLM(TemplateLM):
 
 # ------------------------------------------------------------------------------ sampling
 def sample_continuation(exported: Exported, model: ScoringModel, prompt: Sequence[int], new_tokens: int, *,
-                        top_p: float | None, generation: Generation, generator: torch.Generator) -> list[int]:
-    """``new_tokens`` ids sampled after ``prompt`` (kept as it is): the one place lm-eval's
-    requests reach the samplers. Diffusion: the process's ancestral sampler with the prompt kept
-    (``generation.steps`` reverse steps, default one per new token); autoregressive: left to right."""
-    length = len(prompt) + new_tokens
-    with torch.no_grad(), inference_mode(model.network, model.device):
-        if model.exact:
-            from evaluation.generation import _left_to_right  # the AR sampler of `unmask sample`
-
-            tokens = _left_to_right(model.network, model.process.vocab_size, list(prompt), 1, length, top_p,
-                                    generator, model.device)
-            return tokens[0, len(prompt):].tolist()
-        process = model.process
-        conditioning = torch.tensor([*prompt, *[process.generate_id] * new_tokens], dtype=torch.long)
-        tokens = process.sample(model.network, 1, length, generation.steps or new_tokens, generator=generator,
-                                grid=generation.grid, prompt=conditioning.to(model.device), top_p=top_p,
-                                device=model.device)
-    return tokens[0, len(prompt):].tolist()
+                        plan: SamplingPlan, index: int = 0) -> list[int]:
+    """``new_tokens`` ids sampled after ``prompt`` (kept as it is) as ``plan`` says, by the
+    generator of sample ``index`` of its seed: the one place lm-eval's requests reach the
+    samplers (``evaluation.generation.continue_tokens``; autoregressive exports left to right)."""
+    with inference_mode(model.network, model.device):
+        sample, = continue_tokens(exported, plan, [list(prompt)], max_new_tokens=new_tokens, indices=[index],
+                                  device=str(model.device))
+    return sample.tokens[len(prompt):]
 
 
 # ------------------------------------------------------------------------------ arguments
@@ -262,23 +265,38 @@ def _device(name: str | None) -> torch.device:
     return resolve_device(name)
 
 
-def _generation(steps: Any, grid: Any) -> Generation:
-    if grid not in GRIDS:
-        raise UserError(f"model argument gen_grid={grid!r}: must be one of {', '.join(GRIDS)}")
-    return Generation(None if steps is None else _integer("gen_steps", steps, 1), grid)
+def _generation(sampler: Any, steps: Any, grid: Any) -> Generation:
+    """The generation arguments, checked as a plan checks them (one line naming the argument)."""
+    names = {"sampler": "gen_sampler", "steps": "gen_steps", "grid": "gen_grid"}
+    generation = Generation(sampler, None if steps is None else _integer("gen_steps", steps, 1), grid)
+    try:
+        generation.plan(1, top_p=None, temperature=DEFAULT_TEMPERATURE, seed=0)
+    except PlanError as err:
+        raise UserError(f"model argument {names.get(err.field, err.field)}: {err}") from None
+    return generation
 
 
-def _nucleus(kwargs: dict) -> float | None:
-    """The samplers' top_p for lm-eval's normalized generation kwargs (greedy, or temperature 1)."""
-    if not kwargs.get("do_sample"):
-        return GREEDY_TOP_P
-    temperature = float(kwargs.get("temperature", SAMPLING_TEMPERATURE))
-    if not math.isclose(temperature, SAMPLING_TEMPERATURE):
-        raise UserError(f"generate_until asks for temperature {temperature}: the unmask samplers draw at "
-                        f"temperature 1 (do_sample: true) or greedily (do_sample: false); set one of those in "
-                        f"the task's generation_kwargs (or --gen_kwargs)")
+def _check_sampler(exported: Exported, sampler: str) -> None:
+    """The export's process must take ``gen_sampler`` (an autoregressive one: ancestral only)."""
+    if exported.config.get("objective") != "diffusion":
+        if sampler != "ancestral":
+            raise UserError(f"model argument gen_sampler={sampler}: an autoregressive export samples left to "
+                            f"right (ancestral, the default)")
+        return
+    try:
+        exported.process(validate=False).sampler(sampler)
+    except ValueError as err:
+        raise UserError(f"model argument gen_sampler={sampler}: {err}") from None
+
+
+def _token_distribution(kwargs: dict) -> tuple[float | None, float]:
+    """The samplers' (top_p, temperature) for lm-eval's normalized generation kwargs: greedy (the
+    smallest nucleus) without do_sample or at temperature 0, else the task's temperature and top_p."""
+    temperature = float(kwargs.get("temperature", DEFAULT_TEMPERATURE))
+    if not kwargs.get("do_sample") or temperature <= 0:
+        return GREEDY_TOP_P, DEFAULT_TEMPERATURE
     top_p = kwargs.get("top_p")
-    return None if top_p is None else float(top_p)
+    return (None if top_p is None else float(top_p)), temperature
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,9 @@
 * ``plots/per_t_<dataset>.png``: for a dataset with per-time contributions, each block's
   contribution to the bound against its time t (masking rate 1 - alpha_t) and its mean per
   bin of t: where the bound comes from.
+* ``plots/sampler_sweep.png``: with a sampler sweep, the samples' generative perplexity (or,
+  without a reference model, their unigram entropy) against the network calls they needed,
+  one line per sampler.
 
 Plots use matplotlib's Agg canvas through the object-oriented API: no pyplot, no global
 state, no display needed. The same data gives the same PNG bytes.
@@ -21,12 +24,13 @@ from typing import Any
 import numpy as np
 
 from evaluation.report_document import Plot
-from evaluation.results import EvalResults, PerTimeContributions
+from evaluation.results import EvalResults, PerTimeContributions, SweepRow
 
-__all__ = ["CURVES_PLOT", "PLOTS_DIR", "Curves", "report_plots"]
+__all__ = ["CURVES_PLOT", "PLOTS_DIR", "SWEEP_PLOT", "Curves", "report_plots"]
 
 PLOTS_DIR = "plots"
 CURVES_PLOT = "curves.png"
+SWEEP_PLOT = "sampler_sweep.png"
 PLOT_DPI = 110
 PLOT_SIZE_INCHES = (7.0, 4.2)
 PER_T_BINS = 20                # bins of t for the mean line of the per-t plot
@@ -53,21 +57,29 @@ def _render_png(draw: Callable[[Any], None]) -> bytes:
     return buffer.getvalue()
 
 
+def _draw_lines(axes: Any, series: dict[str, tuple[Iterable[float], Iterable[float]]], *, xlabel: str, ylabel: str,
+                title: str, markers: Callable[[int], bool], log2_x: bool = False) -> None:
+    """One labelled line per series (name -> (x, y)), markers on the short ones."""
+    for name, (x, y) in series.items():
+        x, y = list(x), list(y)
+        axes.plot(x, y, label=name, linewidth=1.2, marker="o" if markers(len(x)) else None, markersize=3)
+    if log2_x:
+        axes.set_xscale("log", base=2)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend()
+
+
 def _curves_plot(curves: Curves) -> Plot | None:
-    series = {name: points for name, points in curves.items() if points}
+    series = {name: tuple(zip(*points)) for name, points in curves.items() if points}
     if not series:
         return None
 
     def draw(axes: Any) -> None:
-        for name, points in series.items():
-            steps, values = zip(*points)
-            axes.plot(steps, values, label=name, linewidth=1.2,
-                      marker="o" if len(points) <= SHORT_SERIES_POINTS else None, markersize=3)
-        axes.set_xlabel("step")
-        axes.set_ylabel("nats per token")
-        axes.set_title("Training loss and validation bound")
-        axes.grid(alpha=0.3)
-        axes.legend()
+        _draw_lines(axes, series, xlabel="step", ylabel="nats per token", title="Training loss and validation bound",
+                    markers=lambda count: count <= SHORT_SERIES_POINTS)
 
     caption = (f"Training curves ({', '.join(series)}) against the optimizer step. The "
                f"validation bound is an upper bound on the validation NLL per token.")
@@ -113,6 +125,25 @@ def _per_t_plot(name: str, per_t: PerTimeContributions, stem: str) -> Plot | Non
                 _render_png(draw))
 
 
+def _sweep_plot(rows: tuple[SweepRow, ...]) -> Plot:
+    scored = all(row.generative_perplexity is not None for row in rows)
+    label = "generative perplexity" if scored else "mean unigram entropy (nats)"
+
+    def value(row: SweepRow) -> float:
+        return row.generative_perplexity if scored else row.mean_unigram_entropy
+
+    series = {sampler: tuple(zip(*sorted((row.network_calls, value(row)) for row in rows if row.sampler == sampler)))
+              for sampler in dict.fromkeys(row.sampler for row in rows)}
+
+    def draw(axes: Any) -> None:
+        _draw_lines(axes, series, xlabel="network calls per sample", ylabel=label,
+                    title="Sample quality per network call", markers=lambda count: True, log2_x=True)
+
+    caption = (f"The samples' {label} against the network calls a sample needed, per sampler, at the budgets of "
+               f"the sweep; read the perplexity next to the entropy in the table.")
+    return Plot(Path(PLOTS_DIR) / SWEEP_PLOT, "sample quality per network call", caption, _render_png(draw))
+
+
 def _safe_file_stem(name: str) -> str:
     # A generic dataset's name is its file path; keep the plot's name one plain file name.
     return _FILE_NAME_UNSAFE.sub("_", name).strip("._") or "dataset"
@@ -131,10 +162,12 @@ def _per_t_stems(names: Iterable[str]) -> dict[str, str]:
 
 
 def report_plots(results: EvalResults, curves: Curves | None) -> list[Plot]:
-    """The plots there is data for: the training curves, then one per dataset with per_t."""
+    """The plots there is data for: the training curves, one per dataset with per_t, the sweep."""
     with_per_t = {name: record.per_t for name, record in results.datasets.items()
                   if isinstance(record.per_t, PerTimeContributions)}
     stems = _per_t_stems(with_per_t)
     plots = [_curves_plot(curves)] if curves else []
     plots += [_per_t_plot(name, per_t, stems[name]) for name, per_t in with_per_t.items()]
+    if results.sampling and results.sampling.sweep:
+        plots.append(_sweep_plot(results.sampling.sweep))
     return [plot for plot in plots if plot is not None]

@@ -328,12 +328,12 @@ def _schedule_blocks(results: EvalResults) -> list[Block]:
 
 def _sampling_blocks(sampling: SamplingRecord) -> list[Block]:
     """How the samples were drawn and their quality: unigram entropy, generative perplexity."""
-    top_p = "the full distribution" if sampling.top_p is None else f"top-p {sampling.top_p}"
     blocks: list[Block] = [
-        paragraph(f"{sampling.num_samples} samples of {_count(sampling.seq_len)} tokens, {_count(sampling.steps)} "
-                  f"steps on the {sampling.grid} grid, {top_p}, seed {sampling.seed}. Mean unigram entropy: "
-                  f"{_number(sampling.mean_unigram_entropy, 3)} nats (of each sample's own tokens; low values "
-                  f"expose repetitive samples, which flatter the generative perplexity).")]
+        paragraph(f"{sampling.num_samples} samples of {_count(sampling.seq_len)} tokens: "
+                  f"{sampling.plan.describe()}. They needed {_number(sampling.mean_network_calls, 1)} network "
+                  f"calls each on average. Mean unigram entropy: {_number(sampling.mean_unigram_entropy, 3)} nats "
+                  f"(of each sample's own tokens; low values expose repetitive samples, which flatter the "
+                  f"generative perplexity).")]
     perplexity = sampling.generative_perplexity
     if perplexity:
         tokens = ("the decoded text re-encoded with the reference's tokenizer (the tokenizers differ)"
@@ -343,11 +343,26 @@ def _sampling_blocks(sampling: SamplingRecord) -> list[Block]:
                                 f", over {_count(perplexity.tokens)} tokens: {tokens}."))
     else:
         blocks.append(paragraph("No generative perplexity: no reference model was given (--reference)."))
-    return blocks
+    return blocks + _sweep_blocks(sampling)
+
+
+def _sweep_blocks(sampling: SamplingRecord) -> list[Block]:
+    """Every sampler at every budget of network calls (``--sample-sweep``)."""
+    if not sampling.sweep:
+        return []
+    rows = tuple((row.sampler, _count(row.budget), _number(row.network_calls, 1),
+                  _number(row.generative_perplexity, 2) if row.generative_perplexity is not None else "-",
+                  _number(row.mean_unigram_entropy, 3)) for row in sampling.sweep)
+    return [Heading(3, "Quality per network call"),
+            Table(("sampler", "budget (steps)", "network calls per sample", "generative perplexity",
+                   "mean unigram entropy (nats)"), rows),
+            paragraph(f"{sampling.num_samples} samples per row, each sampler with its default options and the "
+                      f"temperature, nucleus, grid and seed above. Lower perplexity is better only at a similar "
+                      f"entropy.")]
 
 
 def _sample_line(number: int, sample: SampleRecord) -> str:
-    line = f"Sample {number}: {_count(sample.steps)} steps, {_count(sample.network_calls)} network calls"
+    line = f"Sample {number}: {_count(sample.network_calls)} network calls"
     if sample.unigram_entropy is not ABSENT:
         line += f", unigram entropy {_number(sample.unigram_entropy, 3)} nats"
     if sample.reference_tokens:

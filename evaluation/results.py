@@ -30,12 +30,14 @@ The records, as JSON (``?`` marks a key that may be absent)::
                                        "perplexity_bound": float, "perplexity_interval": [low, high],
                                        "bits_per_byte": float, "num_tokens": int,
                                        "per_t"?: {"t": [float], "contribution": [float]}}},
-     "samples": [{"text": str, "network_calls": int, "steps": int,     # may be empty
+     "samples": [{"text": str, "network_calls": int,                   # may be empty
                   "unigram_entropy"?: float, "reference_nll"?: float, "reference_tokens"?: int}],
-     "sampling"?: {"num_samples": int, "steps": int, "grid": str, "top_p": float | None, "seed": int,
-                   "seq_len": int, "mean_unigram_entropy": float,
+     "sampling"?: {"num_samples": int, "plan": {...},   # model.sampling.SamplingPlan.to_dict()
+                   "seq_len": int, "mean_unigram_entropy": float, "mean_network_calls": float,
                    "generative_perplexity"?: {"reference": str, "reference_kind": str,
-                                              "retokenized": bool, "perplexity": float, "tokens": int}},
+                                              "retokenized": bool, "perplexity": float, "tokens": int},
+                   "sweep"?: [{"sampler": str, "budget": int, "network_calls": float,
+                               "mean_unigram_entropy": float, "generative_perplexity": float | None}]},
      "mlflow": {"tracking_uri": str, "run_id": str} | None,           # None: MLflow was down
      "created": ISO 8601 str, "unmask_version": str, "git_commit": str,
      "training"?: {"untrained_val_nelbo_per_token": float, "final_step": int,
@@ -62,9 +64,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from model.sampling import SamplingPlan
+
 __all__ = ["ABSENT", "Absent", "Comparison", "DatasetResult", "EvalResults", "EvalScores", "GenerativePerplexity",
            "MlflowRecord", "ModelRecord", "PerTimeContributions", "Protocol", "SampleRecord", "SamplingRecord",
-           "ScheduleRecord", "ScheduleToken", "TokenizerRecord", "TrainingRecord"]
+           "ScheduleRecord", "ScheduleToken", "SweepRow", "TokenizerRecord", "TrainingRecord"]
 
 JsonObject = dict[str, Any]
 Keys = tuple[str, ...]
@@ -263,13 +267,12 @@ class SampleRecord:
     """One generated sample, as the report shows it, with its quality (evaluation.sample_quality)."""
 
     text: str
-    network_calls: int
-    steps: int
+    network_calls: int                          # the network evaluations it needed
     unigram_entropy: float | Absent = ABSENT    # nats, of the sample's own tokens
     reference_nll: float | Absent = ABSENT      # nats, -log p of its text under the reference model
     reference_tokens: int | Absent = ABSENT     # the reference's tokens of its text
 
-    KEYS: ClassVar[Keys] = ("text", "network_calls", "steps")
+    KEYS: ClassVar[Keys] = ("text", "network_calls")
     OPTIONAL: ClassVar[Keys] = ("unigram_entropy", "reference_nll", "reference_tokens")
 
     def to_json(self) -> JsonObject:
@@ -301,30 +304,54 @@ class GenerativePerplexity:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SamplingRecord:
-    """How the report's samples were drawn, and their quality."""
+class SweepRow:
+    """The samples of one sampler at one budget of network calls (``evaluation.sampler_sweep``)."""
 
-    num_samples: int
-    steps: int
-    grid: str
-    top_p: float | None            # None: the full distribution
-    seed: int
-    seq_len: int
-    mean_unigram_entropy: float    # nats, the mean over samples of each one's unigram entropy
-    generative_perplexity: GenerativePerplexity | Absent = ABSENT   # with a reference model only
+    sampler: str
+    budget: int                          # the plan's steps: the most network calls per sample
+    network_calls: float                 # the mean calls a sample needed
+    mean_unigram_entropy: float          # nats
+    generative_perplexity: float | None  # None without a reference model
 
-    KEYS: ClassVar[Keys] = ("num_samples", "steps", "grid", "top_p", "seed", "seq_len", "mean_unigram_entropy")
+    KEYS: ClassVar[Keys] = ("sampler", "budget", "network_calls", "mean_unigram_entropy", "generative_perplexity")
 
     def to_json(self) -> JsonObject:
-        return _present({**{key: getattr(self, key) for key in self.KEYS},
+        return {key: getattr(self, key) for key in self.KEYS}
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> SweepRow:
+        return cls(**{key: data[key] for key in cls.KEYS})
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingRecord:
+    """How the report's samples were drawn (one plan), and their quality."""
+
+    num_samples: int
+    plan: SamplingPlan
+    seq_len: int
+    mean_unigram_entropy: float    # nats, the mean over samples of each one's unigram entropy
+    mean_network_calls: float      # the network evaluations a sample needed, on average
+    generative_perplexity: GenerativePerplexity | Absent = ABSENT   # with a reference model only
+    sweep: tuple[SweepRow, ...] | Absent = ABSENT                   # quality per sampler and budget
+
+    KEYS: ClassVar[Keys] = ("num_samples", "plan", "seq_len", "mean_unigram_entropy", "mean_network_calls")
+
+    def to_json(self) -> JsonObject:
+        return _present({"num_samples": self.num_samples, "plan": self.plan.to_dict(), "seq_len": self.seq_len,
+                         "mean_unigram_entropy": self.mean_unigram_entropy,
+                         "mean_network_calls": self.mean_network_calls,
                          "generative_perplexity": self.generative_perplexity.to_json()
-                         if self.generative_perplexity else ABSENT})
+                         if self.generative_perplexity else ABSENT,
+                         "sweep": [row.to_json() for row in self.sweep] if self.sweep else ABSENT})
 
     @classmethod
     def from_json(cls, data: JsonObject) -> SamplingRecord:
-        perplexity = data.get("generative_perplexity")
-        return cls(**{key: data[key] for key in cls.KEYS},
-                   generative_perplexity=ABSENT if perplexity is None else GenerativePerplexity.from_json(perplexity))
+        perplexity, sweep = data.get("generative_perplexity"), data.get("sweep")
+        return cls(num_samples=data["num_samples"], plan=SamplingPlan.from_dict(data["plan"]), seq_len=data["seq_len"],
+                   mean_unigram_entropy=data["mean_unigram_entropy"], mean_network_calls=data["mean_network_calls"],
+                   generative_perplexity=ABSENT if perplexity is None else GenerativePerplexity.from_json(perplexity),
+                   sweep=ABSENT if sweep is None else tuple(SweepRow.from_json(row) for row in sweep))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -525,9 +552,12 @@ class EvalResults:
                     missing += _lacking(entry, f"schedule.{order}.{index}.", ScheduleToken.KEYS)
         if "sampling" in data:
             missing += _lacking(data["sampling"], "sampling.", SamplingRecord.KEYS)
-            if isinstance(data["sampling"], dict) and "generative_perplexity" in data["sampling"]:
-                missing += _lacking(data["sampling"]["generative_perplexity"], "sampling.generative_perplexity.",
+            sampling = data["sampling"] if isinstance(data["sampling"], dict) else {}
+            if "generative_perplexity" in sampling:
+                missing += _lacking(sampling["generative_perplexity"], "sampling.generative_perplexity.",
                                     GenerativePerplexity.KEYS)
+            for index, row in enumerate(sampling.get("sweep") or []):
+                missing += _lacking(row, f"sampling.sweep.{index}.", SweepRow.KEYS)
         return missing
 
     def dumps(self) -> str:

@@ -10,8 +10,10 @@ The metrics (``eval/DATASET/nelbo_per_token``, ``perplexity_bound``, ``bits_per_
 ``standard_error``, at the checkpoint's step; for a learned schedule
 ``eval/schedule/exponent_min``, ``_median``, ``_max`` and the tags
 ``eval/schedule/unmask_first``, ``unmask_last``; with samples
-``eval/samples/mean_unigram_entropy`` and, with a reference model,
-``eval/samples/generative_perplexity``) go to the training's own MLflow run when
+``eval/samples/mean_unigram_entropy``, ``eval/samples/mean_network_calls`` and, with a
+reference model, ``eval/samples/generative_perplexity``, and the sampling plan as the tags
+``eval/sampling/FIELD``: tags, because the training's run may be evaluated again with
+another plan and MLflow params never change) go to the training's own MLflow run when
 the export belongs to one, or, with a tracking URI, to a new run in the ``unmask-eval``
 experiment tagged with the checkpoint.
 
@@ -35,7 +37,7 @@ from evaluation.downstream_results import DOWNSTREAM_JSON, DownstreamResults
 from evaluation.plots import Curves
 from evaluation.report import JSON_NAME
 from evaluation.results import EvalResults, MlflowRecord, ModelRecord, SamplingRecord, ScheduleRecord
-from pipeline.tracking import Tracker, TrackingUnreachable
+from pipeline.tracking import Tracker, TrackingUnreachable, flatten_params
 
 __all__ = ["CURVE_METRICS", "DOWNSTREAM_PREFIX", "EVAL_EXPERIMENT", "REPORT_ARTIFACT_DIR", "VAL_METRIC",
            "EvalTracking", "downstream_metrics", "track_downstream", "track_results"]
@@ -98,11 +100,15 @@ def _log_schedule(tracker: Tracker, schedule: ScheduleRecord, step: int) -> None
 
 
 def _log_sampling(tracker: Tracker, sampling: SamplingRecord, step: int) -> None:
-    """The samples' mean unigram entropy, and their generative perplexity when there is a reference."""
-    metrics = {"eval/samples/mean_unigram_entropy": sampling.mean_unigram_entropy}
+    """The samples' mean unigram entropy and network calls, their generative perplexity when
+    there is a reference, and the plan that drew them (tags)."""
+    metrics = {"eval/samples/mean_unigram_entropy": sampling.mean_unigram_entropy,
+               "eval/samples/mean_network_calls": sampling.mean_network_calls}
     if sampling.generative_perplexity:
         metrics["eval/samples/generative_perplexity"] = sampling.generative_perplexity.perplexity
     tracker.log_metrics(metrics, step)
+    plan = flatten_params(sampling.plan.to_dict())   # {"sampler": ..., "options.eta": ...}
+    tracker.set_tags({f"eval/sampling/{key}": value for key, value in plan.items()})
 
 
 def _log_metrics(tracker: Tracker, results: EvalResults) -> None:

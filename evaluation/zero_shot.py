@@ -15,9 +15,11 @@ In order:
    or its live weights (with a warning) when the checkpoint has no EMA;
 3. every rank scores every dataset (``evaluation.evaluate``: the blocks are split over the
    process group and the totals summed, so the numbers do not depend on the world size);
-4. rank 0 adds the model and training records, the comparison, samples with their quality
-   (unigram entropy, and the generative perplexity under ``ReportOptions.reference``:
-   ``evaluation.sample_quality``) and provenance, logs the metrics to MLflow (best effort,
+4. rank 0 adds the model and training records, the comparison, samples drawn by
+   ``ReportOptions.sampling`` (one ``SamplingPlan``) with their quality (unigram entropy, and
+   the generative perplexity under ``ReportOptions.reference``: ``evaluation.sample_quality``),
+   with ``sample_sweep`` the quality of every sampler at every budget of network calls
+   (``evaluation.sampler_sweep``), and provenance, logs the metrics to MLflow (best effort,
    ``evaluation.tracking``) and writes the report (``evaluation.report``) into ``report_dir``.
 
 Under torchrun every rank calls ``run_zero_shot``; ranks other than 0 return None. Without a
@@ -45,7 +47,7 @@ from common.provenance import git_commit, package_version
 from data_prep.shards import MANIFEST_NAME
 from evaluation.downstream_results import DOWNSTREAM_JSON, DownstreamResults
 from evaluation.evaluate import VAL_DATASET, EvalConfig, evaluate
-from evaluation.generation import DEFAULT_GRID, GRIDS, generate, resolve_device
+from evaluation.generation import check_plan, generate, resolve_device
 from evaluation.protocols import DEFAULT_PROTOCOL
 from evaluation.report import JSON_NAME, REPORT_KIND, ReportFiles, read_record, write_report
 from evaluation.results import (
@@ -60,11 +62,14 @@ from evaluation.results import (
     SamplingRecord,
     ScheduleRecord,
     ScheduleToken,
+    SweepRow,
     TokenizerRecord,
     TrainingRecord,
 )
-from evaluation.sample_quality import check_reference, load_reference, score_samples
+from evaluation.sample_quality import ReferenceModel, check_reference, load_reference, score_samples
+from evaluation.sampler_sweep import sampler_sweep
 from evaluation.tracking import VAL_METRIC, track_results
+from model.sampling import SamplingPlan
 from model.state_dependent import LearnedMaskedDiffusion, exponent_spread
 from pipeline.checkpoint import resolve_checkpoint
 from pipeline.distributed import Distributed, init_distributed
@@ -94,9 +99,8 @@ class ReportOptions:
     """What the report holds beside the bounds, and where it goes."""
 
     num_samples: int = 0            # samples generated for the report
-    sample_steps: int = 1000        # their reverse diffusion steps
-    sample_grid: str = DEFAULT_GRID  # their time grid (GRIDS)
-    sample_top_p: float | None = None  # their nucleus; None: the full distribution
+    sampling: SamplingPlan = SamplingPlan()  # how they are drawn
+    sample_sweep: bool = False      # also every sampler at every budget (evaluation.sampler_sweep)
     reference: Path | None = None   # an AR model that scores them (generative perplexity)
     compare: Path | None = None     # another evaluation's results.json: the report shows the gap
     out: Path | None = None         # None: RUN/report, or EXPORT/report for a standalone export
@@ -105,13 +109,10 @@ class ReportOptions:
     def check(self) -> None:
         """The sample flags and the reference (the report's directory is checked with what the
         evaluation reads, ``run_zero_shot``): a UserError naming the flag."""
-        if self.num_samples < 0 or self.sample_steps < 1:
-            raise UserError(f"--num-samples must be >= 0 and --sample-steps >= 1, got {self.num_samples} and "
-                            f"{self.sample_steps}")
-        if self.sample_grid not in GRIDS:
-            raise UserError(f"--sample-grid must be one of {', '.join(GRIDS)}, got {self.sample_grid!r}")
-        if self.sample_top_p is not None and not 0.0 < self.sample_top_p <= 1.0:
-            raise UserError(f"--sample-top-p must lie in (0, 1], got {self.sample_top_p}")
+        if self.num_samples < 0:
+            raise UserError(f"--num-samples must be >= 0, got {self.num_samples}")
+        if self.sample_sweep and not self.num_samples:
+            raise UserError("--sample-sweep draws --num-samples N samples per sampler and budget: give N too")
         if self.reference is not None:
             if not self.num_samples:
                 raise UserError("--reference scores the report's samples: give --num-samples N too")
@@ -144,7 +145,8 @@ def _exported_step(export_dir: Path) -> int | None:
 
 def is_up_to_date(target: Path, config: EvalConfig, options: ReportOptions) -> bool:
     """Whether the report of ``target`` already scored its export as it is now (the same
-    checkpoint step) on the datasets of ``config``, with as many time samples per block.
+    checkpoint step) on the datasets of ``config``, with as many time samples per block, and
+    holds the samples ``options`` ask for (as many, drawn by the same plan, swept or not).
     False while ``target`` has no export or its report no readable results.json."""
     try:
         export_dir = resolve_export(target)
@@ -155,7 +157,16 @@ def is_up_to_date(target: Path, config: EvalConfig, options: ReportOptions) -> b
             and sorted(results.datasets) == sorted(config.datasets)
             and results.protocol.samples_per_block == config.samples_per_block
             and (results.protocol.blocks_per_replicate or None) == config.blocks_per_replicate
-            and (results.protocol.name or DEFAULT_PROTOCOL) == config.protocol)
+            and (results.protocol.name or DEFAULT_PROTOCOL) == config.protocol
+            and _holds_the_samples(results, options))
+
+
+def _holds_the_samples(results: EvalResults, options: ReportOptions) -> bool:
+    if not options.num_samples:
+        return True
+    sampling = results.sampling
+    return (bool(sampling) and sampling.num_samples == options.num_samples and sampling.plan == options.sampling
+            and bool(sampling.sweep) == options.sample_sweep)
 
 
 # ------------------------------------------------------------------ before the work
@@ -249,25 +260,32 @@ def _shared(comparison: Comparison, scored: dict[str, DatasetResult], flag_path:
     return replace(comparison, datasets=shared)
 
 
-def _samples(exported: Exported, options: ReportOptions, seed: int,
+def _samples(exported: Exported, options: ReportOptions,
              device: torch.device) -> tuple[tuple[SampleRecord, ...], SamplingRecord | Absent]:
     """The report's samples with their quality, and how they were drawn (none without --num-samples)."""
     if not options.num_samples:
         return (), ABSENT
-    samples = generate(exported, num=options.num_samples, steps=options.sample_steps, grid=options.sample_grid,
-                       top_p=options.sample_top_p, seed=seed, device=str(device))
+    plan = options.sampling
+    samples = generate(exported, plan, num=options.num_samples, device=str(device))
     reference = load_reference(options.reference, device=device) if options.reference else None
     quality = score_samples(samples, exported.tokenizer, reference)
-    records = tuple(SampleRecord(text=s.text, network_calls=s.network_calls, steps=s.steps,
-                                 unigram_entropy=score.unigram_entropy,
+    records = tuple(SampleRecord(text=s.text, network_calls=s.network_calls, unigram_entropy=score.unigram_entropy,
                                  reference_nll=ABSENT if score.reference_nll is None else score.reference_nll,
                                  reference_tokens=ABSENT if score.reference_tokens is None else score.reference_tokens)
                     for s, score in zip(samples, quality.scores))
-    sampling = SamplingRecord(num_samples=len(samples), steps=options.sample_steps, grid=options.sample_grid,
-                              top_p=options.sample_top_p, seed=seed, seq_len=len(samples[0].tokens),
+    sampling = SamplingRecord(num_samples=len(samples), plan=plan, seq_len=len(samples[0].tokens),
                               mean_unigram_entropy=quality.mean_unigram_entropy,
-                              generative_perplexity=quality.generative_perplexity or ABSENT)
+                              mean_network_calls=sum(s.network_calls for s in samples) / len(samples),
+                              generative_perplexity=quality.generative_perplexity or ABSENT,
+                              sweep=_sweep(exported, options, reference, device))
     return records, sampling
+
+
+def _sweep(exported: Exported, options: ReportOptions, reference: ReferenceModel | None,
+           device: torch.device) -> tuple[SweepRow, ...] | Absent:
+    if not options.sample_sweep:
+        return ABSENT
+    return tuple(sampler_sweep(exported, options.sampling, reference, num=options.num_samples, device=str(device)))
 
 
 def _schedule_record(exported: Exported) -> ScheduleRecord | Absent:
@@ -294,7 +312,7 @@ def _report(scores: EvalScores, exported: Exported, export_dir: Path, comparison
     """Rank 0: the records, samples, MLflow, the report files."""
     run_dir = training_run_of(export_dir)
     out_dir = _report_dir(export_dir, options.out)
-    samples, sampling = _samples(exported, options, config.seed, device)
+    samples, sampling = _samples(exported, options, device)
     results = EvalResults(
         model=model_record(export_dir, exported), protocol=scores.protocol, datasets=scores.datasets,
         training=ABSENT if run_dir is None else _training_record(run_dir),
@@ -345,6 +363,8 @@ def run_zero_shot(target: Path, config: EvalConfig, options: ReportOptions, *,
     group.barrier()
     export_dir = resolve_export(target)
     exported = load_export(export_dir)
+    if options.num_samples:
+        check_plan(exported, options.sampling)  # a sampler the process does not take: before the scoring
     device = requested_device or group.device
     scores = evaluate(exported, config, device=device, rank=group.rank, world_size=group.world_size,
                       all_reduce=group.sum, progress=lambda message: log.info(message) if group.is_main else None)

@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +61,16 @@ from model.checks import (
 from model.denoiser import DenoiserLike, as_denoiser
 from model.generators import Generators, batch_generator, uniforms
 from model.positions import count_scored, sum_by_row
-from model.sampling import SamplingStats, ancestral_sample
+from model.sampling import (
+    Sampler,
+    SamplingPlan,
+    SamplingStats,
+    ancestral_sample,
+    confidence_sample,
+    draw,
+    first_hitting_sample,
+    remask_sample,
+)
 from model.schedules import Schedule
 
 Reconstruction = Literal["model", "uniform"]
@@ -153,13 +163,31 @@ class DiffusionProcess(ABC):
                        positions: Tensor | None = None) -> Tensor:
         """One-sample unbiased estimate of the T-step NELBO per sequence [B]."""
 
-    @abstractmethod
-    def sample(self, denoiser: DenoiserLike, num_samples: int, seq_len: int, steps: int,
-               generator: torch.Generator | None = None, grid: str = "uniform",
-               prompt: Tensor | None = None, *, top_p: float | None = None, cache: bool = True,
-               device: torch.device | str | None = None, return_stats: bool = False,
-               ) -> Tensor | tuple[Tensor, SamplingStats]:
-        """Ancestral sampling from the prior at t = 1 to t = 0."""
+    # Which samplers (``model.sampling``) apply to the process, and why the others do not.
+    samplers: ClassVar[Mapping[str, Sampler]] = {}
+    sampler_limits: ClassVar[Mapping[str, str]] = {}
+    process_name: ClassVar[str] = ""
+
+    def sampler(self, name: str) -> Sampler:
+        """The sampler called ``name``; ValueError saying why when it does not apply to this process."""
+        if name in self.samplers:
+            return self.samplers[name]
+        why = self.sampler_limits.get(name, "unknown sampler")
+        raise ValueError(f"the {name} sampler does not apply to the {self.process_name} process: {why} "
+                         f"(its samplers: {', '.join(self.samplers)})")
+
+    def sample(self, denoiser: DenoiserLike, plan: SamplingPlan, *, num_samples: int, seq_len: int,
+               prompt: Tensor | None = None, generator: Generators = None, window: int | None = None,
+               device: torch.device | str | None = None) -> tuple[Tensor, SamplingStats]:
+        """Sample ``num_samples`` sequences of ``seq_len`` tokens as ``plan`` says; returns them
+        (LongTensor [num_samples, seq_len]) and what they cost. See ``model.sampling.draw``:
+        ``prompt`` holds tokens to keep and ``generate_id`` where to generate, ``generator`` is
+        one generator or one per sample (default: one per sample from ``plan.seed``, so a
+        sample does not depend on its batch), ``window`` the network's context for
+        ``plan.block_len``. ValueError when ``plan.sampler`` does not apply to the process.
+        """
+        return draw(self, self.sampler(plan.sampler), denoiser, plan, num_samples=num_samples, seq_len=seq_len,
+                    prompt=prompt, generator=generator, window=window, device=device)
 
     def nelbo(self, denoiser: DenoiserLike, x0: Tensor, t: Tensor | None = None,
               generator: Generators = None, *,
@@ -216,6 +244,9 @@ class MaskedDiffusion(DiffusionProcess):
     """
 
     schedule_type: type = Schedule  # what ``schedule`` must be (a subclass may widen it)
+    process_name = "absorbing"
+    samplers = {"ancestral": ancestral_sample, "first-hitting": first_hitting_sample,
+                "confidence": confidence_sample, "remdm": remask_sample}
 
     def __init__(self, schedule: Schedule, vocab_size: int, *, validate: bool = True,
                  cross_entropy_chunk_rows: int = 0) -> None:
@@ -355,20 +386,3 @@ class MaskedDiffusion(DiffusionProcess):
 
     def _endpoint_masking_rate(self, t: float) -> float:
         return float(self.schedule.masking_rate(torch.tensor([t], dtype=torch.float64)))
-
-    # ---------------------------------------------------------------- sampling
-    def sample(self, denoiser: DenoiserLike, num_samples: int, seq_len: int, steps: int,
-               generator: torch.Generator | None = None, grid: str = "uniform",
-               prompt: Tensor | None = None, *, top_p: float | None = None, cache: bool = True,
-               device: torch.device | str | None = None, return_stats: bool = False,
-               ) -> Tensor | tuple[Tensor, SamplingStats]:
-        """Ancestral sampling from all-mask at t = 1 to t = 0; see ``model.sampling``.
-
-        Returns ``LongTensor[num_samples, seq_len]``, or ``(tokens, SamplingStats)`` with
-        ``return_stats=True`` (network calls made, sequences evaluated).
-        """
-        tokens, stats = ancestral_sample(
-            self, denoiser, num_samples=num_samples, seq_len=seq_len, steps=steps,
-            generator=generator, grid=grid, prompt=prompt, top_p=top_p, cache=cache,
-            device=device)
-        return (tokens, stats) if return_stats else tokens

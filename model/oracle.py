@@ -429,6 +429,49 @@ class EnumerableDistribution(Denoiser):
         clean = (states < self.vocab_size).all(-1)
         return law[clean]
 
+    def first_hitting_law(self, process: MaskedDiffusion, denoiser: DenoiserLike,
+                          prompt: Tensor | None = None) -> Tensor:
+        """The exact distribution [V^L] of ``model.sampling.first_hitting_sample`` (one token per
+        call, no top_p) with a time-independent ``denoiser`` mu(z), over clean sequences.
+
+        Each of the n positions to generate unmasks at an independent time with P(tau < s) =
+        r(s) / r(1), so the K positions whose time falls below t = 0 are Binomial(n, r(0) / r(1))
+        and the others are revealed in a uniformly random order, each from mu of the state
+        before it; then the K left are filled at once from mu of the last state:
+
+            law = sum_k Binom(k; n, q) Fill(Reveal^(n - k) start),   q = r(0) / r(1).
+        """
+        channel = _Channel(process)
+        states = self._noisy_states(channel)                                         # [Z, L]
+        mu = self._prediction(channel, denoiser, states, torch.zeros(1, dtype=torch.float64))[0]  # [Z, L, V]
+        free = torch.ones(self.seq_len, dtype=torch.bool) if prompt is None else prompt.cpu() == self.vocab_size
+        start = _start_law(channel, free, prompt, self.seq_len)
+        law = start[torch.arange(self.seq_len), states].prod(-1)                     # [Z]
+        reveal = self._reveal_matrix(states, mu)                                     # [Z, Z]
+        fill = mu[:, torch.arange(self.seq_len)[None, :], self.sequences].prod(-1)   # [Z, S]
+        rates = process.schedule.masking_rate(torch.tensor([0.0, 1.0], dtype=torch.float64))
+        late, n = float(rates[0] / rates[1]), int(free.sum())
+        total = torch.zeros(len(self.sequences), dtype=torch.float64)
+        for revealed in range(n + 1):
+            total += math.comb(n, revealed) * (1 - late) ** revealed * late ** (n - revealed) * (law @ fill)
+            law = law @ reveal
+        return total
+
+    def _reveal_matrix(self, states: Tensor, mu: Tensor) -> Tensor:
+        """[Z, Z]: from state z, one of its m masked positions chosen uniformly is set to v with
+        probability mu(z)[n, v] / m; states without a mask stay."""
+        mask, count = self.vocab_size, states.shape[0]
+        place = (mask + 1) ** torch.arange(self.seq_len - 1, -1, -1)                 # base K = V + 1
+        matrix = torch.zeros(count, count, dtype=torch.float64)
+        for index, z in enumerate(states):
+            masked = (z == mask).nonzero().flatten().tolist()
+            if not masked:
+                matrix[index, index] = 1.0
+            for n in masked:
+                for v in range(self.vocab_size):
+                    matrix[index, index + (v - mask) * int(place[n])] += float(mu[index, n, v]) / len(masked)
+        return matrix
+
 
 def _start_law(channel: _Channel, free: Tensor, prompt: Tensor | None, length: int) -> Tensor:
     """Per position, the law of z at t = 1 in the sampler: the prior's start state (the mask, or

@@ -64,6 +64,10 @@ class Schedule(ABC):
     def masking_rate_raw_derivative(self, t: Tensor) -> Tensor:
         """m'(t) = -alpha_raw'(t) >= 0."""
 
+    @abstractmethod
+    def masking_rate_raw_inverse(self, m: Tensor) -> Tensor:
+        """The time t at which m(t) = m, for m in [0, m(1)]."""
+
     def masking_rate(self, t: Tensor) -> Tensor:
         """1 - alpha(t): the probability that a token is masked at time t."""
         check_schedule_times(t)
@@ -75,6 +79,15 @@ class Schedule(ABC):
         check_schedule_times(t)
         eps = self.endpoint_eps
         return (1.0 - eps) - (1.0 - 2.0 * eps) * self.masking_rate_raw(t)
+
+    def time_at_masking_rate(self, rate: Tensor) -> Tensor:
+        """The time t at which 1 - alpha(t) = ``rate``, the inverse of ``masking_rate`` (rates
+        outside [masking_rate(0), masking_rate(1)] give t = 0 or 1). The first-hitting sampler
+        finds its event times with it."""
+        eps = self.endpoint_eps
+        raw = ((rate - eps) / (1.0 - 2.0 * eps)).clamp(0.0, 1.0)
+        top = self.masking_rate_raw(torch.ones((), dtype=raw.dtype))
+        return self.masking_rate_raw_inverse(torch.minimum(raw, top)).clamp(0.0, 1.0)
 
     def alpha_derivative(self, t: Tensor) -> Tensor:
         """alpha'(t) <= 0."""
@@ -100,6 +113,9 @@ class LinearSchedule(Schedule):
     def masking_rate_raw_derivative(self, t: Tensor) -> Tensor:
         return torch.ones_like(t)
 
+    def masking_rate_raw_inverse(self, m: Tensor) -> Tensor:
+        return m
+
 
 class CosineSchedule(Schedule):
     """MD4 / MaskGIT orientation: alpha_raw = 1 - cos(pi/2 (1 - t)).
@@ -116,6 +132,9 @@ class CosineSchedule(Schedule):
 
     def masking_rate_raw_derivative(self, t: Tensor) -> Tensor:
         return 0.5 * math.pi * torch.sin(0.5 * math.pi * (1.0 - t))
+
+    def masking_rate_raw_inverse(self, m: Tensor) -> Tensor:
+        return 1.0 - torch.acos(m) / (0.5 * math.pi)
 
 
 class PolynomialSchedule(Schedule):
@@ -136,6 +155,9 @@ class PolynomialSchedule(Schedule):
 
     def masking_rate_raw_derivative(self, t: Tensor) -> Tensor:
         return self.power * t.pow(self.power - 1.0)
+
+    def masking_rate_raw_inverse(self, m: Tensor) -> Tensor:
+        return m.pow(1.0 / self.power)
 
     def __repr__(self) -> str:
         return f"PolynomialSchedule(power={self.power}, endpoint_eps={self.endpoint_eps})"
@@ -161,6 +183,9 @@ class LogLinearSchedule(Schedule):
 
     def masking_rate_raw_derivative(self, t: Tensor) -> Tensor:
         return torch.full_like(t, 1.0 - self.eps)
+
+    def masking_rate_raw_inverse(self, m: Tensor) -> Tensor:
+        return m / (1.0 - self.eps)
 
     def __repr__(self) -> str:
         return f"LogLinearSchedule(eps={self.eps}, endpoint_eps={self.endpoint_eps})"

@@ -84,7 +84,7 @@ from model.denoiser import DenoiserLike
 from model.diffusion import MaskedDiffusion, NelboTerms, Reconstruction
 from model.generators import Generators, uniforms
 from model.positions import sum_by_row
-from model.sampling import SamplingStats, reverse_sample
+from model.sampling import confidence_sample, reverse_sample
 from model.schedules import DEFAULT_ENDPOINT_EPS, LinearSchedule, PolynomialSchedule, Schedule
 
 __all__ = ["ExponentSpread", "LearnedMaskedDiffusion", "LearnedSchedule", "exponent_spread",
@@ -233,6 +233,12 @@ class LearnedMaskedDiffusion(MaskedDiffusion):
     """
 
     schedule_type = LearnedSchedule
+    process_name = "learned"
+    samplers = {"ancestral": reverse_sample, "confidence": confidence_sample}
+    sampler_limits = {
+        "first-hitting": "a token's unmasking rate depends on its value, which only the time-conditioned "
+                         "network predicts, so the next unmasking time has no closed form",
+        "remdm": "ReMDM's remasking posterior is built on one alpha_t shared by every token value"}
 
     def __init__(self, schedule: LearnedSchedule, vocab_size: int, *, draws: int = DEFAULT_DRAWS,
                  validate: bool = True) -> None:
@@ -353,22 +359,12 @@ class LearnedMaskedDiffusion(MaskedDiffusion):
         return eps + (1.0 - 2.0 * eps) * t
 
     # ---------------------------------------------------------------- sampling
-    def sample(self, denoiser: DenoiserLike, num_samples: int, seq_len: int, steps: int,
-               generator: torch.Generator | None = None, grid: str = "uniform",
-               prompt: Tensor | None = None, *, top_p: float | None = None, cache: bool = True,
-               device: torch.device | str | None = None, return_stats: bool = False,
-               ) -> Tensor | tuple[Tensor, SamplingStats]:
-        """Ancestral sampling from all-mask with the state-dependent reverse step (module
-        docstring), see ``model.sampling.reverse_sample``. Because unmasking depends on the
-        prediction, every step with a masked position needs the network; ``cache`` reuses an
-        output only for a ``time_independent`` denoiser and an unchanged row."""
-        tokens, stats = reverse_sample(
-            self, denoiser, num_samples=num_samples, seq_len=seq_len, steps=steps,
-            generator=generator, grid=grid, prompt=prompt, top_p=top_p, cache=cache, device=device)
-        return (tokens, stats) if return_stats else tokens
-
-    def prior_tokens(self, z: Tensor, free: Tensor, generator: torch.Generator | None) -> Tensor:
-        """z with its ``free`` positions masked (the prior at t = 1)."""
+    # Ancestral sampling runs the state-dependent reverse step (module docstring) through
+    # ``reverse_sample``: unmasking depends on the prediction, so every step with a masked
+    # position needs the network (an output is reused only for a ``time_independent``
+    # denoiser and an unchanged row).
+    def prior_tokens(self, z: Tensor, free: Tensor, u: Tensor) -> Tensor:
+        """z with its ``free`` positions masked (the prior at t = 1; ``u`` is not needed)."""
         return torch.where(free, self.mask_id, z)
 
     def changeable(self, z: Tensor) -> Tensor:

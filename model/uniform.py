@@ -66,7 +66,7 @@ from model.denoiser import DenoiserLike
 from model.diffusion import DiffusionProcess, NelboTerms, Reconstruction
 from model.generators import Generators, uniforms
 from model.positions import count_scored, scored_positions, sum_by_row
-from model.sampling import SamplingStats, reverse_sample
+from model.sampling import reverse_sample
 from model.schedules import Schedule
 
 __all__ = ["UniformDiffusion"]
@@ -82,6 +82,14 @@ class UniformDiffusion(DiffusionProcess):
     from uniform random tokens, the others are kept. The denoiser does not see which tokens
     are kept: it treats them as noisy, as it treats padding outside ``positions``.
     """
+
+    process_name = "uniform"
+    samplers = {"ancestral": reverse_sample}
+    sampler_limits = {
+        "first-hitting": "there is no absorbing mask: every token may change many times, so there is no "
+                         "first unmasking event to draw",
+        "confidence": "there is no mask to reveal: every position holds a token from the first step",
+        "remdm": "there is no mask to remask into"}
 
     def __init__(self, schedule: Schedule, vocab_size: int, *, validate: bool = True) -> None:
         if not isinstance(schedule, Schedule):
@@ -235,23 +243,11 @@ class UniformDiffusion(DiffusionProcess):
         return self.schedule.alpha(torch.tensor(t, dtype=torch.float64))
 
     # ---------------------------------------------------------------- sampling
-    def sample(self, denoiser: DenoiserLike, num_samples: int, seq_len: int, steps: int,
-               generator: torch.Generator | None = None, grid: str = "uniform",
-               prompt: Tensor | None = None, *, top_p: float | None = None, cache: bool = True,
-               device: torch.device | str | None = None, return_stats: bool = False,
-               ) -> Tensor | tuple[Tensor, SamplingStats]:
-        """Ancestral sampling from Uniform(V)^L at t = 1 with p(z_s | z_t) (module docstring),
-        see ``model.sampling.reverse_sample``. ``prompt`` keeps its tokens and generates where
-        it holds ``generate_id``. Every step needs the network (any token may still change);
-        ``cache`` reuses an output only for a ``time_independent`` denoiser and an unchanged row."""
-        tokens, stats = reverse_sample(
-            self, denoiser, num_samples=num_samples, seq_len=seq_len, steps=steps,
-            generator=generator, grid=grid, prompt=prompt, top_p=top_p, cache=cache, device=device)
-        return (tokens, stats) if return_stats else tokens
-
-    def prior_tokens(self, z: Tensor, free: Tensor, generator: torch.Generator | None) -> Tensor:
-        """z with its ``free`` positions drawn from Uniform(V) (the prior at t = 1)."""
-        u = torch.rand(z.shape, generator=generator, dtype=torch.float64, device=z.device)
+    # Ancestral sampling from Uniform(V)^L at t = 1 with p(z_s | z_t) (module docstring) runs
+    # through ``reverse_sample``: every step needs the network (any token may still change).
+    def prior_tokens(self, z: Tensor, free: Tensor, u: Tensor) -> Tensor:
+        """z with its ``free`` positions drawn from Uniform(V) (the prior at t = 1) by the
+        uniforms ``u`` [B, L]."""
         return torch.where(free, torch.floor(u * self.vocab_size).long(), z)
 
     def changeable(self, z: Tensor) -> Tensor:

@@ -38,6 +38,7 @@ from data_prep.readers import ReadOptions, local_roots
 from evaluation.evaluate import EvalConfig
 from evaluation.results import EvalResults, TrainingRecord
 from evaluation.zero_shot import ReportOptions, is_up_to_date, run_zero_shot
+from model.sampling import SamplingPlan
 from model.transformer import PRESETS
 from orchestration.ray_train import RayLaunch, launch
 from pipeline.checkpoint import latest_step
@@ -64,7 +65,7 @@ class EvalStage:
     data_dir: str | None = None              # root of the standard eval files
     samples_per_block: int = 16
     num_samples: int = 2                     # generated samples in the report
-    sample_steps: int = 128
+    sampling: SamplingPlan = SamplingPlan()  # how they are drawn
     blocks_per_replicate: int | None = None  # a quick look: see EvalConfig
 
 
@@ -98,8 +99,7 @@ class RunRequest:
                    f"must lie in [2, {MAX_SEQ_LEN}] (data_prep.prep.MAX_SEQ_LEN)"),
                   ("--val-fraction", self.val_fraction is None or 0 <= self.val_fraction < 1,
                    "must lie in [0, 1)"),
-                  ("--num-samples", evaluation.num_samples >= 0, "must be >= 0"),
-                  ("--sample-steps", evaluation.sample_steps >= 1, "must be >= 1")]
+                  ("--num-samples", evaluation.num_samples >= 0, "must be >= 0")]
         for flag, ok, requirement in checks:
             if not ok:
                 raise UserError(f"{flag} {requirement}")
@@ -114,7 +114,7 @@ class RunRequest:
                           blocks_per_replicate=evaluation.blocks_per_replicate)
 
     def report_options(self) -> ReportOptions:
-        return ReportOptions(num_samples=self.evaluation.num_samples, sample_steps=self.evaluation.sample_steps)
+        return ReportOptions(num_samples=self.evaluation.num_samples, sampling=self.evaluation.sampling)
 
     def reads(self) -> list[InputPath]:
         """What the run reads from outside its directory, which the directory keeps clear of."""

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from model.diffusion import MaskedDiffusion, low_discrepancy_times
+from model.sampling import SamplingPlan
 from model.schedules import make_schedule
 from model.transformer import Transformer, TransformerConfig
 
@@ -138,12 +139,14 @@ def test_nelbo_is_differentiable():
     (lambda d, x: d.corrupt(x, torch.tensor([0, 1, 0, 1])), "t must be a floating-point tensor"),
     (lambda d, x: d.nelbo_discrete(None, x, 0), "steps must be an int >= 1"),
     (lambda d, x: d.nelbo_discrete(None, x, 2.5), "steps must be an int >= 1"),
-    (lambda d, x: d.sample(None, 2, 16, steps=0), "steps must be an int >= 1"),
-    (lambda d, x: d.sample(None, 0, 16, steps=4), "num_samples must be an int >= 1"),
-    (lambda d, x: d.sample(None, 2, 16, steps=4, grid="geometric"), "grid must be one of"),
-    (lambda d, x: d.sample(None, 2, 16, steps=4, top_p=0.0), r"top_p must lie in \(0, 1\]"),
-    (lambda d, x: d.sample(None, 4, 16, steps=4, prompt=x + 2), r"prompt holds token ids .* outside \[0, 11\]"),
-    (lambda d, x: d.sample(None, 4, 8, steps=4, prompt=x), r"prompt must have shape \[8\]"),
+    (lambda d, x: d.sample(None, SamplingPlan(steps=4), num_samples=0, seq_len=16), "num_samples must be an int >= 1"),
+    (lambda d, x: d.sample(None, SamplingPlan(steps=4), num_samples=2, seq_len=0), "seq_len must be an int >= 1"),
+    (lambda d, x: d.sample(None, SamplingPlan(steps=4), num_samples=4, seq_len=16, prompt=x + 2),
+     r"prompt holds token ids .* outside \[0, 11\]"),
+    (lambda d, x: d.sample(None, SamplingPlan(steps=4), num_samples=4, seq_len=8, prompt=x),
+     r"prompt must have shape \[8\]"),
+    (lambda d, x: d.sample(None, SamplingPlan(steps=4, block_len=9), num_samples=4, seq_len=16, window=8),
+     "block_len 9 exceeds the network's window of 8"),
 ])
 def test_bad_input_raises_value_error_naming_the_argument(diffusion, make_call, match):
     with pytest.raises(ValueError, match=match):

@@ -61,8 +61,11 @@ def test_eval_reports_bounds_logs_them_to_the_training_run_and_writes_the_report
     assert training_run["tracking_uri"] == mlflow_server
     assert results["mlflow"]["run_id"] == training_run["run_id"]  # the training's own MLflow run
     client = MlflowClient(mlflow_server)
-    metrics = client.get_run(training_run["run_id"]).data.metrics
-    assert metrics["eval/ptb/perplexity_bound"] == pytest.approx(results["datasets"]["ptb"]["perplexity_bound"])
+    tracked = client.get_run(training_run["run_id"]).data
+    assert tracked.metrics["eval/ptb/perplexity_bound"] == pytest.approx(results["datasets"]["ptb"]["perplexity_bound"])
+    # The samples' plan as tags (a later evaluation may sample otherwise), their cost as a metric.
+    assert (tracked.tags["eval/sampling/sampler"], tracked.tags["eval/sampling/steps"]) == ("ancestral", "16")
+    assert tracked.metrics["eval/samples/mean_network_calls"] == results["sampling"]["mean_network_calls"]
     assert "report" in {a.path for a in client.list_artifacts(training_run["run_id"])}
 
 

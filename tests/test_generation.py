@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
 from common.errors import UserError
 from data_prep.tokenizer import train_sentencepiece
 from evaluation import generation
-from evaluation.generation import Sample, build_prompt, generate
+from evaluation.evaluate import COMPILE_MIN_TOKENS
+from evaluation.generation import Sample, build_prompt, complete, generate, should_compile_sampling
 from model.diffusion import MaskedDiffusion
+from model.sampling import RemaskOptions, SamplingPlan, sample_generators
 from model.schedules import make_schedule
 from pipeline.export import Exported, load_export, resolve_export
 from pipeline.run_layout import RunLayout
@@ -28,6 +32,10 @@ TEMPLATE = "the [MASK*4] sat on the [MASK*3]."
 ANIMALS = ["cat", "dog", "fox", "owl", "bee", "yak", "emu", "ram"]
 PLACES = ["mat", "log", "hill", "roof", "boat", "bench", "rug", "wall"]
 SCHEDULE = {"schedule": "polynomial", "schedule_args": {"power": 2}}  # in the exports' configs
+PLANS = {"ancestral": SamplingPlan(steps=12, grid="cosine", top_p=0.9),
+         "first-hitting": SamplingPlan(sampler="first-hitting", temperature=0.8),
+         "confidence": SamplingPlan(sampler="confidence", steps=6),
+         "remdm": SamplingPlan(sampler="remdm", steps=16, options=RemaskOptions(schedule="rescale", eta=0.5))}
 
 
 def _lines() -> list[str]:
@@ -44,9 +52,13 @@ def exports(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("generation")
     tokenizer = train_sentencepiece(_lines(), root / "tok", vocab_size=VOCAB_SIZE)
     assert tokenizer.vocab_size == VOCAB_SIZE
-    return {objective: write_untrained_export(RunLayout(root / name).export, tokenizer, root / "tok",
-                                              objective=objective, config=SCHEDULE, max_seq_len=MAX_SEQ_LEN)
-            for name, objective in (("run", "diffusion"), ("ar", "autoregressive"))}
+    exports = {objective: write_untrained_export(RunLayout(root / name).export, tokenizer, root / "tok",
+                                                 objective=objective, config=SCHEDULE, max_seq_len=MAX_SEQ_LEN)
+               for name, objective in (("run", "diffusion"), ("ar", "autoregressive"))}
+    exports["uniform"] = write_untrained_export(RunLayout(root / "uniform").export, tokenizer, root / "tok",
+                                                config={"process": "uniform"}, max_seq_len=MAX_SEQ_LEN,
+                                                time_conditioning=True)
+    return exports
 
 
 @pytest.fixture
@@ -62,13 +74,14 @@ def autoregressive(exports) -> Exported:
 # ------------------------------------------------------------------ conditioning
 def test_prompt_tokens_are_kept_at_the_start(diffusion):
     prefix = diffusion.tokenizer.encode(PROMPT)
-    samples = generate(diffusion, num=3, steps=20, seq_len=SEQ_LEN, prompt=PROMPT, batch_size=2)
+    plan = SamplingPlan(steps=20)
+    samples = generate(diffusion, plan, num=3, seq_len=SEQ_LEN, prompt=PROMPT, batch_size=2)
     assert len(samples) == 3
-    for sample in samples:
+    for index, sample in enumerate(samples):
         assert sample.tokens[:len(prefix)] == prefix
         assert len(sample.tokens) == SEQ_LEN and max(sample.tokens) < VOCAB_SIZE  # no mask left
         assert sample.text.startswith(PROMPT)
-        assert (sample.prompt, sample.steps) == (PROMPT, 20)
+        assert (sample.prompt, sample.plan, sample.index) == (PROMPT, plan, index)
 
 
 def test_infill_keeps_the_literal_segments_in_place_and_fills_the_spans(diffusion):
@@ -83,7 +96,7 @@ def test_infill_keeps_the_literal_segments_in_place_and_fills_the_spans(diffusio
         single + [mask_id]
 
     kept = [i for i, token in enumerate(expected) if token != mask_id]
-    for sample in generate(diffusion, num=4, steps=16, seq_len=SEQ_LEN, infill=TEMPLATE, seed=3):
+    for sample in generate(diffusion, SamplingPlan(steps=16, seed=3), num=4, seq_len=SEQ_LEN, infill=TEMPLATE):
         assert [sample.tokens[i] for i in kept] == [expected[i] for i in kept]
         assert mask_id not in sample.tokens
         # The spans and the positions after the template are generated; the literals stay.
@@ -93,7 +106,7 @@ def test_infill_keeps_the_literal_segments_in_place_and_fills_the_spans(diffusio
 
 def test_no_conditioning_gives_no_prompt_tensor(diffusion):
     assert build_prompt(diffusion.tokenizer, SEQ_LEN, VOCAB_SIZE) is None
-    sample = generate(diffusion, num=1, steps=8, seq_len=SEQ_LEN)[0]
+    sample = generate(diffusion, SamplingPlan(steps=8), num=1, seq_len=SEQ_LEN)[0]
     assert sample.prompt is None and len(sample.tokens) == SEQ_LEN
 
 
@@ -102,52 +115,86 @@ def test_text_stops_at_the_first_eos_after_the_prompt(diffusion):
     prefix = tokenizer.encode(PROMPT)
     tokens = prefix + tokenizer.encode(" a") + [tokenizer.eos_id] + tokenizer.encode("b")
     tokens += [tokenizer.eos_id] * (SEQ_LEN - len(tokens))
-    sample = generation._sample(tokenizer, tokens, len(prefix), 1, 1, PROMPT)
+    sample = generation._sample(tokenizer, tokens, len(prefix), 1, PROMPT, SamplingPlan(), 0)
     assert sample.text == PROMPT + " a" and sample.tokens == tokens
 
 
 # ------------------------------------------------------------------ determinism and cost
-def test_same_seed_same_samples_other_seed_other_samples(diffusion):
-    def draw(seed: int) -> list[Sample]:
-        return generate(diffusion, num=3, steps=12, seq_len=SEQ_LEN, prompt=PROMPT, top_p=0.9,
-                        grid="cosine", seed=seed, batch_size=2)
+@pytest.mark.parametrize("name", PLANS)
+def test_a_sample_depends_on_the_seed_and_its_index_never_on_the_batch_size(diffusion, name):
+    def draw(plan: SamplingPlan, batch_size: int) -> list[Sample]:
+        return generate(diffusion, plan, num=5, seq_len=SEQ_LEN, prompt=PROMPT, batch_size=batch_size)
 
-    assert draw(0) == draw(0)
-    assert [s.tokens for s in draw(0)] != [s.tokens for s in draw(1)]
+    plan = PLANS[name]
+    batched = draw(plan, 2)
+    assert batched == draw(plan, 5) == draw(plan, 1)  # tokens, text, network calls, plan, index
+    assert [s.tokens for s in batched] != [s.tokens for s in draw(replace(plan, seed=1), 2)]
+    assert all(1 <= s.network_calls <= (plan.steps or SEQ_LEN) for s in batched)
 
 
 def test_network_calls_stay_below_seq_len_at_many_steps(diffusion):
     seq_len, steps = 8, 1000
-    samples = generate(diffusion, num=2, steps=steps, seq_len=seq_len, batch_size=1)
-    assert all(1 <= s.network_calls <= seq_len and s.steps == steps for s in samples)
-    # Batched, each sample is charged its batch's share of rows evaluated: the same bound.
-    batched = generate(diffusion, num=3, steps=steps, seq_len=seq_len, batch_size=3)
-    assert all(1 <= s.network_calls <= seq_len for s in batched)
+    samples = generate(diffusion, SamplingPlan(steps=steps), num=3, seq_len=seq_len, batch_size=3)
+    assert all(1 <= s.network_calls <= seq_len for s in samples)
 
 
-def test_network_calls_are_the_samplers_rows_evaluated_for_one_row(diffusion):
-    sample = generate(diffusion, num=1, steps=500, seq_len=SEQ_LEN, seed=5, batch_size=1)[0]
+def test_samples_and_calls_are_the_samplers_for_their_index(diffusion):
+    plan = SamplingPlan(steps=500, seed=5)
+    samples = generate(diffusion, plan, num=3, seq_len=SEQ_LEN, batch_size=2)
     sampler = MaskedDiffusion(make_schedule("polynomial", power=2), VOCAB_SIZE)
     with torch.no_grad():
-        tokens, stats = sampler.sample(diffusion.network, 1, SEQ_LEN, 500, torch.Generator().manual_seed(5),
-                                       return_stats=True)
-    assert sample.tokens == tokens[0].tolist()
-    assert sample.network_calls == stats.rows_evaluated == stats.network_calls
+        tokens, stats = sampler.sample(diffusion.network, plan, num_samples=1, seq_len=SEQ_LEN,
+                                       generator=sample_generators(5, [2]))
+    assert samples[2].tokens == tokens[0].tolist() and samples[2].network_calls == stats.row_calls[0]
+
+
+def test_blocks_generate_beyond_the_networks_context(diffusion):
+    prefix = diffusion.tokenizer.encode(PROMPT)
+    plan = SamplingPlan(sampler="first-hitting", block_len=16)
+    samples = generate(diffusion, plan, num=2, seq_len=MAX_SEQ_LEN + 40, prompt=PROMPT)
+    for sample in samples:
+        assert len(sample.tokens) == MAX_SEQ_LEN + 40 and max(sample.tokens) < VOCAB_SIZE
+        assert sample.tokens[:len(prefix)] == prefix
+        assert sample.network_calls == MAX_SEQ_LEN + 40 - len(prefix)  # exact: one call per generated token
+
+
+# ------------------------------------------------------------------ one continuation per prompt
+@pytest.mark.parametrize("objective", ["diffusion", "autoregressive"])
+def test_complete_continues_each_prompt_as_generate_would_its_sample(exports, objective):
+    """What an evaluation harness calls: prompt i's continuation is sample i of the seed, the
+    same as ``generate``'s sample i with that prompt, whatever the other prompts and the batch."""
+    exported = load_export(exports[objective])
+    prompts = ["the cat sat on", "a", "the dog", "the cat sat on"]
+    plan = SamplingPlan(sampler="first-hitting" if objective == "diffusion" else "ancestral", seed=3)
+    samples = complete(exported, plan, prompts, max_new_tokens=6, batch_size=3)
+    assert samples == complete(exported, plan, prompts, max_new_tokens=6, batch_size=1)
+    for index, (text, sample) in enumerate(zip(prompts, samples)):
+        length = len(exported.tokenizer.encode(text)) + 6
+        assert sample.index == index and sample.prompt == text and len(sample.tokens) == length
+        alone = generate(exported, plan, num=index + 1, seq_len=length, prompt=text)[index]
+        assert alone.tokens == sample.tokens and alone.network_calls == sample.network_calls == 6
+    assert samples[0].tokens != samples[3].tokens  # the same prompt, another generator
+    with pytest.raises(UserError, match=r"prompt \d is \d+ tokens: with max_new_tokens 64 it exceeds the network"):
+        complete(exported, plan, prompts, max_new_tokens=64)
 
 
 # ------------------------------------------------------------------ command line
 def test_jsonl_output_round_trips(exports, diffusion, tmp_path, capsys):
     out = tmp_path / "samples.jsonl"
     run_dir = exports["diffusion"].parent  # a run directory: RUN/export is used
-    assert unmask_in_process(["sample", str(run_dir), "--num", "3", "--steps", "10", "--seq-len", str(SEQ_LEN),
-                              "--prompt", PROMPT, "--seed", "2", "--batch-size", "2", "--out", str(out)]) == 0
+    assert unmask_in_process(["sample", str(run_dir), "--num", "3", "--sampler", "remdm", "--steps", "10",
+                              "--sampler-option", "schedule=loop", "--sampler-option", "eta=0.05", "--seq-len",
+                              str(SEQ_LEN), "--prompt", PROMPT, "--seed", "2", "--batch-size", "2", "--temperature",
+                              "0.9", "--out", str(out)]) == 0
     records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
-    expected = generate(diffusion, num=3, steps=10, seq_len=SEQ_LEN, prompt=PROMPT, seed=2, batch_size=2)
+    plan = SamplingPlan(sampler="remdm", steps=10, seed=2, temperature=0.9,
+                        options=RemaskOptions(schedule="loop", eta=0.05))
+    expected = generate(diffusion, plan, num=3, seq_len=SEQ_LEN, prompt=PROMPT)
     quality = {"unigram_entropy", "reference_nll", "reference_tokens"}
-    assert [Sample(**{k: v for k, v in record.items() if k not in quality}) for record in records] == expected
-    assert set(records[0]) == {"text", "tokens", "text_tokens", "network_calls", "steps", "grid", "top_p", "seed",
-                               "prompt"} | quality
-    assert (records[0]["grid"], records[0]["top_p"], records[0]["seed"]) == ("uniform", None, 2)
+    assert [{k: v for k, v in record.items() if k not in quality} for record in records] == \
+        [sample.to_dict() for sample in expected]
+    assert set(records[0]) == {"text", "tokens", "text_tokens", "network_calls", "prompt", "index", "plan"} | quality
+    assert SamplingPlan.from_dict(records[0]["plan"]) == plan
     printed = capsys.readouterr().out
     assert "wrote 3 samples" in printed and "mean unigram entropy:" in printed
 
@@ -156,7 +203,7 @@ def test_text_output_has_one_block_per_sample(exports, diffusion, capsys):
     assert unmask_in_process(["sample", str(exports["diffusion"]), "--num", "2", "--steps", "6", "--seq-len",
                               "12", "--prompt", PROMPT]) == 0
     printed = capsys.readouterr().out
-    expected = generate(diffusion, num=2, steps=6, seq_len=12, prompt=PROMPT)
+    expected = generate(diffusion, SamplingPlan(steps=6), num=2, seq_len=12, prompt=PROMPT)
     headers = re.findall(r"^----- sample (\d+) \(network calls: (\d+)\) -----$", printed, flags=re.M)
     assert headers == [(str(i + 1), str(s.network_calls)) for i, s in enumerate(expected)]
     for sample in expected:
@@ -197,20 +244,43 @@ def test_resolve_export(exports, tmp_path):
     ({"infill": "a [MASK*10000000000] b"}, r"--infill is \d+ tokens"),
     ({"prompt": "a", "infill": "[MASK]"}, r"--prompt and --infill are exclusive"),
     ({"prompt": "the cat sat on the mat " * 8}, r"--prompt is \d+ tokens, longer than --seq-len"),
-    ({"top_p": 0.0}, r"--top-p must lie in \(0, 1\]"),
-    ({"top_p": 1.5}, r"--top-p"),
     ({"num": 0}, r"--num must be an integer >= 1"),
-    ({"steps": 0}, r"--steps must be an integer >= 1"),
-    ({"steps": None}, r"--steps is required"),
     ({"batch_size": 0}, r"--batch-size"),
-    ({"seq_len": MAX_SEQ_LEN + 1}, r"--seq-len 65 exceeds the network's max_seq_len 64"),
-    ({"grid": "linear"}, r"--grid must be one of"),
+    ({"seq_len": 0}, r"--seq-len must be an integer >= 1"),
+    ({"seq_len": MAX_SEQ_LEN + 1}, r"--seq-len 65 exceeds the network's max_seq_len 64: add --block-len"),
+    ({"seq_len": 100, "plan": SamplingPlan(steps=4, block_len=65)}, r"--block-len 65 exceeds the network's"),
     ({"device": "nonsense"}, r"--device"),
 ])
 def test_bad_arguments_name_the_flag(diffusion, arguments, message):
-    call = {"num": 1, "steps": 4, "seq_len": SEQ_LEN, **arguments}
+    call = {"num": 1, "seq_len": SEQ_LEN, **arguments}
+    plan = call.pop("plan", SamplingPlan(steps=4))
     with pytest.raises(UserError, match=message):
-        generate(diffusion, **call)
+        generate(diffusion, plan, **call)
+
+
+@pytest.mark.parametrize("sampler", ["first-hitting", "confidence", "remdm"])
+def test_a_sampler_the_process_does_not_take_is_refused_before_sampling(exports, sampler):
+    uniform = load_export(exports["uniform"])
+    with pytest.raises(UserError, match=rf"--sampler {sampler}: the {sampler} sampler does not apply to the "
+                                        rf"uniform process: .* \(its samplers: ancestral\)"):
+        generate(uniform, SamplingPlan(sampler=sampler, steps=4), num=1, seq_len=SEQ_LEN)
+    sample = generate(uniform, SamplingPlan(steps=4), num=1, seq_len=SEQ_LEN, prompt=PROMPT)[0]
+    assert sample.text.startswith(PROMPT) and max(sample.tokens) < VOCAB_SIZE
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sampler", "remdm", "--steps", "0"], "--steps: steps must be an integer >= 1"),
+    (["--top-p", "1.5"], r"--top-p: top_p must lie in \(0, 1\]"),
+    (["--temperature", "0"], "--temperature: temperature must be a number > 0"),
+    (["--block-len", "0"], "--block-len: block_len must be an integer >= 1"),
+    (["--sampler", "remdm", "--sampler-option", "eta=2"], r"--sampler-option: remask eta must lie in \[0, 1\]"),
+    (["--sampler", "remdm", "--sampler-option", "speed=2"], "--sampler-option: sampler option 'speed=2'"),
+    (["--sampler-option", "eta=0.1"], "--sampler-option: the ancestral sampler takes no options"),
+])
+def test_bad_sampling_flags_are_one_line_naming_the_flag(exports, capsys, argv, message):
+    assert unmask_in_process(["sample", str(exports["diffusion"]), "--num", "1", *argv]) != 0
+    err = capsys.readouterr().err
+    assert re.search(message, err) and len(err.strip().splitlines()) == 1, err
 
 
 def test_a_template_without_room_to_generate_is_refused(diffusion):
@@ -223,20 +293,19 @@ def test_a_template_without_room_to_generate_is_refused(diffusion):
 # ------------------------------------------------------------------ autoregressive exports
 def test_autoregressive_sampling_keeps_the_prefix_and_is_deterministic(autoregressive):
     prefix = autoregressive.tokenizer.encode(PROMPT)
-    samples = generate(autoregressive, num=3, steps=None, seq_len=SEQ_LEN, prompt=PROMPT, seed=4,
-                       batch_size=2, top_p=0.95)
-    assert samples == generate(autoregressive, num=3, steps=None, seq_len=SEQ_LEN, prompt=PROMPT, seed=4,
-                               batch_size=2, top_p=0.95)
+    plan = SamplingPlan(top_p=0.95, temperature=0.9, seed=4)
+    samples = generate(autoregressive, plan, num=3, seq_len=SEQ_LEN, prompt=PROMPT, batch_size=2)
+    assert samples == generate(autoregressive, plan, num=3, seq_len=SEQ_LEN, prompt=PROMPT, batch_size=3)
     assert [s.tokens for s in samples] != [s.tokens for s in generate(
-        autoregressive, num=3, steps=None, seq_len=SEQ_LEN, prompt=PROMPT, seed=5, batch_size=2, top_p=0.95)]
+        autoregressive, replace(plan, seed=5), num=3, seq_len=SEQ_LEN, prompt=PROMPT, batch_size=2)]
     for sample in samples:
         assert sample.tokens[:len(prefix)] == prefix and sample.text.startswith(PROMPT)
-        assert sample.network_calls == sample.steps == SEQ_LEN - len(prefix)
+        assert sample.network_calls == SEQ_LEN - len(prefix)
 
 
 def test_autoregressive_tokens_follow_the_network_left_to_right(autoregressive):
     """With a tiny nucleus the draw is greedy: each token is the argmax given the ones before."""
-    samples = generate(autoregressive, num=2, steps=None, seq_len=SEQ_LEN, top_p=1e-9)
+    samples = generate(autoregressive, SamplingPlan(top_p=1e-9), num=2, seq_len=SEQ_LEN)
     tokens = torch.tensor([s.tokens for s in samples])
     start = torch.full((2, 1), VOCAB_SIZE)
     with torch.no_grad():
@@ -244,6 +313,49 @@ def test_autoregressive_tokens_follow_the_network_left_to_right(autoregressive):
     assert torch.equal(logits.argmax(-1), tokens)
 
 
-def test_autoregressive_exports_cannot_infill(autoregressive):
-    with pytest.raises(UserError, match=r"--infill needs a diffusion export"):
-        generate(autoregressive, num=1, steps=None, seq_len=SEQ_LEN, infill=TEMPLATE)
+@pytest.mark.parametrize("plan, infill, message", [
+    (SamplingPlan(), TEMPLATE, r"--infill needs a diffusion export"),
+    (SamplingPlan(sampler="first-hitting"), None, r"--sampler first-hitting needs a diffusion export"),
+    (SamplingPlan(block_len=8), None, r"--block-len needs a diffusion export"),
+])
+def test_autoregressive_exports_refuse_what_only_diffusion_does(autoregressive, plan, infill, message):
+    with pytest.raises(UserError, match=message):
+        generate(autoregressive, plan, num=1, seq_len=SEQ_LEN, infill=infill)
+
+
+# ------------------------------------------------------------------ compile
+def test_sampling_compiles_on_a_gpu_when_the_work_repays_it_and_as_the_plan_says():
+    cpu, cuda, auto = torch.device("cpu"), torch.device("cuda"), SamplingPlan()
+    assert not should_compile_sampling(auto, cpu, 10**12)  # inductor's C++ compile outlasts a CPU run
+    assert should_compile_sampling(auto, cuda, COMPILE_MIN_TOKENS)
+    assert not should_compile_sampling(auto, cuda, COMPILE_MIN_TOKENS - 1)
+    assert should_compile_sampling(replace(auto, compile="on"), cpu, 1)
+    assert not should_compile_sampling(replace(auto, compile="off"), cuda, 10**12)
+
+
+@pytest.mark.parametrize("plan,tokens", [
+    (SamplingPlan(steps=1000), 3 * 1024 * 1000),                               # the budget per row
+    (SamplingPlan(sampler="first-hitting"), 3 * 1024 * 1024),                  # one call per token
+    (SamplingPlan(steps=100, block_len=256), 3 * 1024 * 100 * 4),              # the budget per block
+])
+def test_the_work_that_decides_compiling_bounds_the_tokens_through_the_network(plan, tokens):
+    batch = generation._Batch([0, 1, 2], torch.zeros(3, 1024, dtype=torch.long), [None] * 3, 1024)
+    assert generation._network_tokens(plan, [batch], generation.DIFFUSION) == tokens
+
+
+def test_compiled_sampling_draws_the_eager_samples_from_three_graphs_without_a_break(exports, diffusion):
+    """The blocks compiled as ``compile_parts`` does for sampling on a GPU (here with a counting
+    CPU backend): the calls, with every row count of the batch at every step of the sampler,
+    reuse at most three graphs (the first shape, the batch dimension dynamic, and one row,
+    which torch specializes); no graph break."""
+    plan = SamplingPlan(steps=12, seed=5)
+    eager = generate(diffusion, plan, num=5, seq_len=SEQ_LEN, batch_size=4)
+    compiled = load_export(exports["diffusion"])
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled.network.compile_parts(backend=counter)  # generate's own compile_parts then does nothing
+    again = generate(compiled, replace(plan, compile="on"), num=5, seq_len=SEQ_LEN, batch_size=4)
+    assert [sample.tokens for sample in again] == [sample.tokens for sample in eager]
+    assert len({sample.network_calls for sample in eager}) > 1  # rows needed different calls
+    assert sum(sample.network_calls for sample in eager) > 20 and counter.frame_count <= 3
+    assert not torch._dynamo.utils.counters["graph_break"]

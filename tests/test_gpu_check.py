@@ -37,7 +37,7 @@ def test_the_gpu_check_dry_runs_on_cpu_and_writes_every_result(tmp_path, tinysha
     assert trained == ["pipeline-zero1+eager+unpadded+flash", "pipeline-zero1"]
     assert all(row["tokens_per_s"] > 0 for row in rows if row["bench"] == "train")
     assert [row["tuned"] for row in rows if row["bench"] == "evaluate"] == [False, True]
-    assert [row["bench"] for row in rows if row["bench"] == "sample"] == ["sample"]
+    assert [row["tuned"] for row in rows if row["bench"] == "sample"] == [False, True]
     for name in ("train", "tests", "bench", "inference"):
         assert (out / f"{name}.log").stat().st_size > 0
     assert not any(path.name.startswith("step-") for path in out.rglob("*")), "checkpoints stay off $OUT"

@@ -19,6 +19,7 @@ import torch
 from lm_eval.api.instance import Instance
 from mlflow.tracking import MlflowClient
 
+from common.errors import UserError
 from data_prep.tokenizer import train_sentencepiece
 from evaluation.downstream import hub_offline
 from evaluation.lm_eval_model import UnmaskLM, sample_continuation
@@ -214,9 +215,10 @@ def test_every_process_answers_the_three_request_types(exports, process):
     assert rolling[0] < 0 and len(model.records) == len(pairs) + 1
     assert "." not in generated[0]
     prompt = model.tok_encode("the company")
-    drawn = sample_continuation(model.exported, model.model, prompt, 5, top_p=None, generation=model.generation,
-                                generator=torch.Generator().manual_seed(0))
+    plan = model.generation.plan(5, top_p=None, temperature=1.0, seed=0)
+    drawn = sample_continuation(model.exported, model.model, prompt, 5, plan=plan, index=3)
     assert len(drawn) == 5 and all(0 <= token < model.exported.tokenizer.vocab_size for token in drawn)
+    assert drawn == sample_continuation(model.exported, model.model, prompt, 5, plan=plan, index=3)  # its own seed
 
 
 def test_generation_keeps_the_prompt_stops_at_the_stop_sequence_and_is_greedy(exports):
@@ -279,3 +281,19 @@ def test_bad_input_gets_one_clear_line(exports, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and err.startswith("lm-eval (unmask): error: model argument 'samplse'")
     assert err.endswith("(did you mean samples?)")
+
+
+def test_generation_takes_any_sampler_its_process_takes_and_refuses_the_others_in_one_line(exports):
+    """``gen_sampler`` is the SamplingPlan's sampler: first-hitting answers on the absorbing
+    process; the uniform process and an autoregressive export refuse it, an unknown name too."""
+    model = UnmaskLM(path=exports["absorbing"], device="cpu", gen_sampler="first-hitting")
+    answer, = model.generate_until(_requests("generate_until", [("the company", {"max_gen_toks": 4,
+                                                                                 "do_sample": True})]))
+    assert isinstance(answer, str)
+    for process, sampler, message in (
+            ("uniform", "first-hitting", "model argument gen_sampler=first-hitting: the first-hitting sampler does "
+                                         "not apply to the uniform process"),
+            ("ar", "confidence", "model argument gen_sampler=confidence: an autoregressive export samples left"),
+            ("absorbing", "gibbs", "model argument gen_sampler: sampler must be one of ancestral, first-hitting")):
+        with pytest.raises(UserError, match=message):
+            UnmaskLM(path=exports[process], device="cpu", gen_sampler=sampler)

@@ -12,6 +12,7 @@ import torch
 
 from model.diffusion import MaskedDiffusion
 from model.oracle import EnumerableDistribution
+from model.sampling import SamplingPlan
 from model.schedules import make_schedule
 
 VOCAB, LENGTH = 3, 4
@@ -118,9 +119,10 @@ def test_ancestral_sampling_reproduces_the_distribution(oracle, name, grid):
     diffusion = MaskedDiffusion(make_schedule(name, **kwargs), VOCAB)
     num = 20_000
     generator = torch.Generator().manual_seed(3)
-    samples = diffusion.sample(oracle, num, LENGTH, steps=100, generator=generator, grid=grid)
+    samples, _ = diffusion.sample(oracle, SamplingPlan(steps=100, grid=grid), num_samples=num, seq_len=LENGTH,
+                                  generator=generator)
     reference = _total_variation(oracle.sample(num, generator), oracle)  # pure sampling noise
     assert _total_variation(samples, oracle) < 1.5 * reference + 0.01
     # The test can tell a wrong sampler: one step unmasks all at once from the marginals.
-    one_step = diffusion.sample(oracle, num, LENGTH, steps=1, generator=generator)
+    one_step, _ = diffusion.sample(oracle, SamplingPlan(steps=1), num_samples=num, seq_len=LENGTH, generator=generator)
     assert _total_variation(one_step, oracle) > 3 * reference

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from model import LearnedMaskedDiffusion, LearnedSchedule, MaskedDiffusion, UniformDiffusion, make_schedule
+from model.sampling import SamplingPlan
 from model.transformer import Transformer, TransformerConfig
 from tests.conftest import ConstantDenoiser
 
@@ -63,8 +64,8 @@ def test_the_same_user_code_trains_scores_and_samples(process):
 
         prompt = torch.full((LENGTH,), process.generate_id)  # generate where it holds V
         prompt[:2], prompt[-1] = x0[0, :2], x0[0, -1]
-        tokens, stats = process.sample(net.eval(), num_samples=4, seq_len=LENGTH, steps=20, grid="cosine",
-                                       top_p=0.9, prompt=prompt, generator=g, return_stats=True)
+        tokens, stats = process.sample(net.eval(), SamplingPlan(steps=20, grid="cosine", top_p=0.9),
+                                       num_samples=4, seq_len=LENGTH, prompt=prompt, generator=g)
     assert tokens.shape == (4, LENGTH) and bool((tokens < VOCAB).all()) and bool((tokens >= 0).all())
     assert bool((tokens[:, :2] == x0[0, :2]).all()) and bool((tokens[:, -1] == x0[0, -1]).all())
     # At most one call a step, each on 1 to 4 rows (caching skips rows and steps with nothing to reveal).
@@ -133,7 +134,7 @@ def test_padding_is_never_corrupted_and_never_scored(process):
 def test_top_p_draws_only_from_the_nucleus(process):
     probs = torch.tensor([0.15, 0.5, 0.05, 0.3, 0.0, 0.0, 0.0])  # nucleus of 0.7: tokens 1 and 3
     denoiser = ConstantDenoiser(probs + 1e-12)
-    out = process.sample(denoiser, 200, LENGTH, steps=16, top_p=0.7, generator=torch.Generator().manual_seed(0))
+    out, _ = process.sample(denoiser, SamplingPlan(steps=16, top_p=0.7), num_samples=200, seq_len=LENGTH)
     assert set(out.unique().tolist()) == {1, 3}
 
 
@@ -156,11 +157,13 @@ def test_bf16_logits_are_scored_in_float32(process):
     (lambda d, x: d.corrupt(x, torch.tensor([0.5, 1.5, 0.1, 0.2, 0.3, 0.4])), r"t must lie in \[0, 1\]"),
     (lambda d, x: d.corrupt(x, torch.tensor([0.5, 0.5])), r"t must have shape \[6\]"),
     (lambda d, x: d.nelbo_discrete(None, x, 0), "steps must be an int >= 1"),
-    (lambda d, x: d.sample(None, 2, LENGTH, steps=0), "steps must be an int >= 1"),
-    (lambda d, x: d.sample(None, 2, LENGTH, steps=4, grid="geometric"), "grid must be one of"),
-    (lambda d, x: d.sample(None, 2, LENGTH, steps=4, top_p=1.5), r"top_p must lie in \(0, 1\]"),
-    (lambda d, x: d.sample(None, BATCH, LENGTH, steps=4, prompt=x + 2), r"prompt holds token ids .* outside \[0, 7\]"),
-    (lambda d, x: d.sample(None, BATCH, 8, steps=4, prompt=x), r"prompt must have shape \[8\]"),
+    (lambda d, x: d.sample(None, SamplingPlan(steps=4), num_samples=0, seq_len=LENGTH), "num_samples must be an int"),
+    (lambda d, x: d.sample(None, SamplingPlan(steps=4), num_samples=BATCH, seq_len=LENGTH, prompt=x + 2),
+     r"prompt holds token ids .* outside \[0, 7\]"),
+    (lambda d, x: d.sample(None, SamplingPlan(steps=4), num_samples=BATCH, seq_len=8, prompt=x),
+     r"prompt must have shape \[8\]"),
+    (lambda d, x: d.sample(None, SamplingPlan(steps=4), num_samples=2, seq_len=LENGTH, window=LENGTH - 1),
+     "exceeds the network's window"),
 ])
 def test_bad_input_raises_value_error_naming_the_argument(process, make_call, match):
     with pytest.raises(ValueError, match=match):

@@ -11,6 +11,7 @@ import pytest
 from evaluation.estimator import Z_95
 from evaluation.references import REFERENCES, references_for
 from evaluation.report import write_report
+from model.sampling import SamplingPlan
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SAMPLE_TEXT = 'The <script>alert("x")</script> & more\n\nsecond paragraph'
@@ -57,7 +58,7 @@ def make_results(objective: str = "diffusion", *, per_t: bool = True, samples: b
             "lambada": _dataset_record("lambada", 3.5, 0.01, 245_569, 1_000_000, per_t),
             "wikitext2": _dataset_record("wikitext2", 3.25, 0.02, 287_644, 1_234_567, False),
         },
-        "samples": [{"text": SAMPLE_TEXT, "network_calls": 128, "steps": 1000}] if samples else [],
+        "samples": [{"text": SAMPLE_TEXT, "network_calls": 128}] if samples else [],
         "mlflow": {"tracking_uri": "http://127.0.0.1:5000", "run_id": "0123abcd"},
         "created": "2025-01-02T03:04:05+00:00", "unmask_version": "0.1.0", "git_commit": "deadbeef",
     }
@@ -149,7 +150,7 @@ def test_html_is_self_contained_and_escaped(report):
 
 def test_markdown_sample_is_verbatim_quote(report):
     _, _, markdown, _ = report
-    assert "Sample 1: 1,000 steps, 128 network calls." in markdown
+    assert "Sample 1: 128 network calls." in markdown
     assert '> ```text\n> The <script>alert("x")</script> & more\n>\n> second paragraph\n> ```' in markdown
 
 
@@ -252,20 +253,27 @@ def test_references_as_data():
 def test_samples_show_their_quality_and_how_they_were_drawn(tmp_path):
     results = make_results(per_t=False)
     results["samples"][0].update(unigram_entropy=4.25, reference_nll=300.0, reference_tokens=100)
-    results["sampling"] = {"num_samples": 1, "steps": 1000, "grid": "cosine", "top_p": 0.9, "seed": 7,
-                           "seq_len": 1024, "mean_unigram_entropy": 4.25,
+    plan = SamplingPlan(steps=1000, grid="cosine", top_p=0.9, seed=7)
+    results["sampling"] = {"num_samples": 1, "plan": plan.to_dict(), "seq_len": 1024, "mean_unigram_entropy": 4.25,
+                           "mean_network_calls": 128.0,
                            "generative_perplexity": {"reference": "/models/gpt2-large", "reference_kind": "huggingface",
                                                      "retokenized": True, "perplexity": math.exp(3.0),
-                                                     "tokens": 100}}
+                                                     "tokens": 100},
+                           "sweep": [{"sampler": sampler, "budget": budget, "network_calls": min(budget, 128.0),
+                                      "mean_unigram_entropy": 4.0, "generative_perplexity": 40.0 - budget / 100}
+                                     for sampler in ("ancestral", "first-hitting") for budget in (16, 1024)]}
     files = write_report(copy.deepcopy(results), tmp_path)
     assert json.loads(files.json.read_text(encoding="utf-8")) == results
     markdown = files.markdown.read_text(encoding="utf-8")
-    assert "1 samples of 1,024 tokens, 1,000 steps on the cosine grid, top-p 0.9, seed 7." in markdown
+    assert ("1 samples of 1,024 tokens: ancestral sampler, 1,000 steps; cosine grid; temperature 1; top-p 0.9; "
+            "seed 7. They needed 128.0 network calls each on average.") in markdown
     assert "Mean unigram entropy: 4.250 nats" in markdown
     assert ("Generative perplexity: 20.09 under the huggingface model `/models/gpt2-large`, over 100 tokens: "
             "the decoded text re-encoded with the reference's tokenizer (the tokenizers differ).") in markdown
-    assert ("Sample 1: 1,000 steps, 128 network calls, unigram entropy 4.250 nats, 3.000 nats/token under the "
+    assert ("Sample 1: 128 network calls, unigram entropy 4.250 nats, 3.000 nats/token under the "
             "reference (100 tokens).") in markdown
+    assert "| first-hitting | 1,024 | 128.0 | 29.76 | 4.000 |" in markdown
+    assert "plots/sampler_sweep.png" in markdown and (tmp_path / "plots" / "sampler_sweep.png").is_file()
 
     del results["sampling"]["generative_perplexity"]
     markdown = write_report(results, tmp_path / "no-reference").markdown.read_text(encoding="utf-8")

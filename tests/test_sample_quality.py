@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,6 +16,9 @@ from common.errors import UserError
 from data_prep.tokenizer import load_tokenizer, train_sentencepiece
 from evaluation.generation import generate
 from evaluation.sample_quality import HF_KIND, UNMASK_KIND, load_reference, score_samples, unigram_entropy
+from evaluation.evaluate import EvalConfig
+from evaluation.zero_shot import ReportOptions, is_up_to_date
+from model.sampling import ConfidenceOptions, SamplingPlan
 from pipeline.export import load_export
 from tests.cli_runner import unmask_in_process
 from tests.export_fixtures import write_untrained_export
@@ -51,7 +55,7 @@ def exports(tmp_path_factory):
 @pytest.fixture(scope="module")
 def samples(exports):
     exported = load_export(exports["diffusion"])
-    return exported, generate(exported, num=3, steps=16, seq_len=SEQ_LEN, seed=1, batch_size=3)
+    return exported, generate(exported, SamplingPlan(steps=16, seed=1), num=3, seq_len=SEQ_LEN, batch_size=3)
 
 
 def exact_nll(network, ids: list[int], start: int) -> float:
@@ -160,7 +164,8 @@ def test_unmask_sample_records_settings_and_quality_in_the_jsonl(exports, tmp_pa
                               str(SEQ_LEN), "--grid", "cosine", "--top-p", "0.9", "--seed", "5", "--reference",
                               str(exports["ar"]), "--out", str(out)]) == 0
     records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
-    assert [(r["steps"], r["grid"], r["top_p"], r["seed"]) for r in records] == [(12, "cosine", 0.9, 5)] * 2
+    assert [SamplingPlan.from_dict(r["plan"]) for r in records] == [SamplingPlan(steps=12, grid="cosine", top_p=0.9,
+                                                                                 seed=5)] * 2
     for record in records:
         assert record["unigram_entropy"] == pytest.approx(
             unigram_entropy(record["tokens"][:record["text_tokens"]]))
@@ -177,24 +182,54 @@ def test_unmask_eval_reports_generative_perplexity_and_entropy(exports, tmp_path
     text.write_text("\n\n".join(_lines()[:40]), encoding="utf-8")
     out = tmp_path / "report"
     assert unmask_in_process(["eval", str(exports["diffusion"]), "--datasets", str(text), "--samples", "2",
-                              "--num-samples", "2", "--sample-steps", "12", "--sample-grid", "cosine",
-                              "--sample-top-p", "0.9", "--reference", str(exports["gpt2-ar"]),
-                              "--out", str(out)]) == 0
+                              "--num-samples", "2", "--sampler", "confidence", "--sample-steps", "12",
+                              "--sample-grid", "cosine", "--sample-top-p", "0.9", "--sampler-option", "score=margin",
+                              "--reference", str(exports["gpt2-ar"]), "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     sampling = results["sampling"]
-    assert {key: sampling[key] for key in ("num_samples", "steps", "grid", "top_p", "seed", "seq_len")} == {
-        "num_samples": 2, "steps": 12, "grid": "cosine", "top_p": 0.9, "seed": 0, "seq_len": 64}
+    plan = SamplingPlan(sampler="confidence", steps=12, grid="cosine", top_p=0.9,
+                        options=ConfidenceOptions(score="margin"))
+    assert SamplingPlan.from_dict(sampling["plan"]) == plan
+    assert (sampling["num_samples"], sampling["seq_len"], sampling["mean_network_calls"]) == (2, 64, 12)
     entropies = [sample["unigram_entropy"] for sample in results["samples"]]
     assert sampling["mean_unigram_entropy"] == pytest.approx(sum(entropies) / 2)
     perplexity = sampling["generative_perplexity"]
     assert perplexity["retokenized"] and perplexity["tokens"] == sum(s["reference_tokens"] for s in results["samples"])
     markdown = (out / "report.md").read_text(encoding="utf-8")
-    assert "2 samples of 64 tokens, 12 steps on the cosine grid, top-p 0.9, seed 0." in markdown
+    assert f"2 samples of 64 tokens: {plan.describe()}. They needed 12.0 network calls each" in markdown
     assert f"Mean unigram entropy: {sampling['mean_unigram_entropy']:.3f} nats" in markdown
     assert (f"Generative perplexity: {perplexity['perplexity']:,.2f} under the unmask-export model "
             f"`{exports['gpt2-ar']}`, over {perplexity['tokens']:,} tokens: the decoded text re-encoded with the "
             f"reference's tokenizer") in markdown
     assert "generative perplexity" in capsys.readouterr().out
+
+
+def test_unmask_eval_sweeps_every_sampler_over_the_budgets(exports, tmp_path):
+    """--sample-sweep: every sampler of the process at 16 to 1024 network calls, scored by the
+    reference, in results.json, the report's table and its plot."""
+    text = tmp_path / "notes.txt"
+    text.write_text("\n\n".join(_lines()[:10]), encoding="utf-8")
+    out = tmp_path / "report"
+    assert unmask_in_process(["eval", str(exports["diffusion"]), "--datasets", str(text), "--samples", "2",
+                              "--num-samples", "2", "--sampler", "first-hitting", "--sample-sweep",
+                              "--reference", str(exports["ar"]), "--out", str(out)]) == 0
+    config, plan = EvalConfig(datasets=(str(text),), samples_per_block=2), SamplingPlan(sampler="first-hitting")
+    options = ReportOptions(num_samples=2, sampling=plan, sample_sweep=True, out=out)
+    assert is_up_to_date(exports["diffusion"], config, options)  # unmask run would skip it...
+    assert not is_up_to_date(exports["diffusion"], config, replace(options, sampling=replace(plan, seed=1)))
+    assert not is_up_to_date(exports["diffusion"], config, replace(options, sample_sweep=False))  # ...not these
+    sweep = json.loads((out / "results.json").read_text(encoding="utf-8"))["sampling"]["sweep"]
+    budgets = (16, 32, 64, 128, 256, 1024)
+    assert [(row["sampler"], row["budget"]) for row in sweep] == [
+        (sampler, budget) for sampler in ("ancestral", "first-hitting", "confidence", "remdm") for budget in budgets]
+    for row in sweep:
+        assert 1 <= row["network_calls"] <= min(row["budget"], 64 if row["sampler"] != "remdm" else row["budget"])
+        assert row["generative_perplexity"] > 1 and row["mean_unigram_entropy"] > 0
+    exact = [row["network_calls"] for row in sweep if row["sampler"] == "first-hitting"]
+    assert exact == [16, 32, 64, 64, 64, 64]  # k tokens per call below 64, one per token from 64 on
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert "### Quality per network call" in markdown and "| remdm | 1,024 |" in markdown
+    assert (out / "plots" / "sampler_sweep.png").stat().st_size > 1000
 
 
 def test_unmask_eval_refuses_a_reference_without_samples(exports, tmp_path, capsys):

@@ -22,6 +22,16 @@ def test_weight_is_minus_alpha_derivative_over_masking_rate(name, kwargs):
 
 
 @pytest.mark.parametrize("name,kwargs", ALL)
+def test_time_at_masking_rate_inverts_the_masking_rate(name, kwargs):
+    """The first-hitting sampler's event times: t from 1 - alpha(t), ends clamped."""
+    schedule = make_schedule(name, **kwargs)
+    t = torch.linspace(0.0, 1.0, 101, dtype=torch.float64)
+    torch.testing.assert_close(schedule.time_at_masking_rate(schedule.masking_rate(t)), t, rtol=0, atol=1e-9)
+    ends = schedule.time_at_masking_rate(torch.tensor([0.0, 1.0], dtype=torch.float64))
+    assert ends.tolist() == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("name,kwargs", ALL)
 def test_alpha_derivative_matches_autograd(name, kwargs):
     schedule = make_schedule(name, **kwargs)
     t = INTERIOR.clone().requires_grad_()

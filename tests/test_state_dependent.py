@@ -7,11 +7,13 @@ T-step sampler; the process implements the closed forms of ``model.state_depende
 """
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 from model import LearnedMaskedDiffusion, LearnedSchedule, MaskedDiffusion, make_schedule
+from model.sampling import SamplingPlan
 from model.schedules import DEFAULT_ENDPOINT_EPS, PolynomialSchedule
 from model.state_dependent import exponent_spread, learned_schedule_arguments
 from tests.conftest import chi_square_limit, chi_square_statistic, z_scores
@@ -224,7 +226,8 @@ def test_sampler_follows_its_exact_law_which_tends_to_p(oracle, grid):
     assert all(a > b for a, b in zip(distances, distances[1:])) and distances[-1] < 0.005
     num, steps = 20_000, 32
     with torch.no_grad():
-        samples = process.sample(denoiser, num, LENGTH, steps, generator=torch.Generator().manual_seed(0), grid=grid)
+        samples, _ = process.sample(denoiser, SamplingPlan(steps=steps, grid=grid), num_samples=num, seq_len=LENGTH,
+                                    generator=torch.Generator().manual_seed(0))
     law = oracle.sampler_law(process, denoiser, steps, grid)
     assert chi_square_statistic(samples, law, oracle) < chi_square_limit(len(law) - 1)
 
@@ -238,8 +241,8 @@ def test_prompt_is_kept_and_conditioning_is_exact(oracle):
     assert _total_variation(oracle.sampler_law(process, denoiser, 256, prompt=prompt), conditional) < 0.005
     num, steps = 5_000, 16
     with torch.no_grad():
-        samples = process.sample(denoiser, num, LENGTH, steps, prompt=prompt,
-                                 generator=torch.Generator().manual_seed(1))
+        samples, _ = process.sample(denoiser, SamplingPlan(steps=steps), num_samples=num, seq_len=LENGTH,
+                                    prompt=prompt, generator=torch.Generator().manual_seed(1))
     assert bool((samples[:, 0] == 2).all())
     law = oracle.sampler_law(process, denoiser, steps, prompt=prompt)
     assert chi_square_statistic(samples, law, oracle) < chi_square_limit(int((law > 0).sum()) - 1)
@@ -247,13 +250,13 @@ def test_prompt_is_kept_and_conditioning_is_exact(oracle):
 
 def test_cache_reuses_only_outputs_of_a_time_independent_denoiser(oracle):
     process = learned()
-    kwargs = dict(num_samples=200, seq_len=LENGTH, steps=100, return_stats=True)
-    cached, cached_stats = process.sample(oracle, generator=torch.Generator().manual_seed(2), **kwargs)
-    plain, plain_stats = process.sample(oracle, generator=torch.Generator().manual_seed(2), cache=False, **kwargs)
+    plan, kwargs = SamplingPlan(steps=100), dict(num_samples=200, seq_len=LENGTH)
+    cached, cached_stats = process.sample(oracle, plan, **kwargs)
+    plain, plain_stats = process.sample(oracle, replace(plan, cache=False), **kwargs)
     assert torch.equal(cached, plain)
     assert cached_stats.rows_evaluated <= 200 * (LENGTH + 1) < plain_stats.rows_evaluated
     timed = oracle.exact_denoiser(process)  # depends on t: evaluated at every step with a mask left
-    _, timed_stats = process.sample(timed, generator=torch.Generator().manual_seed(2), **kwargs)
+    _, timed_stats = process.sample(timed, plan, **kwargs)
     assert timed_stats.rows_evaluated > 200 * (LENGTH + 1)
 
 

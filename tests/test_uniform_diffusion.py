@@ -3,12 +3,14 @@ posterior, the exact continuous and T-step bounds and the exact law of the T-ste
 all computed by brute force from explicit per-position matrices."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 from model import UniformDiffusion, make_schedule
 from model.denoiser import FunctionDenoiser
+from model.sampling import SamplingPlan
 from model.schedules import DEFAULT_ENDPOINT_EPS
 from tests.conftest import chi_square_limit, chi_square_statistic, z_scores
 
@@ -124,7 +126,8 @@ def test_sampler_follows_its_exact_law_which_tends_to_p(oracle, name, grid):
     distances = [_total_variation(law, oracle.probs) for law in laws]
     assert all(a > b for a, b in zip(distances, distances[1:])) and distances[-1] < 0.01
     num, steps = 20_000, 32
-    samples = process.sample(denoiser, num, LENGTH, steps, generator=torch.Generator().manual_seed(0), grid=grid)
+    samples, _ = process.sample(denoiser, SamplingPlan(steps=steps, grid=grid), num_samples=num, seq_len=LENGTH,
+                                generator=torch.Generator().manual_seed(0))
     law = oracle.sampler_law(process, denoiser, steps, grid)
     assert chi_square_statistic(samples, law, oracle) < chi_square_limit(len(law) - 1)
 
@@ -135,7 +138,8 @@ def test_last_step_draws_from_the_prediction(oracle):
     process = UniformDiffusion(make_schedule("linear", endpoint_eps=0.25), VOCAB)
     denoiser = oracle.exact_denoiser(process)
     num, steps = 20_000, 4
-    samples = process.sample(denoiser, num, LENGTH, steps, generator=torch.Generator().manual_seed(5))
+    samples, _ = process.sample(denoiser, SamplingPlan(steps=steps), num_samples=num, seq_len=LENGTH,
+                                generator=torch.Generator().manual_seed(5))
     law = oracle.sampler_law(process, denoiser, steps)
     assert chi_square_statistic(samples, law, oracle) < chi_square_limit(len(law) - 1)
 
@@ -147,7 +151,8 @@ def test_prompt_tokens_are_kept_and_condition_exactly_when_the_denoiser_knows_th
     prompt = torch.tensor([process.generate_id, 1, process.generate_id])
     informed = oracle.exact_denoiser(process, known=prompt != process.generate_id)
     num, steps = 5_000, 16
-    samples = process.sample(informed, num, LENGTH, steps, prompt=prompt, generator=torch.Generator().manual_seed(1))
+    samples, _ = process.sample(informed, SamplingPlan(steps=steps), num_samples=num, seq_len=LENGTH, prompt=prompt,
+                                generator=torch.Generator().manual_seed(1))
     assert bool((samples[:, 1] == 1).all())
     law = oracle.sampler_law(process, informed, steps, prompt=prompt)
     assert chi_square_statistic(samples, law, oracle) < chi_square_limit(int((law > 0).sum()) - 1)
@@ -162,10 +167,10 @@ def test_cache_reuses_only_outputs_of_a_time_independent_denoiser(oracle):
     process = UniformDiffusion(make_schedule("linear"), VOCAB)
     frozen = oracle.exact_denoiser(process)
     fixed_time = FunctionDenoiser(lambda z, t: frozen(z, torch.full_like(t, 0.5)), time_independent=True)
-    kwargs = dict(num_samples=200, seq_len=LENGTH, steps=100, return_stats=True)
-    cached, cached_stats = process.sample(fixed_time, generator=torch.Generator().manual_seed(2), **kwargs)
-    plain, plain_stats = process.sample(fixed_time, generator=torch.Generator().manual_seed(2), cache=False, **kwargs)
+    plan, kwargs = SamplingPlan(steps=100), dict(num_samples=200, seq_len=LENGTH)
+    cached, cached_stats = process.sample(fixed_time, plan, **kwargs)
+    plain, plain_stats = process.sample(fixed_time, replace(plan, cache=False), **kwargs)
     assert torch.equal(cached, plain)
     assert cached_stats.rows_evaluated < plain_stats.rows_evaluated == 100 * 200
-    _, timed_stats = process.sample(frozen, generator=torch.Generator().manual_seed(2), **kwargs)
+    _, timed_stats = process.sample(frozen, plan, **kwargs)
     assert timed_stats.rows_evaluated == 100 * 200  # t matters: every step calls the network

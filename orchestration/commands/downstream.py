@@ -9,6 +9,7 @@ from pathlib import Path
 
 from common.logs import configure_logging
 from evaluation.downstream_results import DownstreamResults
+from model.sampling import SAMPLERS
 
 RAW = argparse.RawDescriptionHelpFormatter
 
@@ -52,7 +53,7 @@ def _cmd_lm_eval(args: argparse.Namespace) -> int:
         tasks=tuple(name.strip() for name in args.tasks.split(",") if name.strip()),
         include_path=tuple(args.include_path or ()), data_dir=args.data_dir, limit=args.limit,
         num_fewshot=args.num_fewshot, samples=args.samples, seed=args.seed, batch_size=args.batch_size,
-        gen_steps=args.gen_steps, download=args.download)
+        gen_sampler=args.gen_sampler, gen_steps=args.gen_steps, download=args.download)
     options = DownstreamOptions(out=Path(args.out) if args.out else None, mlflow_uri=args.mlflow_uri,
                                 device=args.device)
     report = run_downstream(Path(args.path), config, options)
@@ -91,8 +92,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, metavar="ROWS",
                         help="rows per forward pass (default: by the device's capacity)")
+    parser.add_argument("--gen-sampler", choices=SAMPLERS, default="ancestral",
+                        help="how a diffusion model samples for generation tasks (default: %(default)s; "
+                             "unmask sample --help lists them)")
     parser.add_argument("--gen-steps", type=int, metavar="T",
-                        help="reverse steps of a diffusion sample for generation tasks (default: one per token)")
+                        help="its budget of network calls for generation tasks (default: one per generated token)")
     parser.add_argument("--download", action="store_true",
                         help="let lm-eval download the tasks' datasets from the Hugging Face Hub (default: offline)")
     parser.add_argument("--out", help="report directory (default RUN/report)")

@@ -10,13 +10,19 @@ from pathlib import Path
 from common.logs import configure_logging
 from evaluation.detokenizers import DETOKENIZERS
 from evaluation.evaluate import COMPILE_SETTINGS, EvalConfig
-from evaluation.generation import DEFAULT_GRID, GRIDS
 from evaluation.protocols import DEFAULT_PROTOCOL, PROTOCOLS
 from evaluation.results import EvalResults
+from orchestration.commands.sampling_flags import (
+    REPORT_FLAGS,
+    REPORT_SAMPLER_HELP,
+    add_sampling_arguments,
+    plan_from_args,
+)
 
 RAW = argparse.RawDescriptionHelpFormatter
 
-EVAL_EPILOG = """\
+EVAL_EPILOG = f"""\
+{REPORT_SAMPLER_HELP}
 examples:
   unmask eval runs/tiny --datasets ptb,wikitext2,lambada,lm1b --data-dir ../shared/data
   unmask eval runs/tiny --datasets val --shards shards/ --samples 32
@@ -24,6 +30,7 @@ examples:
   unmask eval runs/m --datasets ptb,wikitext2,lambada,lm1b --data-dir data/ --protocol mdlm
   unmask eval runs/m --datasets lambada --data-dir data/ --detokenizer lambada_gpt2
   unmask eval runs/m --datasets ptb --data-dir data/ --num-samples 16 --reference runs/m-ar --sample-top-p 0.9
+  unmask eval runs/m --datasets val --num-samples 8 --sampler first-hitting --reference runs/m-ar --sample-sweep
   torchrun --nproc-per-node 8 -m orchestration.cli eval runs/m --datasets lambada,ptb --data-dir data/
 """
 
@@ -49,9 +56,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from evaluation.zero_shot import ReportOptions, run_zero_shot
 
     configure_logging()
-    options = ReportOptions(num_samples=args.num_samples, sample_steps=args.sample_steps,
-                            sample_grid=args.sample_grid, sample_top_p=args.sample_top_p,
-                            reference=Path(args.reference) if args.reference else None,
+    options = ReportOptions(num_samples=args.num_samples, sampling=plan_from_args(args, REPORT_FLAGS, args.seed),
+                            sample_sweep=args.sample_sweep, reference=Path(args.reference) if args.reference else None,
                             compare=Path(args.compare) if args.compare else None,
                             out=Path(args.out) if args.out is not None else None, mlflow_uri=args.mlflow_uri)
     report = run_zero_shot(Path(args.path), _eval_config(args), options, device=args.device or None)
@@ -107,7 +113,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, help="blocks per forward pass (default: sized to the device: "
                                                        "16 on CPU, the largest the GPU's memory fits up to 256)")
     parser.add_argument("--compile", choices=COMPILE_SETTINGS, default="auto",
-                        help="torch.compile the network: auto does on a GPU when a rank scores 32M tokens or more "
+                        help="torch.compile the network (for the bound and the report's samples): auto does on a GPU when a rank "
+                             "scores (or the samples pass) 32M tokens or more "
                              "(compiling takes about half a minute) (default: %(default)s)")
     parser.add_argument("--discrete-steps", type=int, help="report the T-step discrete bound instead")
     parser.add_argument("--target-rel-error", type=float,
@@ -120,12 +127,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true",
                         help=f"--blocks-per-replicate {QUICK_BLOCKS_PER_REPLICATE}: minutes on a CPU for any "
                              "dataset, an interval a few times wider")
-    parser.add_argument("--num-samples", type=int, default=0, help="also generate N samples for the report")
-    parser.add_argument("--sample-steps", type=int, default=1000, help="sampling steps (default 1000)")
-    parser.add_argument("--sample-grid", choices=GRIDS, default=DEFAULT_GRID,
-                        help="time grid of the sampling steps (default: %(default)s)")
-    parser.add_argument("--sample-top-p", type=float, metavar="P", help="nucleus of the samples, in (0, 1] "
-                        "(default: the full distribution)")
+    samples = parser.add_argument_group("samples in the report")
+    samples.add_argument("--num-samples", type=int, default=0, help="also generate N samples for the report "
+                         "(seeded by --seed)")
+    add_sampling_arguments(samples, REPORT_FLAGS)
+    samples.add_argument("--sample-sweep", action="store_true",
+                         help="also N samples from every sampler at 16 to 1024 network calls: a quality table and "
+                              "plot in the report (generative perplexity with --reference)")
     parser.add_argument("--reference", metavar="PATH",
                         help="an autoregressive model that scores the samples (generative perplexity): an unmask "
                              "AR export or run, or a Hugging Face causal LM directory (needs transformers)")

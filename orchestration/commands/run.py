@@ -10,6 +10,12 @@ from typing import TYPE_CHECKING
 from common.logs import configure_logging
 from data_prep.readers import ReadOptions
 from orchestration.commands.evaluate import QUICK_BLOCKS_PER_REPLICATE
+from orchestration.commands.sampling_flags import (
+    REPORT_FLAGS,
+    REPORT_SAMPLER_HELP,
+    add_sampling_arguments,
+    plan_from_args,
+)
 from orchestration.commands.train import RAW, add_launcher_arguments, launch_of
 from orchestration.exit_codes import OK, PREEMPTED
 from pipeline.config import config_yaml, load_config, parse_overrides
@@ -17,7 +23,8 @@ from pipeline.config import config_yaml, load_config, parse_overrides
 if TYPE_CHECKING:
     from orchestration.stages import RunSummary
 
-RUN_EPILOG = """\
+RUN_EPILOG = f"""\
+{REPORT_SAMPLER_HELP}
 config overrides: any --SECTION.FIELD VALUE after the flags, e.g. --train.max_steps 50
 
 examples:
@@ -52,7 +59,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         evaluation=EvalStage(datasets=tuple(name.strip() for name in args.datasets.split(",") if name.strip()),
                              data_dir=args.data_dir, samples_per_block=args.samples, num_samples=args.num_samples,
                              blocks_per_replicate=QUICK_BLOCKS_PER_REPLICATE if args.quick else None,
-                             sample_steps=args.sample_steps))
+                             sampling=plan_from_args(args, REPORT_FLAGS, seed=0)))
     configure_logging()
     try:
         summary = run_pipeline(request, hooks=args.hooks)
@@ -111,7 +118,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                             help="score a random 64 blocks per time sample (unmask eval --quick): minutes, "
                                  "an honest but wider interval")
     evaluation.add_argument("--num-samples", type=int, default=2, help="generated samples in the report")
-    evaluation.add_argument("--sample-steps", type=int, default=128, help="sampling steps")
+    add_sampling_arguments(evaluation, REPORT_FLAGS)
     run.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
                                               "the shared store ~/.unmask/mlflow)")
     run.add_argument("--print-config", action="store_true",

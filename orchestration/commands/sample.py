@@ -9,20 +9,22 @@ import sys
 from pathlib import Path
 
 from common.outputs import InputPath, check_output_file, write_output_file
-from evaluation.generation import DEFAULT_BATCH_SIZE, DEFAULT_GRID, GRIDS, INFILL_SYNTAX, Sample, generate
+from evaluation.generation import DEFAULT_BATCH_SIZE, INFILL_SYNTAX, Sample, generate
 from evaluation.sample_quality import SampleQuality, check_reference, load_reference, score_samples
+from orchestration.commands.sampling_flags import SAMPLE_FLAGS, SAMPLER_HELP, add_sampling_arguments, plan_from_args
 from pipeline.export import export_files, load_export, resolve_export
 
 RAW = argparse.RawDescriptionHelpFormatter
 SAMPLE_SEPARATOR = "----- sample {index} (network calls: {calls}) -----"
 
 SAMPLE_DESCRIPTION = """\
-Sample text from an export. Diffusion exports run the ancestral sampler with cached
-network calls (steps >> seq-len costs at most seq-len evaluations per sample);
-autoregressive exports sample left to right. Text goes to stdout, one block per sample,
-or to --out as JSONL (text, tokens, text_tokens, network_calls, steps, grid, top_p, seed,
-prompt, and each sample's quality). The text stops at the first EOS after the last kept
-token of the prompt or template.
+Sample text from an export. Diffusion exports run --sampler (ancestral by default, with
+cached network calls: steps >> seq-len costs at most seq-len evaluations per sample;
+first-hitting is exact at one call per token); autoregressive exports sample left to right.
+Text goes to stdout, one block per sample, or to --out as JSONL (text, tokens, text_tokens,
+network_calls, prompt, index, the sampling plan, and each sample's quality). The text stops
+at the first EOS after the last kept token of the prompt or template. A sample depends on
+--seed and its index, not on --batch-size.
 
 Quality, after the samples: their mean unigram entropy (nats, of each sample's own tokens:
 low values expose repetitive samples), and with --reference the generative perplexity of
@@ -31,11 +33,16 @@ decoded text re-encoded with its own tokenizer, and says so.
 """
 
 SAMPLE_EPILOG = f"""\
+{SAMPLER_HELP}
 infill templates: literal text is kept in place; {INFILL_SYNTAX}.
 The template must fit in --seq-len; the positions after it are generated too.
 
 examples:
   unmask sample runs/tiny --num 4 --steps 1000
+  unmask sample runs/tiny --num 4 --sampler first-hitting --top-p 0.9
+  unmask sample runs/tiny --num 4 --sampler remdm --steps 1024 --sampler-option schedule=loop
+  unmask sample runs/tiny --num 2 --sampler confidence --steps 32 --temperature 0.8
+  unmask sample runs/tiny --num 1 --sampler first-hitting --seq-len 1024 --block-len 128 --prompt "ROMEO:"
   unmask sample runs/tiny/export --num 2 --steps 256 --grid cosine --top-p 0.9 --prompt "Once upon a time"
   unmask sample runs/tiny --num 1 --steps 128 --infill "The [MASK*8] sat on the [MASK*3]." --seq-len 32
   unmask sample runs/tiny-ar --num 8 --prompt "The" --seq-len 128 --out samples.jsonl
@@ -62,16 +69,16 @@ def _cmd_sample(args: argparse.Namespace) -> int:
                           ours=_is_samples_file, noun="a samples file of `unmask sample`")
     if args.reference is not None:
         check_reference(Path(args.reference))
+    plan = plan_from_args(args, SAMPLE_FLAGS, args.seed)
     exported = load_export(resolve_export(Path(args.run_or_export)))
-    samples = generate(exported, num=args.num, steps=args.steps, seq_len=args.seq_len, grid=args.grid,
-                       prompt=args.prompt, infill=args.infill, top_p=args.top_p, seed=args.seed,
+    samples = generate(exported, plan, num=args.num, seq_len=args.seq_len, prompt=args.prompt, infill=args.infill,
                        batch_size=args.batch_size, device=args.device)
     reference = load_reference(Path(args.reference), device=args.device) if args.reference else None
     quality = score_samples(samples, exported.tokenizer, reference)
     if args.out is None:
         _print_samples(samples)
     else:
-        lines = "".join(json.dumps({**dataclasses.asdict(sample), **dataclasses.asdict(score)}, ensure_ascii=False)
+        lines = "".join(json.dumps({**sample.to_dict(), **dataclasses.asdict(score)}, ensure_ascii=False)
                         + "\n" for sample, score in zip(samples, quality.scores))
         write_output_file(args.out, lines.encode("utf-8"))
         print(f"wrote {len(samples)} samples to {args.out}")
@@ -105,21 +112,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("run_or_export", metavar="RUN_OR_EXPORT", help="a training run (uses RUN/export) "
                         "or an export directory")
     parser.add_argument("--num", type=int, required=True, help="number of samples")
-    parser.add_argument("--steps", type=int, help="reverse diffusion steps (required for diffusion "
-                        "exports; autoregressive exports generate one token per step)")
-    parser.add_argument("--grid", choices=GRIDS, default=DEFAULT_GRID,
-                        help="time grid of the reverse steps (default: %(default)s)")
+    add_sampling_arguments(parser, SAMPLE_FLAGS)
     conditioning = parser.add_mutually_exclusive_group()
     conditioning.add_argument("--prompt", metavar="TEXT", help="text to continue: kept at the start")
     conditioning.add_argument("--infill", metavar="TEMPLATE",
                               help=f"text with spans to fill: {INFILL_SYNTAX} (diffusion only)")
-    parser.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling: keep the most likely "
-                        "tokens holding mass P, in (0, 1] (default: the full distribution)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     parser.add_argument("--seq-len", type=int, metavar="L", help="sequence length in tokens (default: "
-                        "the network's max_seq_len)")
+                        "the network's max_seq_len; longer needs --block-len)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, metavar="B",
-                        help="samples drawn together (default: %(default)s); samples depend on it")
+                        help="samples drawn together (default: %(default)s); the samples do not depend on it")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default: %(default)s)")
     parser.add_argument("--out", metavar="FILE.jsonl", help="write JSONL here instead of text to stdout")
     parser.add_argument("--reference", metavar="PATH",

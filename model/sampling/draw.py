@@ -1,0 +1,100 @@
+"""The one entry point of every sampler: conditioning, generators, semi-autoregressive blocks.
+
+``draw(process, sampler, denoiser, plan, ...)`` is what ``DiffusionProcess.sample`` runs. It
+builds the starting tokens from the prompt (kept tokens, ``generate_id`` where to generate),
+the generators (one per sample from ``plan.seed`` unless given), and runs ``sampler`` once
+over the whole sequence or, with ``plan.block_len``, block by block.
+
+Semi-autoregressive blocks (MDLM's SAR). The sequence is generated in consecutive blocks of
+``block_len`` positions, left to right. Each block is sampled as a sequence of its own whose
+context is the end of the text so far: the network sees at most ``window`` positions (its
+``max_seq_len``), the block and the ``window - block_len`` positions before it, already
+generated and kept. So sequences far longer than the network's context can be generated, and
+a prompt's kept tokens anywhere (an infill template across blocks) stay kept; a block does not
+see kept tokens after it. The plan's budget (``steps``) is per block. Every sample keeps its
+own generator from block to block, and a row with nothing to generate in a block draws
+nothing, so samples still do not depend on the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from model.checks import check_positive_int, check_token_ids
+from model.denoiser import DenoiserLike, as_denoiser
+from model.generators import Generators
+from model.sampling.core import NetworkCalls, SampledProcess, SamplingStats, sample_generators
+from model.sampling.plan import SamplingPlan
+
+__all__ = ["Sampler", "draw"]
+
+# A sampler: (process, plan, starting tokens [B, L], generators, network calls) -> tokens [B, L].
+Sampler = Callable[[Any, SamplingPlan, Tensor, Generators, NetworkCalls], Tensor]
+
+
+def _initial_tokens(process: SampledProcess, num_samples: int, seq_len: int, prompt: Tensor | None,
+                    device: torch.device) -> Tensor:
+    """The prompt (or nothing) as [num_samples, seq_len], with ``generate_id`` where to generate."""
+    if prompt is None:
+        return torch.full((num_samples, seq_len), process.generate_id, dtype=torch.long, device=device)
+    if prompt.dim() == 1:
+        prompt = prompt.unsqueeze(0).expand(num_samples, -1)
+    if prompt.dim() != 2 or prompt.shape[1] != seq_len or prompt.shape[0] != num_samples:
+        raise ValueError(f"prompt must have shape [{seq_len}] or [{num_samples}, {seq_len}], "
+                         f"got {tuple(prompt.shape)}")
+    check_token_ids(prompt, "prompt", process.generate_id, check_values=process.validate)
+    return prompt.to(device).clone()
+
+
+def _check_window(plan: SamplingPlan, seq_len: int, window: int | None) -> None:
+    if window is None:
+        return
+    check_positive_int("window", window)
+    if plan.block_len is None and seq_len > window:
+        raise ValueError(f"seq_len {seq_len} exceeds the network's window of {window} positions: "
+                         f"generate in blocks (block_len <= {window})")
+    if plan.block_len is not None and plan.block_len > window:
+        raise ValueError(f"block_len {plan.block_len} exceeds the network's window of {window} positions")
+
+
+def draw(process: SampledProcess, sampler: Sampler, denoiser: DenoiserLike, plan: SamplingPlan, *,
+         num_samples: int, seq_len: int, prompt: Tensor | None = None, generator: Generators = None,
+         window: int | None = None, device: torch.device | str | None = None) -> tuple[Tensor, SamplingStats]:
+    """Sample ``num_samples`` sequences of ``seq_len`` tokens with ``sampler`` (module docstring).
+
+    ``prompt``: LongTensor [seq_len] or [num_samples, seq_len], tokens to keep and
+    ``process.generate_id`` where to generate (a prefix, a suffix, any infilling pattern).
+    ``generator``: one generator, or one per sample; None: ``sample_generators(plan.seed,
+    range(num_samples))``. ``window``: the most positions the network takes (None: no limit).
+    Returns the tokens [num_samples, seq_len] and what they cost.
+    """
+    check_positive_int("num_samples", num_samples)
+    check_positive_int("seq_len", seq_len)
+    _check_window(plan, seq_len, window)
+    device = torch.device(device) if device is not None else (
+        prompt.device if prompt is not None else torch.device("cpu"))
+    z = _initial_tokens(process, num_samples, seq_len, prompt, device)
+    generator = sample_generators(plan.seed, range(num_samples)) if generator is None else generator
+    network = NetworkCalls(as_denoiser(denoiser), num_samples, process.vocab_size, static_shape=plan.static_shape)
+    if plan.block_len is None:
+        z = sampler(process, plan, z, generator, network)
+    else:
+        z = _in_blocks(process, sampler, plan, z, generator, network, window)
+    return z, network.stats(plan.steps)
+
+
+def _in_blocks(process: SampledProcess, sampler: Sampler, plan: SamplingPlan, z: Tensor, generator: Generators,
+               network: NetworkCalls, window: int | None) -> Tensor:
+    """Blocks of ``plan.block_len`` left to right, each with the text before it as context."""
+    length = z.shape[1]
+    for start in range(0, length, plan.block_len):
+        end = min(start + plan.block_len, length)
+        first = 0 if window is None else max(0, end - window)
+        part = z[:, first:end]                      # [B, W]: kept context, then the block
+        if bool((part == process.generate_id).any()):
+            z[:, first:end] = sampler(process, plan, part.clone(), generator, network)
+    return z

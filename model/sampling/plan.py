@@ -1,0 +1,251 @@
+"""``SamplingPlan``: everything a sampler needs except the network and what to condition on.
+
+One typed value, recorded and passed as it is by every caller (``unmask sample``, ``unmask
+eval``'s samples, ``unmask run``, the report, MLflow): the sampler and its budget, the time
+grid, the token distribution (temperature, nucleus), the seed, the semi-autoregressive block
+length and the sampler's own options. It is valid by construction: a bad field raises
+``PlanError`` (a ValueError) naming it, so a command line can name its flag.
+
+``steps`` is the budget of network calls per sequence (per block with ``block_len``):
+
+- ``ancestral``: reverse steps on the grid; caching makes it at most one call per step in
+  which the row unmasks a token, so at most min(steps, tokens to generate) for a time-free
+  network;
+- ``first-hitting``: None or steps >= the tokens to generate is the exact sampler, one call
+  per generated token; fewer steps reveal k = ceil(tokens / steps) tokens per call
+  (approximate);
+- ``confidence``: unmasking steps, exactly one call each while steps <= tokens to generate;
+- ``remdm``: reverse steps, at most one call each.
+
+``steps=None`` (the default) is the sampler's default budget: exact first-hitting, and
+``DEFAULT_STEPS`` (1000) steps for the others.
+
+``cache``, ``static_shape`` and ``compile`` say how to run, not what to draw: they never
+change the samples (``compile`` up to the compiled kernels' floating-point differences).
+``cache=False`` calls the network at every step (the ancestral samplers' reference);
+``static_shape=True`` passes every row of the batch, at every position, through each call
+(a fixed input shape, for compiled networks and CUDA graphs) and reads only what is needed;
+``compile`` (``COMPILE_SETTINGS``) compiles the network's blocks before sampling: "auto"
+does on a GPU when the work repays the compile time (``evaluation.generation``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = ["COMPILE_SETTINGS", "CONFIDENCE_SCORES", "GRIDS", "REMASK_SCHEDULES", "SAMPLERS", "ConfidenceOptions", "PlanError",
+           "RemaskOptions", "SamplerOptions", "SamplingPlan", "parse_sampler_options"]
+
+SAMPLERS = ("ancestral", "first-hitting", "confidence", "remdm")
+GRIDS = ("uniform", "cosine")
+CONFIDENCE_SCORES = ("max-prob", "margin")
+REMASK_SCHEDULES = ("cap", "rescale", "loop")
+COMPILE_SETTINGS = ("auto", "on", "off")  # as ``unmask eval --compile`` and ``train.compile``
+# ReMDM's own settings for OpenWebText (Wang et al. 2025, their scripts): eta per schedule,
+# and the loop's switch-on time, switch-off time and the alpha held in between.
+REMASK_ETA = {"cap": 0.008, "rescale": 0.015, "loop": 0.02}
+LOOP_T_ON, LOOP_T_OFF, LOOP_ALPHA_ON = 0.55, 0.05, 0.9
+DEFAULT_STEPS = 1000
+
+
+class PlanError(ValueError):
+    """A bad field of a sampling plan; ``field`` names it (``options.eta`` for an option)."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field_name
+
+
+def _fail(field_name: str, message: str) -> None:
+    raise PlanError(field_name, message)
+
+
+@dataclass(frozen=True)
+class ConfidenceOptions:
+    """Confidence-ordered unmasking: how a position's confidence is scored.
+
+    ``max-prob``: the probability of its most likely token (MaskGIT); ``margin``: that minus
+    the second most likely one's.
+    """
+
+    score: str = "max-prob"
+
+    def __post_init__(self) -> None:
+        if self.score not in CONFIDENCE_SCORES:
+            _fail("options.score", f"confidence score must be one of {', '.join(CONFIDENCE_SCORES)}, "
+                                   f"got {self.score!r}")
+
+
+@dataclass(frozen=True)
+class RemaskOptions:
+    """ReMDM's remasking probability sigma_t (``model.sampling.remasking``).
+
+    ``cap``: sigma_t = min(eta, sigma_max); ``rescale``: eta * sigma_max; ``loop``: no
+    remasking above ``t_on`` and below ``t_off``, and in between alpha held at ``alpha_on``
+    while tokens are remasked with probability eta. ``eta=None`` takes ReMDM's value for the
+    schedule (cap 0.008, rescale 0.015, loop 0.02).
+    """
+
+    schedule: str = "cap"
+    eta: float | None = None
+    t_on: float = LOOP_T_ON
+    t_off: float = LOOP_T_OFF
+    alpha_on: float = LOOP_ALPHA_ON
+
+    def __post_init__(self) -> None:
+        if self.schedule not in REMASK_SCHEDULES:
+            _fail("options.schedule", f"remask schedule must be one of {', '.join(REMASK_SCHEDULES)}, "
+                                      f"got {self.schedule!r}")
+        if self.eta is None:
+            object.__setattr__(self, "eta", REMASK_ETA[self.schedule])
+        if not 0.0 <= self.eta <= 1.0:
+            _fail("options.eta", f"remask eta must lie in [0, 1], got {self.eta}")
+        if not 0.0 < self.t_off < self.t_on < 1.0:
+            _fail("options.t_on", f"remask loop needs 0 < t_off < t_on < 1, got t_off={self.t_off}, "
+                                  f"t_on={self.t_on}")
+        if not 0.0 < self.alpha_on < 1.0:
+            _fail("options.alpha_on", f"remask alpha_on must lie in (0, 1), got {self.alpha_on}")
+
+
+SamplerOptions = ConfidenceOptions | RemaskOptions
+# Which samplers take options, and of what type.
+OPTIONS_TYPES: dict[str, type] = {"confidence": ConfidenceOptions, "remdm": RemaskOptions}
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """How to sample; see the module docstring. Invalid values raise ``PlanError``."""
+
+    sampler: str = "ancestral"
+    steps: int | None = None            # network-call budget per sequence (per block); None: the sampler's
+    grid: str = "uniform"               # time grid of the step-based samplers (GRIDS)
+    top_p: float | None = None          # nucleus; None: the full distribution
+    temperature: float = 1.0            # softmax(logits / temperature)
+    seed: int = 0                       # the samples' generators (``sample_generators``)
+    block_len: int | None = None        # semi-autoregressive blocks of this many tokens
+    options: SamplerOptions | None = field(default=None)  # None: the sampler's defaults
+    cache: bool = True                  # skip calls whose output nobody needs
+    static_shape: bool = False          # every row, every position through each call
+    compile: str = "auto"               # COMPILE_SETTINGS: torch.compile the network's blocks
+
+    RECORDED: ClassVar[tuple[str, ...]] = ("sampler", "steps", "grid", "top_p", "temperature", "seed",
+                                           "block_len", "options", "cache", "static_shape", "compile")
+
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            _fail("sampler", f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
+        if self.steps is None and self.sampler != "first-hitting":
+            object.__setattr__(self, "steps", DEFAULT_STEPS)
+        if self.steps is not None and (isinstance(self.steps, bool) or not isinstance(self.steps, int)
+                                       or self.steps < 1):
+            _fail("steps", f"steps must be an integer >= 1, got {self.steps!r}")
+        if self.grid not in GRIDS:
+            _fail("grid", f"grid must be one of {', '.join(GRIDS)}, got {self.grid!r}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            _fail("top_p", f"top_p must lie in (0, 1], got {self.top_p}")
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature > 0):
+            _fail("temperature", f"temperature must be a number > 0, got {self.temperature!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            _fail("seed", f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.block_len is not None and (isinstance(self.block_len, bool) or not isinstance(self.block_len, int)
+                                           or self.block_len < 1):
+            _fail("block_len", f"block_len must be an integer >= 1, got {self.block_len!r}")
+        if self.compile not in COMPILE_SETTINGS:
+            _fail("compile", f"compile must be one of {', '.join(COMPILE_SETTINGS)}, got {self.compile!r}")
+        self._resolve_options()
+
+    def _resolve_options(self) -> None:
+        expected = OPTIONS_TYPES.get(self.sampler)
+        if expected is None:
+            if self.options is not None:
+                _fail("options", f"the {self.sampler} sampler takes no options, got {self.options!r}")
+            return
+        if self.options is None:
+            object.__setattr__(self, "options", expected())
+        elif not isinstance(self.options, expected):
+            _fail("options", f"the {self.sampler} sampler takes {expected.__name__}, got {self.options!r}")
+
+    # ------------------------------------------------------------------ records
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as a JSON object (``from_dict`` reads it back)."""
+        record = {name: getattr(self, name) for name in self.RECORDED}
+        record["options"] = dataclasses.asdict(self.options) if self.options is not None else None
+        return record
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> SamplingPlan:
+        """A plan from ``to_dict``'s object; PlanError when it is not a valid plan."""
+        unknown = set(record) - set(cls.RECORDED)
+        if unknown:
+            _fail(sorted(unknown)[0], f"a sampling plan has no field {sorted(unknown)[0]!r}")
+        values = dict(record)
+        sampler = values.get("sampler", "ancestral")
+        options = values.pop("options", None)
+        if options is not None:
+            values["options"] = _options_from_record(sampler, options)
+        return cls(**values)
+
+    def describe(self) -> str:
+        """One line for people: the sampler, its budget and what shapes the distribution."""
+        budget = ("one network call per generated token (exact)" if self.steps is None
+                  else f"{self.steps:,} steps" if self.sampler != "first-hitting"
+                  else f"a budget of {self.steps:,} network calls")
+        parts = [f"{self.sampler} sampler, {budget}"]
+        if self.sampler in ("ancestral", "confidence", "remdm"):
+            parts.append(f"{self.grid} grid")
+        if self.options is not None:
+            parts.append(", ".join(f"{key} {value}" for key, value in dataclasses.asdict(self.options).items()
+                                   if not (self.sampler == "remdm" and key in ("t_on", "t_off", "alpha_on")
+                                           and self.options.schedule != "loop")))
+        parts.append(f"temperature {self.temperature:g}")
+        parts.append(f"top-p {self.top_p:g}" if self.top_p is not None else "full distribution")
+        if self.block_len is not None:
+            parts.append(f"blocks of {self.block_len:,} tokens")
+        parts.append(f"seed {self.seed}")
+        return "; ".join(parts)
+
+
+def _options_from_record(sampler: str, record: dict[str, Any]) -> SamplerOptions:
+    options_type = OPTIONS_TYPES.get(sampler)
+    if options_type is None:
+        _fail("options", f"the {sampler} sampler takes no options, got {record!r}")
+    names = {f.name for f in dataclasses.fields(options_type)}
+    unknown = sorted(set(record) - names)
+    if unknown:
+        _fail(f"options.{unknown[0]}", f"the {sampler} sampler has no option {unknown[0]!r} "
+                                       f"(its options: {', '.join(sorted(names))})")
+    return options_type(**record)
+
+
+def parse_sampler_options(sampler: str, pairs: list[str]) -> SamplerOptions | None:
+    """``["KEY=VALUE", ...]`` (a command line's) as the options of ``sampler``, typed by its
+    options class; PlanError naming the option when a key or a value is bad."""
+    if not pairs:
+        return None
+    options_type = OPTIONS_TYPES.get(sampler)
+    if options_type is None:
+        _fail("options", f"the {sampler} sampler takes no options, got {', '.join(pairs)}")
+    kinds = {f.name: f.type for f in dataclasses.fields(options_type)}
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in kinds:
+            _fail("options", f"sampler option {pair!r}: write KEY=VALUE with KEY one of "
+                             f"{', '.join(sorted(kinds))} (the {sampler} sampler's options)")
+        values[key] = _typed(key, text.strip(), kinds[key])
+    return _options_from_record(sampler, values)
+
+
+def _typed(key: str, text: str, kind: str) -> Any:
+    """``text`` as the option's type (annotations are strings here: ``str`` or ``float``)."""
+    if "float" not in kind:
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        _fail(f"options.{key}", f"sampler option {key} must be a number, got {text!r}")
