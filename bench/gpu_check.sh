@@ -49,7 +49,7 @@ run_dir=$(mktemp -d)/run  # checkpoints (6 GB for medium) stay off $OUT
 if [ "$device" = cuda ]; then
   config=configs/medium.yaml preset=medium train_steps=30 log_every=10 micro_batches="16 32"
   bench_steps=10 bench_warmup=3 eval_blocks=32 sample_steps=1000
-  limit_train=210 limit_tests=90 limit_bench=150 limit_inference=90
+  limit_train=210 limit_tests=90 limit_bench=150 limit_inference=120  # 570 s at most: one call
 else
   config=configs/tiny.yaml preset=tiny train_steps=2 log_every=1 micro_batches=2
   bench_steps=1 bench_warmup=1 eval_blocks=2 sample_steps=4

@@ -5,7 +5,7 @@ attention kernel, NCCL, ``train.compile`` with Triton kernels, and the evaluatio
 under bf16 against float32 on the same weights; and the defaults of issue 24: compile "auto"
 (blocks, head and loss, a bounded number of graphs), the attention kernels SDPA offers here
 (cuDNN, flash) and "auto"'s choice, the padded vocabulary under bf16, the host syncs of a
-training micro-step, sampling under bf16 with compiled blocks. ``make gpu-check`` runs these and the GPU benchmark in one command;
+training micro-step, sampling under bf16. ``make gpu-check`` runs these and the GPU benchmark in one command;
 ``bench/gpu_check.sh`` runs them on a lent device (README: Performance).
 """
 
@@ -203,11 +203,11 @@ def test_the_evaluation_bound_under_bf16_is_the_fp32_bound_within_its_standard_e
     assert abs(bf16.nelbo_per_token - fp32.nelbo_per_token) < EVAL_Z_LIMIT * fp32.standard_error
 
 
-def test_first_hitting_sampling_runs_under_bf16_with_compiled_blocks_one_call_per_token():
+def test_first_hitting_sampling_runs_under_bf16_one_call_per_token():
     """As ``unmask sample`` runs on a GPU (``evaluation.generation``): inference mode, bf16
-    autocast and the attention kernel of evaluation, the blocks compiled."""
+    autocast and the attention kernel of evaluation (compiled sampling is tested on CPU; a
+    compile here would cost the GPU check's time limit)."""
     network, device, samples, length = _network().eval(), torch.device("cuda"), 4, 64
-    network.compile_parts()
     diffusion = MaskedDiffusion(make_schedule("linear"), VOCAB, validate=False)
     plan = SamplingPlan(sampler="first-hitting", seed=0)
     with torch.inference_mode(), inference_mode(network, device):
