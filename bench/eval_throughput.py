@@ -5,7 +5,7 @@ For each preset, times ``estimate_bound`` with K time samples over N blocks of r
 run, a plain no-grad forward of the network over the same blocks with logits at every
 position. On a GPU both run under bf16 autocast, as ``unmask eval`` does; with ``--tuned``
 also as it runs since issue 24: compiled, with the fastest attention kernel
-(``evaluation.evaluate.inference_mode``), ``--batch-size`` left to the device when not given.
+(``evaluation.inference.inference_mode``), ``--batch-size`` left to the device when not given.
 Prints one JSON object per preset. Example:
 
     .venv/bin/python bench/eval_throughput.py --presets tiny small --seq-len 256
@@ -28,7 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from evaluation.estimator import Blocks, estimate_bound  # noqa: E402
-from evaluation.evaluate import default_batch_size, inference_mode  # noqa: E402
+from evaluation.evaluate import default_batch_size  # noqa: E402
+from evaluation.inference import inference_mode  # noqa: E402
 from model.diffusion import MaskedDiffusion  # noqa: E402
 from model.schedules import make_schedule  # noqa: E402
 from model.transformer import Transformer, preset  # noqa: E402

@@ -80,8 +80,7 @@ from data_prep.loader import StreamingLoader  # noqa: E402
 from data_prep.prep import PrepConfig, prep  # noqa: E402
 from data_prep.shards import Manifest  # noqa: E402
 from data_prep.tokenizer import load_tokenizer  # noqa: E402
-from evaluation.evaluate import inference_mode  # noqa: E402
-from evaluation.generation import should_compile_sampling  # noqa: E402
+from evaluation.inference import inference_mode, should_compile  # noqa: E402
 from model.denoiser import FunctionDenoiser  # noqa: E402
 from model.diffusion import MaskedDiffusion  # noqa: E402
 from model.sampling import SamplingPlan, sample_generators  # noqa: E402
@@ -328,7 +327,7 @@ def measure_sampling(network: TransformerConfig, num_samples: int, steps: int, d
     diffusion = MaskedDiffusion(make_schedule("linear"), network.vocab_size, validate=False)
     plan = SamplingPlan(steps=steps)
     tokens = num_samples * network.max_seq_len * steps
-    compiled = tuned and should_compile_sampling(plan, device, tokens)
+    compiled = tuned and should_compile(plan.compile, device, tokens)
     if compiled:
         model.compile_parts()
 

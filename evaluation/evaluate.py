@@ -19,11 +19,10 @@ dataset's own record, ``evaluation.results``), so it can be reproduced.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import torch
@@ -41,17 +40,16 @@ from evaluation.estimator import (
     estimate_bound,
     per_time_contributions,
 )
+from evaluation.inference import COMPILE_SETTINGS, inference_mode, should_compile
 from evaluation.protocols import DEFAULT_PROTOCOL, PROTOCOLS, UNMASK, ZeroShotProtocol, get_protocol
 from evaluation.results import ABSENT, DatasetResult, EvalScores, PerTimeContributions, Protocol
 from model.autoregressive import Autoregressive
 from model.diffusion import DiffusionProcess
-from model.transformer import Transformer, TransformerConfig
-from pipeline.attention import attention_kernel, resolve_attention
+from model.transformer import TransformerConfig
 from pipeline.engine import choose_inference_batch, device_memory_bytes
 from pipeline.export import Exported
 
-__all__ = ["EvalConfig", "check_datasets", "evaluate_dataset", "evaluate", "VAL_DATASET", "default_batch_size",
-           "inference_mode", "should_compile"]
+__all__ = ["EvalConfig", "check_datasets", "evaluate_dataset", "evaluate", "VAL_DATASET", "default_batch_size"]
 
 VAL_DATASET = "val"
 VAL_NEEDS_SHARDS = ("dataset 'val' needs --shards DIR (the training data of `unmask prep`; a run of `unmask run` "
@@ -64,11 +62,6 @@ PER_T_BLOCKS = 256
 # at most LARGEST_GPU_BATCH (beyond it a forward is long enough that nothing is left to gain).
 CPU_BATCH_SIZE = 16
 LARGEST_GPU_BATCH = 256
-# --compile auto compiles the network on a GPU when a rank scores at least this many tokens
-# (blocks x length x time samples): compiling GPT-2 medium takes about half a minute, which
-# the fused kernels pay back only over a couple of minutes of scoring (~30M tokens at 2e5/s).
-COMPILE_MIN_TOKENS = 32_000_000
-COMPILE_SETTINGS = ("auto", "on", "off")
 AllReduce = Callable[[list[float]], list[float]]
 
 
@@ -224,7 +217,7 @@ def evaluate_dataset(name: str, exported: Exported, config: EvalConfig, *, devic
     network = exported.network.to(device)
     batch_size = config.batch_size or default_batch_size(network.config, seq_len, device)
     common = dict(batch_size=batch_size, device=device, rank=rank, world_size=world_size)
-    if should_compile(config, device, _scored_tokens(blocks, config, world_size)):
+    if should_compile(config.compile, device, _scored_tokens(blocks, config, world_size)):
         network.compile_parts()
     with inference_mode(network, device):
         return _estimate(record, blocks, utf8_bytes, exported, network, config, common, all_reduce)
@@ -237,31 +230,11 @@ def default_batch_size(network: TransformerConfig, seq_len: int, device: torch.d
     return choose_inference_batch(network, seq_len, "bf16", device_memory_bytes(device), LARGEST_GPU_BATCH)
 
 
-def should_compile(config: EvalConfig, device: torch.device, tokens: int) -> bool:
-    """--compile: on, off, or auto: on a GPU when a rank scores ``COMPILE_MIN_TOKENS`` or more."""
-    if config.compile != "auto":
-        return config.compile == "on"
-    return device.type == "cuda" and tokens >= COMPILE_MIN_TOKENS
-
-
 def _scored_tokens(blocks: Blocks, config: EvalConfig, world_size: int) -> int:
     """Tokens one rank passes through the network: its blocks x length x time samples (at
     least; a target error may add samples)."""
     per_replicate = min(config.blocks_per_replicate or blocks.num_blocks, blocks.num_blocks)
     return math.ceil(per_replicate / world_size) * blocks.tokens.shape[1] * config.samples_per_block
-
-
-@contextlib.contextmanager
-def inference_mode(network: Transformer, device: torch.device) -> Iterator[None]:
-    """How evaluation runs the network: on a GPU under bf16 autocast (float32 norms and
-    log-softmax; sums are float64) with the fastest attention kernel there
-    (``pipeline.attention``); on CPU in float32 with SDPA's own choice."""
-    if device.type != "cuda":
-        yield
-        return
-    kernel = resolve_attention("auto", device, torch.bfloat16, network.config.head_dim, causal=network.config.causal)
-    with torch.autocast("cuda", dtype=torch.bfloat16), attention_kernel(kernel):
-        yield
 
 
 def _scoring_bar(record: dict, blocks: Blocks, config: EvalConfig, common: dict):

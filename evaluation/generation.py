@@ -60,7 +60,7 @@ from torch import Tensor
 from common.errors import UserError
 from common.progress import bar as progress_bar
 from data_prep.tokenizer import Tokenizer
-from evaluation.evaluate import COMPILE_MIN_TOKENS, inference_mode
+from evaluation.inference import inference_mode, should_compile
 from model.denoiser import Denoiser
 
 # The diffusion sampler's float64 inverse-CDF draw: the AR sampler draws its tokens the same way.
@@ -68,7 +68,7 @@ from model.sampling import SamplingPlan, inverse_cdf, row_uniforms, sample_gener
 from pipeline.export import Exported
 
 __all__ = ["DEFAULT_BATCH_SIZE", "INFILL_PLACEHOLDER", "INFILL_SYNTAX", "Sample", "build_prompt", "check_plan",
-           "complete", "continue_tokens", "generate", "resolve_device", "should_compile_sampling"]
+           "complete", "continue_tokens", "generate", "resolve_device"]
 
 # An infill placeholder: "[MASK]" is one generated token, "[MASK*n]" n of them (n >= 1).
 INFILL_PLACEHOLDER = re.compile(r"\[MASK(?:\*(\d+))?\]")
@@ -261,11 +261,11 @@ def continue_tokens(exported: Exported, plan: SamplingPlan, prompts: Sequence[Se
 def _draw(exported: Exported, plan: SamplingPlan, batches: list[_Batch], objective: str,
           device: str) -> list[Sample]:
     """Every batch, in order, on ``device``, with a progress bar: under inference mode, and on a
-    GPU as evaluation runs the network (bf16 autocast, the fastest attention kernel), its
-    blocks compiled when ``should_compile_sampling`` says so."""
+    GPU as evaluation runs the network (``evaluation.inference``: bf16 autocast, the fastest
+    attention kernel), its blocks compiled as the plan's ``compile`` says."""
     target = resolve_device(device)
     network = exported.network.to(target).eval()
-    if should_compile_sampling(plan, target, _network_tokens(plan, batches, objective)):
+    if should_compile(plan.compile, target, _network_tokens(plan, batches, objective)):
         network.compile_parts()
     draw = _autoregressive_batch if objective == AUTOREGRESSIVE else _diffusion_batch
     samples = []
@@ -273,15 +273,6 @@ def _draw(exported: Exported, plan: SamplingPlan, batches: list[_Batch], objecti
         for batch in progress_bar(batches, desc="sample", unit="batch"):
             samples += draw(exported, network, plan, batch, target)
     return samples
-
-
-def should_compile_sampling(plan: SamplingPlan, device: torch.device, tokens: int) -> bool:
-    """``plan.compile``: on, off, or auto: on a GPU when the sampling passes at least
-    ``COMPILE_MIN_TOKENS`` tokens through the network (an evaluation's threshold: below it
-    the compile takes longer than it saves)."""
-    if plan.compile != "auto":
-        return plan.compile == "on"
-    return device.type == "cuda" and tokens >= COMPILE_MIN_TOKENS
 
 
 def _network_tokens(plan: SamplingPlan, batches: list[_Batch], objective: str) -> int:

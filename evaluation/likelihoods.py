@@ -61,7 +61,7 @@ apart); a set of one document gives ``unmask eval``'s bound on it exactly.
 (``capacity_rows``): on a GPU what half its free memory holds by the training estimate of
 ``pipeline.engine.activation_memory_bytes`` (a forward without gradients keeps far less),
 halved after an out-of-memory error; on a CPU ``CPU_TOKENS_PER_BATCH`` tokens. The numbers do
-not depend on it. bf16 autocast on GPU (``evaluation.evaluate.inference_mode``); sums float64.
+not depend on it. bf16 autocast on GPU (``evaluation.inference.inference_mode``); sums float64.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ from torch import Tensor
 from common.errors import UserError
 from common.progress import bar as progress_bar
 from evaluation.estimator import Blocks, replicate_terms, wrap_blocks
-from evaluation.evaluate import inference_mode
+from evaluation.inference import inference_mode
 from model.autoregressive import Autoregressive
 from model.denoiser import DenoiserLike, as_denoiser
 from model.diffusion import DiffusionProcess

@@ -62,7 +62,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 
 from common.errors import UserError
 from common.progress import bar as progress_bar
-from evaluation.evaluate import inference_mode
+from evaluation.inference import inference_mode
 from evaluation.generation import continue_tokens, resolve_device
 from evaluation.likelihoods import Score, ScoringModel, ScoringSettings, score_continuations, score_documents
 from model.sampling import PlanError, SamplingPlan

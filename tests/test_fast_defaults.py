@@ -18,7 +18,8 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from common.errors import UserError
-from evaluation.evaluate import CPU_BATCH_SIZE, EvalConfig, default_batch_size, should_compile
+from evaluation.evaluate import CPU_BATCH_SIZE, default_batch_size
+from evaluation.inference import COMPILE_MIN_TOKENS, should_compile
 from model.cross_entropy import CompiledCrossEntropy
 from model.diffusion import MaskedDiffusion
 from model.schedules import make_schedule
@@ -241,11 +242,16 @@ def test_the_evaluation_batch_is_sized_to_the_device():
     assert inference_memory_bytes(MEDIUM, 2 * batch, 1024, "bf16") > USABLE_MEMORY_SHARE * 80 * GIB
     assert choose_inference_batch(MEDIUM, 1024, "bf16", 10**15, 256) == 256
     assert choose_inference_batch(MEDIUM, 1024, "bf16", GIB, 256) == 1
-    config = EvalConfig(datasets=("ptb",))
-    assert not should_compile(config, torch.device("cpu"), 10**9)
-    cuda = torch.device("cuda")  # a device object only: nothing runs on it
-    assert should_compile(config, cuda, 10**8) and not should_compile(config, cuda, 10**6)
-    assert should_compile(EvalConfig(datasets=("ptb",), compile="on"), torch.device("cpu"), 1)
+
+
+def test_compile_auto_is_on_for_a_gpu_when_the_work_repays_it_and_on_or_off_as_told():
+    """``unmask eval --compile``, ``unmask sample --compile`` and a plan's ``compile``."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # device objects only: nothing runs on them
+    assert not should_compile("auto", cpu, 10**12)
+    assert should_compile("auto", cuda, COMPILE_MIN_TOKENS) and not should_compile("auto", cuda, COMPILE_MIN_TOKENS - 1)
+    assert should_compile("on", cpu, 1) and not should_compile("off", cuda, 10**12)
+    with pytest.raises(ValueError, match="compile must be one of auto, on, off"):
+        should_compile("yes", cpu, 1)
 
 
 # ------------------------------------------------------------------ attention

@@ -14,8 +14,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from common.errors import UserError
 from data_prep.tokenizer import train_sentencepiece
 from evaluation import generation
-from evaluation.evaluate import COMPILE_MIN_TOKENS
-from evaluation.generation import Sample, build_prompt, complete, generate, should_compile_sampling
+from evaluation.generation import Sample, build_prompt, complete, generate
 from model.diffusion import MaskedDiffusion
 from model.sampling import RemaskOptions, SamplingPlan, sample_generators
 from model.schedules import make_schedule
@@ -324,15 +323,6 @@ def test_autoregressive_exports_refuse_what_only_diffusion_does(autoregressive, 
 
 
 # ------------------------------------------------------------------ compile
-def test_sampling_compiles_on_a_gpu_when_the_work_repays_it_and_as_the_plan_says():
-    cpu, cuda, auto = torch.device("cpu"), torch.device("cuda"), SamplingPlan()
-    assert not should_compile_sampling(auto, cpu, 10**12)  # inductor's C++ compile outlasts a CPU run
-    assert should_compile_sampling(auto, cuda, COMPILE_MIN_TOKENS)
-    assert not should_compile_sampling(auto, cuda, COMPILE_MIN_TOKENS - 1)
-    assert should_compile_sampling(replace(auto, compile="on"), cpu, 1)
-    assert not should_compile_sampling(replace(auto, compile="off"), cuda, 10**12)
-
-
 @pytest.mark.parametrize("plan,tokens", [
     (SamplingPlan(steps=1000), 3 * 1024 * 1000),                               # the budget per row
     (SamplingPlan(sampler="first-hitting"), 3 * 1024 * 1024),                  # one call per token

@@ -21,7 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import warnings
 
 from evaluation.estimator import estimate_bound, wrap_blocks
-from evaluation.evaluate import inference_mode
+from evaluation.inference import inference_mode
 from model.diffusion import MaskedDiffusion
 from model.sampling import SamplingPlan, sample_generators
 from model.schedules import make_schedule

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from common.logs import configure_logging
 from evaluation.detokenizers import DETOKENIZERS
-from evaluation.evaluate import COMPILE_SETTINGS, EvalConfig
+from evaluation.evaluate import EvalConfig
+from evaluation.inference import COMPILE_SETTINGS
 from evaluation.protocols import DEFAULT_PROTOCOL, PROTOCOLS
 from evaluation.results import EvalResults
 from orchestration.commands.sampling_flags import (
