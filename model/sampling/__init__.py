@@ -47,8 +47,8 @@ from model.sampling.plan import (
 )
 from model.sampling.remasking import remask_sample
 
-__all__ = ["COMPILE_SETTINGS", "CONFIDENCE_SCORES", "GRIDS", "REMASK_SCHEDULES", "SAMPLERS", "ConfidenceOptions", "NetworkCalls",
-           "PlanError", "RemaskOptions", "Sampler", "SamplerOptions", "SamplingPlan", "SamplingStats",
+__all__ = ["COMPILE_SETTINGS", "CONFIDENCE_SCORES", "GRIDS", "REMASK_SCHEDULES", "SAMPLERS", "ConfidenceOptions",
+           "NetworkCalls", "PlanError", "RemaskOptions", "Sampler", "SamplerOptions", "SamplingPlan", "SamplingStats",
            "ancestral_sample", "confidence_sample", "draw", "first_hitting_sample", "inverse_cdf",
            "parse_sampler_options", "remask_sample", "reverse_sample", "row_uniforms", "sample_generators",
            "time_grid", "token_probs", "top_p_filter"]

@@ -26,7 +26,7 @@ change the samples (``compile`` up to the compiled kernels' floating-point diffe
 ``static_shape=True`` passes every row of the batch, at every position, through each call
 (a fixed input shape, for compiled networks and CUDA graphs) and reads only what is needed;
 ``compile`` (``COMPILE_SETTINGS``) compiles the network's blocks before sampling: "auto"
-does on a GPU when the work repays the compile time (``evaluation.generation``).
+does on a GPU when the work repays the compile time (``evaluation.inference``).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-__all__ = ["COMPILE_SETTINGS", "CONFIDENCE_SCORES", "GRIDS", "REMASK_SCHEDULES", "SAMPLERS", "ConfidenceOptions", "PlanError",
-           "RemaskOptions", "SamplerOptions", "SamplingPlan", "parse_sampler_options"]
+__all__ = ["COMPILE_SETTINGS", "CONFIDENCE_SCORES", "GRIDS", "REMASK_SCHEDULES", "SAMPLERS", "ConfidenceOptions",
+           "PlanError", "RemaskOptions", "SamplerOptions", "SamplingPlan", "parse_sampler_options"]
 
 SAMPLERS = ("ancestral", "first-hitting", "confidence", "remdm")
 GRIDS = ("uniform", "cosine")

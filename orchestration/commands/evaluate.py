@@ -114,9 +114,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, help="blocks per forward pass (default: sized to the device: "
                                                        "16 on CPU, the largest the GPU's memory fits up to 256)")
     parser.add_argument("--compile", choices=COMPILE_SETTINGS, default="auto",
-                        help="torch.compile the network (for the bound and the report's samples): auto does on a GPU when a rank "
-                             "scores (or the samples pass) 32M tokens or more "
-                             "(compiling takes about half a minute) (default: %(default)s)")
+                        help="torch.compile the network (for the bound and the report's samples): auto does on "
+                             "a GPU when a rank scores (or the samples pass) 32M tokens or more (compiling takes "
+                             "about half a minute) (default: %(default)s)")
     parser.add_argument("--discrete-steps", type=int, help="report the T-step discrete bound instead")
     parser.add_argument("--target-rel-error", type=float,
                         help="add samples until the standard error is this fraction of the bound")
