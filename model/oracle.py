@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from model.denoiser import Denoiser, DenoiserFunction, DenoiserLike, as_denoiser
+from model.denoiser import Denoiser, DenoiserFunction, DenoiserLike, FunctionDenoiser, as_denoiser
 from model.diffusion import DiffusionProcess, MaskedDiffusion
 from model.sampling import time_grid
 from model.schedules import Schedule
@@ -250,6 +250,20 @@ class EnumerableDistribution(Denoiser):
     def time_independent(self) -> bool:
         """The absorbing process's optimal denoiser ignores t: samplers may reuse its outputs."""
         return True
+
+    def given_clean(self, x0: Tensor, block_size: int) -> Denoiser:
+        """Block diffusion's optimal denoiser (``model.block_diffusion.BlockDenoiser``): block b
+        of z is predicted by p(x^b_n | unmasked tokens of z^b, x0^<b), the blocks after b unseen."""
+        def denoiser(z: Tensor, t: Tensor | None) -> Tensor:
+            out = torch.empty(*z.shape, self.vocab_size, dtype=torch.float64)
+            for start in range(0, self.seq_len, block_size):
+                end = start + block_size
+                # clean prefix, block b as noised, everything after it masked (marginalized out)
+                seen = torch.cat([x0[:, :start].cpu(), z[:, start:end].cpu(),
+                                  torch.full_like(z[:, end:].cpu(), self.vocab_size)], dim=1)
+                out[:, start:end] = self.conditional_logits(seen)[:, start:end]
+            return out.to(z.device)
+        return FunctionDenoiser(denoiser, time_independent=True)
 
     # ------------------------------------------------------------------ exact bounds
     def _masked_nll_by_pattern(self, x: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:

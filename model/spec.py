@@ -29,6 +29,7 @@ from typing import Any, Literal, get_args
 from torch import Tensor
 
 from model.autoregressive import Autoregressive
+from model.block_diffusion import BlockMaskedDiffusion
 from model.diffusion import DiffusionProcess, MaskedDiffusion
 from model.schedules import make_schedule
 from model.state_dependent import DEFAULT_DRAWS, LearnedMaskedDiffusion, LearnedSchedule
@@ -56,18 +57,25 @@ class ModelSpec:
     process: ProcessKind = "absorbing"       # the diffusion process (objective "diffusion")
     schedule: str = "linear"                 # make_schedule name, or "learned" for process "learned"
     schedule_args: dict[str, Any] = field(default_factory=dict)
+    block_size: int | None = None            # block diffusion's L' (model.block_diffusion); None: MDLM
 
     def __post_init__(self) -> None:
         _check_kind("objective", self.objective, ObjectiveKind)
         _check_kind("process", self.process, ProcessKind)
+        if self.block_size is not None and (self.objective, self.process) != ("diffusion", "absorbing"):
+            raise ValueError(f"ModelSpec: block_size applies to the absorbing diffusion only, not to "
+                             f"{self.process if self.objective == 'diffusion' else self.objective!r}")
         if (self.process == "learned") != (self.schedule == LEARNED_SCHEDULE):
             raise ValueError(f"ModelSpec: the learned process takes schedule {LEARNED_SCHEDULE!r} and no other "
                              f"process does; got process {self.process!r} with schedule {self.schedule!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as JSON-ready keys (those of an export's config.json)."""
-        return {"network": asdict(self.network), "objective": self.objective, "process": self.process,
-                "schedule": self.schedule, "schedule_args": dict(self.schedule_args)}
+        record = {"network": asdict(self.network), "objective": self.objective, "process": self.process,
+                  "schedule": self.schedule, "schedule_args": dict(self.schedule_args)}
+        if self.block_size is not None:  # MDLM's records keep the keys they always had
+            record["block_size"] = self.block_size
+        return record
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> ModelSpec:
@@ -124,8 +132,11 @@ def build_process(spec: ModelSpec, *, validate: bool = True, cross_entropy_chunk
         return LearnedMaskedDiffusion(schedule, vocab_size, draws=draws, validate=validate)
     if spec.process == "uniform":
         return UniformDiffusion(make_schedule(spec.schedule, **spec.schedule_args), vocab_size, validate=validate)
-    return MaskedDiffusion(make_schedule(spec.schedule, **spec.schedule_args), vocab_size, validate=validate,
-                           cross_entropy_chunk_rows=cross_entropy_chunk_rows)
+    schedule = make_schedule(spec.schedule, **spec.schedule_args)
+    if spec.block_size is not None:
+        return BlockMaskedDiffusion(schedule, vocab_size, spec.block_size, validate=validate,
+                                    cross_entropy_chunk_rows=cross_entropy_chunk_rows)
+    return MaskedDiffusion(schedule, vocab_size, validate=validate, cross_entropy_chunk_rows=cross_entropy_chunk_rows)
 
 
 def build_trainable(spec: ModelSpec, *, validate: bool = True) -> Transformer | DiffusionModel:

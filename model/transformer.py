@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.block_attention import AttentionLayout, BlockAttention, CleanBlocksDenoiser, training_layout
 from model.cross_entropy import CompiledCrossEntropy, chunked_cross_entropy, rows_cross_entropy
 from model.denoiser import Denoiser
 
@@ -208,12 +209,16 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x: [B, H, L, head_dim]."""
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """x: [B, H, L, head_dim]; ``positions`` (LongTensor [L]): the position of each of the L
+        rows (None: 0..L-1). Block diffusion gives its clean copy the noisy copy's positions."""
         length = x.shape[-2]
-        if length > self.cos.shape[0]:
-            raise ValueError(f"sequence length {length} exceeds max_seq_len {self.cos.shape[0]}")
-        cos, sin = self.cos[:length], self.sin[:length]
+        if positions is None:
+            if length > self.cos.shape[0]:
+                raise ValueError(f"sequence length {length} exceeds max_seq_len {self.cos.shape[0]}")
+            cos, sin = self.cos[:length], self.sin[:length]
+        else:
+            cos, sin = self.cos[positions], self.sin[positions]
         x1, x2 = x.float().chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
@@ -226,14 +231,21 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(config.d_model, config.d_model, bias=False)
         self.rotary = RotaryEmbedding(config.head_dim, config.max_seq_len, config.rope_base, config.rope_angles)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, layout: AttentionLayout | None = None) -> Tensor:
         batch, length, width = x.shape
+        # [B, L, 3 d] -> [3, B, heads, L, head_dim]
         q, k, v = self.qkv(x).view(batch, length, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
-        q, k = self.rotary(q), self.rotary(k)
-        # SDPA dispatches to flash / memory-efficient kernels on GPU.
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        return self.out(y.transpose(1, 2).reshape(batch, length, width))
+        positions = None if layout is None else layout.positions
+        q, k = self.rotary(q, positions), self.rotary(k, positions)
+        if layout is not None and layout.cache is not None:  # keys and values of finished blocks first
+            k, v = layout.cache.extend(self, k, v)
+        dropout = self.dropout if self.training else 0.0
+        if layout is None or layout.mask is None:
+            # SDPA dispatches to flash / memory-efficient kernels on GPU.
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=dropout)
+        else:
+            y = layout.attend(q, k, v, dropout)
+        return self.out(y.transpose(1, 2).reshape(batch, length, width))  # [B, heads, L, hd] -> [B, L, d]
 
 
 class MLP(nn.Module):
@@ -260,12 +272,12 @@ class Block(nn.Module):
         # shift, scale, gate for attention and MLP
         self.modulation = nn.Linear(config.time_embed_dim, 6 * config.d_model) if config.modulated else None
 
-    def forward(self, x: Tensor, cond: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, cond: Tensor | None, layout: AttentionLayout | None = None) -> Tensor:
         if self.modulation is None:
-            x = x + self.dropout(self.attn(self.attn_norm(x)))
+            x = x + self.dropout(self.attn(self.attn_norm(x), layout))
             return x + self.dropout(self.mlp(self.mlp_norm(x)))
         shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(cond)[:, None].chunk(6, dim=-1)
-        x = x + gate1 * self.dropout(self.attn(_modulate(self.attn_norm(x), shift1, scale1)))
+        x = x + gate1 * self.dropout(self.attn(_modulate(self.attn_norm(x), shift1, scale1), layout))
         return x + gate2 * self.dropout(self.mlp(_modulate(self.mlp_norm(x), shift2, scale2)))
 
 
@@ -339,6 +351,10 @@ class Transformer(nn.Module, Denoiser):
                                                              -math.inf) if padded else None
         self.register_buffer("logit_mask", mask, persistent=False)
         self._compiled_loss: CompiledCrossEntropy | None = None
+        # Block diffusion's training mask: "dense" (SDPA) or "flex" (FlexAttention, GPU); see
+        # model.block_attention. Layouts are built once per (length, block size, device).
+        self.block_attention: BlockAttention = "dense"
+        self._layouts: dict[tuple, AttentionLayout] = {}
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -375,14 +391,20 @@ class Transformer(nn.Module, Denoiser):
         self._compiled_loss = CompiledCrossEntropy(self._padded_logits, ROW_MULTIPLE, **compile_options)
 
     def forward(self, z: Tensor, t: Tensor | None = None, output_mask: Tensor | None = None,
-                targets: Tensor | None = None, chunk_rows: int | None = None) -> Tensor:
+                targets: Tensor | None = None, chunk_rows: int | None = None, clean: Tensor | None = None,
+                block_size: int | None = None, layout: AttentionLayout | None = None) -> Tensor:
         if self.config.time_conditioning and t is None:
             raise ValueError("this Transformer is time-conditioned: pass t")
         selected = None if output_mask is None else _selected_rows(output_mask, z)
         cond = self._condition(z, t)
+        length = z.shape[1]
+        if clean is not None:  # block diffusion's training forward over [z ; x] (model.block_attention)
+            layout = self._training_layout(z, clean, block_size)
+            z = torch.cat([z, clean], dim=1)  # [B, L] + [B, L] -> [B, 2L]
         x = self.embed(z)
         for block in self.blocks:
-            x = block(x, cond)
+            x = block(x, cond, layout)
+        x = x[:, :length]  # the noisy half (all rows without a clean copy)
         x = self.final_norm(x)
         if self.final_modulation is not None:
             shift, scale = self.final_modulation(cond)[:, None].chunk(2, dim=-1)
@@ -392,6 +414,17 @@ class Transformer(nn.Module, Denoiser):
         if targets is not None:
             return self._nll(x, targets, chunk_rows)
         return self.output_logits(x)
+
+    def _training_layout(self, z: Tensor, clean: Tensor, block_size: int | None) -> AttentionLayout:
+        if clean.shape != z.shape or block_size is None:
+            raise ValueError(f"clean must have z's shape {tuple(z.shape)} (got {tuple(clean.shape)}) and come "
+                             "with a block_size")
+        if self.config.time_conditioning or self.config.causal:
+            raise ValueError("block diffusion runs a bidirectional network without time conditioning")
+        key = (z.shape[1], block_size, z.device, self.block_attention)
+        if key not in self._layouts:
+            self._layouts[key] = training_layout(z.shape[1], block_size, z.device, self.block_attention)
+        return self._layouts[key]
 
     def _condition(self, z: Tensor, t: Tensor | None) -> Tensor | None:
         """The adaLN input: the embedding of t, of time input 0 (``adaptive_norm``), or None."""
@@ -420,6 +453,10 @@ class Transformer(nn.Module, Denoiser):
     def nll_at(self, z_t: Tensor, t: Tensor | None, selected: Tensor, targets: Tensor,
                chunk_rows: int | None = None) -> Tensor:
         return self(z_t, t, output_mask=selected, targets=targets, chunk_rows=chunk_rows)
+
+    def given_clean(self, x0: Tensor, block_size: int) -> Denoiser:
+        """Block diffusion's denoiser of z_t given the clean x0 (``model.block_diffusion.BlockDenoiser``)."""
+        return CleanBlocksDenoiser(self, x0, block_size)
 
     @property
     def fused_nll(self) -> bool:

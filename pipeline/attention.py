@@ -9,7 +9,9 @@ that runs in ``AUTO_ORDER``: on GPU cuDNN's fused attention (on Hopper the faste
 reported up to +75% over FlashAttention-2 per kernel, +10% end to end in torchtitan), then
 FlashAttention-2, then memory-efficient attention; on CPU SDPA's flash kernel. A named kernel
 that does not run is refused before any work, in one line that names the field and the
-kernels that do run. ``attention_kernel`` restricts SDPA to the chosen backend for the
+kernels that do run. Block diffusion (``model.block_size``) attends under a mask: the kernel
+is probed with one, and ``train.block_attention`` picks FlexAttention or the dense mask
+(``resolve_block_attention``). ``attention_kernel`` restricts SDPA to the chosen backend for the
 duration of a block: the whole run, so that compiled graphs traced inside it use it too.
 """
 
@@ -24,8 +26,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from common.errors import UserError
+from model.block_attention import BlockAttention, dense_block_mask
 
-__all__ = ["AUTO_ORDER", "KERNELS", "attention_kernel", "available_kernels", "kernel_runs", "resolve_attention"]
+__all__ = ["AUTO_ORDER", "KERNELS", "attention_kernel", "available_kernels", "kernel_runs", "resolve_attention",
+           "resolve_block_attention"]
 
 KERNELS: dict[str, SDPBackend] = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -37,35 +41,42 @@ KERNELS: dict[str, SDPBackend] = {
 AUTO_ORDER = {"cuda": ("cudnn", "flash", "efficient", "math"), "cpu": ("flash", "math")}
 # The probe's shape: [batch, heads, length, head_dim] with the network's head_dim.
 _PROBE_HEADS, _PROBE_LENGTH = 2, 16
+# The masked probe's blocks: a dense block-diffusion mask over [z ; x] of 2 x 8 rows.
+_PROBE_BLOCK = 4
 
 
 def kernel_runs(name: str, device: torch.device, dtype: torch.dtype, head_dim: int, *, causal: bool = False,
-                dropout: float = 0.0) -> bool:
+                dropout: float = 0.0, masked: bool = False) -> bool:
     """Whether SDPA's ``name`` backend runs attention of ``head_dim`` at ``dtype`` on
-    ``device``, forward and backward (a tiny probe; its refusal is SDPA's own)."""
+    ``device``, forward and backward (a tiny probe; its refusal is SDPA's own). ``masked``:
+    with a boolean attention mask (block diffusion's dense mask; flash refuses one on GPU)."""
     shape = (1, _PROBE_HEADS, _PROBE_LENGTH, head_dim)
     q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    mask = dense_block_mask(_PROBE_LENGTH // 2, _PROBE_BLOCK, device) if masked else None
     try:
         # SDPA warns why it refuses a kernel; the refusal itself is the answer here.
         with warnings.catch_warnings(), sdpa_kernel([KERNELS[name]]):
             warnings.simplefilter("ignore")
-            F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout).sum().backward()
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                           dropout_p=dropout).sum().backward()
     except RuntimeError:  # "No available kernel", or a kernel that fails on this device
         return False
     return True
 
 
 def available_kernels(device: torch.device, dtype: torch.dtype, head_dim: int, *, causal: bool = False,
-                      dropout: float = 0.0) -> list[str]:
+                      dropout: float = 0.0, masked: bool = False) -> list[str]:
     """The kernels of ``KERNELS`` that run here (``kernel_runs``), in ``KERNELS``' order."""
-    return [name for name in KERNELS if kernel_runs(name, device, dtype, head_dim, causal=causal, dropout=dropout)]
+    return [name for name in KERNELS
+            if kernel_runs(name, device, dtype, head_dim, causal=causal, dropout=dropout, masked=masked)]
 
 
 def resolve_attention(setting: str, device: torch.device, dtype: torch.dtype, head_dim: int, *,
-                      causal: bool = False, dropout: float = 0.0) -> str:
+                      causal: bool = False, dropout: float = 0.0, masked: bool = False) -> str:
     """The kernel ``train.attention = setting`` stands for here: ``auto``'s choice, or the one
-    named once it is known to run; a UserError naming the field otherwise."""
-    options = dict(causal=causal, dropout=dropout)
+    named once it is known to run; a UserError naming the field otherwise. ``masked``: it must
+    take a boolean mask (block diffusion's dense mask)."""
+    options = dict(causal=causal, dropout=dropout, masked=masked)
     if setting == "auto":
         for name in AUTO_ORDER.get(device.type, ("math",)):
             if kernel_runs(name, device, dtype, head_dim, **options):
@@ -78,6 +89,20 @@ def resolve_attention(setting: str, device: torch.device, dtype: torch.dtype, he
         raise UserError(f"config field train.attention = {setting}: this kernel does not run on {_describe(device)} "
                         f"at {str(dtype).removeprefix('torch.')} with head size {head_dim}"
                         f"{' and dropout' if dropout else ''}; choose auto or one that runs here: {', '.join(runs)}")
+    return setting
+
+
+def resolve_block_attention(setting: str, device: torch.device, dropout: float) -> BlockAttention:
+    """The mask ``train.block_attention = setting`` stands for: ``auto`` is FlexAttention on GPU
+    without dropout (it has none), the dense SDPA mask otherwise; ``flex`` where it cannot train
+    (CPU: no backward there; dropout) is refused in one line."""
+    flex_trains = device.type == "cuda" and not dropout
+    if setting == "auto":
+        return "flex" if flex_trains else "dense"
+    if setting == "flex" and not flex_trains:
+        why = "attention dropout (model.dropout > 0)" if dropout else f"training on {device.type.upper()}"
+        raise UserError(f"config field train.block_attention = flex: FlexAttention does not support {why}; "
+                        "choose auto or dense")
     return setting
 
 

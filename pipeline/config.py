@@ -66,6 +66,10 @@ class ModelSection:
     # matmul: 50257 -> 50304); the padded logits are -inf, never predicted, and exports drop the
     # padding. 1: no padding (what runs written before this field used).
     vocab_multiple: int = field(default=128, metadata={"absent": 1})
+    # Block diffusion (BD3-LM, docs/block-diffusion.md): autoregressive over blocks of this many
+    # tokens, masked diffusion inside each; it must divide the sequence length. null: one block,
+    # the whole sequence (MDLM). Absorbing process, time-free network.
+    block_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,14 @@ class TrainSection:
     # training dtype (cudnn, then flash, then efficient on GPU; flash on CPU); one it cannot
     # run is refused before training starts.
     attention: Literal["auto", "cudnn", "flash", "efficient", "math"] = field(default="auto", metadata=RESUME_SAFE)
+    # Block diffusion's attention mask (model.block_size): "flex", FlexAttention with a compiled
+    # block mask (GPU), or "dense", SDPA with a boolean mask (train.attention's kernel). "auto":
+    # flex where it runs (GPU, no dropout), dense otherwise.
+    block_attention: Literal["auto", "flex", "dense"] = field(default="auto", metadata=RESUME_SAFE)
+    # Block diffusion, training only: each block's masking rate drawn in [beta, omega] (the
+    # paper's clipped schedule, less variance); evaluation and validation always bound over the
+    # full t in (0, 1]. [0, 1]: no clipping.
+    block_mask_rate: tuple[float, float] = (0.0, 1.0)
     # Rows per chunk of the output head + cross-entropy (model.cross_entropy): bounds the loss's
     # memory by rows x vocabulary instead of masked tokens x vocabulary; 0: all rows at once.
     chunked_cross_entropy: int = 0
@@ -194,6 +206,11 @@ def _field_value(config: Config, dotted: str) -> Any:
     return getattr(getattr(config, section), key)
 
 
+def _kind(model: ModelSection) -> str:
+    """The process trained (or the autoregressive objective), for messages."""
+    return f"the {model.process} process" if model.objective == "diffusion" else "the autoregressive baseline"
+
+
 def _checks(c: Config) -> list[tuple[str, bool, str]]:
     positive = "must be >= 1"
     m, o, t = c.model, c.optim, c.train
@@ -211,6 +228,16 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
         ("model.time_conditioning", m.time_conditioning or m.process == "absorbing",
          (f"the {m.process} process needs it (set true): its best denoiser depends on t (how far "
           "to trust z_t), and a time-free one leaves its bound far above the absorbing one's")),
+        ("model.block_size", m.block_size is None or m.block_size >= 1, f"{positive} (null: MDLM, one block)"),
+        ("model.block_size", m.block_size is None or (m.objective, m.process) == ("diffusion", "absorbing"),
+         f"block diffusion applies to the absorbing diffusion only (not to {_kind(m)}: its per-block bound is not "
+         "implemented); set null"),
+        ("model.block_size", m.block_size is None or not m.time_conditioning,
+         "block diffusion trains a time-free network (each block has its own time); set model.time_conditioning false"),
+        ("train.block_mask_rate", 0.0 <= t.block_mask_rate[0] < t.block_mask_rate[1] <= 1.0,
+         "must be [beta, omega] with 0 <= beta < omega <= 1"),
+        ("train.block_mask_rate", m.block_size is not None or tuple(t.block_mask_rate) == (0.0, 1.0),
+         "clips block diffusion's masking rates: set model.block_size, or leave it [0, 1]"),
         ("data.num_workers", c.data.num_workers >= 0, "must be >= 0"),
         ("optim.lr", o.lr > 0 and math.isfinite(o.lr), "must be a positive number"),
         ("optim.betas", all(0.0 <= b < 1.0 for b in o.betas), "both must lie in [0, 1)"),

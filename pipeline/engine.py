@@ -21,7 +21,7 @@ from common.errors import UserError
 from model.state_dependent import DEFAULT_DRAWS
 from model.trainable import DiffusionModel
 from model.transformer import Block, Transformer, TransformerConfig, parameter_counts
-from pipeline.attention import resolve_attention
+from pipeline.attention import resolve_attention, resolve_block_attention
 from pipeline.config import Config, OptimSection
 from pipeline.lr_schedule import make_lr_scheduler
 
@@ -96,6 +96,7 @@ class TrainingPlan:
     chunked_cross_entropy: int       # rows per chunk of the head and loss; 0: all at once
     parameters: int                  # of the whole network (before ZeRO-3 partitions it)
     overlap_comm: bool = False       # DeepSpeed reduces gradient buckets during the backward
+    block_attention: str = "dense"   # block diffusion's mask: "flex" or "dense" (unused without model.block_size)
 
 
 def plan_training(config: Config, network: TransformerConfig, world_size: int, device: torch.device) -> TrainingPlan:
@@ -111,12 +112,16 @@ def plan_training(config: Config, network: TransformerConfig, world_size: int, d
     else:
         batches = plan_batches(config, world_size)
         checkpointing = resolve_activation_checkpointing(config, network, batches, zero_stage, precision, memory)
+    blocks = config.model.block_size is not None
+    block_attention = (resolve_block_attention(config.train.block_attention, device, network.dropout) if blocks
+                       else "dense")
     attention = resolve_attention(config.train.attention, device, ACTIVATION_DTYPES[precision], network.head_dim,
-                                  causal=network.causal, dropout=network.dropout)
+                                  causal=network.causal, dropout=network.dropout,
+                                  masked=blocks and block_attention == "dense")
     return TrainingPlan(batches, zero_stage, precision, checkpointing,
                         resolve_compile(config.train.compile, device, zero_stage), attention,
                         config.train.chunked_cross_entropy, parameters,
-                        overlap_comm=device.type == "cuda" and world_size > 1)
+                        overlap_comm=device.type == "cuda" and world_size > 1, block_attention=block_attention)
 
 
 def resolve_compile(setting: bool | str, device: torch.device, zero_stage: int) -> bool:

@@ -33,6 +33,8 @@ import torch
 from torch import Tensor, nn
 
 from model.autoregressive import Autoregressive
+from model.block_attention import CleanBlocksDenoiser
+from model.block_diffusion import BlockMaskedDiffusion, block_times
 from model.denoiser import Denoiser
 from model.diffusion import DiffusionProcess, low_discrepancy_times
 from model.schedules import make_schedule
@@ -46,6 +48,9 @@ __all__ = ["AutoregressiveObjective", "DiffusionObjective", "EngineDenoiser", "L
            "MicroBatchSlot", "Objective", "make_objective", "model_spec", "row_generators", "schedule_metrics",
            "step_generator"]
 
+
+# [beta, omega] of block diffusion's training-only clipping that clips nothing.
+FULL_MASK_RATE = (0.0, 1.0)
 
 # The masks' seeds hash (seed, step, MASK_STREAM): a third key keeps them apart from the
 # times' generator, seeded by (seed, step).
@@ -109,6 +114,10 @@ class EngineDenoiser(Denoiser):
                chunk_rows: int | None = None) -> Tensor:
         return self.engine(z_t, t, output_mask=selected, targets=targets, chunk_rows=chunk_rows)
 
+    def given_clean(self, x0: Tensor, block_size: int) -> Denoiser:
+        """Block diffusion's forward over [z ; x] through the engine (``Transformer.given_clean``)."""
+        return CleanBlocksDenoiser(self.engine, x0, block_size)
+
     @property
     def fused_nll(self) -> bool:
         return self.network.fused_nll
@@ -143,14 +152,35 @@ def _times_and_masks(x0: Tensor, slot: MicroBatchSlot) -> tuple[Tensor, list[tor
 
 
 class DiffusionObjective:
-    """The continuous-time NELBO with both endpoint terms (a strict bound, see MATH.md)."""
+    """The continuous-time NELBO with both endpoint terms (a strict bound, see MATH.md).
 
-    def __init__(self, diffusion: DiffusionProcess) -> None:
+    Block diffusion (``BlockMaskedDiffusion``) takes one time per block, low-discrepancy over
+    the global batch's blocks (``block_times``, the same seeds and slots), and may clip each
+    block's masking rate to ``mask_rate`` = [beta, omega] while the network trains (the
+    paper's variance reduction): the rate is then beta + (omega - beta) u for the stratified
+    u, with the weight w(t) at the time that rate is reached. That is not a bound; validation
+    (the network in eval mode) always gets the full one.
+    """
+
+    def __init__(self, diffusion: DiffusionProcess, mask_rate: tuple[float, float] = FULL_MASK_RATE) -> None:
         self.diffusion = diffusion
+        self.mask_rate = tuple(mask_rate)
 
     def loss_sum(self, network: nn.Module, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
         t, masks = _times_and_masks(x0, slot)
+        if isinstance(self.diffusion, BlockMaskedDiffusion):
+            # DeepSpeed's engine.eval() leaves the engine's own flag set: ask the network it holds.
+            t = self._block_times(x0, slot, clip=getattr(network, "module", network).training).to(x0.device)
         return self.diffusion.nelbo(_denoiser_of(network), x0, t, masks, reconstruction="uniform").sum()
+
+    def _block_times(self, x0: Tensor, slot: MicroBatchSlot, *, clip: bool) -> Tensor:
+        batch, blocks = x0.shape[0], self.diffusion.num_blocks(x0.shape[1])
+        time_gen = step_generator(torch.device("cpu"), slot.seed, slot.step)
+        u = block_times(batch, blocks, time_gen, offset=slot.offset(batch), global_batch_size=slot.global_batch(batch))
+        if not clip or self.mask_rate == FULL_MASK_RATE:
+            return u
+        low, high = self.mask_rate
+        return self.diffusion.schedule.time_at_masking_rate(low + (high - low) * u)
 
     def state_metrics(self, network: nn.Module) -> dict[str, float]:
         return {}
@@ -201,20 +231,22 @@ def model_spec(model: ModelSection, network: TransformerConfig) -> ModelSpec:
     if model.process == "learned":
         schedule, arguments = LEARNED_SCHEDULE, learned_schedule_arguments(make_schedule(schedule, **arguments))
     return ModelSpec(network=network, objective=model.objective, process=model.process, schedule=schedule,
-                     schedule_args=arguments)
+                     schedule_args=arguments, block_size=model.block_size)
 
 
-def make_objective(spec: ModelSpec, *, validate: bool, chunk_rows: int = 0) -> Objective:
+def make_objective(spec: ModelSpec, *, validate: bool, chunk_rows: int = 0,
+                   block_mask_rate: tuple[float, float] = FULL_MASK_RATE) -> Objective:
     """The objective of ``spec``; ``validate`` checks token ids (a host sync);
     ``chunk_rows`` > 0 computes the absorbing loss's cross-entropy in chunks of that many
     rows (``train.chunked_cross_entropy``; see ``model.cross_entropy``). The learned
-    process's objective reads its process from the trained module (``build_trainable``)."""
+    process's objective reads its process from the trained module (``build_trainable``).
+    ``block_mask_rate``: block diffusion's training-only clipping (``DiffusionObjective``)."""
     if spec.objective == "diffusion" and spec.process == "learned":
         return LearnedScheduleObjective()
     process = build_process(spec, validate=validate, cross_entropy_chunk_rows=chunk_rows)
     if isinstance(process, Autoregressive):
         return AutoregressiveObjective(process)
-    return DiffusionObjective(process)
+    return DiffusionObjective(process, block_mask_rate)
 
 
 NATS_PER_BIT = math.log(2.0)

@@ -24,6 +24,9 @@ def network_config(model: ModelSection, manifest: Manifest) -> TransformerConfig
     if max_seq_len < seq_len:
         raise UserError(f"config field model.max_seq_len = {max_seq_len} is shorter than the data's "
                         f"sequence length {seq_len} (manifest.json); raise it or leave it unset")
+    if model.block_size is not None and seq_len % model.block_size:
+        raise UserError(f"config field model.block_size = {model.block_size} does not divide the data's sequence "
+                        f"length {seq_len} (manifest.json); choose a divisor of {seq_len}")
     shape = {k: v for k, v in (("n_layers", model.n_layers), ("d_model", model.d_model),
                                 ("n_heads", model.n_heads)) if v is not None}
     try:

@@ -37,7 +37,7 @@ from common.provenance import git_commit
 from data_prep.loader import StreamingLoader
 from data_prep.shards import Manifest
 from model.spec import ModelSpec, build_trainable
-from model.transformer import TransformerConfig
+from model.transformer import Transformer, TransformerConfig
 from pipeline.attention import attention_kernel
 from pipeline.background_tracking import FAILED_CLOSE_WAIT_S, BackgroundTracker
 from pipeline.checkpoint import CheckpointManager, CheckpointMeta, TrainState, read_state, write_failure
@@ -131,9 +131,12 @@ class Trainer:
         spec, validate = model_spec(config.model, self.network_config), dist.device.type == "cpu"
         torch.manual_seed(config.train.seed)  # the same initial weights on every rank
         model = build_trainable(spec, validate=validate).to(dist.device)  # the network (and a learned schedule)
+        if isinstance(model, Transformer):
+            model.block_attention = self.plan.block_attention  # block diffusion's mask (model.block_attention)
         self.engine = build_engine(model, self.plan, config.optim, config.train.max_steps, dist.device)
         self.ema = EMA(self.engine.module, config.train.ema_decay, warmup=config.train.ema_warmup)
-        self.objective = make_objective(spec, validate=validate, chunk_rows=config.train.chunked_cross_entropy)
+        self.objective = make_objective(spec, validate=validate, chunk_rows=config.train.chunked_cross_entropy,
+                                        block_mask_rate=config.train.block_mask_rate)
         self.checkpoints = CheckpointManager(run_dir, dist, config.checkpoint.keep_last)
         self.state = TrainState(loader=self.train_loader.state_dict())
         self.tracker: BackgroundTracker | None = None
@@ -254,6 +257,8 @@ class Trainer:
                    "attention": plan.attention,
                    "seq_len": self.manifest.seq_len, "vocab_size": self.network_config.vocab_size,
                    "network": asdict(self.network_config)}  # the shape the preset and overrides resolved to
+        if self.config.model.block_size is not None:
+            derived["block_attention"] = plan.block_attention
         params = flatten_params({**self.config.to_dict(), "resolved": derived})
         if self.config_changes:
             # MLflow params are immutable: keep the values the run started with and record

@@ -1,0 +1,183 @@
+"""Attention layouts of block diffusion (BD3-LM): which rows attend to which, and where they sit.
+
+Training runs one forward over [z ; x], the noised sequence and the clean one (length 2L),
+cut into blocks of ``block_size`` tokens (MATH.md, "Block diffusion"):
+
+    query in       key in         attends when
+    noisy block b  noisy block c  c == b        (bidirectional inside the block)
+    noisy block b  clean block c  c <  b        (the clean prefix)
+    clean block b  noisy block c  never
+    clean block b  clean block c  c <= b        (block-causal)
+
+Both copies take the positions 0..L-1 (rotary embeddings see noisy block b and clean block b
+at the same place), so the noisy half's output at block b is exactly what a forward of
+(x^<b, z^b) alone, block-causal, gives: the naive loop and the KV-cached sampler.
+
+The mask exists in two forms, entry for entry the same (tested): a dense boolean matrix
+[2L, 2L] for SDPA (CPU, and the fallback) and FlexAttention's ``BlockMask``, built once per
+(length, block size, device) from ``block_mask_mod`` on tiles of ``FLEX_TILE`` and skipping
+the tiles it leaves empty (GPU). ``AttentionLayout`` carries one of them, the rotary
+positions of the rows and, when sampling, a ``KVCache`` of the finished blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.denoiser import Denoiser
+
+__all__ = ["FLEX_TILE", "AttentionLayout", "BlockAttention", "CleanBlocksDenoiser", "KVCache", "block_causal_mask",
+           "block_mask_mod", "dense_block_mask", "flex_block_mask", "training_layout"]
+
+# FlexAttention's tile (its default BLOCK_SIZE): the BlockMask records which 128 x 128 tiles are
+# empty, full or partial, and evaluates the mask_mod inside the partial ones.
+FLEX_TILE = 128
+BlockAttention = Literal["dense", "flex"]
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def _block_rule(q_idx: Tensor, k_idx: Tensor, length: int, block_size: int) -> Tensor:
+    """The table of the module docstring, for row indices in [0, 2L): < L noisy, >= L clean."""
+    q_noisy, k_noisy = q_idx < length, k_idx < length
+    q_block, k_block = (q_idx % length) // block_size, (k_idx % length) // block_size
+    noisy_noisy = q_noisy & k_noisy & (q_block == k_block)
+    noisy_clean = q_noisy & ~k_noisy & (k_block < q_block)
+    clean_clean = ~q_noisy & ~k_noisy & (k_block <= q_block)
+    return noisy_noisy | noisy_clean | clean_clean
+
+
+def dense_block_mask(length: int, block_size: int, device: torch.device | str | None = None) -> Tensor:
+    """The training mask over [z ; x], bool [2L, 2L], True where the query row attends the key row."""
+    index = torch.arange(2 * length, device=device)
+    return _block_rule(index[:, None], index[None, :], length, block_size)
+
+
+def block_mask_mod(length: int, block_size: int) -> MaskMod:
+    """The same rule as FlexAttention's ``mask_mod(batch, head, q_idx, k_idx)``."""
+    def mask_mod(batch: Tensor, head: Tensor, q_idx: Tensor, k_idx: Tensor) -> Tensor:
+        return _block_rule(q_idx, k_idx, length, block_size)
+    return mask_mod
+
+
+def flex_block_mask(length: int, block_size: int, device: torch.device | str):
+    """FlexAttention's compiled ``BlockMask`` of the training mask (tiles of ``FLEX_TILE``)."""
+    from torch.nn.attention.flex_attention import create_block_mask  # only where FlexAttention runs
+
+    return create_block_mask(block_mask_mod(length, block_size), None, None, 2 * length, 2 * length,
+                             device=device, BLOCK_SIZE=FLEX_TILE)
+
+
+def block_causal_mask(length: int, block_size: int, device: torch.device | str | None = None) -> Tensor:
+    """Block-causal attention over a clean prefix followed by one noisy block, bool [L, L]: the
+    mask of the naive per-block forward of (x^<b, z^b) (the last block is the noisy one)."""
+    block = torch.arange(length, device=device) // block_size
+    return block[None, :] <= block[:, None]
+
+
+_flex_attention = None
+
+
+def _flex(q: Tensor, k: Tensor, v: Tensor, block_mask) -> Tensor:
+    """FlexAttention, compiled on GPU once (uncompiled it materializes the scores; CPU tests only)."""
+    global _flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if q.device.type != "cuda":
+        return flex_attention(q, k, v, block_mask=block_mask)
+    if _flex_attention is None:
+        _flex_attention = torch.compile(flex_attention, dynamic=False)
+    return _flex_attention(q, k, v, block_mask=block_mask)
+
+
+@dataclass
+class KVCache:
+    """Keys and values of finished blocks, per attention module, [B, heads, P, head_dim] each.
+
+    ``extend`` returns the cached keys and values followed by the current rows'; with
+    ``append`` True it also keeps the current rows (a finished block's clean pass). ``keep``
+    drops all but the last positions (the sliding window past the training context).
+    """
+
+    append: bool = False
+    keys: dict[int, Tensor] = field(default_factory=dict)
+    values: dict[int, Tensor] = field(default_factory=dict)
+
+    def extend(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        name = id(module)
+        if name in self.keys:
+            k, v = torch.cat([self.keys[name], k], dim=2), torch.cat([self.values[name], v], dim=2)
+        if self.append:
+            self.keys[name], self.values[name] = k, v
+        return k, v
+
+    @property
+    def length(self) -> int:
+        """Cached positions (0 when empty)."""
+        return next(iter(self.keys.values())).shape[2] if self.keys else 0
+
+    def keep(self, positions: int) -> None:
+        """Keep only the last ``positions`` cached positions of every module."""
+        for name in self.keys:
+            self.keys[name] = self.keys[name][:, :, self.keys[name].shape[2] - positions:]
+            self.values[name] = self.values[name][:, :, self.values[name].shape[2] - positions:]
+
+
+@dataclass
+class AttentionLayout:
+    """How a forward's rows attend: rotary ``positions`` [rows] (None: 0..rows-1), ``mask``
+    (bool [rows, keys] for SDPA, a FlexAttention ``BlockMask``, or None: the network's own
+    full or causal attention) and ``cache``, finished blocks' keys and values prepended."""
+
+    positions: Tensor | None
+    mask: object | None
+    cache: KVCache | None = None
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:
+        if isinstance(self.mask, Tensor):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout)
+        if dropout:
+            raise ValueError("FlexAttention's block mask runs without attention dropout (model.dropout = 0)")
+        return _flex(q, k, v, self.mask)
+
+
+def training_layout(length: int, block_size: int, device: torch.device, kind: BlockAttention) -> AttentionLayout:
+    """The layout of the vectorized training forward over [z ; x] (2L rows)."""
+    if length % block_size:
+        raise ValueError(f"block_size {block_size} must divide the sequence length {length}")
+    positions = torch.arange(length, device=device).repeat(2)
+    mask = flex_block_mask(length, block_size, device) if kind == "flex" else dense_block_mask(length, block_size,
+                                                                                                device)
+    return AttentionLayout(positions, mask)
+
+
+class CleanBlocksDenoiser(Denoiser):
+    """A network's block-diffusion forward closed over the clean sequence x0 [B, L]: each call
+    is ``forward(z_t, None, ..., clean=x0, block_size=block_size)``, the vectorized forward over
+    [z ; x]. ``forward`` is the network, or a wrapper that only sees calls (DeepSpeed's engine)."""
+
+    def __init__(self, forward: Callable[..., Tensor], x0: Tensor, block_size: int) -> None:
+        self.forward, self.x0, self.block_size = forward, x0, block_size
+
+    def logits(self, z_t: Tensor, t: Tensor | None) -> Tensor:
+        return self.forward(z_t, None, clean=self.x0, block_size=self.block_size)
+
+    def logits_at(self, z_t: Tensor, t: Tensor | None, selected: Tensor) -> Tensor:
+        return self.forward(z_t, None, output_mask=selected, clean=self.x0, block_size=self.block_size)
+
+    def nll_at(self, z_t: Tensor, t: Tensor | None, selected: Tensor, targets: Tensor,
+               chunk_rows: int | None = None) -> Tensor:
+        return self.forward(z_t, None, output_mask=selected, targets=targets, chunk_rows=chunk_rows,
+                            clean=self.x0, block_size=self.block_size)
+
+    @property
+    def fused_nll(self) -> bool:
+        return True
+
+    @property
+    def time_independent(self) -> bool:
+        return True

@@ -1,0 +1,192 @@
+"""Block diffusion (BD3-LM, Arriola et al. 2025): autoregressive over blocks, masked diffusion inside.
+
+Split x [B, L] into L / L' blocks of L' = ``block_size`` tokens. The bound (MATH.md):
+
+    -log p(x) = sum_b -log p(x^b | x^<b)  <=  sum_b NELBO_b,
+    NELBO_b   = E_{t_b} E_{z^b ~ q_{t_b}(. | x^b)} [ w(t_b) sum_{i masked in z^b} -log p(x^b_i | z^b, x^<b) ]
+                + the endpoint terms of block b (the same per token as MDLM's)
+
+with one time per block. Block size L is MDLM (one block); block size 1 is an autoregressive
+model: E_t of the one-token term is exactly -log p(x_b | x_<b) (up to the endpoint guard).
+
+Times. ``t`` is [B, blocks] (one per block; training draws them stratified over the global
+batch's blocks, ``pipeline.objective``), or [B] as every other process takes them: row i's
+blocks then get ``(t_i + b / blocks) mod 1``, each marginally U[0, 1), so the estimate stays
+unbiased and the blocks of a row cover [0, 1) evenly (with one block it is t_i itself, which
+makes block size L today's MDLM estimate, draw for draw). The masks are drawn exactly as
+MDLM draws them (one uniform per position, compared with its block's masking rate).
+
+Denoiser. Block b's prediction may see z^b and the clean blocks before it, nothing else. A
+denoiser says so through ``given_clean(x0, block_size)``, which returns an ordinary
+``Denoiser`` of z_t [B, L] closed over x0: ``model.transformer.Transformer`` runs its
+vectorized forward over [z ; x] (``model.block_attention``); ``model.oracle`` gives the
+exact conditionals. Training-only variance reduction (clipping each block's masking rate to
+[beta, omega]) lives with the training objective; every bound here is the full one over
+t in (0, 1], with the endpoint terms of ``MaskedDiffusion``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from model.checks import check_nll, check_positions, check_reconstruction
+from model.denoiser import Denoiser, DenoiserLike, as_denoiser
+from model.diffusion import MaskedDiffusion, NelboTerms, Reconstruction, low_discrepancy_times
+from model.generators import Generators, batch_generator, uniforms
+from model.positions import sum_by_row
+from model.schedules import Schedule
+
+__all__ = ["BlockDenoiser", "BlockMaskedDiffusion", "block_times", "spread_over_blocks"]
+
+
+@runtime_checkable
+class BlockDenoiser(Protocol):
+    """A denoiser that can predict each block of z_t from that block and the clean blocks before it."""
+
+    def given_clean(self, x0: Tensor, block_size: int) -> Denoiser:
+        """A ``Denoiser`` of z_t [B, L] (x0's shape) whose output at block b depends on z_t's block b
+        and x0's blocks < b only."""
+
+
+def spread_over_blocks(t: Tensor, blocks: int) -> Tensor:
+    """Row times [B] -> block times [B, blocks]: ``(t_i + b / blocks) mod 1`` (module docstring)."""
+    offsets = torch.arange(blocks, dtype=torch.float64, device=t.device) / blocks
+    return torch.remainder(t.to(torch.float64)[:, None] + offsets[None, :], 1.0)
+
+
+def block_times(batch: int, blocks: int, generator: torch.Generator | None, *, offset: int = 0,
+                global_batch_size: int | None = None) -> Tensor:
+    """Low-discrepancy times [batch, blocks] over the global batch's ``G * blocks`` blocks: slot
+    (i, b) of row ``offset + i`` is ``(u + ((offset + i) * blocks + b) / (G * blocks)) mod 1``."""
+    global_batch_size = batch if global_batch_size is None else global_batch_size
+    flat = low_discrepancy_times(batch * blocks, generator, offset=offset * blocks,
+                                 global_batch_size=global_batch_size * blocks)
+    return flat.view(batch, blocks)  # [batch * blocks] -> [batch, blocks], row-major like the slots
+
+
+class BlockMaskedDiffusion(MaskedDiffusion):
+    """The absorbing process over blocks of ``block_size`` tokens; see the module docstring.
+
+    Sequence lengths must be multiples of ``block_size``. The denoiser must be a
+    ``BlockDenoiser``. Everything else (schedules, endpoint terms, ``positions``, per-row
+    generators, ``cross_entropy_chunk_rows``) is ``MaskedDiffusion``'s.
+    """
+
+    process_name = "absorbing (block diffusion)"
+
+    def __init__(self, schedule: Schedule, vocab_size: int, block_size: int, *, validate: bool = True,
+                 cross_entropy_chunk_rows: int = 0) -> None:
+        super().__init__(schedule, vocab_size, validate=validate, cross_entropy_chunk_rows=cross_entropy_chunk_rows)
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+        self.block_size = block_size
+
+    def num_blocks(self, length: int) -> int:
+        if length % self.block_size:
+            raise ValueError(f"block_size {self.block_size} must divide the sequence length {length}")
+        return length // self.block_size
+
+    # ---------------------------------------------------------------- forward process
+    def _block_times(self, t: Tensor, x0: Tensor) -> Tensor:
+        """[B] or [B, blocks] times -> float64 [B, blocks] (checked)."""
+        batch, blocks = x0.shape[0], self.num_blocks(x0.shape[1])
+        if not isinstance(t, Tensor) or not t.is_floating_point() or t.shape not in ((batch,), (batch, blocks)):
+            raise ValueError(f"t must be a floating-point tensor of shape [{batch}] or [{batch}, {blocks}] "
+                             f"(one time per sequence or per block), got {getattr(t, 'shape', type(t).__name__)}")
+        if self.validate and not bool(((t >= 0) & (t <= 1)).all()):
+            raise ValueError(f"t must lie in [0, 1], got values in [{float(t.min())}, {float(t.max())}]")
+        return spread_over_blocks(t, blocks) if t.dim() == 1 else t.to(torch.float64)
+
+    def _position_rates(self, rates: Tensor) -> Tensor:
+        """Per-block values [B, blocks] -> per-position [B, L] (each block's value on its tokens)."""
+        return rates.repeat_interleave(self.block_size, dim=1)
+
+    def _corrupt(self, x0: Tensor, t: Tensor, generator: Generators,
+                 positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Masks of z_t: ``t`` [B, blocks], or [B] for every block at its row's time (the t = 0 term)."""
+        times = t.to(torch.float64)
+        times = times[:, None].expand(-1, self.num_blocks(x0.shape[1])) if times.dim() == 1 else times
+        rates = self.schedule.masking_rate(times)
+        u = uniforms(x0.shape, generator, x0.device)  # the draws MaskedDiffusion makes
+        masked = u < self._position_rates(rates.to(x0.device))
+        if positions is not None:
+            masked &= positions
+        return torch.where(masked, self.mask_id, x0), masked
+
+    # ---------------------------------------------------------------- bounds
+    def nelbo_terms(self, denoiser: DenoiserLike, x0: Tensor, t: Tensor | None = None,
+                    generator: Generators = None, *, reconstruction: Reconstruction = "model",
+                    positions: Tensor | None = None) -> NelboTerms:
+        """The per-block bound summed over blocks, its terms kept apart; ``t`` [B] or [B, blocks]
+        (None: low-discrepancy row times over this batch, spread over the blocks)."""
+        self._check_tokens(x0, "x0", allow_mask=False)
+        check_positions(positions, x0)
+        check_reconstruction(reconstruction)
+        if t is None:
+            t = low_discrepancy_times(x0.shape[0], batch_generator(generator, "t"), device=x0.device)
+        times = self._block_times(t, x0)
+        weight = self.schedule.weight(times).to(x0.device)                        # [B, blocks]
+        z_t, masked = self._corrupt(x0, times, generator, positions)
+        cross_entropy = self.block_token_nll(denoiser, z_t, x0, masked)           # [B, blocks]
+        return NelboTerms(
+            t=t,
+            diffusion=(weight * cross_entropy).sum(-1),
+            reconstruction=self._reconstruction(denoiser, x0, generator, reconstruction, positions),
+            prior=self._prior(x0, positions),
+            num_masked=masked.sum(-1),
+        )
+
+    def nelbo_discrete(self, denoiser: DenoiserLike, x0: Tensor, steps: int,
+                       generator: Generators = None, *, u: Tensor | None = None,
+                       positions: Tensor | None = None) -> Tensor:
+        """The T-step bound of every block (grid i/T), one step per block picked by its
+        uniform (``u`` [B] spread over the blocks, or [B, blocks]), endpoint terms as ``nelbo``."""
+        self._check_tokens(x0, "x0", allow_mask=False)
+        check_positions(positions, x0)
+        if u is None:
+            u = low_discrepancy_times(x0.shape[0], batch_generator(generator, "u"), device=x0.device)
+        uniform = self._block_times(u, x0)
+        step = torch.floor(uniform * steps).clamp(max=steps - 1) + 1  # in {1, ..., T}, [B, blocks]
+        t, s = step / steps, (step - 1) / steps
+        alpha_t, alpha_s = self.schedule.alpha(t), self.schedule.alpha(s)
+        step_weight = (steps * (alpha_s - alpha_t) / self.schedule.masking_rate(t)).to(x0.device)
+        z_t, masked = self._corrupt(x0, t, generator, positions)
+        cross_entropy = self.block_token_nll(denoiser, z_t, x0, masked)
+        return ((step_weight * cross_entropy).sum(-1)
+                + self._reconstruction(denoiser, x0, generator, "model", positions)
+                + self._prior(x0, positions))
+
+    def masked_token_nll(self, denoiser: DenoiserLike, z_t: Tensor, t: Tensor, x0: Tensor,
+                         masked: Tensor) -> Tensor:
+        """Per sequence, float64 [B]: the sum over blocks of ``block_token_nll`` (the t = 0 term)."""
+        return self.block_token_nll(denoiser, z_t, x0, masked).sum(-1)
+
+    def block_token_nll(self, denoiser: DenoiserLike, z_t: Tensor, x0: Tensor, masked: Tensor) -> Tensor:
+        """Sum over block b's masked positions of -log p(x0 | z^b, x0^<b), float64 [B, blocks]."""
+        batch, length = x0.shape
+        flat = masked.flatten().nonzero().squeeze(1)  # one host sync, as MaskedDiffusion's
+        slots = torch.div(flat, self.block_size, rounding_mode="floor")  # (row, block) in row-major order
+        targets = x0.flatten().index_select(0, flat)
+        network = self._given_clean(denoiser, x0)
+        if self.cross_entropy_chunk_rows or network.fused_nll:
+            nll = network.nll_at(z_t, None, masked, targets, self.cross_entropy_chunk_rows or None)
+            check_nll(nll, flat.numel())
+        else:
+            nll = F.cross_entropy(self._logits_at(network, z_t, None, masked, flat.numel()).float(), targets,
+                                  reduction="none")
+        blocks = length // self.block_size
+        return sum_by_row(nll, slots, batch * blocks).view(batch, blocks)  # [B * blocks] -> [B, blocks]
+
+    def _given_clean(self, denoiser: DenoiserLike, x0: Tensor) -> Denoiser:
+        if not isinstance(denoiser, BlockDenoiser):
+            raise ValueError(f"block diffusion needs a denoiser that sees clean blocks (a BlockDenoiser: "
+                             f"given_clean(x0, block_size)), got {type(denoiser).__name__}")
+        return as_denoiser(denoiser.given_clean(x0, self.block_size))
+
+    def _check_tokens(self, x: Tensor, name: str, *, allow_mask: bool) -> None:
+        super()._check_tokens(x, name, allow_mask=allow_mask)
+        self.num_blocks(x.shape[-1])

@@ -1,0 +1,230 @@
+"""Block diffusion (BD3-LM): the vectorized forward, its masks, and the bound (MATH.md).
+
+The vectorized training forward over [z ; x] must equal a naive loop that runs each block
+with its clean prefix; FlexAttention's BlockMask must be the dense mask entry for entry (tile
+size included); block size L must be today's MDLM estimate; and with exact conditionals the
+bound must equal -log p(x) for block sizes 1, 2 and L.
+"""
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from model.block_attention import (
+    FLEX_TILE,
+    AttentionLayout,
+    block_causal_mask,
+    dense_block_mask,
+    flex_block_mask,
+)
+from model.block_diffusion import BlockMaskedDiffusion, block_times, spread_over_blocks
+from model.diffusion import MaskedDiffusion
+from model.schedules import make_schedule
+from model.transformer import Transformer, TransformerConfig
+
+VOCAB, LENGTH = 3, 4
+ORACLE_SIZE = (VOCAB, LENGTH)  # the conftest's `oracle` fixture
+Z_LIMIT = 4.0  # |estimate - truth| / standard error; deterministic seeds
+
+
+def _network(length: int = 16, vocab: int = 11, **overrides) -> Transformer:
+    torch.manual_seed(0)
+    config = TransformerConfig(vocab_size=vocab, n_layers=2, d_model=32, n_heads=4, max_seq_len=length, **overrides)
+    return Transformer(config).double().eval()
+
+
+def _naive_block_logits(network: Transformer, z: torch.Tensor, x0: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Each block b alone: a forward of (x0^<b, z^b), block-causal, positions 0..end-1."""
+    out = []
+    for start in range(0, z.shape[1], block_size):
+        end = start + block_size
+        sequence = torch.cat([x0[:, :start], z[:, start:end]], dim=1)
+        layout = AttentionLayout(positions=None, mask=block_causal_mask(end, block_size))
+        out.append(network(sequence, layout=layout)[:, start:end])
+    return torch.cat(out, dim=1)
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_vectorized_logits_equal_the_naive_block_loop(block_size):
+    network = _network()
+    generator = torch.Generator().manual_seed(1)
+    x0 = torch.randint(0, 11, (3, 16), generator=generator)
+    z = torch.where(torch.rand(3, 16, generator=generator) < 0.5, 11, x0)
+    vectorized = network(z, clean=x0, block_size=block_size)
+    naive = _naive_block_logits(network, z, x0, block_size)
+    torch.testing.assert_close(vectorized, naive, rtol=0, atol=1e-10)
+    # and the prediction of block b really does not see the clean copy of block b or later
+    changed = x0.clone()
+    changed[:, block_size:] = (changed[:, block_size:] + 1) % 11
+    first = network(z, clean=changed, block_size=block_size)[:, :block_size]
+    torch.testing.assert_close(first, vectorized[:, :block_size], rtol=0, atol=1e-12)
+
+
+def test_dense_mask_is_the_rule_of_the_paper():
+    mask = dense_block_mask(4, 2)
+    noisy_noisy, noisy_clean = mask[:4, :4], mask[:4, 4:]
+    clean_noisy, clean_clean = mask[4:, :4], mask[4:, 4:]
+    block_diagonal = torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 1], [0, 0, 1, 1]], dtype=torch.bool)
+    assert torch.equal(noisy_noisy, block_diagonal)
+    assert torch.equal(noisy_clean, torch.tensor([[0, 0, 0, 0]] * 2 + [[1, 1, 0, 0]] * 2, dtype=torch.bool))
+    assert not clean_noisy.any()
+    assert torch.equal(clean_clean, block_causal_mask(4, 2))
+
+
+def _flex_pattern(block_mask, rows: int) -> torch.Tensor:
+    """Which keys each query attends through FlexAttention with ``block_mask``: equal scores
+    (q = k = 0) and one-hot values, so the output row is uniform over the attended keys."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q = torch.zeros(1, 1, rows, 16, dtype=torch.float64)
+    values = torch.eye(rows, dtype=torch.float64)[None, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "called without torch.compile": the CPU reference path
+        out = flex_attention(q, q, values, block_mask=block_mask)
+    return out[0, 0] > 0
+
+
+@pytest.mark.parametrize("length,block_size", [(16, 4), (100, 4), (192, 16), (160, 1)])
+def test_flex_block_mask_equals_the_dense_mask_entry_for_entry(length, block_size):
+    """2L = 32 (one partial tile), 200 (tiles of 128 cut mid-block), 384, 320 (block size 1)."""
+    dense = dense_block_mask(length, block_size)
+    block_mask = flex_block_mask(length, block_size, "cpu")
+    assert block_mask.BLOCK_SIZE == (FLEX_TILE, FLEX_TILE)
+    assert torch.equal(_flex_pattern(block_mask, 2 * length), dense)
+
+
+def test_flex_and_dense_forwards_agree():
+    network = _network(length=32)
+    x0 = torch.randint(0, 11, (2, 32), generator=torch.Generator().manual_seed(3))
+    z = torch.where(torch.arange(32) % 3 == 0, 11, x0)
+    dense = network(z, clean=x0, block_size=8)
+    network.block_attention = "flex"
+    with warnings.catch_warnings(), torch.no_grad():  # FlexAttention has no backward on CPU
+        warnings.simplefilter("ignore")
+        flex = network(z, clean=x0, block_size=8)
+    torch.testing.assert_close(flex, dense, rtol=0, atol=1e-10)
+
+
+def test_block_size_length_is_todays_mdlm_estimate():
+    network = _network(length=16)
+    schedule = make_schedule("linear")
+    x0 = torch.randint(0, 11, (6, 16), generator=torch.Generator().manual_seed(4))
+    t = torch.rand(6, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    mdlm = MaskedDiffusion(schedule, 11).nelbo_terms(network, x0, t, torch.Generator().manual_seed(6))
+    block = BlockMaskedDiffusion(schedule, 11, 16).nelbo_terms(network, x0, t, torch.Generator().manual_seed(6))
+    assert torch.equal(block.num_masked, mdlm.num_masked)  # the same masks, draw for draw
+    for name in ("diffusion", "reconstruction", "prior"):
+        torch.testing.assert_close(getattr(block, name), getattr(mdlm, name), rtol=0, atol=1e-10)
+
+
+def test_block_times_are_stratified_over_the_global_batch():
+    whole = block_times(8, 4, torch.Generator().manual_seed(0))
+    parts = torch.cat([block_times(2, 4, torch.Generator().manual_seed(0), offset=o, global_batch_size=8)
+                       for o in range(0, 8, 2)])
+    assert torch.equal(whole, parts)
+    assert torch.allclose(whole.flatten().sort().values.diff(), torch.full((31,), 1 / 32, dtype=torch.float64))
+    spread = spread_over_blocks(torch.tensor([0.9], dtype=torch.float64), 4)
+    torch.testing.assert_close(spread, torch.tensor([[0.9, 0.15, 0.4, 0.65]], dtype=torch.float64))
+
+
+# ------------------------------------------------------------------ the bound, against exact conditionals
+@pytest.mark.parametrize("block_size", [1, 2, LENGTH])
+def test_monte_carlo_block_nelbo_matches_minus_log_likelihood(oracle, block_size):
+    """E[NELBO] = -log p(x) within its standard error (the endpoint guard's terms are < 4 eps L log V)."""
+    schedule = make_schedule("linear")
+    process = BlockMaskedDiffusion(schedule, VOCAB, block_size)
+    order = oracle.probs.argsort(descending=True)
+    sequences = oracle.sequences[order[[0, 3, 20, 70]]]
+    repeats = 6_000
+    batch = sequences.repeat(repeats, 1)
+    estimates = process.nelbo(oracle, batch, generator=torch.Generator().manual_seed(7)).view(repeats, -1)
+    mean, standard_error = estimates.mean(0), estimates.std(0) / math.sqrt(repeats)
+    truth = -oracle.log_prob(sequences)
+    endpoint = 4 * schedule.endpoint_eps * LENGTH * math.log(VOCAB)
+    assert ((mean - truth).abs() / (standard_error + endpoint)).max() < Z_LIMIT
+
+
+# ------------------------------------------------------------------ training
+def _objective_and_network(mask_rate=(0.0, 1.0)):
+    from model.spec import ModelSpec
+    from pipeline.objective import make_objective
+
+    network = _network(length=16)
+    spec = ModelSpec(network=network.config, block_size=4)
+    return make_objective(spec, validate=True, block_mask_rate=mask_rate), network
+
+
+def test_the_training_loss_is_the_block_bound_at_the_slots_times():
+    from pipeline.objective import MicroBatchSlot, row_generators, step_generator
+
+    objective, network = _objective_and_network()
+    x0 = torch.randint(0, 11, (2, 16), generator=torch.Generator().manual_seed(8))
+    slot = MicroBatchSlot(seed=3, step=5, rank=1, world_size=2, micro=1, micro_batches=2)
+    loss = objective.loss_sum(network, x0, slot)
+    # the slots (micro 1, rank 1) of the global batch of 8 rows x 4 blocks, one uniform per step
+    times = block_times(2, 4, step_generator(torch.device("cpu"), 3, 5), offset=6, global_batch_size=8)
+    process = BlockMaskedDiffusion(make_schedule("linear"), 11, 4)
+    expected = process.nelbo(network, x0, times, row_generators(torch.device("cpu"), slot, 2),
+                             reconstruction="uniform").sum()
+    torch.testing.assert_close(loss, expected, rtol=0, atol=0)
+
+
+@torch.no_grad()
+def test_mask_rate_clipping_is_for_training_only():
+    from pipeline.objective import MicroBatchSlot
+
+    x0 = torch.randint(0, 11, (8, 16), generator=torch.Generator().manual_seed(9))
+    slot = MicroBatchSlot(seed=0, step=1, rank=0, world_size=1, micro=0, micro_batches=1)
+    clipped, network = _objective_and_network(mask_rate=(0.45, 0.95))
+    full, _ = _objective_and_network()
+    network.train()  # no dropout: train mode changes nothing in the network itself
+    times = clipped._block_times(x0, slot, clip=True)
+    rates = clipped.diffusion.schedule.masking_rate(times)
+    assert rates.min() >= 0.45 - 1e-9 and rates.max() <= 0.95 + 1e-9
+    assert float(clipped.loss_sum(network, x0, slot)) != float(full.loss_sum(network, x0, slot))
+    network.eval()  # validation: the full bound whatever the clipping
+    assert float(clipped.loss_sum(network, x0, slot)) == float(full.loss_sum(network, x0, slot))
+
+
+def test_block_diffusion_is_refused_where_the_math_is_not_carried_over():
+    from common.errors import UserError
+    from pipeline.config import load_config
+
+    for overrides, word in [({"model.process": "uniform", "model.time_conditioning": "true", "model.block_size": "4"},
+                             "uniform"),
+                            ({"model.process": "learned", "model.time_conditioning": "true",
+                              "model.block_size": "4"}, "learned"),
+                            ({"model.block_size": "4", "model.time_conditioning": "true"}, "time-free"),
+                            ({"train.block_mask_rate": "[0.3, 0.8]"}, "set model.block_size")]:
+        with pytest.raises(UserError, match=rf"config field (model\.block_size|train\.block_mask_rate) .*{word}"):
+            load_config(None, overrides)
+    assert load_config(None, {"model.block_size": "4"}).model.block_size == 4
+
+
+@pytest.mark.slow
+def test_a_block_diffusion_run_trains_and_its_export_reproduces_validation(tmp_path, tinyshakespeare_shards):
+    """A real run (DeepSpeed on CPU) with block size 16 and clipped training rates: the export
+    records the block size, and its process scores the validation batches to the logged number
+    (the full bound: validation ignores the clipping)."""
+    from data_prep.loader import StreamingLoader
+    from pipeline.export import export, load_export
+    from pipeline.objective import MicroBatchSlot, make_objective
+    from tests.train_helpers import run_train, write_config
+
+    config = write_config(tmp_path / "c.yaml", {"model": {"block_size": 16},
+                                                "train": {"block_mask_rate": [0.3, 0.8], "max_steps": 3}})
+    run = run_train(tmp_path / "run", tinyshakespeare_shards, config)
+    assert all(math.isfinite(v) for v in run.losses().values())
+    exported = load_export(export(run.run_dir))
+    assert exported.config["block_size"] == 16 and exported.spec.block_size == 16
+    objective = make_objective(exported.spec, validate=True)
+    loader = StreamingLoader(tinyshakespeare_shards, "val", 2, seed=1234, shuffle=False)
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for i, batch in zip(range(2), loader):
+            slot = MicroBatchSlot(seed=1234, step=i, rank=0, world_size=1, micro=0, micro_batches=1)
+            total += float(objective.loss_sum(exported.network, batch, slot))
+            tokens += batch.numel()
+    assert total / tokens == pytest.approx(run.validations()[3], rel=1e-6)
