@@ -251,10 +251,14 @@ def _seq_len(exported: Exported, config: EvalConfig, protocol: ZeroShotProtocol)
     """The block length: --seq-len, else the protocol's, else the model's training length."""
     max_seq_len = exported.network.config.max_seq_len
     seq_len = config.seq_len or protocol.block_length or max_seq_len
+    flag = f"--seq-len {seq_len}" if config.seq_len else f"--protocol {protocol.name} (blocks of {seq_len} tokens)"
     if seq_len > max_seq_len:
-        flag = f"--seq-len {seq_len}" if config.seq_len else f"--protocol {protocol.name} (blocks of {seq_len} tokens)"
         raise UserError(f"{flag} exceeds the model's max_seq_len {max_seq_len}: give a --seq-len of at most "
                         f"{max_seq_len} (numbers at another length are not comparable with the papers')")
+    block_size = exported.spec.block_size
+    if block_size is not None and seq_len % block_size:
+        raise UserError(f"{flag}: the model is a block diffusion over blocks of {block_size} tokens, which must "
+                        f"divide the evaluation length; give a --seq-len that is a multiple of {block_size}")
     return seq_len
 
 
@@ -314,6 +318,15 @@ def evaluate(exported: Exported, config: EvalConfig, *, device: torch.device, ra
     return EvalScores(datasets=datasets, protocol=_protocol(exported, config, world_size))
 
 
+def _bound_in_words(estimator: str, block_size: int | None) -> str:
+    bound = ("continuous-time NELBO with both endpoint terms (reconstruction scored by the model)"
+             if estimator == "continuous" else estimator)
+    if block_size is None or estimator == "autoregressive":
+        return bound
+    return (f"block diffusion (blocks of {block_size} tokens): the sum over blocks of each block's {bound}, "
+            "given the clean blocks before it, t in (0, 1] (no training-time clipping)")
+
+
 def _protocol(exported: Exported, config: EvalConfig, world_size: int) -> Protocol:
     objective = exported.config["objective"]
     estimator = "autoregressive" if objective == "autoregressive" else (
@@ -327,7 +340,7 @@ def _protocol(exported: Exported, config: EvalConfig, world_size: int) -> Protoc
         max_documents=config.max_documents,
         blocks_per_replicate=config.blocks_per_replicate if config.blocks_per_replicate else ABSENT,
         wrapping=protocol.wrapping,
-        bound="continuous-time NELBO with both endpoint terms (reconstruction scored by the model)"
-              if estimator == "continuous" else estimator,
+        bound=_bound_in_words(estimator, exported.spec.block_size),
+        block_size=ABSENT if exported.spec.block_size is None else exported.spec.block_size,
         precision="bf16 autocast on GPU, float32 on CPU; log-softmax float32; sums float64",
         world_size=world_size)

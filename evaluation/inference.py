@@ -45,5 +45,6 @@ def inference_mode(network: Transformer, device: torch.device) -> Iterator[None]
         yield
         return
     kernel = resolve_attention("auto", device, torch.bfloat16, network.config.head_dim, causal=network.config.causal)
+    network.block_attention = "flex"  # a block diffusion's bound: FlexAttention's block mask on a GPU
     with torch.autocast("cuda", dtype=torch.bfloat16), attention_kernel(kernel):
         yield

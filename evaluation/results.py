@@ -22,6 +22,7 @@ The records, as JSON (``?`` marks a key that may be absent)::
                   "estimator": "continuous" | "discrete" | "autoregressive",
                   "discrete_steps": int | None, "target_rel_error": float | None, "add_eos": bool,
                   "split"?: str, "max_documents"?: int | None, "wrapping": str, "bound"?: str,
+                  "block_size"?: int (block diffusion's L'),
                   "precision": str, "world_size": int},
      "datasets": {NAME: DatasetResult {"dataset": {...},   # the file read and how (EvalDataset.protocol(),
                                                            # "protocol", "dropped_tokens" under mdlm)
@@ -182,12 +183,13 @@ class Protocol:
     blocks_per_replicate: int | None | Absent = ABSENT   # a random subset of blocks per replicate
     wrapping: str                         # how documents became blocks, in words
     bound: str | Absent = ABSENT          # which bound, in words
+    block_size: int | Absent = ABSENT     # block diffusion's L' (absent: one block, MDLM)
     precision: str
     world_size: int
 
     REQUIRED: ClassVar[Keys] = ("seq_len", "samples_per_block", "seed", "estimator", "discrete_steps",
                                 "target_rel_error", "add_eos", "wrapping", "precision", "world_size")
-    OPTIONAL: ClassVar[Keys] = ("name", "split", "max_documents", "blocks_per_replicate", "bound")
+    OPTIONAL: ClassVar[Keys] = ("name", "split", "max_documents", "blocks_per_replicate", "bound", "block_size")
 
     def to_json(self) -> JsonObject:
         # In this order: the report's "Evaluation" table lists the fields as they come.
@@ -196,7 +198,8 @@ class Protocol:
                          "target_rel_error": self.target_rel_error, "add_eos": self.add_eos,
                          "split": self.split, "max_documents": self.max_documents,
                          "blocks_per_replicate": self.blocks_per_replicate, "wrapping": self.wrapping,
-                         "bound": self.bound, "precision": self.precision, "world_size": self.world_size})
+                         "bound": self.bound, "block_size": self.block_size, "precision": self.precision,
+                         "world_size": self.world_size})
 
     @classmethod
     def from_json(cls, data: JsonObject) -> Protocol:

@@ -12,7 +12,7 @@ The metrics (``eval/DATASET/nelbo_per_token``, ``perplexity_bound``, ``bits_per_
 ``eval/schedule/unmask_first``, ``unmask_last``; with samples
 ``eval/samples/mean_unigram_entropy``, ``eval/samples/mean_network_calls`` and, with a
 reference model, ``eval/samples/generative_perplexity``, and the sampling plan as the tags
-``eval/sampling/FIELD``: tags, because the training's run may be evaluated again with
+``eval/sampling/FIELD``, and a block diffusion's ``eval/block_size``: tags, because the training's run may be evaluated again with
 another plan and MLflow params never change) go to the training's own MLflow run when
 the export belongs to one, or, with a tracking URI, to a new run in the ``unmask-eval``
 experiment tagged with the checkpoint.
@@ -113,6 +113,8 @@ def _log_sampling(tracker: Tracker, sampling: SamplingRecord, step: int) -> None
 
 def _log_metrics(tracker: Tracker, results: EvalResults) -> None:
     step = results.model.step or 0
+    if results.protocol.block_size:  # block diffusion: which L' these bounds are for
+        tracker.set_tags({"eval/block_size": str(results.protocol.block_size)})
     if results.schedule:
         _log_schedule(tracker, results.schedule, step)
     if results.sampling:

@@ -98,19 +98,27 @@ def _flex(q: Tensor, k: Tensor, v: Tensor, block_mask) -> Tensor:
 class KVCache:
     """Keys and values of finished blocks, per attention module, [B, heads, P, head_dim] each.
 
-    ``extend`` returns the cached keys and values followed by the current rows'; with
-    ``append`` True it also keeps the current rows (a finished block's clean pass). ``keep``
-    drops all but the last positions (the sliding window past the training context).
+    The keys are kept before the rotary rotation: a forward rotates the cached and new keys
+    together at positions 0..P+rows-1 and its queries at the last positions, so after the
+    window slides (``keep``) the positions still start at 0 and stay inside the rotary table
+    (attention scores depend only on the distance between positions). ``extend`` returns the
+    cached keys and values followed by the current rows' (of the cached rows ``rows``, bool
+    [B]: a sampler passes only the rows that need the network); with ``append`` True it also
+    keeps the current rows (a finished block's clean pass, every row).
     """
 
     append: bool = False
+    rows: Tensor | None = None
     keys: dict[int, Tensor] = field(default_factory=dict)
     values: dict[int, Tensor] = field(default_factory=dict)
 
     def extend(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         name = id(module)
         if name in self.keys:
-            k, v = torch.cat([self.keys[name], k], dim=2), torch.cat([self.values[name], v], dim=2)
+            cached_k, cached_v = self.keys[name], self.values[name]
+            if self.rows is not None and cached_k.shape[0] != k.shape[0]:
+                cached_k, cached_v = cached_k[self.rows], cached_v[self.rows]
+            k, v = torch.cat([cached_k, k], dim=2), torch.cat([cached_v, v], dim=2)
         if self.append:
             self.keys[name], self.values[name] = k, v
         return k, v

@@ -38,6 +38,8 @@ from model.denoiser import Denoiser, DenoiserLike, as_denoiser
 from model.diffusion import MaskedDiffusion, NelboTerms, Reconstruction, low_discrepancy_times
 from model.generators import Generators, batch_generator, uniforms
 from model.positions import sum_by_row
+from model.sampling import SamplingPlan, SamplingStats
+from model.sampling.blocks import draw_blocks
 from model.schedules import Schedule
 
 __all__ = ["BlockDenoiser", "BlockMaskedDiffusion", "block_times", "spread_over_blocks"]
@@ -84,6 +86,17 @@ class BlockMaskedDiffusion(MaskedDiffusion):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
         self.block_size = block_size
+
+    def sample(self, denoiser: DenoiserLike, plan: SamplingPlan, *, num_samples: int, seq_len: int,
+               prompt: Tensor | None = None, generator: Generators = None, window: int | None = None,
+               device: torch.device | str | None = None, kv_cache: bool = True) -> tuple[Tensor, SamplingStats]:
+        """Block by block with a KV cache of the finished blocks (``model.sampling.blocks``):
+        ``plan.sampler`` inside each block, any ``seq_len`` that is a multiple of the block size
+        (past ``window`` the cache slides), stopping at ``plan.until_eos``. ``denoiser``: a
+        ``Transformer``. ``kv_cache`` False recomputes the finished blocks at every call."""
+        return draw_blocks(self, self.sampler(plan.sampler), denoiser, plan, num_samples=num_samples,
+                           seq_len=seq_len, prompt=prompt, generator=generator, window=window, device=device,
+                           cache=kv_cache)
 
     def num_blocks(self, length: int) -> int:
         if length % self.block_size:

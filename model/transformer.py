@@ -235,14 +235,21 @@ class SelfAttention(nn.Module):
         batch, length, width = x.shape
         # [B, L, 3 d] -> [3, B, heads, L, head_dim]
         q, k, v = self.qkv(x).view(batch, length, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
-        positions = None if layout is None else layout.positions
-        q, k = self.rotary(q, positions), self.rotary(k, positions)
-        if layout is not None and layout.cache is not None:  # keys and values of finished blocks first
+        if layout is not None and layout.cache is not None:
+            # Finished blocks' keys and values first, kept before the rotation: the window's
+            # positions start at 0 wherever it slid to (model.block_attention.KVCache).
             k, v = layout.cache.extend(self, k, v)
+            key_positions = torch.arange(k.shape[2], device=k.device)
+            q, k = self.rotary(q, key_positions[k.shape[2] - length:]), self.rotary(k, key_positions)
+        else:
+            positions = None if layout is None else layout.positions
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
         dropout = self.dropout if self.training else 0.0
         if layout is None or layout.mask is None:
-            # SDPA dispatches to flash / memory-efficient kernels on GPU.
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=dropout)
+            # SDPA dispatches to flash / memory-efficient kernels on GPU. A block after its cache
+            # attends to all of it and to itself: no mask.
+            causal = self.causal and (layout is None or layout.cache is None)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout)
         else:
             y = layout.attend(q, k, v, dropout)
         return self.out(y.transpose(1, 2).reshape(batch, length, width))  # [B, heads, L, hd] -> [B, L, d]

@@ -228,3 +228,106 @@ def test_a_block_diffusion_run_trains_and_its_export_reproduces_validation(tmp_p
             total += float(objective.loss_sum(exported.network, batch, slot))
             tokens += batch.numel()
     assert total / tokens == pytest.approx(run.validations()[3], rel=1e-6)
+
+
+# ------------------------------------------------------------------ evaluation
+@pytest.mark.parametrize("block_size", [1, 2, LENGTH])
+def test_the_zero_shot_estimator_reports_the_full_block_bound(oracle, block_size):
+    """``estimate_bound`` with the block process and exact conditionals: the reported bound is
+    -log p(x) per token within its standard error (plus the endpoint guard's few 1e-4)."""
+    from evaluation.estimator import Blocks, estimate_bound
+
+    order = oracle.probs.argsort(descending=True)
+    tokens = oracle.sequences[order[[0, 3, 20, 70, 5, 1]]]
+    blocks = Blocks(tokens, torch.ones_like(tokens, dtype=torch.bool))
+    schedule = make_schedule("linear")
+    process = BlockMaskedDiffusion(schedule, VOCAB, block_size)
+    estimate = estimate_bound(process, oracle, blocks, samples_per_block=1000, batch_size=64, seed=1)
+    truth = float(-oracle.log_prob(tokens).sum()) / blocks.num_tokens
+    endpoint = 2 * schedule.endpoint_eps * math.log(VOCAB)
+    assert abs(estimate.nelbo_per_token - truth) < Z_LIMIT * estimate.standard_error + endpoint
+    assert estimate.standard_error < 0.05 * truth  # the test can tell a wrong conditioning apart
+
+
+# ------------------------------------------------------------------ sampling
+from model.sampling import SamplingPlan, sample_generators  # noqa: E402
+
+SAMPLERS = [SamplingPlan(sampler="ancestral", steps=8), SamplingPlan(sampler="first-hitting"),
+            SamplingPlan(sampler="confidence", steps=4), SamplingPlan(sampler="remdm", steps=8)]
+
+
+def _sampling_network(dtype=torch.float32) -> Transformer:
+    torch.manual_seed(0)
+    config = TransformerConfig(vocab_size=11, n_layers=2, d_model=32, n_heads=4, max_seq_len=32)
+    return Transformer(config).to(dtype).eval()
+
+
+@pytest.mark.parametrize("plan", SAMPLERS, ids=lambda plan: plan.sampler)
+def test_cached_samples_are_the_uncached_ones_bit_for_bit(plan):
+    network = _sampling_network()
+    process = BlockMaskedDiffusion(make_schedule("linear"), 11, 4)
+    prompt = torch.full((24,), 11)
+    prompt[:3] = torch.tensor([1, 2, 3])  # a prefix that ends inside the first block
+    kwargs = dict(num_samples=3, seq_len=24, prompt=prompt, window=32)
+    cached, stats = process.sample(network, plan, **kwargs)
+    uncached, _ = process.sample(network, plan, kv_cache=False, **kwargs)
+    assert torch.equal(cached, uncached)
+    assert torch.equal(cached[:, :3], prompt[:3].expand(3, -1)) and int(cached.max()) < 11
+    assert stats.network_calls > 0
+
+
+def test_the_cache_gives_the_recomputed_logits_and_a_block_sees_only_the_blocks_before_it():
+    """float64: the cached network outputs equal the recomputed ones to 1e-12."""
+    network = _sampling_network(torch.float64)
+    from model.block_attention import KVCache
+    from model.sampling.blocks import BlockNetwork
+
+    x = torch.randint(0, 11, (2, 12), generator=torch.Generator().manual_seed(0))
+    block = torch.where(torch.tensor([True, False, True, False]), 11, x[:, 8:12])
+    cached = BlockNetwork(network, 4)
+    cached.cache, cached.prefix = KVCache(), x[:, :0]
+    for start in (0, 4):
+        cached.append(x[:, start:start + 4], None)
+    uncached = BlockNetwork(network, 4)
+    uncached.prefix = x[:, :8]
+    torch.testing.assert_close(cached.logits(block, None), uncached.logits(block, None), rtol=0, atol=1e-12)
+    # and it is the training forward's output at that block
+    training = network(torch.cat([x[:, :8], block], 1), clean=x, block_size=4)[:, 8:]
+    torch.testing.assert_close(cached.logits(block, None), training, rtol=0, atol=1e-12)
+
+
+def test_samples_do_not_depend_on_the_batch():
+    network, process = _sampling_network(), BlockMaskedDiffusion(make_schedule("linear"), 11, 4)
+    plan = SamplingPlan(sampler="ancestral", steps=6, seed=3)
+    together, _ = process.sample(network, plan, num_samples=4, seq_len=16, window=32)
+    alone, _ = process.sample(network, plan, num_samples=1, seq_len=16, window=32,
+                              generator=sample_generators(3, [2]))
+    assert torch.equal(together[2:3], alone)
+
+
+def test_generation_runs_past_the_training_context_with_a_sliding_window():
+    network, process = _sampling_network(), BlockMaskedDiffusion(make_schedule("linear"), 11, 4)
+    plan = SamplingPlan(sampler="first-hitting", seed=1)
+    tokens, _ = process.sample(network, plan, num_samples=2, seq_len=80, window=32)  # 2.5 windows
+    assert tokens.shape == (2, 80) and int(tokens.max()) < 11
+    # while it fits in the window, it is the sample of a shorter request (blocks are left to right)
+    short, _ = process.sample(network, plan, num_samples=2, seq_len=32, window=32)
+    assert torch.equal(tokens[:, :32], short)
+
+
+def test_generation_stops_at_eos():
+    network, process = _sampling_network(), BlockMaskedDiffusion(make_schedule("linear"), 11, 4)
+    eos = 5
+    plan = SamplingPlan(sampler="ancestral", steps=4, seed=0, until_eos=eos)
+    tokens, _ = process.sample(network, plan, num_samples=6, seq_len=64, window=32)
+    free, _ = process.sample(network, SamplingPlan(sampler="ancestral", steps=4, seed=0), num_samples=6,
+                             seq_len=64, window=32)
+    for row, unstopped in zip(tokens, free):
+        hits = (unstopped == eos).nonzero()
+        if len(hits):  # the same sample up to the block of its first EOS, then EOS only
+            end = (int(hits[0]) // 4 + 1) * 4
+            assert torch.equal(row[:end], unstopped[:end]) and bool((row[end:] == eos).all())
+        else:
+            assert torch.equal(row, unstopped)
+    with pytest.raises(ValueError, match="until_eos stops a block diffusion"):
+        MaskedDiffusion(make_schedule("linear"), 11).sample(network, plan, num_samples=1, seq_len=8)

@@ -74,6 +74,9 @@ def draw(process: SampledProcess, sampler: Sampler, denoiser: DenoiserLike, plan
     """
     check_positive_int("num_samples", num_samples)
     check_positive_int("seq_len", seq_len)
+    if plan.until_eos is not None:
+        raise ValueError("until_eos stops a block diffusion model's generation (model.block_size); this model "
+                         "samples the whole sequence at once")
     _check_window(plan, seq_len, window)
     device = torch.device(device) if device is not None else (
         prompt.device if prompt is not None else torch.device("cpu"))

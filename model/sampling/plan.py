@@ -130,9 +130,12 @@ class SamplingPlan:
     cache: bool = True                  # skip calls whose output nobody needs
     static_shape: bool = False          # every row, every position through each call
     compile: str = "auto"               # COMPILE_SETTINGS: torch.compile the network's blocks
+    until_eos: int | None = None        # block diffusion: a sample stops after this token id (its EOS)
 
     RECORDED: ClassVar[tuple[str, ...]] = ("sampler", "steps", "grid", "top_p", "temperature", "seed",
                                            "block_len", "options", "cache", "static_shape", "compile")
+    # Recorded only when set, so that the records of plans without them do not change.
+    RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = ("until_eos",)
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
@@ -154,6 +157,9 @@ class SamplingPlan:
         if self.block_len is not None and (isinstance(self.block_len, bool) or not isinstance(self.block_len, int)
                                            or self.block_len < 1):
             _fail("block_len", f"block_len must be an integer >= 1, got {self.block_len!r}")
+        if self.until_eos is not None and (isinstance(self.until_eos, bool) or not isinstance(self.until_eos, int)
+                                           or self.until_eos < 0):
+            _fail("until_eos", f"until_eos must be a token id >= 0, got {self.until_eos!r}")
         if self.compile not in COMPILE_SETTINGS:
             _fail("compile", f"compile must be one of {', '.join(COMPILE_SETTINGS)}, got {self.compile!r}")
         self._resolve_options()
@@ -174,12 +180,13 @@ class SamplingPlan:
         """The plan as a JSON object (``from_dict`` reads it back)."""
         record = {name: getattr(self, name) for name in self.RECORDED}
         record["options"] = dataclasses.asdict(self.options) if self.options is not None else None
+        record.update({name: getattr(self, name) for name in self.RECORDED_WHEN_SET if getattr(self, name) is not None})
         return record
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> SamplingPlan:
         """A plan from ``to_dict``'s object; PlanError when it is not a valid plan."""
-        unknown = set(record) - set(cls.RECORDED)
+        unknown = set(record) - set(cls.RECORDED) - set(cls.RECORDED_WHEN_SET)
         if unknown:
             _fail(sorted(unknown)[0], f"a sampling plan has no field {sorted(unknown)[0]!r}")
         values = dict(record)
@@ -205,6 +212,8 @@ class SamplingPlan:
         parts.append(f"top-p {self.top_p:g}" if self.top_p is not None else "full distribution")
         if self.block_len is not None:
             parts.append(f"blocks of {self.block_len:,} tokens")
+        if self.until_eos is not None:
+            parts.append(f"until EOS (id {self.until_eos})")
         parts.append(f"seed {self.seed}")
         return "; ".join(parts)
 

@@ -1,0 +1,171 @@
+"""Block diffusion's sampler: block by block, any sampler inside a block, finished blocks cached.
+
+A block diffusion model (``model.block_diffusion``) generates blocks of L' = ``block_size``
+tokens left to right. Block b is sampled by any of the absorbing samplers (ancestral,
+first-hitting, confidence, ReMDM) under the plan, as a sequence of L' tokens whose network
+sees the finished blocks before it; then the finished block runs once through the network,
+clean, and its keys and values join the cache (``model.block_attention.KVCache``). A call
+inside block b costs the L' rows of the block, not the whole text.
+
+``cache=False`` recomputes everything at every call: the window of finished blocks and the
+block, block-causal, positions from 0 (what training's forward over [z ; x] computes for the
+block). While the text fits in the window the two are the same computation on the same
+numbers (tested: the same samples).
+
+Any length. ``window`` (the network's ``max_seq_len``) bounds what the network sees: the
+block and the last ``window - L'`` positions before it, rounded down to whole blocks. Past
+it the cache slides (keeps the last whole blocks that fit); the cached keys and values of a
+kept block are those computed when it finished (with the context it had then), and rotary
+positions restart at 0 at the window's start. Uncached, a slid window is recomputed from its
+tokens alone, so the two differ once the text is longer than the window, as a sliding-window
+cache does in any autoregressive model.
+
+EOS. ``plan.until_eos`` (a token id): a sample is finished after the block in which it
+generates that token; its later positions are filled with it and it draws nothing more, and
+generation stops when every sample is finished. A sample still depends only on its own
+generator (``sample_generators``), never on its batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from model.block_attention import AttentionLayout, KVCache, block_causal_mask
+from model.checks import check_positive_int, check_token_ids
+from model.denoiser import Denoiser
+from model.generators import Generators
+from model.sampling.core import NetworkCalls, SamplingStats, sample_generators
+from model.sampling.draw import Sampler
+from model.sampling.plan import SamplingPlan
+
+__all__ = ["BlockNetwork", "draw_blocks"]
+
+
+class BlockNetwork(Denoiser):
+    """The network as a block's denoiser: z [R, L'] (R of the batch's rows) -> logits [R, L', V],
+    seeing the finished blocks through the KV cache, or recomputing them (``cache`` None)."""
+
+    def __init__(self, network, block_size: int) -> None:
+        self.network, self.block_size = network, block_size
+        self.cache: KVCache | None = None
+        self.prefix: Tensor | None = None  # [B, P] finished tokens in the window (recomputed without a cache)
+        self.rows: Tensor | None = None    # bool [B]: the rows of the current call (None: all)
+
+    def logits(self, z_t: Tensor, t: Tensor | None) -> Tensor:
+        return self._forward(z_t, None)
+
+    def logits_at(self, z_t: Tensor, t: Tensor | None, selected: Tensor) -> Tensor:
+        return self._forward(z_t, selected)
+
+    @property
+    def time_independent(self) -> bool:
+        return True
+
+    def _rows(self, z: Tensor) -> Tensor | None:
+        batch = self.prefix.shape[0] if self.prefix is not None else None
+        return None if self.rows is None or z.shape[0] == batch else self.rows
+
+    def _forward(self, z: Tensor, selected: Tensor | None) -> Tensor:
+        rows = self._rows(z)
+        if self.cache is not None:
+            self.cache.rows = rows
+            return self.network(z, None, output_mask=selected, layout=AttentionLayout(None, None, self.cache))
+        prefix = self.prefix if rows is None else self.prefix[rows]
+        sequence = torch.cat([prefix, z], dim=1)  # [R, P] + [R, L'] -> [R, P + L']
+        layout = AttentionLayout(None, block_causal_mask(sequence.shape[1], self.block_size, z.device))
+        if selected is not None:
+            selected = torch.cat([torch.zeros_like(prefix, dtype=torch.bool), selected], dim=1)
+            return self.network(sequence, None, output_mask=selected, layout=layout)
+        return self.network(sequence, None, layout=layout)[:, prefix.shape[1]:]
+
+    def append(self, block: Tensor, context: int | None) -> None:
+        """Run the finished block [B, L'] once, clean, keeping its keys and values; then keep
+        at most ``context`` cached positions (None: all)."""
+        self.cache.append, self.cache.rows = True, None
+        try:
+            nothing = torch.zeros_like(block, dtype=torch.bool)  # no logits wanted: skip the head
+            self.network(block, None, output_mask=nothing, layout=AttentionLayout(None, None, self.cache))
+        finally:
+            self.cache.append = False
+        if context is not None and self.cache.length > context:
+            self.cache.keep(context)
+
+
+class _RowCalls(NetworkCalls):
+    """``NetworkCalls`` that tell the block's denoiser which rows a call passes (the cache is per row)."""
+
+    def logits_at(self, z: Tensor, t: Tensor, rows: Tensor, selected: Tensor) -> Tensor:
+        self.denoiser.rows = rows
+        return super().logits_at(z, t, rows, selected)
+
+    def logits(self, z: Tensor, t: Tensor, rows: Tensor) -> Tensor:
+        self.denoiser.rows = rows
+        return super().logits(z, t, rows)
+
+
+def _context(window: int | None, block_size: int) -> int | None:
+    """Finished positions the network sees before a block: whole blocks of ``window - L'``."""
+    if window is None:
+        return None
+    check_positive_int("window", window)
+    if window < block_size:
+        raise ValueError(f"the network's window of {window} positions is shorter than a block of {block_size}")
+    return (window - block_size) // block_size * block_size
+
+
+@torch.no_grad()
+def draw_blocks(process, sampler: Sampler, network, plan: SamplingPlan, *, num_samples: int, seq_len: int,
+                prompt: Tensor | None = None, generator: Generators = None, window: int | None = None,
+                device: torch.device | str | None = None, cache: bool = True) -> tuple[Tensor, SamplingStats]:
+    """Sample ``num_samples`` sequences of ``seq_len`` tokens (a multiple of the block size)
+    block by block (module docstring). ``process``: a ``BlockMaskedDiffusion``; ``network``:
+    a ``Transformer`` (its forward takes a ``layout``); the rest as ``model.sampling.draw``.
+    ``cache`` False recomputes the finished blocks at every call."""
+    block_size = process.block_size
+    check_positive_int("num_samples", num_samples)
+    check_positive_int("seq_len", seq_len)
+    if seq_len % block_size:
+        raise ValueError(f"seq_len {seq_len} must be a multiple of the block size {block_size}")
+    if plan.block_len is not None and plan.block_len != block_size:
+        raise ValueError(f"block_len {plan.block_len}: a block diffusion model samples in its own blocks of "
+                         f"{block_size} tokens")
+    context = _context(window, block_size)
+    device = torch.device(device) if device is not None else (
+        prompt.device if prompt is not None else torch.device("cpu"))
+    z = _initial_tokens(process, num_samples, seq_len, prompt, device)
+    generator = sample_generators(plan.seed, range(num_samples)) if generator is None else generator
+    block_network = BlockNetwork(network, block_size)
+    block_network.cache = KVCache() if cache else None
+    calls = _RowCalls(block_network, num_samples, process.vocab_size, static_shape=plan.static_shape)
+    finished = torch.zeros(num_samples, dtype=torch.bool, device=device)
+    for start in range(0, seq_len, block_size):
+        end = start + block_size
+        first = 0 if context is None else max(0, start - context)
+        block_network.prefix = z[:, first:start]
+        generated = z[:, start:end] == process.generate_id            # [B, L']
+        if plan.until_eos is not None:  # finished samples draw nothing more
+            z[:, start:end][finished[:, None] & generated] = plan.until_eos
+            generated &= ~finished[:, None]
+        if bool(generated.any()):
+            z[:, start:end] = sampler(process, plan, z[:, start:end].clone(), generator, calls)
+        if plan.until_eos is not None:
+            finished |= (generated & (z[:, start:end] == plan.until_eos)).any(1)
+            if bool(finished.all()):
+                z[:, end:][z[:, end:] == process.generate_id] = plan.until_eos
+                break
+        if cache and end < seq_len:
+            block_network.append(z[:, start:end], context)
+    return z, calls.stats(plan.steps)
+
+
+def _initial_tokens(process, num_samples: int, seq_len: int, prompt: Tensor | None, device: torch.device) -> Tensor:
+    """The prompt (or nothing) as [num_samples, seq_len], ``generate_id`` where to generate."""
+    if prompt is None:
+        return torch.full((num_samples, seq_len), process.generate_id, dtype=torch.long, device=device)
+    if prompt.dim() == 1:
+        prompt = prompt.unsqueeze(0).expand(num_samples, -1)
+    if prompt.dim() != 2 or prompt.shape != (num_samples, seq_len):
+        raise ValueError(f"prompt must have shape [{seq_len}] or [{num_samples}, {seq_len}], got {tuple(prompt.shape)}")
+    check_token_ids(prompt, "prompt", process.generate_id, check_values=process.validate)
+    return prompt.to(device).clone()
