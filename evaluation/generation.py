@@ -19,7 +19,9 @@ theta). Conditioning is a tensor of kept tokens and mask ids: ``prompt`` keeps i
 at the start of the sequence and generates the rest; ``infill`` takes a template whose
 literal text is kept in place and whose placeholders (``INFILL_SYNTAX``) are generated, as is
 everything after the template. ``seq_len`` beyond the network's ``max_seq_len`` needs the
-plan's ``block_len`` (semi-autoregressive blocks). Autoregressive exports sample left to
+plan's ``block_len`` (semi-autoregressive blocks). A block diffusion export (``model.block_size``)
+samples in its own blocks with a KV cache, any ``seq_len`` (``model.sampling.blocks``), and with
+the plan's ``until_eos`` stops at EOS (``until_eos_plan``). Autoregressive exports sample left to
 right (the plan's temperature and nucleus; its sampler must be ``ancestral``, the default)
 and continue a ``prompt``; they cannot infill. Bad arguments raise ``UserError`` naming the
 flag of ``unmask sample`` that sets them; ``check_plan`` checks a plan against an export
@@ -50,9 +52,10 @@ in our tests).
 
 from __future__ import annotations
 
+
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -242,7 +245,8 @@ def continue_tokens(exported: Exported, plan: SamplingPlan, prompts: Sequence[Se
     max_seq_len = exported.network.config.max_seq_len
     batches = []
     for length, positions in sorted(by_length.items()):
-        if length + max_new_tokens > max_seq_len and (objective == AUTOREGRESSIVE or plan.block_len is None):
+        if length + max_new_tokens > max_seq_len and (objective == AUTOREGRESSIVE or plan.block_len is None) \
+                and exported.spec.block_size is None:
             raise UserError(f"prompt {positions[0]} is {length} tokens: with max_new_tokens {max_new_tokens} it "
                             f"exceeds the network's max_seq_len {max_seq_len}"
                             + ("" if objective == AUTOREGRESSIVE else " (generate it in blocks: plan.block_len)"))
@@ -265,7 +269,9 @@ def _draw(exported: Exported, plan: SamplingPlan, batches: list[_Batch], objecti
     attention kernel), its blocks compiled as the plan's ``compile`` says."""
     target = resolve_device(device)
     network = exported.network.to(target).eval()
-    if should_compile(plan.compile, target, _network_tokens(plan, batches, objective)):
+    # A block diffusion's sampler runs its cache between the blocks' calls: not compiled.
+    if exported.spec.block_size is None and should_compile(plan.compile, target,
+                                                           _network_tokens(plan, batches, objective)):
         network.compile_parts()
     draw = _autoregressive_batch if objective == AUTOREGRESSIVE else _diffusion_batch
     samples = []
@@ -290,6 +296,15 @@ def _network_tokens(plan: SamplingPlan, batches: list[_Batch], objective: str) -
     return total
 
 
+def until_eos_plan(exported: Exported, plan: SamplingPlan) -> SamplingPlan:
+    """``plan`` stopping each sample at the tokenizer's EOS (``--until-eos``): block diffusion
+    exports only (a UserError naming the flag otherwise)."""
+    if exported.spec.block_size is None:
+        raise UserError("--until-eos needs a block diffusion export (model.block_size): this model samples the "
+                        "whole sequence at once")
+    return replace(plan, until_eos=exported.tokenizer.eos_id)
+
+
 def check_plan(exported: Exported, plan: SamplingPlan, *, seq_len: int | None = None,
                infill: str | None = None) -> str:
     """The export's objective, once ``plan`` (and ``seq_len``, ``infill``) fit it; else a UserError
@@ -308,6 +323,12 @@ def check_plan(exported: Exported, plan: SamplingPlan, *, seq_len: int | None = 
         exported.process(validate=False).sampler(plan.sampler)
     except ValueError as err:
         raise UserError(f"--sampler {plan.sampler}: {err}") from None
+    block_size = exported.spec.block_size
+    if block_size is not None:  # block diffusion: its own blocks, any length (model.sampling.blocks)
+        if plan.block_len is not None and plan.block_len != block_size:
+            raise UserError(f"--block-len {plan.block_len}: this block diffusion export samples in its own blocks "
+                            f"of {block_size} tokens; leave --block-len out")
+        return objective
     if plan.block_len is not None and plan.block_len > max_seq_len:
         raise UserError(f"--block-len {plan.block_len} exceeds the network's max_seq_len {max_seq_len}")
     if seq_len is not None and seq_len > max_seq_len and plan.block_len is None:

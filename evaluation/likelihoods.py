@@ -42,6 +42,12 @@ denoiser's one prediction at the state its sampler starts from at t = 1 (the con
 masked; uniform noise for the uniform process). A diffusion model's greedy decode depends on the
 order it unmasks in; this asks whether one pass predicts the whole continuation.
 
+**Block diffusion** (``model.block_size``): the same bound under the block factorization,
+continuation blocks scored given the clean context blocks before them (and the context
+tokens of their own block, visible); a row is filled up to whole blocks with EOS before its
+context (a document's start, never scored). ``is_greedy`` reads the one block-diffusion pass
+with the continuation masked.
+
 **Autoregressive models** are exact: the causal network reads [start, x, c without its last
 token] and -log p(c | x) sums its losses at c (standard error 0); ``is_greedy`` compares each
 token with the argmax before it, as lm-eval's HFLM does.
@@ -154,14 +160,22 @@ class ScoringModel:
     device: torch.device = torch.device("cpu")
     config: TransformerConfig | None = None   # for the capacity estimate; None: CPU_TOKENS_PER_BATCH
     kind: str = "absorbing"                   # model.process, for the capacity estimate
+    pad_id: int = 0                           # block diffusion: what fills a row up to whole blocks (EOS)
 
     @classmethod
     def of(cls, exported: Exported, device: torch.device) -> ScoringModel:
         """An export's process (with a learned schedule's theta) and network, moved to ``device``.
-        Its token ids are the tokenizer's own: no value checks (each a host sync)."""
+        Its token ids are the tokenizer's own: no value checks (each a host sync). A block
+        diffusion's rows are at most ``max_seq_len`` rounded down to whole blocks."""
         network = exported.network.to(device).eval()
-        return cls(exported.process(validate=False), network, network.config.max_seq_len, device,
-                   network.config, exported.spec.process)
+        block_size = exported.spec.block_size or 1
+        return cls(exported.process(validate=False), network, network.config.max_seq_len // block_size * block_size,
+                   device, network.config, exported.spec.process, exported.tokenizer.eos_id)
+
+    @property
+    def block_size(self) -> int:
+        """The block diffusion's L' (rows are whole blocks); 1 for every other model."""
+        return getattr(self.process, "block_size", 1)
 
     @property
     def exact(self) -> bool:
@@ -214,7 +228,16 @@ class _Row:
     dropped: int            # context tokens cut
 
 
-def _fit(context: Sequence[int], continuation: Sequence[int], max_seq_len: int) -> _Row:
+def _fit(context: Sequence[int], continuation: Sequence[int], max_seq_len: int, block_size: int = 1,
+         pad_id: int = 0) -> _Row:
+    """The row of one request. A block diffusion's row is whole blocks: ``pad_id`` (EOS, a
+    document's start) before the context fills it up; never scored, seen as clean context."""
+    row = _fit_row(context, continuation, max_seq_len)
+    padding = -len(row.tokens) % block_size
+    return _Row([pad_id] * padding + row.tokens, row.scored, row.dropped) if padding else row
+
+
+def _fit_row(context: Sequence[int], continuation: Sequence[int], max_seq_len: int) -> _Row:
     if not continuation:
         raise UserError("a request has an empty continuation: there is nothing to score")
     if len(continuation) > max_seq_len:
@@ -237,7 +260,8 @@ def _group_blocks(rows: list[_Row]) -> Blocks:
 def score_continuations(model: ScoringModel, pairs: Sequence[Pair], settings: ScoringSettings, *,
                         desc: str = "loglikelihood") -> list[Score]:
     """log p(continuation | context) of every pair, in order; see the module docstring."""
-    rows = [_fit(context, continuation, model.max_seq_len) for context, continuation in pairs]
+    rows = [_fit(context, continuation, model.max_seq_len, model.block_size, model.pad_id)
+            for context, continuation in pairs]
     contexts: dict[tuple[int, ...], int] = {}   # each distinct context's key
     keys = [contexts.setdefault(tuple(context), len(contexts)) for context, _ in pairs]
     groups: dict[int, list[int]] = {}
@@ -294,9 +318,11 @@ def _greedy_flags(model: ScoringModel, blocks: Blocks, rows: int, seed: int, pro
     """Whether the denoiser's argmax at the sampler's start state (t = 1) is every scored token."""
     process: DiffusionProcess = model.process
     generator = torch.Generator(device=model.device).manual_seed(seed)
-    denoiser = as_denoiser(model.network)
     flags: list[bool] = []
     for x0, scored in _batches(blocks, rows, model.device):
+        # a block diffusion's one pass: each block given the clean blocks before it
+        block_size = getattr(process, "block_size", None)
+        denoiser = as_denoiser(model.network if block_size is None else model.network.given_clean(x0, block_size))
         start = torch.where(scored, process.generate_id, x0)
         prior_tokens = getattr(process, "prior_tokens", None)   # uniform noise, for the uniform process
         if prior_tokens is not None:

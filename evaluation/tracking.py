@@ -12,9 +12,9 @@ The metrics (``eval/DATASET/nelbo_per_token``, ``perplexity_bound``, ``bits_per_
 ``eval/schedule/unmask_first``, ``unmask_last``; with samples
 ``eval/samples/mean_unigram_entropy``, ``eval/samples/mean_network_calls`` and, with a
 reference model, ``eval/samples/generative_perplexity``, and the sampling plan as the tags
-``eval/sampling/FIELD``, and a block diffusion's ``eval/block_size``: tags, because the training's run may be evaluated again with
-another plan and MLflow params never change) go to the training's own MLflow run when
-the export belongs to one, or, with a tracking URI, to a new run in the ``unmask-eval``
+``eval/sampling/FIELD``, and a block diffusion's ``eval/block_size``: tags, because the
+training's run may be evaluated again with another plan and MLflow params never change) go
+to the training's own MLflow run when the export belongs to one, or, with a tracking URI, to a new run in the ``unmask-eval``
 experiment tagged with the checkpoint.
 
 ``track_downstream`` logs ``unmask lm-eval``'s tasks to the same run (the same rules find it):

@@ -331,3 +331,90 @@ def test_generation_stops_at_eos():
             assert torch.equal(row, unstopped)
     with pytest.raises(ValueError, match="until_eos stops a block diffusion"):
         MaskedDiffusion(make_schedule("linear"), 11).sample(network, plan, num_samples=1, seq_len=8)
+
+
+# ------------------------------------------------------------------ lm-eval's loglikelihood
+@pytest.mark.parametrize("block_size", [1, 2])
+def test_continuations_are_scored_by_the_block_factorization(oracle, block_size):
+    """log p(c | x) of a block model: continuation blocks given the clean context blocks. With
+    exact conditionals the estimate is the table's log p(c | x) within its standard error; a
+    context that leaves a partial block is preceded by EOS (here token 0, scored by the table
+    as the first token of the row: the truth is log p(c | 0, x))."""
+    from evaluation.likelihoods import ScoringModel, ScoringSettings, score_continuations
+
+    process = BlockMaskedDiffusion(make_schedule("linear"), VOCAB, block_size)
+    model = ScoringModel(process, oracle, LENGTH, pad_id=0)
+    order = oracle.probs.argsort(descending=True)
+    x = oracle.sequences[order[[0, 7]]]
+    def log_conditional(row: torch.Tensor, given: int) -> float:
+        match = (oracle.sequences[:, :given] == row[:given]).all(-1)
+        return float(oracle.log_prob(row[None])[0] - oracle.probs[match].sum().log())
+
+    pairs, truths = [(x[0, :2].tolist(), x[0, 2:].tolist())], [log_conditional(x[0], 2)]
+    if block_size == 1:  # a context of one token, a continuation of three
+        pairs.append((x[1, :1].tolist(), x[1, 1:].tolist()))
+        truths.append(log_conditional(x[1], 1))
+    else:  # a context of one token and two to continue: one EOS (0) first to fill the blocks
+        pairs.append((x[1, 1:2].tolist(), x[1, 2:].tolist()))
+        truths.append(log_conditional(torch.cat([torch.tensor([0]), x[1, 1:]]), 2))
+    scores = score_continuations(model, pairs, ScoringSettings(samples=3000, seed=0, batch_rows=512))
+    for score, truth in zip(scores, truths):
+        assert abs(score.log_likelihood - truth) < Z_LIMIT * score.standard_error + 1e-3
+        assert score.standard_error < 0.1 * abs(truth)
+
+
+# ------------------------------------------------------------------ commands
+@pytest.fixture(scope="module")
+def block_export(tmp_path_factory, tinyshakespeare_shards):
+    """An untrained block diffusion export (blocks of 8, max_seq_len 64) over the shards' tokenizer."""
+    from data_prep.tokenizer import load_tokenizer
+    from tests.export_fixtures import write_untrained_export
+
+    tokenizer_dir = tinyshakespeare_shards / "tokenizer"
+    return write_untrained_export(tmp_path_factory.mktemp("bd3") / "export", load_tokenizer(tokenizer_dir),
+                                  tokenizer_dir, config={"block_size": 8}, max_seq_len=64)
+
+
+def test_unmask_sample_generates_past_the_context_and_stops_at_eos(block_export, tmp_path):
+    import json
+
+    from tests.cli_runner import unmask_in_process
+
+    out = tmp_path / "samples.jsonl"
+    assert unmask_in_process(["sample", str(block_export), "--num", "3", "--sampler", "first-hitting",
+                              "--seq-len", "150", "--until-eos", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [len(record["tokens"]) for record in records] == [150] * 3  # past max_seq_len 64
+    assert all(record["plan"]["until_eos"] is not None for record in records)
+    # a block export samples in its own blocks: another --block-len is refused in one line
+    assert unmask_in_process(["sample", str(block_export), "--num", "1", "--block-len", "4"]) == 2
+
+
+def test_complete_continues_prompts_of_any_length_with_the_block_sampler(block_export):
+    from evaluation.generation import complete
+    from pipeline.export import load_export
+
+    exported = load_export(block_export)
+    plan = SamplingPlan(sampler="ancestral", steps=4)
+    prompts = ["ROMEO:", "First Citizen: we are"]
+    samples = complete(exported, plan, prompts, max_new_tokens=70)  # past max_seq_len 64, not whole blocks
+    for prompt, sample in zip(prompts, samples):
+        encoded = exported.tokenizer.encode(prompt)
+        assert len(sample.tokens) == len(encoded) + 70 and sample.tokens[:len(encoded)] == encoded
+
+
+@pytest.mark.slow
+def test_unmask_eval_reports_the_block_bound_and_names_the_block_size(block_export, tinyshakespeare_shards,
+                                                                       tmp_path):
+    import json
+
+    from tests.cli_runner import unmask_in_process
+
+    out = tmp_path / "report"
+    assert unmask_in_process(["eval", str(block_export), "--datasets", "val", "--shards", str(tinyshakespeare_shards),
+                              "--max-documents", "10", "--samples", "2", "--batch-size", "8", "--num-samples", "2",
+                              "--sample-steps", "4", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["protocol"]["block_size"] == 8 and "blocks of 8 tokens" in results["protocol"]["bound"]
+    assert math.isfinite(results["datasets"]["val"]["nelbo_per_token"])
+    assert "block_size" in (out / "report.md").read_text()

@@ -118,15 +118,13 @@ def _context(window: int | None, block_size: int) -> int | None:
 def draw_blocks(process, sampler: Sampler, network, plan: SamplingPlan, *, num_samples: int, seq_len: int,
                 prompt: Tensor | None = None, generator: Generators = None, window: int | None = None,
                 device: torch.device | str | None = None, cache: bool = True) -> tuple[Tensor, SamplingStats]:
-    """Sample ``num_samples`` sequences of ``seq_len`` tokens (a multiple of the block size)
-    block by block (module docstring). ``process``: a ``BlockMaskedDiffusion``; ``network``:
+    """Sample ``num_samples`` sequences of ``seq_len`` tokens (any: a last partial block is
+    sampled whole and cut) block by block (module docstring). ``process``: a ``BlockMaskedDiffusion``; ``network``:
     a ``Transformer`` (its forward takes a ``layout``); the rest as ``model.sampling.draw``.
     ``cache`` False recomputes the finished blocks at every call."""
     block_size = process.block_size
     check_positive_int("num_samples", num_samples)
     check_positive_int("seq_len", seq_len)
-    if seq_len % block_size:
-        raise ValueError(f"seq_len {seq_len} must be a multiple of the block size {block_size}")
     if plan.block_len is not None and plan.block_len != block_size:
         raise ValueError(f"block_len {plan.block_len}: a block diffusion model samples in its own blocks of "
                          f"{block_size} tokens")
@@ -134,12 +132,14 @@ def draw_blocks(process, sampler: Sampler, network, plan: SamplingPlan, *, num_s
     device = torch.device(device) if device is not None else (
         prompt.device if prompt is not None else torch.device("cpu"))
     z = _initial_tokens(process, num_samples, seq_len, prompt, device)
+    # A last partial block is sampled whole and cut: dropping its last positions marginalizes them.
+    z = torch.cat([z, z.new_full((num_samples, -seq_len % block_size), process.generate_id)], dim=1)
     generator = sample_generators(plan.seed, range(num_samples)) if generator is None else generator
     block_network = BlockNetwork(network, block_size)
     block_network.cache = KVCache() if cache else None
     calls = _RowCalls(block_network, num_samples, process.vocab_size, static_shape=plan.static_shape)
     finished = torch.zeros(num_samples, dtype=torch.bool, device=device)
-    for start in range(0, seq_len, block_size):
+    for start in range(0, z.shape[1], block_size):
         end = start + block_size
         first = 0 if context is None else max(0, start - context)
         block_network.prefix = z[:, first:start]
@@ -154,9 +154,9 @@ def draw_blocks(process, sampler: Sampler, network, plan: SamplingPlan, *, num_s
             if bool(finished.all()):
                 z[:, end:][z[:, end:] == process.generate_id] = plan.until_eos
                 break
-        if cache and end < seq_len:
+        if cache and end < z.shape[1]:
             block_network.append(z[:, start:end], context)
-    return z, calls.stats(plan.steps)
+    return z[:, :seq_len], calls.stats(plan.steps)
 
 
 def _initial_tokens(process, num_samples: int, seq_len: int, prompt: Tensor | None, device: torch.device) -> Tensor:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from common.outputs import InputPath, check_output_file, write_output_file
-from evaluation.generation import DEFAULT_BATCH_SIZE, INFILL_SYNTAX, Sample, generate
+from evaluation.generation import DEFAULT_BATCH_SIZE, INFILL_SYNTAX, Sample, generate, until_eos_plan
 from evaluation.sample_quality import SampleQuality, check_reference, load_reference, score_samples
 from orchestration.commands.sampling_flags import SAMPLE_FLAGS, SAMPLER_HELP, add_sampling_arguments, plan_from_args
 from pipeline.export import export_files, load_export, resolve_export
@@ -48,6 +48,7 @@ examples:
   unmask sample runs/tiny-ar --num 8 --prompt "The" --seq-len 128 --out samples.jsonl
   unmask sample runs/tiny --num 16 --steps 1000 --reference runs/tiny-ar --out samples.jsonl
   unmask sample runs/small --num 16 --steps 1000 --reference ~/models/gpt2-large   # a HF model dir
+  unmask sample runs/bd3 --num 4 --steps 16 --seq-len 4096 --until-eos   # block diffusion: any length
 """
 
 
@@ -71,6 +72,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         check_reference(Path(args.reference))
     plan = plan_from_args(args, SAMPLE_FLAGS, args.seed)
     exported = load_export(resolve_export(Path(args.run_or_export)))
+    if args.until_eos:
+        plan = until_eos_plan(exported, plan)
     samples = generate(exported, plan, num=args.num, seq_len=args.seq_len, prompt=args.prompt, infill=args.infill,
                        batch_size=args.batch_size, device=args.device)
     reference = load_reference(Path(args.reference), device=args.device) if args.reference else None
@@ -117,6 +120,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     conditioning.add_argument("--prompt", metavar="TEXT", help="text to continue: kept at the start")
     conditioning.add_argument("--infill", metavar="TEMPLATE",
                               help=f"text with spans to fill: {INFILL_SYNTAX} (diffusion only)")
+    parser.add_argument("--until-eos", action="store_true",
+                        help="block diffusion exports: stop each sample after the block in which it generates "
+                             "the tokenizer's EOS (--seq-len is then the most tokens)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     parser.add_argument("--seq-len", type=int, metavar="L", help="sequence length in tokens (default: "
                         "the network's max_seq_len; longer needs --block-len)")
