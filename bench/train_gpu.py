@@ -30,6 +30,10 @@ an ``error`` instead. Variants, named BASE[+OPTION...]:
   +no-pin                          (pipeline only) the loader without pinned-memory prefetch
   +sync                            a .item() of the loss every step (a host-device sync, as a
                                    naive loop logs); the pipeline syncs only every logging.every steps
+  +bd3-4, +bd3-8, +bd3-16          block diffusion (model.block_size = 4, 8, 16): the forward over
+                                   [z ; x] under FlexAttention's block mask; the same tokens per step,
+                                   MFU on the work it does (pipeline.metrics.block_diffusion_flops_per_token):
+                                   compare its step time with the same variant without it
   pipeline-zero1+eager+unpadded+flash is the pipeline as it ran before these defaults (issue 24).
 
 Every variant trains with one micro-batch per optimizer step. Evaluation: per preset,
@@ -91,15 +95,18 @@ from pipeline.distributed import Distributed, init_distributed  # noqa: E402
 from pipeline.ema import EMA  # noqa: E402
 from pipeline.attention import attention_kernel  # noqa: E402
 from pipeline.engine import TrainingPlan, build_engine, build_optimizer, plan_training, prepare_model  # noqa: E402
-from pipeline.metrics import flops_per_token, mfu, peak_flops  # noqa: E402
+from pipeline.metrics import block_diffusion_flops_per_token, flops_per_token, mfu, peak_flops  # noqa: E402
 from pipeline.objective import MicroBatchSlot, make_objective, model_spec  # noqa: E402
 from pipeline.run_setup import network_config  # noqa: E402
 
 GPT2_BPE = SHARED_DATA / "gpt2-bpe"
 BASES = {"pipeline-zero1": 1, "pipeline-zero2": 2, "torch": None}
 ATTENTION_OPTIONS = {"cudnn": "cudnn", "flash": "flash", "efficient": "efficient", "math-attention": "math"}
+# Block diffusion (BD3-LM) at block size L': +bd3-4, +bd3-16 (model.block_size; FlexAttention
+# on GPU, train.block_attention auto), MFU on the work it does (block_diffusion_flops_per_token).
+BD3_OPTIONS = {"bd3-4": 4, "bd3-8": 8, "bd3-16": 16}
 OPTIONS = ("compile", "eager", "unpadded", *ATTENTION_OPTIONS, "chunked-ce", "checkpointing", "full-logits",
-           "foreach-adamw", "no-pin", "sync")
+           "foreach-adamw", "no-pin", "sync", *BD3_OPTIONS)
 TORCH_ONLY = ("full-logits", "foreach-adamw")
 PIPELINE_ONLY = ("no-pin",)
 BEFORE = "pipeline-zero1+eager+unpadded+flash"   # the pipeline's defaults before issue 24
@@ -138,7 +145,14 @@ class Variant:
             "data.num_workers": str(num_workers)}
         if "unpadded" in self.options:
             overrides["model.vocab_multiple"] = "1"
+        if self.block_size is not None:
+            overrides["model.block_size"] = str(self.block_size)
         return load_config(None, overrides)
+
+    @property
+    def block_size(self) -> int | None:
+        """Block diffusion's L' (a +bd3-N option), or None: MDLM."""
+        return next((BD3_OPTIONS[o] for o in BD3_OPTIONS if o in self.options), None)
 
 
 def parse_variant(name: str) -> Variant:
@@ -153,7 +167,8 @@ def parse_variant(name: str) -> Variant:
         if (option in TORCH_ONLY and BASES[base] is not None) or (option in PIPELINE_ONLY and BASES[base] is None):
             where = "torch loop" if option in TORCH_ONLY else "pipeline bases"
             raise SystemExit(f"--variants {name}: {option} applies to the {where} only")
-    if {"compile", "eager"} <= set(options) or len(set(options) & set(ATTENTION_OPTIONS)) > 1:
+    if ({"compile", "eager"} <= set(options) or len(set(options) & set(ATTENTION_OPTIONS)) > 1
+            or len(set(options) & set(BD3_OPTIONS)) > 1):
         raise SystemExit(f"--variants {name}: contradictory options")
     return Variant(name, BASES[base], frozenset(options))
 
@@ -185,11 +200,18 @@ def _plan(config: Config, network: TransformerConfig, variant: Variant, dist: Di
                                activation_checkpointing=config.train.activation_checkpointing is True)
 
 
+def _model(network: TransformerConfig, plan: TrainingPlan) -> Transformer:
+    """A fresh network with the plan's block-diffusion mask (FlexAttention or dense), as the trainer builds it."""
+    model = Transformer(network)
+    model.block_attention = plan.block_attention
+    return model
+
+
 def _pipeline_step(config: Config, network: TransformerConfig, plan: TrainingPlan, variant: Variant, data: Path,
                    dist: Distributed) -> tuple[StepFn, Callable[[], None]]:
     """A step of the pipeline's engine, objective and EMA on the real loader; and its teardown."""
     torch.manual_seed(config.train.seed)
-    engine = build_engine(Transformer(network).to(dist.device), plan, config.optim, config.train.max_steps,
+    engine = build_engine(_model(network, plan).to(dist.device), plan, config.optim, config.train.max_steps,
                           dist.device)
     ema = EMA(engine.module, config.train.ema_decay, warmup=config.train.ema_warmup)
     objective = make_objective(model_spec(config.model, network), validate=dist.device.type == "cpu",
@@ -223,7 +245,7 @@ def _torch_step(config: Config, network: TransformerConfig, plan: TrainingPlan, 
                 device: torch.device) -> tuple[StepFn, Callable[[], None]]:
     """A step of a plain PyTorch loop on random tokens; and its (empty) teardown."""
     torch.manual_seed(config.train.seed)
-    model = Transformer(network).to(device)
+    model = _model(network, plan).to(device)
     prepare_model(model, checkpointing=plan.activation_checkpointing, compile=plan.compile)
     optimizer = build_optimizer(model, config.optim, device,
                                 fused=device.type == "cuda" and "foreach-adamw" not in variant.options)
@@ -307,8 +329,10 @@ def measure_training(args: argparse.Namespace, preset: str, micro_batch: int, va
     except torch.OutOfMemoryError:
         return {**row, "error": "out of memory"}
     tokens_per_s = micro_batch * manifest.seq_len / step_time
-    return {**row, "step_time_s": step_time, "tokens_per_s": tokens_per_s,
-            "mfu": mfu(tokens_per_s, flops_per_token(network, manifest.seq_len), peak_flops(device), 1),
+    work = (flops_per_token(network, manifest.seq_len) if variant.block_size is None
+            else block_diffusion_flops_per_token(network, manifest.seq_len, variant.block_size))
+    return {**row, "step_time_s": step_time, "tokens_per_s": tokens_per_s, "block_size": variant.block_size,
+            "mfu": mfu(tokens_per_s, work, peak_flops(device), 1),
             "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             "loader_wait_share": None if variant.zero_stage is None else wait_share,
             "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KIB}

@@ -7,7 +7,8 @@ PaLM and nanoGPT papers for a transformer with full attention:
 
 N counts every parameter once (the tied output head included: its matmul is real work).
 The training loss computes logits only at masked positions, so the work actually done is
-a little less than the formula; MFU by convention credits the full model.
+a little less than the formula; MFU by convention credits the full model. Block diffusion's
+step does more work per token (a forward over 2L rows): ``block_diffusion_flops_per_token``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from model.transformer import TransformerConfig, parameter_counts
 
-__all__ = ["flops_per_token", "peak_flops", "mfu", "PEAK_BF16_FLOPS"]
+__all__ = ["block_diffusion_flops_per_token", "flops_per_token", "peak_flops", "mfu", "PEAK_BF16_FLOPS"]
 
 # Dense bf16 tensor-core peaks (no sparsity), FLOP/s, from the vendors' data sheets.
 PEAK_BF16_FLOPS = {
@@ -33,6 +34,20 @@ def flops_per_token(config: TransformerConfig, seq_len: int) -> float:
     of ``vocab_multiple`` are work the model does not need, so MFU does not credit them."""
     n = parameter_counts(replace(config, vocab_multiple=1)).total
     return 6.0 * n + 12.0 * config.n_layers * config.d_model * seq_len
+
+
+def block_diffusion_flops_per_token(config: TransformerConfig, seq_len: int, block_size: int) -> float:
+    """Training FLOPs per token of block diffusion, counted on the work it does: its forward runs
+    2L rows, [z ; x]. The noisy half is credited as MDLM's (``flops_per_token``); the clean half
+    runs every matmul but the head's (no logits there); attention, with the block mask's empty
+    tiles skipped, gives query b of a noisy block b L' + L' keys and of a clean block (b + 1) L':
+    on average L / 2 + L' keys for each of 2L rows, 12 x layers x d_model x (L + 2 L') per token
+    (MDLM's full attention: 12 x layers x d_model x L)."""
+    unpadded = replace(config, vocab_multiple=1)
+    n = parameter_counts(unpadded).total
+    head = config.vocab_size * config.d_model
+    attention = 12.0 * config.n_layers * config.d_model
+    return 6.0 * n + 6.0 * (n - head) + attention * (seq_len + 2 * block_size)
 
 
 def peak_flops(device: torch.device) -> float | None:

@@ -46,7 +46,7 @@ from pipeline.distributed import Distributed, init_distributed
 from pipeline.ema import EMA
 from pipeline.engine import TrainingPlan, build_engine, deepspeed_config, plan_training
 from pipeline.hooks import TrainHooks
-from pipeline.metrics import flops_per_token, mfu, peak_flops
+from pipeline.metrics import block_diffusion_flops_per_token, flops_per_token, mfu, peak_flops
 from pipeline.objective import NATS_PER_BIT, MicroBatchSlot, make_objective, model_spec
 from pipeline.run_layout import RUN_KIND, RunLayout, training_data
 from pipeline.run_lock import RunLock
@@ -147,7 +147,9 @@ class Trainer:
         # The last step whose records (metrics.jsonl, MLflow) stand: the checkpoint resumed
         # from, or NOTHING_KEPT from scratch, where even step 0's validation is logged again.
         self.resume_point = NOTHING_KEPT
-        self.flops_per_token = flops_per_token(self.network_config, self.manifest.seq_len)
+        block_size = config.model.block_size
+        self.flops_per_token = (flops_per_token(self.network_config, self.manifest.seq_len) if block_size is None else
+                                block_diffusion_flops_per_token(self.network_config, self.manifest.seq_len, block_size))
         self.peak = peak_flops(dist.device)
 
     def _loaders(self) -> tuple[StreamingLoader, StreamingLoader]:

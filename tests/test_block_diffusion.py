@@ -418,3 +418,22 @@ def test_unmask_eval_reports_the_block_bound_and_names_the_block_size(block_expo
     assert results["protocol"]["block_size"] == 8 and "blocks of 8 tokens" in results["protocol"]["bound"]
     assert math.isfinite(results["datasets"]["val"]["nelbo_per_token"])
     assert "block_size" in (out / "report.md").read_text()
+
+
+def test_an_evaluation_length_that_cuts_a_block_is_refused_in_one_line(block_export, tinyshakespeare_shards, capsys):
+    from tests.cli_runner import unmask_in_process
+
+    assert unmask_in_process(["eval", str(block_export), "--datasets", "val", "--shards", str(tinyshakespeare_shards),
+                              "--seq-len", "60", "--out", "unused"]) == 2
+    assert "--seq-len 60: the model is a block diffusion over blocks of 8 tokens" in capsys.readouterr().err
+
+
+def test_block_diffusion_flops_count_the_clean_half_without_its_head():
+    from pipeline.metrics import block_diffusion_flops_per_token, flops_per_token
+
+    config = TransformerConfig(vocab_size=1000, n_layers=2, d_model=64, n_heads=4, max_seq_len=128)
+    mdlm = flops_per_token(config, 128)
+    attention_per_key = 12 * 2 * 64
+    head = 1000 * 64
+    n = (mdlm - attention_per_key * 128) / 6
+    assert block_diffusion_flops_per_token(config, 128, 16) == 6 * n + 6 * (n - head) + attention_per_key * (128 + 32)

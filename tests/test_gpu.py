@@ -5,7 +5,8 @@ attention kernel, NCCL, ``train.compile`` with Triton kernels, and the evaluatio
 under bf16 against float32 on the same weights; and the defaults of issue 24: compile "auto"
 (blocks, head and loss, a bounded number of graphs), the attention kernels SDPA offers here
 (cuDNN, flash) and "auto"'s choice, the padded vocabulary under bf16, the host syncs of a
-training micro-step, sampling under bf16. ``make gpu-check`` runs these and the GPU benchmark in one command;
+training micro-step, sampling under bf16; block diffusion's FlexAttention training step and its
+KV-cache sampler. ``make gpu-check`` runs these and the GPU benchmark in one command;
 ``bench/gpu_check.sh`` runs them on a lent device (README: Performance).
 """
 
@@ -238,3 +239,18 @@ def test_block_diffusion_trains_with_flexattention_and_matches_the_dense_mask():
     assert torch.isfinite(losses["flex"])
     torch.testing.assert_close(losses["flex"], losses["dense"], rtol=BF16_LOSS_RTOL, atol=0)
     assert torch.nn.functional.cosine_similarity(grads["flex"].flatten(), grads["dense"].flatten(), dim=0) > 0.99
+
+
+def test_block_diffusion_samples_with_its_kv_cache_under_bf16():
+    """BD3-LM's sampler as `unmask sample` runs it on a GPU: inference mode, bf16, the KV cache of
+    finished blocks; first-hitting makes one call per token, past the network's context too."""
+    from model.block_diffusion import BlockMaskedDiffusion
+
+    network, device, samples, length = _network().eval(), torch.device("cuda"), 4, LENGTH + 64
+    process = BlockMaskedDiffusion(make_schedule("linear"), VOCAB, 16, validate=False)
+    plan = SamplingPlan(sampler="first-hitting", seed=0)
+    with torch.inference_mode(), inference_mode(network, device):
+        tokens, stats = process.sample(network, plan, num_samples=samples, seq_len=length, window=LENGTH,
+                                       generator=sample_generators(plan.seed, range(samples)), device=device)
+    assert tokens.shape == (samples, length) and 0 <= int(tokens.min()) and int(tokens.max()) < VOCAB
+    assert list(stats.row_calls) == [length] * samples
