@@ -336,6 +336,12 @@ class Transformer(nn.Module, Denoiser):
 
     ``compile_parts`` compiles what carries the FLOPs: each block, and the head with its loss.
 
+    Block diffusion (``model.block_diffusion``): with ``clean`` (x0 [B, L]) and ``block_size``
+    the forward runs over [z ; x0] (2L rows) under the block mask and returns the noisy half's
+    outputs (``given_clean`` wraps it as a denoiser); ``block_attention`` picks the mask's form,
+    "dense" (SDPA) or "flex" (FlexAttention). ``layout`` (``model.block_attention.AttentionLayout``)
+    sets the rows' positions, a mask and a KV cache directly: the block sampler's calls.
+
     As a ``Denoiser``: ``logits``, ``logits_at`` and ``nll_at`` are these three calls of
     ``forward``, and it is ``time_independent`` without time conditioning.
     """
