@@ -260,3 +260,19 @@ def test_a_model_shorter_than_mdlms_blocks_needs_a_seq_len(gpt2_export, tmp_path
                               "--protocol", "mdlm", "--max-documents", "5", "--out", str(tmp_path / "r")]) == 2
     assert ("--protocol mdlm (blocks of 1024 tokens) exceeds the model's max_seq_len 128: give a --seq-len"
             in capsys.readouterr().err)
+
+
+@pytest.mark.slow
+@needs_data
+def test_a_block_diffusion_export_is_evaluated_under_the_mdlm_protocol(gpt2, tmp_path):
+    """``--protocol mdlm`` for a block model (block size 8): MDLM's blocks, scored by the block
+    bound, the block size recorded with the protocol."""
+    export_dir = write_untrained_export(tmp_path / "bd3", gpt2, GPT2, config={"block_size": 8}, max_seq_len=128)
+    out = tmp_path / "report"
+    argv = ["eval", str(export_dir), "--datasets", "ptb", "--data-dir", str(SHARED), "--protocol", "mdlm",
+            "--seq-len", str(QUICK_BLOCK_LENGTH), "--max-documents", "10", "--samples", "2", "--batch-size", "8",
+            "--out", str(out)]
+    assert unmask_in_process(argv) == 0
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert results["protocol"]["name"] == "mdlm" and results["protocol"]["block_size"] == 8
+    assert results["datasets"]["ptb"]["num_tokens"] == mdlm_blocks(mdlm_rows("ptb")[:10], QUICK_BLOCK_LENGTH).numel()
