@@ -77,6 +77,7 @@ class TrainState:
     skipped_steps: int = 0         # steps whose gradients were not finite
     consecutive_skipped: int = 0
     loader: dict | None = None     # StreamingLoader.state_dict() (the same on every rank)
+    block_mask_rate: list[float] | None = None  # the interval train.block_mask_rate_search chose last
 
 
 @dataclass(frozen=True)

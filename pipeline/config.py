@@ -131,6 +131,10 @@ class TrainSection:
     # paper's clipped schedule, less variance); evaluation and validation always bound over the
     # full t in (0, 1]. [0, 1]: no clipping.
     block_mask_rate: tuple[float, float] = (0.0, 1.0)
+    # Block diffusion: at every validation, train on the [beta, omega] of least clipped-loss
+    # variance on the validation batches (pipeline.mask_rate_search; block_mask_rate is the
+    # first interval). Costs 25 validations' forwards per validation.
+    block_mask_rate_search: bool = False
     # Rows per chunk of the output head + cross-entropy (model.cross_entropy): bounds the loss's
     # memory by rows x vocabulary instead of masked tokens x vocabulary; 0: all rows at once.
     chunked_cross_entropy: int = 0
@@ -238,6 +242,10 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
          "must be [beta, omega] with 0 <= beta < omega <= 1"),
         ("train.block_mask_rate", m.block_size is not None or tuple(t.block_mask_rate) == (0.0, 1.0),
          "clips block diffusion's masking rates: set model.block_size, or leave it [0, 1]"),
+        ("train.block_mask_rate_search", m.block_size is not None or not t.block_mask_rate_search,
+         "searches block diffusion's masking-rate interval: set model.block_size, or leave it false"),
+        ("train.block_mask_rate_search", not t.block_mask_rate_search or c.eval.every > 0,
+         "runs at every validation: set eval.every > 0"),
         ("data.num_workers", c.data.num_workers >= 0, "must be >= 0"),
         ("optim.lr", o.lr > 0 and math.isfinite(o.lr), "must be a positive number"),
         ("optim.betas", all(0.0 <= b < 1.0 for b in o.betas), "both must lie in [0, 1)"),

@@ -22,6 +22,7 @@ import signal
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
+from itertools import islice
 from pathlib import Path
 from typing import Iterator
 
@@ -46,6 +47,7 @@ from pipeline.distributed import Distributed, init_distributed
 from pipeline.ema import EMA
 from pipeline.engine import TrainingPlan, build_engine, deepspeed_config, plan_training
 from pipeline.hooks import TrainHooks
+from pipeline.mask_rate_search import interval_variances, least_variance
 from pipeline.metrics import block_diffusion_flops_per_token, flops_per_token, mfu, peak_flops
 from pipeline.objective import NATS_PER_BIT, MicroBatchSlot, make_objective, model_spec
 from pipeline.run_layout import RUN_KIND, RunLayout, training_data
@@ -185,6 +187,8 @@ class Trainer:
         saved = self._check_compatible(intact, allow_config_change)
         self.checkpoints.load(self.engine, self.ema, intact)
         self.state = replace(saved.state)
+        if self.state.block_mask_rate is not None:  # the interval the last search chose
+            self.objective.mask_rate = tuple(self.state.block_mask_rate)
         # A position in global batches: the same on every rank, and on any number of ranks.
         self.train_loader.load_state_dict(self.state.loader)
         self.resume_point = self.state.step
@@ -438,7 +442,32 @@ class Trainer:
             self._record(result.metrics(), self.state.step)
             log.info("step %d validation (EMA weights): %.4f nats/token, perplexity <= %.2f, %.4f bits/byte",
                      self.state.step, result.nelbo_per_token, result.perplexity_bound, result.bits_per_byte)
+        if self.config.train.block_mask_rate_search:
+            self._search_mask_rate()
         return result
+
+    def _search_mask_rate(self) -> None:
+        """Train on the masking-rate interval of least clipped-loss variance on the validation
+        batches (``pipeline.mask_rate_search``), logged and kept in the checkpoint."""
+        loader, wanted = self.val_loader, self.config.eval.batches
+        count = len(loader) if wanted is None else min(wanted, len(loader))
+        loader.rewind()
+        batches = [x0.to(self.dist.device) for x0 in islice(loader, count)]
+        self.engine.eval()
+        try:
+            with self.ema.applied():
+                records = interval_variances(self.objective, self.engine, batches, self.config.eval.seed,
+                                             self.dist.rank, self.dist.world_size, self.dist.sum)
+        finally:
+            self.engine.train()
+        best = least_variance(records)
+        self.objective.mask_rate = best.interval
+        self.state.block_mask_rate = list(best.interval)
+        if self.dist.is_main:
+            self._record({"val/block_mask_rate_beta": best.interval[0], "val/block_mask_rate_omega": best.interval[1],
+                          "val/block_mask_rate_loss_variance": best.variance}, self.state.step)
+            log.info("step %d: training on masking rates in [%g, %g] (clipped-loss variance %.4g, least of %d)",
+                     self.state.step, *best.interval, best.variance, len(records))
 
     def _save(self) -> None:
         self.state.loader = self.train_loader.state_dict()

@@ -205,18 +205,27 @@ def test_block_diffusion_is_refused_where_the_math_is_not_carried_over():
 
 @pytest.mark.slow
 def test_a_block_diffusion_run_trains_and_its_export_reproduces_validation(tmp_path, tinyshakespeare_shards):
-    """A real run (DeepSpeed on CPU) with block size 16 and clipped training rates: the export
-    records the block size, and its process scores the validation batches to the logged number
-    (the full bound: validation ignores the clipping)."""
+    """A real run (DeepSpeed on CPU) with block size 16, clipped training rates and their
+    interval search: the export records the block size, and its process scores the validation
+    batches to the logged number (the full bound: validation ignores the clipping)."""
+    import json
+
     from data_prep.loader import StreamingLoader
     from pipeline.export import export, load_export
     from pipeline.objective import MicroBatchSlot, make_objective
     from tests.train_helpers import run_train, write_config
 
     config = write_config(tmp_path / "c.yaml", {"model": {"block_size": 16},
-                                                "train": {"block_mask_rate": [0.3, 0.8], "max_steps": 3}})
+                                                "train": {"block_mask_rate": [0.3, 0.8], "max_steps": 3,
+                                                          "block_mask_rate_search": True}})
     run = run_train(tmp_path / "run", tinyshakespeare_shards, config)
     assert all(math.isfinite(v) for v in run.losses().values())
+    # the interval search ran at both validations, and the checkpoint keeps its last choice
+    searched = {m["step"]: (m["val/block_mask_rate_beta"], m["val/block_mask_rate_omega"])
+                for m in run.metrics() if "val/block_mask_rate_beta" in m}
+    assert sorted(searched) == [0, 3] and all(beta < omega for beta, omega in searched.values())
+    state = json.loads((run.run_dir / "checkpoints" / "step-00000003" / "unmask_state.json").read_text())
+    assert tuple(state["block_mask_rate"]) == searched[3]
     exported = load_export(export(run.run_dir))
     assert exported.config["block_size"] == 16 and exported.spec.block_size == 16
     objective = make_objective(exported.spec, validate=True)
@@ -437,3 +446,28 @@ def test_block_diffusion_flops_count_the_clean_half_without_its_head():
     head = 1000 * 64
     n = (mdlm - attention_per_key * 128) / 6
     assert block_diffusion_flops_per_token(config, 128, 16) == 6 * n + 6 * (n - head) + attention_per_key * (128 + 32)
+
+
+@torch.no_grad()
+def test_the_interval_search_picks_the_least_variance_of_the_clipped_loss():
+    from pipeline.mask_rate_search import interval_variances, least_variance
+    from pipeline.objective import MicroBatchSlot, row_generators
+
+    objective, network = _objective_and_network()
+    batches = [torch.randint(0, 11, (6, 16), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    candidates = ((0.0, 1.0), (0.3, 0.8), (0.45, 0.95))
+    records = interval_variances(objective, network, batches, 5, 0, 1, list, candidates)
+    assert [r.interval for r in records] == list(candidates) and all(r.sequences == 12 for r in records)
+    # the clipped loss of (0.3, 0.8) by hand: the same slots, times clipped, per sequence per token
+    clipped, _ = _objective_and_network(mask_rate=(0.3, 0.8))
+    values = []
+    for i, x0 in enumerate(batches):
+        slot = MicroBatchSlot(seed=5, step=i, rank=0, world_size=1, micro=0, micro_batches=1)
+        times = clipped._block_times(x0, slot, clip=True)
+        values.append(clipped.diffusion.nelbo(network, x0, times, row_generators(x0.device, slot, 6),
+                                              reconstruction="uniform") / 16)
+    values = torch.cat(values)
+    assert records[1].mean == pytest.approx(float(values.mean()), rel=1e-9)
+    assert records[1].variance == pytest.approx(float(values.var()), rel=1e-6)
+    assert least_variance(records) == min(records, key=lambda r: r.variance)
+    assert records[0].variance > min(r.variance for r in records[1:])  # clipping 1/t's tail lowers it
