@@ -217,7 +217,10 @@ def evaluate_dataset(name: str, exported: Exported, config: EvalConfig, *, devic
     network = exported.network.to(device)
     batch_size = config.batch_size or default_batch_size(network.config, seq_len, device)
     common = dict(batch_size=batch_size, device=device, rank=rank, world_size=world_size)
-    if should_compile(config.compile, device, _scored_tokens(blocks, config, world_size)):
+    # A block diffusion model is evaluated uncompiled: its compiled blocks with FlexAttention's
+    # mask, then its KV-cache sampler, have not run on a GPU yet.
+    if exported.spec.block_size is None and should_compile(config.compile, device,
+                                                           _scored_tokens(blocks, config, world_size)):
         network.compile_parts()
     with inference_mode(network, device):
         return _estimate(record, blocks, utf8_bytes, exported, network, config, common, all_reduce)
