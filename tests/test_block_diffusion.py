@@ -414,19 +414,24 @@ def test_complete_continues_prompts_of_any_length_with_the_block_sampler(block_e
 
 @pytest.mark.slow
 def test_unmask_eval_reports_the_block_bound_and_names_the_block_size(block_export, tinyshakespeare_shards,
-                                                                       tmp_path):
+                                                                       tmp_path, mlflow_server):
     import json
+
+    from mlflow import MlflowClient
 
     from tests.cli_runner import unmask_in_process
 
     out = tmp_path / "report"
     assert unmask_in_process(["eval", str(block_export), "--datasets", "val", "--shards", str(tinyshakespeare_shards),
                               "--max-documents", "10", "--samples", "2", "--batch-size", "8", "--num-samples", "2",
-                              "--sample-steps", "4", "--out", str(out)]) == 0
+                              "--sample-steps", "4", "--mlflow-uri", mlflow_server, "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["protocol"]["block_size"] == 8 and "blocks of 8 tokens" in results["protocol"]["bound"]
     assert math.isfinite(results["datasets"]["val"]["nelbo_per_token"])
+    assert len(results["samples"]) == 2  # drawn by the block sampler
     assert "block_size" in (out / "report.md").read_text()
+    tags = MlflowClient(mlflow_server).get_run(results["mlflow"]["run_id"]).data.tags
+    assert tags["eval/block_size"] == "8"
 
 
 def test_an_evaluation_length_that_cuts_a_block_is_refused_in_one_line(block_export, tinyshakespeare_shards, capsys):
