@@ -237,6 +237,8 @@ class StreamingLoader:
         self.epoch, self.batches = 0, 0
 
     def state_dict(self) -> dict:
+        """Where the stream stands (epoch, batches consumed) and what it reads, for
+        ``load_state_dict``."""
         plan = self.plan
         global_batches, micro_batches = divmod(self.batches, plan.micro_batches)
         return {"epoch": self.epoch, "global_batches": global_batches, "micro_batches": micro_batches,

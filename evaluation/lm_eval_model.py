@@ -141,6 +141,7 @@ class UnmaskLM(TemplateLM):
         return self.model.max_seq_len
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        """The ids of ``string`` under the model's tokenizer, no special tokens added."""
         return self.exported.tokenizer.encode(string)
 
     def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
@@ -150,6 +151,8 @@ class UnmaskLM(TemplateLM):
 
     # ------------------------------------------------------------------ the requests
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """lm-eval's ``loglikelihood``: per request, the conditional ELBO of the continuation given the
+        context, and whether the continuation is the greedy answer."""
         pairs = [self._encode(*request.args) for request in requests]
         for request, (_, continuation) in zip(requests, pairs):
             if len(continuation) > self.model.max_seq_len:
@@ -162,6 +165,8 @@ class UnmaskLM(TemplateLM):
         return [(score.log_likelihood, score.is_greedy) for score in scores]
 
     def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
+        """lm-eval's ``loglikelihood_rolling``: per document, minus ``unmask eval``'s bound on its
+        tokens and an EOS."""
         tokenizer = self.exported.tokenizer
         documents = [self.tok_encode(request.args[0]) for request in requests]
         pad = tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.eos_id
@@ -171,6 +176,8 @@ class UnmaskLM(TemplateLM):
         return [score.log_likelihood for score in scores]
 
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
+        """lm-eval's ``generate_until``: per request, a continuation sampled with the context as
+        prompt, cut at the first stop sequence."""
         with progress_bar(requests, desc="generate_until", unit="request", disable=disable_tqdm) as bar:
             return [self._generate(context, gen_kwargs, index) for index, (context, gen_kwargs) in
                     enumerate(request.args for request in bar)]

@@ -139,12 +139,14 @@ class EvalSection:
 
 @dataclass(frozen=True)
 class CheckpointSection:
+    """When checkpoints are written, and how many are kept."""
     every: int = field(default=1000, metadata=RESUME_SAFE)   # steps; also at the end and on SIGTERM
     keep_last: int = field(default=3, metadata=RESUME_SAFE)   # older checkpoints are deleted
 
 
 @dataclass(frozen=True)
 class LoggingSection:
+    """Where and how often metrics go: the log, the progress bar, MLflow."""
     every: int = field(default=10, metadata=RESUME_SAFE)     # steps between metric logs
     mlflow_uri: str | None = field(default=None, metadata=RESUME_SAFE)  # None: $MLFLOW_TRACKING_URI or the shared store
     experiment: str = field(default="unmask", metadata=RESUME_SAFE)   # MLflow experiment name
@@ -158,6 +160,7 @@ class LoggingSection:
 
 @dataclass(frozen=True)
 class Config:
+    """The whole configuration of a run: one typed section per component."""
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     optim: OptimSection = field(default_factory=OptimSection)
@@ -172,6 +175,7 @@ class Config:
                          for k, v in vars(getattr(self, f.name)).items()} for f in fields(self)}
 
     def sha256(self) -> str:
+        """The hash of the resolved config, as checkpoints record it."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
 
     def validate(self) -> "Config":

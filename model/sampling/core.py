@@ -202,5 +202,6 @@ class NetworkCalls:
         return logits
 
     def stats(self, steps: int | None) -> SamplingStats:
+        """The counts so far as ``SamplingStats`` of a run with ``steps`` steps."""
         return SamplingStats(steps=steps, network_calls=self.calls, rows_evaluated=self.rows_evaluated,
                              row_calls=tuple(self.row_calls.tolist()))
