@@ -42,16 +42,15 @@ def _public_members(obj):
             yield from _public_members(member)
 
 
-def undocumented(modules: list[str]) -> list[str]:
-    """The public functions, classes and methods of ``modules`` that have no docstring."""
+def undocumented(modules: list[str], search_path: Path = REPO) -> list[str]:
+    """The public functions, classes and methods of ``modules`` (found under ``search_path``)
+    that have no docstring."""
     import griffe
 
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
     # An override of a documented method inherits its docstring, as on the API pages (the same
     # extension runs there: mkdocs.yml).
     extensions = griffe.load_extensions("griffe_inherited_docstrings")
-    loader = griffe.GriffeLoader(search_paths=[str(REPO)], allow_inspection=False, extensions=extensions)
+    loader = griffe.GriffeLoader(search_paths=[str(search_path)], allow_inspection=False, extensions=extensions)
     for name in modules:
         loader.load(name)
     loader.resolve_aliases(external=False)
@@ -66,11 +65,12 @@ def stale_config_reference() -> str | None:
     """Why the config reference of the training page is not what the code generates, or None."""
     from pipeline.config_reference import reference_markdown
 
+    page = CONFIG_PAGE.relative_to(REPO) if CONFIG_PAGE.is_relative_to(REPO) else CONFIG_PAGE
     match = _REFERENCE.search(CONFIG_PAGE.read_text())
     if not match:
-        return f"{CONFIG_PAGE.relative_to(REPO)} lost its config-reference markers"
+        return f"{page} lost its config-reference markers"
     if match.group(1) != reference_markdown():
-        return (f"{CONFIG_PAGE.relative_to(REPO)}: the config reference differs from pipeline/config.py; "
+        return (f"{page}: the config reference differs from pipeline/config.py; "
                 "regenerate it: python -m pipeline.config_reference --write")
     return None
 
