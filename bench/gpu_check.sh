@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue 24, in one call on a lent device (README: Performance), most valuable
+# The GPU check of issue 24, in one call on a lent device (docs/performance.md), most valuable
 # step first, each under its own timeout, every log and JSON line written under $OUT as it
 # comes (what is there comes back even when the call is cut):
 #

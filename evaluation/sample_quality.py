@@ -160,7 +160,7 @@ def _load_huggingface(path: Path, device: torch.device) -> HuggingFaceReference:
         raise UserError(f"--reference {path} is a Hugging Face model directory: install transformers to use it "
                         f"({_HF_INSTALL})") from None
     try:
-        # Local files only, safetensors only, no code from the directory (README: Security).
+        # Local files only, safetensors only, no code from the directory (docs/security.md).
         model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True,
                                                                   trust_remote_code=False)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
@@ -190,7 +190,7 @@ def check_reference(path: Path) -> None:
                             f"({_HF_INSTALL})")
         if not any(path.glob(_HF_WEIGHTS)):
             raise UserError(f"--reference {path}: a Hugging Face model directory without {_HF_WEIGHTS} weights "
-                            f"(only safetensors are loaded: README, Security); give {_REFERENCES}")
+                            f"(only safetensors are loaded: docs/security.md); give {_REFERENCES}")
         return
     try:
         export_dir = resolve_export(path)

@@ -40,7 +40,7 @@ class Denoiser(ABC):
     """A network predicting the clean tokens of z_t; see the module docstring.
 
     Calling a denoiser, ``denoiser(z_t, t)``, returns ``logits(z_t, t)``, so every
-    denoiser is also the plain function of the README's contract.
+    denoiser is also the plain function of the manual's contract (docs/model-api.md).
     """
 
     @abstractmethod

@@ -390,7 +390,7 @@ def _warn_empty(path: Path) -> None:
     logging.getLogger("unmask.config").warning(
         "warning: %s holds no settings (empty, or only comments): every field keeps its default, "
         "including train.max_steps = %d, train.global_batch_size = %d and model.preset = %r; "
-        "write the fields to change into it (README: the config reference)",
+        "write the fields to change into it (docs/training.md: the config reference)",
         path, defaults.train.max_steps, defaults.train.global_batch_size, defaults.model.preset)
 
 

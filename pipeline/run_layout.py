@@ -1,4 +1,4 @@
-"""Every file and folder of a run directory, named in one place (README: "Run directory").
+"""Every file and folder of a run directory, named in one place (docs/training.md: "Run directory").
 
 A run directory is what ``unmask train`` writes, what ``unmask export`` and ``unmask eval``
 add to, and what ``unmask run`` fills stage by stage:

@@ -6,7 +6,7 @@ under bf16 against float32 on the same weights; and the defaults of issue 24: co
 (blocks, head and loss, a bounded number of graphs), the attention kernels SDPA offers here
 (cuDNN, flash) and "auto"'s choice, the padded vocabulary under bf16, the host syncs of a
 training micro-step, sampling under bf16. ``make gpu-check`` runs these and the GPU benchmark in one command;
-``bench/gpu_check.sh`` runs them on a lent device (README: Performance).
+``bench/gpu_check.sh`` runs them on a lent device (docs/performance.md).
 """
 
 from __future__ import annotations

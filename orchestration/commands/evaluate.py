@@ -36,7 +36,7 @@ examples:
 """
 
 
-# --quick: 16 time samples x 64 random blocks per dataset, whatever its size (README: Evaluation).
+# --quick: 16 time samples x 64 random blocks per dataset, whatever its size (docs/evaluation.md).
 QUICK_BLOCKS_PER_REPLICATE = 64
 
 
