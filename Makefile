@@ -35,7 +35,7 @@ test-fast: install
 # outside the nav, an undocumented public function of the API pages or a stale config reference
 # fails the build (docs/hooks.py).
 docs: install
-	$(VENV)/bin/mkdocs build --strict --quiet
+	$(VENV)/bin/mkdocs build --strict  # not --quiet: it hides the warnings that strict mode counts
 
 bench: install
 	$(PY) bench/model_cpu.py

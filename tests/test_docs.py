@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shlex
+import shutil
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -145,3 +149,20 @@ def test_the_readme_links_resolve():
     targets = [link.split("#")[0] for link in re.findall(r"\]\(([^)]+)\)", readme) if "://" not in link]
     assert targets, "the README lost its links into the manual"
     assert [target for target in targets if not (REPO / target).exists()] == []
+
+
+@pytest.mark.slow
+def test_make_docs_fails_on_a_broken_link(tmp_path):
+    """The build `make docs` runs is strict: a copy of the manual with one broken link fails,
+    naming it (``--quiet``, say, would silently turn strict mode off)."""
+    recipe = re.search(r"^docs: .*\n\t(.*)$", (REPO / "Makefile").read_text(), flags=re.M).group(1)
+    command = shlex.split(recipe.replace("$(VENV)/bin/mkdocs", f"{sys.executable} -m mkdocs"), comments=True)
+    shutil.copytree(DOCS, tmp_path / "docs", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("mkdocs.yml", "BENCHMARKS.md"):
+        shutil.copy(REPO / name, tmp_path / name)
+    for package in ("common", "model", "data_prep", "pipeline", "evaluation", "orchestration"):
+        (tmp_path / package).symlink_to(REPO / package)  # what the API pages render
+    with open(tmp_path / "docs" / "mlflow.md", "a") as page:
+        page.write("\nSee [the missing page](no-such-page.md).\n")
+    build = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert build.returncode != 0 and "no-such-page.md" in build.stderr
