@@ -110,7 +110,7 @@ DEFAULT_VARIANTS = [BEFORE, "pipeline-zero1", "pipeline-zero1+flash", "pipeline-
 # Rows per chunk: the float32 logits of one chunk at V = 50257 are 0.8 GB, and a GEMM of
 # 4096 rows keeps the tensor cores busy.
 DEFAULT_CHUNK_ROWS = 4096
-SAMPLE_STEPS = 1000             # the README's and the papers' sampling budget
+SAMPLE_STEPS = 1000             # the manual's and the papers' sampling budget
 GPU_SEQ_LEN = 1024              # the papers' sequence length
 CPU_SEQ_LEN = 64                # a CPU run is a smoke test: short sequences keep it to minutes
 KIB = 1024                      # getrusage reports ru_maxrss in KiB on Linux

@@ -160,7 +160,7 @@ def _problems(where: str, text: str) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("source", ["code", "README"])
+@pytest.mark.parametrize("source", ["code", "manual"])
 def test_every_flag_a_message_names_is_parsed_by_the_real_parser(source):
     texts = _source_texts() if source == "code" else _readme_texts()
     assert len(texts) > 50
