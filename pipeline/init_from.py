@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Literal
@@ -34,7 +33,6 @@ from torch import nn
 from common.errors import UserError
 from common.outputs import InputPath
 from model.spec import ModelSpec
-from model.trainable import SCHEDULE_PREFIX
 from model.transformer import TransformerConfig, unpadded_state
 from pipeline.checkpoint import STATE_FILE, CheckpointMeta, intact_checkpoint, read_state
 from pipeline.export import CONFIG_FILE, TOKENIZER_DIR, WEIGHTS_FILE, canonical_name, checkpoint_tensors
@@ -43,7 +41,6 @@ from pipeline.run_layout import TAG_PATTERN, RunLayout
 __all__ = ["InitFrom", "InitRecord", "InitSource", "InitWeights", "SOURCE_ARCHITECTURE", "read_source",
            "recorded_source", "with_source_architecture", "check_tokenizer", "load_source", "init_inputs"]
 
-log = logging.getLogger("unmask.init_from")
 
 InitWeights = Literal["ema", "model"]
 # TransformerConfig fields that no config field sets (model.transformer's options for exact
@@ -224,18 +221,12 @@ def check_tokenizer(record: InitRecord, tokenizer_sha256: str, data_dir: Path) -
 
 def load_source(model: nn.Module, source: InitSource, network: TransformerConfig) -> None:
     """Copy the source's tensors into ``model`` (a network of ``network``, or a
-    ``DiffusionModel``), in place; each must exist in both with one shape. Vocabulary padding
-    rows stay zero. A learned schedule's parameters are loaded where both have them and
-    otherwise keep (or drop) their own, which the log says."""
+    ``DiffusionModel`` with a learned schedule), in place; each must exist in both with one
+    shape (a learned schedule's ``schedule.theta`` too). Vocabulary padding rows stay zero."""
     targets = {canonical_name(name): tensor for name, tensor in model.state_dict().items()}
-    unpadded = unpadded_state(targets, network)  # views of each tensor's true rows
-    theirs, ours = source.tensors, unpadded
+    ours, theirs = unpadded_state(targets, network), source.tensors  # ours: views of each tensor's true rows
     for name in [*ours, *(name for name in theirs if name not in ours)]:
         mine, other = ours.get(name), theirs.get(name)
-        if name.startswith(SCHEDULE_PREFIX) and (mine is None or other is None):
-            log.info("%s: %s; the %s", name, "not in the source" if other is None else "not in this config",
-                     "new process's initial value is kept" if other is None else "source's is not used")
-            continue
         if mine is None or other is None or mine.shape != other.shape:
             raise UserError(f"--init-from {source.record.source}: the network differs from this config's: {name} is "
                             f"{_shape(other)} in the source and {_shape(mine)} here; set model.n_layers, d_model, "
