@@ -201,3 +201,24 @@ def test_the_train_stage_of_unmask_run_refuses_another_source(micro_run, source_
                          init_from=InitFrom(source_export))
     with pytest.raises(UserError, match="--init-from starts a new run: choose a new --run-dir"):
         _stage_train(request, StageContext())
+
+
+def test_an_mdlm_import_trains_with_its_own_network_under_a_new_schedule(tinyshakespeare_shards, tmp_path):
+    """MDLM's DiT (biases, an untied head with the mask's row, adaLN from sigma(t)) is no
+    network a config describes: the run takes those options from the import, its shape from
+    the config, and its first loss is the imported weights' under the new (linear) schedule."""
+    from pipeline.mdlm_import import import_mdlm
+    from tests.mdlm_reference import DiTShape, random_weights, write_hugging_face
+
+    shape = DiTShape(vocab_size=384, width=64, n_heads=4, length=64)
+    hugging_face = write_hugging_face(tmp_path / "mdlm", random_weights(shape, seed=5), shape)
+    imported = import_mdlm(hugging_face, tinyshakespeare_shards / "tokenizer", tmp_path / "import")
+    config = _config(tmp_path, model={**MICRO_CONFIG["model"], "n_heads": 4, "schedule": "linear"})
+    result, batches = _train(config, tinyshakespeare_shards, tmp_path / "new", InitFrom(imported))
+    expected = load_file(str(imported / WEIGHTS_FILE))
+    assert _step_losses(tmp_path / "new")[1] == pytest.approx(_loss_at(expected, imported, config, batches[1], 0),
+                                                              rel=1e-6)
+    record = result.summary()["init_from"]
+    assert (record["kind"], record["weights"], record["step"], record["config_sha256"]) == \
+        ("export", "published", None, None)
+    assert read_state(resolve_checkpoint(tmp_path / "new")).network["mlp_bias"] is True
