@@ -222,3 +222,23 @@ def test_an_mdlm_import_trains_with_its_own_network_under_a_new_schedule(tinysha
     assert (record["kind"], record["weights"], record["step"], record["config_sha256"]) == \
         ("export", "published", None, None)
     assert read_state(resolve_checkpoint(tmp_path / "new")).network["mlp_bias"] is True
+
+
+@pytest.mark.slow
+def test_two_ranks_under_zero3_start_from_the_source(source_export, tinyshakespeare_shards, tmp_path):
+    """`unmask train --init-from` under torchrun: each rank's ZeRO-3 partition, and its EMA,
+    starts from the source (the EMA after one step is the decay's mix of source and live weights)."""
+    from tests.train_helpers import run_train
+
+    layers = {**NEW_RUN, "train": {**NEW_RUN["train"], "zero_stage": 3, "global_batch_size": 4}}
+    run = run_train(tmp_path / "new", tinyshakespeare_shards, write_config(tmp_path / "new.yaml", layers),
+                    world_size=2, extra=["--init-from", str(source_export)])
+    checkpoint = resolve_checkpoint(run.run_dir)
+    assert read_state(checkpoint).world_size == 2
+    (ema, _), (live, _) = checkpoint_tensors(checkpoint, "ema"), checkpoint_tensors(checkpoint, "model")
+    source = load_file(str(source_export / WEIGHTS_FILE))
+    decay = ema_decay(MICRO_CONFIG["train"]["ema_decay"], 0, True)
+    for name, tensor in ema.items():
+        torch.testing.assert_close(tensor, decay * source[name] + (1 - decay) * live[name], rtol=0, atol=1e-6)
+    summary = next(json.loads(line) for line in run.output.splitlines() if line.startswith('{"run_dir"'))
+    assert summary["init_from"]["source"] == str(source_export.resolve())
