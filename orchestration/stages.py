@@ -121,7 +121,8 @@ class RunRequest:
     def reads(self) -> list[InputPath]:
         """What the run reads from outside its directory, which the directory keeps clear of."""
         tokenizer = [InputPath(self.tokenizer, "--tokenizer")] if self.tokenizer else []
-        return [InputPath(root, "--input") for root in local_roots(self.inputs)] + tokenizer + init_inputs(self.init_from)
+        inputs = [InputPath(root, "--input") for root in local_roots(self.inputs)]
+        return inputs + tokenizer + init_inputs(self.init_from)
 
 
 class Preempted(Exception):

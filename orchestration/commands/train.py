@@ -27,7 +27,7 @@ config overrides: any --SECTION.FIELD VALUE after the flags, e.g. --optim.lr 1e-
 examples:
   unmask train --config configs/tiny.yaml --data shards/ --run-dir runs/tiny
   unmask train --config configs/medium.yaml --data shards/ --run-dir runs/m --train.max_steps 20000
-  unmask train --config configs/tiny.yaml --data shards/ --run-dir runs/ft --init-from runs/tiny --optim.lr 1e-4
+  unmask train --config ft.yaml --data shards/ --run-dir runs/ft --init-from runs/tiny   # a new run from its weights
   torchrun --nproc-per-node 8 -m orchestration.cli train --config configs/medium.yaml --data shards/ --run-dir runs/m
   deepspeed --hostfile hostfile --module orchestration.cli train --config configs/medium.yaml --data shards/ --run-dir runs/m
   unmask train --launcher ray --num-workers 8 --gpus-per-worker 1 --max-failures 3 --ray-address auto \
