@@ -222,6 +222,10 @@ def test_an_mdlm_import_trains_with_its_own_network_under_a_new_schedule(tinysha
     assert (record["kind"], record["weights"], record["step"], record["config_sha256"]) == \
         ("export", "published", None, None)
     assert read_state(resolve_checkpoint(tmp_path / "new")).network["mlp_bias"] is True
+    # Resumed without the flag (the import may be gone): the checkpoint's record shapes the network.
+    longer = _config(tmp_path, model={**MICRO_CONFIG["model"], "n_heads": 4, "schedule": "linear"},
+                     train={"max_steps": 2})
+    assert _train(longer, tinyshakespeare_shards, tmp_path / "new", None)[0].step == 2
 
 
 @pytest.mark.slow
