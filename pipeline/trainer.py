@@ -48,10 +48,10 @@ from pipeline.engine import TrainingPlan, build_engine, deepspeed_config, plan_t
 from pipeline.hooks import TrainHooks
 from pipeline.init_from import (
     InitFrom,
-    init_inputs,
     InitRecord,
     InitSource,
     check_tokenizer,
+    init_inputs,
     load_source,
     read_source,
     recorded_source,
