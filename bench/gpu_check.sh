@@ -11,6 +11,9 @@
 #   3. bench     bench/train_gpu.py at micro-batch 16 and 32: the pipeline as it ran before
 #                (eager, unpadded, flash) and with today's defaults (bench.jsonl)
 #   4. inference evaluation (before / now) and sampling rows of bench/train_gpu.py (bench.jsonl)
+#   5. init      (only when named: --steps train,init) `unmask train --init-from` the run of step 1,
+#                one eager step: the source's weights loaded on the device (init.log; its first
+#                loss is in init-metrics.jsonl)
 #
 # steps.jsonl has one line per step: its name, exit status, seconds and whether it timed out.
 # Expected on an H100/H200: about 6 minutes, most of it compilation on the fresh machine; the
@@ -50,10 +53,11 @@ if [ "$device" = cuda ]; then
   config=configs/medium.yaml preset=medium train_steps=30 log_every=10 micro_batches="16 32"
   bench_steps=10 bench_warmup=3 eval_blocks=32 sample_steps=1000
   limit_train=210 limit_tests=90 limit_bench=150 limit_inference=120  # 570 s at most: one call
+  limit_init=120  # opt-in (--steps train,init): not in the default call's 570 s
 else
   config=configs/tiny.yaml preset=tiny train_steps=2 log_every=1 micro_batches=2
   bench_steps=1 bench_warmup=1 eval_blocks=2 sample_steps=4
-  limit_train=300 limit_tests=120 limit_bench=300 limit_inference=300
+  limit_train=300 limit_tests=120 limit_bench=300 limit_inference=300 limit_init=300
   export CUDA_VISIBLE_DEVICES=""  # a dry run on a GPU machine stays on its CPU
 fi
 
@@ -118,6 +122,13 @@ if wanted inference; then
   step inference "$limit_inference" "$python" bench/train_gpu.py --device "$device" --data "$data" \
     --presets "$preset" --skip-training --eval-blocks "$eval_blocks" --repeats 1 --sample-steps "$sample_steps"
   grep -h '^{' "$out/inference.log" >> "$out/bench.jsonl"
+fi
+# 5. A new run from step 1's weights (needs step 1 in the same call).
+if wanted init; then
+  step init "$limit_init" "$python" -m orchestration.cli train --config "$config" --data "$data" \
+    --run-dir "$run_dir-init" --init-from "$run_dir" --no-progress --logging.mlflow false --train.max_steps 1 \
+    --train.compile false --logging.every 1 --eval.every 0 --eval.batches 1
+  cp "$run_dir-init/metrics.jsonl" "$out/init-metrics.jsonl" 2>/dev/null
 fi
 echo "gpu_check.sh: done; results in $out (steps.jsonl, train.json, bench.jsonl, *.log)"
 exit "$failed"

@@ -45,6 +45,7 @@ from pipeline.checkpoint import latest_step
 from pipeline.config import Config
 from pipeline.export import CONFIG_FILE, export
 from pipeline.hooks import TrainHooks
+from pipeline.init_from import InitFrom, init_inputs, recorded_source
 from pipeline.run_layout import RUN_KIND, RunLayout
 from pipeline.trainer import train
 
@@ -84,6 +85,7 @@ class RunRequest:
     prep_workers: int = 1
     ray_address: str | None = None           # the cluster of prep (and of the Ray launcher)
     launch: RayLaunch | None = None          # None: train in this process
+    init_from: InitFrom | None = None        # the weights a new run starts from (pipeline.init_from)
     evaluation: EvalStage = EvalStage()
 
     @property
@@ -119,7 +121,8 @@ class RunRequest:
     def reads(self) -> list[InputPath]:
         """What the run reads from outside its directory, which the directory keeps clear of."""
         tokenizer = [InputPath(self.tokenizer, "--tokenizer")] if self.tokenizer else []
-        return [InputPath(root, "--input") for root in local_roots(self.inputs)] + tokenizer
+        inputs = [InputPath(root, "--input") for root in local_roots(self.inputs)]
+        return inputs + tokenizer + init_inputs(self.init_from)
 
 
 class Preempted(Exception):
@@ -153,6 +156,7 @@ class RunSummary:
     datasets: dict[str, dict[str, float]]    # name -> SUMMARY_METRICS
     report: str
     mlflow: dict | None                      # tracking_uri and run_id; None when MLflow did not answer
+    init_from: dict | None = None            # the source of the first weights (pipeline.init_from.InitRecord)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -186,15 +190,17 @@ def _stage_prep(request: RunRequest, context: StageContext) -> str:
 
 def _stage_train(request: RunRequest, context: StageContext) -> str:
     run_dir, config = request.run_dir, request.config
+    recorded_source(run_dir, request.init_from)  # refuses another source before a finished run is skipped
     step = latest_step(run_dir)
     if step is not None and step >= config.train.max_steps:
         return f"skipped: already trained to step {step}"
     config = replace(config, data=replace(config.data, path=str(request.layout.data)))
     if request.launch is None:
-        preempted = train(config, data_dir=request.layout.data, run_dir=run_dir, hooks=context.hooks).preempted
+        preempted = train(config, data_dir=request.layout.data, run_dir=run_dir, hooks=context.hooks,
+                          init_from=request.init_from).preempted
     else:
         summary = launch(config, request.launch, data_dir=request.layout.data, run_dir=run_dir,
-                         on_step=context.hooks.on_step)
+                         on_step=context.hooks.on_step, init_from=request.init_from)
         preempted = bool(summary.get("preempted"))
     if preempted:
         raise Preempted(latest_step(run_dir))
@@ -253,6 +259,8 @@ def _summary(request: RunRequest, stages: dict[str, str], seconds: float) -> Run
     datasets = {name: {key: getattr(record, key) for key in SUMMARY_METRICS}
                 for name, record in results.datasets.items()}
     mlflow = results.mlflow.to_json() if results.mlflow else None
+    recorded = recorded_source(request.run_dir, None)
     return RunSummary(run_dir=str(request.run_dir), seconds=round(seconds, 1), stages=stages,
                       step=results.model.step, training=results.training or None, datasets=datasets,
-                      report=str(request.layout.report / "report.html"), mlflow=mlflow)
+                      report=str(request.layout.report / "report.html"), mlflow=mlflow,
+                      init_from=recorded.to_json() if recorded else None)

@@ -96,6 +96,9 @@ class CheckpointMeta:
     batch_plan: dict               # BatchPlan's fields
     world_size: int
     files: dict[str, dict] = field(default_factory=dict)   # name -> {"bytes", "sha256"}
+    # Where a run started with --init-from took its first weights (pipeline.init_from.InitRecord);
+    # None: from scratch (and in checkpoints written before the flag existed).
+    init_from: dict | None = None
 
     @property
     def step(self) -> int:

@@ -53,7 +53,8 @@ from pipeline.objective import model_spec
 from pipeline.run_layout import RunLayout
 from pipeline.safe_load import deepspeed_loads_safely, find_unloadable, load_torch_file
 
-__all__ = ["export", "has_ema", "resolve_export", "training_run_of", "write_export", "load_export", "Exported",
+__all__ = ["export", "checkpoint_tensors",
+           "has_ema", "resolve_export", "training_run_of", "write_export", "load_export", "Exported",
            "canonical_name", "export_to_hf", "export_files", "ExportFormat", "EXPORT_KIND", "WEIGHTS_FILE",
            "CONFIG_FILE", "TOKENIZER_DIR"]
 
@@ -144,11 +145,7 @@ def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["em
         raise UserError(f"--weights must be 'ema' or 'model', got {weights!r}")
     if format not in ("unmask", "hf"):
         raise UserError(f"--format must be 'unmask' or 'hf', got {format!r}")
-    raw = _ema_weights(checkpoint, state.world_size) if weights == "ema" else _model_weights(checkpoint)
-    spec = model_spec(ModelSection(**state.config["model"]), TransformerConfig(**state.network))
-    tensors = {canonical_name(name): t.float().contiguous() for name, t in raw.items()}
-    _check_complete(tensors, spec, checkpoint)
-    tensors, spec = _unpadded(tensors, spec)
+    tensors, spec = checkpoint_tensors(checkpoint, weights)
     tokenizer_src = layout.tokenizer
     if not tokenizer_src.is_dir():
         raise UserError(f"{run_dir}: no {tokenizer_src.name}/ directory (written when training starts)")
@@ -156,6 +153,19 @@ def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["em
     writer(out, tensors, _export_config(spec, state, checkpoint, weights), tokenizer_src)
     _track(run_dir, out)
     return out
+
+
+def checkpoint_tensors(checkpoint: Path, weights: Literal["ema", "model"]) -> tuple[dict[str, torch.Tensor],
+                                                                                   ModelSpec]:
+    """The float32 weights of ``checkpoint`` (its EMA, or its live weights through DeepSpeed's
+    ZeRO-to-fp32) by their export names, without vocabulary padding, and the spec they fit:
+    what an export holds (``--init-from`` also starts a run from them)."""
+    state = read_state(checkpoint)
+    raw = _ema_weights(checkpoint, state.world_size) if weights == "ema" else _model_weights(checkpoint)
+    spec = model_spec(ModelSection(**state.config["model"]), TransformerConfig(**state.network))
+    tensors = {canonical_name(name): t.float().contiguous() for name, t in raw.items()}
+    _check_complete(tensors, spec, checkpoint)
+    return _unpadded(tensors, spec)
 
 
 def write_export(out: Path, tensors: dict[str, torch.Tensor], config: dict, tokenizer_dir: Path) -> None:
@@ -228,7 +238,8 @@ def _export_config(spec: ModelSpec, state: CheckpointMeta, checkpoint: Path, wei
             "ema_decay": state.config["train"]["ema_decay"], "step": state.step,
             "tokens_seen": state.state.tokens_seen, "checkpoint": str(checkpoint.resolve()),
             "tokenizer_sha256": state.tokenizer_sha256, "data_sha256": state.data_sha256,
-            "config_sha256": state.config_sha256}
+            "config_sha256": state.config_sha256,
+            **({"init_from": state.init_from} if state.init_from else {})}
 
 
 def resolve_export(path: str | Path) -> Path:

@@ -46,6 +46,17 @@ from pipeline.distributed import Distributed, init_distributed
 from pipeline.ema import EMA
 from pipeline.engine import TrainingPlan, build_engine, deepspeed_config, plan_training
 from pipeline.hooks import TrainHooks
+from pipeline.init_from import (
+    InitFrom,
+    InitRecord,
+    InitSource,
+    check_tokenizer,
+    init_inputs,
+    load_source,
+    read_source,
+    recorded_source,
+    with_source_architecture,
+)
 from pipeline.metrics import flops_per_token, mfu, peak_flops
 from pipeline.objective import NATS_PER_BIT, MicroBatchSlot, make_objective, model_spec
 from pipeline.run_layout import RUN_KIND, RunLayout, training_data
@@ -73,12 +84,15 @@ class TrainResult:
     validation: ValidationResult | None
     preempted: bool
     mlflow_run_id: str | None
+    init_from: InitRecord | None = None
 
     def summary(self) -> dict:
         """The JSON-able summary that ``unmask train`` prints and Ray Train reports."""
         summary = {"run_dir": str(self.run_dir), "step": self.step, "tokens_seen": self.tokens_seen,
                    "checkpoint": str(self.checkpoint), "preempted": self.preempted,
                    "mlflow_run_id": self.mlflow_run_id}
+        if self.init_from is not None:
+            summary["init_from"] = self.init_from.to_json()
         if self.validation is not None:
             summary.update(val_nelbo_per_token=self.validation.nelbo_per_token,
                            val_bits_per_byte=self.validation.bits_per_byte)
@@ -119,18 +133,30 @@ class Trainer:
     """One run's loop; built by ``train``."""
 
     def __init__(self, config: Config, data_dir: Path, run_dir: Path, dist: Distributed,
-                 hooks: TrainHooks = TrainHooks()) -> None:
+                 hooks: TrainHooks = TrainHooks(), start: InitRecord | InitSource | None = None) -> None:
+        """``start``: the source a run started with --init-from begins from (an ``InitSource``,
+        loaded into the new network), or the record of the one it began from (an
+        ``InitRecord``: a resumed run, whose network takes the source's architecture and
+        whose weights come from its own checkpoint)."""
         self.config, self.data_dir, self.run_dir, self.dist = config, data_dir, run_dir, dist
         self.layout = RunLayout(run_dir)
         self.hooks = hooks
         self.manifest = Manifest.read(data_dir)
         self.tokenizer = find_tokenizer(self.manifest, data_dir)
+        self.init_from = start.record if isinstance(start, InitSource) else start
         self.network_config = network_config(config.model, self.manifest)
+        if self.init_from is not None:
+            self.network_config = with_source_architecture(self.network_config, self.init_from)
+        if isinstance(start, InitSource):
+            check_tokenizer(start.record, self.tokenizer.sha256, data_dir)
         self.plan: TrainingPlan = plan_training(config, self.network_config, dist.world_size, dist.device)
         self.train_loader, self.val_loader = self._loaders()
         spec, validate = model_spec(config.model, self.network_config), dist.device.type == "cpu"
         torch.manual_seed(config.train.seed)  # the same initial weights on every rank
-        model = build_trainable(spec, validate=validate).to(dist.device)  # the network (and a learned schedule)
+        model = build_trainable(spec, validate=validate)  # the network (and a learned schedule)
+        if isinstance(start, InitSource):  # before DeepSpeed partitions it: every ZeRO stage gets these values
+            load_source(model, start, self.network_config)
+        model = model.to(dist.device)
         self.engine = build_engine(model, self.plan, config.optim, config.train.max_steps, dist.device)
         self.ema = EMA(self.engine.module, config.train.ema_decay, warmup=config.train.ema_warmup)
         self.objective = make_objective(spec, validate=validate, chunk_rows=config.train.chunked_cross_entropy)
@@ -165,7 +191,8 @@ class Trainer:
                               config_sha256=self.config.sha256(), data_sha256=self.manifest.sha256(),
                               tokenizer_sha256=self.tokenizer.sha256, network=asdict(self.network_config),
                               zero_stage=self.plan.zero_stage, precision=self.plan.precision,
-                              batch_plan=asdict(self.plan.batches), world_size=self.dist.world_size)
+                              batch_plan=asdict(self.plan.batches), world_size=self.dist.world_size,
+                              init_from=self.init_from.to_json() if self.init_from else None)
 
     def resume(self, mode: str, allow_config_change: bool) -> None:
         """``mode``: "auto" (latest if any), "never" (refuse a run dir with checkpoints)."""
@@ -254,7 +281,7 @@ class Trainer:
                    "attention": plan.attention,
                    "seq_len": self.manifest.seq_len, "vocab_size": self.network_config.vocab_size,
                    "network": asdict(self.network_config)}  # the shape the preset and overrides resolved to
-        params = flatten_params({**self.config.to_dict(), "resolved": derived})
+        params = flatten_params({**self.config.to_dict(), "resolved": derived, **self._init_params()})
         if self.config_changes:
             # MLflow params are immutable: keep the values the run started with and record
             # the change, with the step it took effect, as a tag.
@@ -264,9 +291,17 @@ class Trainer:
         tracker.log_params(params)
         tracker.set_tags({"git_commit": git_commit(), "data_manifest_sha256": self.manifest.sha256(),
                                "tokenizer_sha256": self.tokenizer.sha256, "data_dir": str(self.data_dir)})
+        if self.init_from is not None:
+            tracker.set_tags({"init_from": self.init_from.source, "init_from_sha256": self.init_from.sha256})
         tracker.log_text(json.dumps(self.config.to_dict(), indent=2), self.layout.config.name)
         tracker.log_text(json.dumps(deepspeed_config(self.plan, self.config.optim), indent=2),
                          "deepspeed_config.json")
+
+    def _init_params(self) -> dict:
+        """The source of the first weights as params (``init_from.*``; its network is in ``resolved``)."""
+        if self.init_from is None:
+            return {}
+        return {"init_from": {k: v for k, v in self.init_from.to_json().items() if k != "network"}}
 
     def write_run_files(self) -> None:
         """The resolved config and the tokenizer, so that the run dir stands on its own."""
@@ -327,7 +362,7 @@ class Trainer:
             log.warning("stopped by a signal: checkpoint written at step %d; resume with --resume auto",
                         self.state.step)
         return TrainResult(self.run_dir, self.state.step, self.state.tokens_seen, self.checkpoints.latest(),
-                           validation, preempted, self.tracker.run_id if self.tracker else None)
+                           validation, preempted, self.tracker.run_id if self.tracker else None, self.init_from)
 
     def _between_steps(self, step: int, last: bool, interval: "_Interval", bar: tqdm,
                        preemption: _Preemption) -> ValidationResult | None:
@@ -488,6 +523,22 @@ def _with_checkpoint_legacy(config: Config, run_dir: Path, dist: Distributed) ->
     return config
 
 
+def _start(run_dir: Path, init_from: InitFrom | None, dist: Distributed) -> InitRecord | InitSource | None:
+    """What the run's network starts from: with checkpoints, the record of the source its
+    checkpoint names (its weights come from the checkpoint; ``recorded_source`` refuses another
+    source); without, ``init_from``'s source, read on every rank (each builds its own module)."""
+    recorded = recorded_source(run_dir, init_from)
+    if recorded is not None or init_from is None:
+        if recorded is not None and init_from is not None and dist.is_main:
+            log.info("%s has checkpoints: resuming from its own, not reloading --init-from %s", run_dir,
+                     recorded.source)
+        return recorded
+    source = read_source(init_from)
+    if dist.is_main:
+        log.info("starting from the %s; optimizer state fresh, EMA from these weights", source.record.summary())
+    return source
+
+
 def _first_tensor_mismatch(saved: CheckpointMeta, spec: ModelSpec) -> str | None:
     """The first weight whose name or shape differs between the network a checkpoint holds and
     ``spec``'s, named with both shapes; None when they agree. Built on the meta device: names
@@ -520,8 +571,13 @@ def _grad_norm(engine) -> float:
 
 
 def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: str = "auto",
-          allow_config_change: bool = False, hooks: TrainHooks = TrainHooks()) -> TrainResult:
+          allow_config_change: bool = False, hooks: TrainHooks = TrainHooks(),
+          init_from: InitFrom | None = None) -> TrainResult:
     """Train (or continue training) the run in ``run_dir`` on the shards in ``data_dir``.
+
+    ``init_from`` starts a new run from another run's weights (``pipeline.init_from``): a run
+    that already has checkpoints resumes from its own instead, and one started from another
+    source is refused.
 
     ``hooks`` run on every rank: ``on_step`` after each step, ``on_checkpoint`` after each
     checkpoint is committed (the Ray Train launcher mirrors checkpoints to durable storage
@@ -538,14 +594,15 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
     refusal = None
     if dist.is_main:
         try:
-            claim_output_dir(run_dir, RUN_KIND, "--run-dir", [training_data(data_dir)])
+            claim_output_dir(run_dir, RUN_KIND, "--run-dir", [training_data(data_dir), *init_inputs(init_from)])
             lock.acquire()
         except UserError as err:
             refusal = err
     if dist.any(refusal is not None):
         raise refusal or UserError(f"{run_dir}: rank 0 could not lock the run directory; its message says why")
     try:
-        result = _train_locked(config, dist, Path(data_dir), Path(run_dir), resume, allow_config_change, hooks)
+        result = _train_locked(config, dist, Path(data_dir), Path(run_dir), resume, allow_config_change, hooks,
+                               init_from)
     finally:
         lock.release()
     if joined_here:  # the group this call made; a launcher's (Ray Train's) is the launcher's to end
@@ -554,10 +611,10 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
 
 
 def _train_locked(config: Config, dist: Distributed, data_dir: Path, run_dir: Path, resume: str,
-                  allow_config_change: bool, hooks: TrainHooks) -> TrainResult:
+                  allow_config_change: bool, hooks: TrainHooks, init_from: InitFrom | None) -> TrainResult:
     if resume == "auto":
         config = _with_checkpoint_legacy(config, run_dir, dist)
-    trainer = Trainer(config, data_dir, run_dir, dist, hooks)
+    trainer = Trainer(config, data_dir, run_dir, dist, hooks, _start(run_dir, init_from, dist))
     trainer.resume(resume, allow_config_change)
     trainer.write_run_files()
     trainer.start_tracking()

@@ -5,7 +5,8 @@ attention kernel, NCCL, ``train.compile`` with Triton kernels, and the evaluatio
 under bf16 against float32 on the same weights; and the defaults of issue 24: compile "auto"
 (blocks, head and loss, a bounded number of graphs), the attention kernels SDPA offers here
 (cuDNN, flash) and "auto"'s choice, the padded vocabulary under bf16, the host syncs of a
-training micro-step, sampling under bf16. ``make gpu-check`` runs these and the GPU benchmark in one command;
+training micro-step, sampling under bf16, the weights of ``--init-from`` loaded before the device.
+``make gpu-check`` runs these and the GPU benchmark in one command;
 ``bench/gpu_check.sh`` runs them on a lent device (docs/performance.md).
 """
 
@@ -215,3 +216,22 @@ def test_first_hitting_sampling_runs_under_bf16_one_call_per_token():
                                          generator=sample_generators(plan.seed, range(samples)), device=device)
     assert tokens.shape == (samples, length) and 0 <= int(tokens.min()) and int(tokens.max()) < VOCAB
     assert list(stats.row_calls) == [length] * samples  # exact first-hitting: one call per token
+
+
+def test_init_from_weights_loaded_on_the_host_give_the_sources_loss_on_the_device():
+    """``--init-from`` loads the source into the padded training network on the host, before the
+    module moves to the device: there it gives the source network's bf16 loss."""
+    from dataclasses import asdict, replace
+
+    from pipeline.init_from import InitRecord, InitSource, load_source
+
+    source = _network()
+    record = InitRecord(source="source", kind="export", weights="ema", file="model.safetensors", sha256="0" * 64,
+                        step=None, config_sha256=None, tokenizer_sha256="0" * 64, network=asdict(source.config))
+    tensors = {name: tensor.float().cpu() for name, tensor in source.state_dict().items()}
+    torch.manual_seed(1)  # another initialization than the source's
+    target = Transformer(replace(source.config, vocab_multiple=128))
+    load_source(target, InitSource(record, tensors), target.config)
+    target = target.cuda()
+    x0 = _batch()
+    torch.testing.assert_close(_loss(target, x0, bf16=True), _loss(source, x0, bf16=True), rtol=BF16_LOSS_RTOL, atol=0)
