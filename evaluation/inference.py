@@ -44,6 +44,8 @@ def inference_mode(network: Transformer, device: torch.device) -> Iterator[None]
     if device.type != "cuda":
         yield
         return
-    kernel = resolve_attention("auto", device, torch.bfloat16, network.config.head_dim, causal=network.config.causal)
+    # Forward only: inference never runs a backward, and callers are inside no_grad/inference_mode.
+    kernel = resolve_attention("auto", device, torch.bfloat16, network.config.head_dim, causal=network.config.causal,
+                               backward=False)
     with torch.autocast("cuda", dtype=torch.bfloat16), attention_kernel(kernel):
         yield

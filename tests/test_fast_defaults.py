@@ -25,7 +25,7 @@ from model.diffusion import MaskedDiffusion
 from model.schedules import make_schedule
 from model.spec import ModelSpec
 from model.transformer import ROW_MULTIPLE, Transformer, TransformerConfig, parameter_counts, preset, unpadded_state
-from pipeline.attention import attention_kernel, resolve_attention
+from pipeline.attention import attention_kernel, available_kernels, resolve_attention
 from pipeline.config import Config, config_differences, load_config, with_legacy_values
 from pipeline.ema import EMA, ema_decay
 from pipeline.engine import (
@@ -268,6 +268,19 @@ def test_attention_auto_picks_a_kernel_that_runs_and_a_named_one_that_does_not_i
     with pytest.raises(UserError, match=r"--train.attention = 'fast': choose one of \['auto', 'cudnn', 'flash', "
                                         r"'efficient', 'math'\]"):
         load_config(None, {"train.attention": "fast"})
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode, torch.enable_grad])
+def test_the_kernel_probe_answers_the_same_in_every_grad_mode_of_its_caller(grad_mode):
+    # evaluation, sampling and lm-eval probe inside no_grad/inference_mode (issue 30: every probe failed there).
+    cpu = torch.device("cpu")
+    with grad_mode():
+        before = torch.is_grad_enabled()
+        for backward in (True, False):
+            assert resolve_attention("auto", cpu, torch.float32, 64, backward=backward) == "flash"
+            assert resolve_attention("auto", cpu, torch.float32, 64, dropout=0.1, backward=backward) == "math"
+            assert available_kernels(cpu, torch.float32, 64, backward=backward) == ["flash", "math"]
+        assert torch.is_grad_enabled() == before   # the probe's own mode does not leak into the caller's
 
 
 @pytest.mark.filterwarnings("ignore:.*kernel not used because:UserWarning")  # SDPA says why it refuses
