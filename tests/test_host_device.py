@@ -1,0 +1,116 @@
+"""Where host and device tensors meet, checked on CPU with a pretend device (``tests.fake_device``):
+every sampler, semi-autoregressive blocks and the bound estimator run with the tokens and the
+network on the device, pass the network only device tensors, and give exactly the results of a
+CPU run (issue 30: on a GPU ``unmask sample`` crashed where a host tensor met a device mask)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor
+
+from evaluation.estimator import Blocks, estimate_bound, per_time_contributions, replicate_terms
+from model.denoiser import Denoiser
+from model.diffusion import MaskedDiffusion
+from model.sampling import RemaskOptions, SamplingPlan
+from model.schedules import make_schedule
+from model.state_dependent import LearnedSchedule, LearnedMaskedDiffusion
+from model.uniform import UniformDiffusion
+from tests.denoisers import ShapeRecorder, TableDenoiser
+from tests.fake_device import DEVICE, DeviceTensor, on_fake_device
+
+VOCAB, LENGTH, SAMPLES = 3, 4, 6
+PLANS = {"ancestral": SamplingPlan(steps=12), "ancestral-uncached": SamplingPlan(steps=12, cache=False),
+         "first-hitting": SamplingPlan(sampler="first-hitting", steps=None),
+         "first-hitting-k2": SamplingPlan(sampler="first-hitting", steps=2),
+         "confidence": SamplingPlan(sampler="confidence", steps=3, grid="cosine"),
+         "remdm": SamplingPlan(sampler="remdm", steps=12),
+         "remdm-loop": SamplingPlan(sampler="remdm", steps=12, options=RemaskOptions(schedule="loop"))}
+
+
+class OnDevice(Denoiser):
+    """``inner`` run as a network on the device: it takes device tensors only (z_t and t) and
+    answers on the device."""
+
+    def __init__(self, inner: Denoiser) -> None:
+        self.inner = inner
+
+    def logits(self, z_t: Tensor, t: Tensor) -> Tensor:
+        for name, value in (("z_t", z_t), ("t", t)):
+            assert isinstance(value, DeviceTensor), f"the network got {name} on {value.device}, not on the device"
+        return self.inner.logits(z_t.cpu(), t.cpu()).to(DEVICE)
+
+    @property
+    def time_independent(self) -> bool:
+        return self.inner.time_independent
+
+
+def _processes() -> dict:
+    return {"masked": MaskedDiffusion(make_schedule("linear"), VOCAB),
+            "uniform": UniformDiffusion(make_schedule("linear"), VOCAB),
+            "learned": LearnedMaskedDiffusion(LearnedSchedule(VOCAB), VOCAB)}
+
+
+CASES = [("masked", name) for name in PLANS] + [("uniform", "ancestral"), ("learned", "ancestral"),
+                                                ("learned", "confidence")]
+
+
+def _sample_both_ways(process_name: str, plan: SamplingPlan, denoiser: Denoiser | None = None,
+                      **options) -> tuple[Tensor, Tensor]:
+    process = _processes()[process_name]
+    denoiser = denoiser or TableDenoiser(VOCAB, LENGTH, seed=0, time_weight=0.5)
+    on_host, _ = process.sample(denoiser, plan, num_samples=SAMPLES, seq_len=LENGTH, **options)
+    with on_fake_device():
+        on_device, _ = process.sample(OnDevice(denoiser), plan, num_samples=SAMPLES, seq_len=LENGTH, device=DEVICE,
+                                      **options)
+        assert isinstance(on_device, DeviceTensor)
+        on_device = on_device.cpu()
+    return on_host, on_device
+
+
+@pytest.mark.parametrize(("process_name", "name"), CASES)
+def test_every_sampler_runs_on_the_device_and_draws_the_samples_of_the_host(process_name, name):
+    on_host, on_device = _sample_both_ways(process_name, PLANS[name])
+    assert torch.equal(on_device, on_host)
+
+
+@pytest.mark.parametrize("static_shape", [False, True])
+@pytest.mark.parametrize("name", ["ancestral", "first-hitting", "confidence", "remdm"])
+def test_blocks_and_a_fixed_shape_run_on_the_device(name, static_shape):
+    mask = VOCAB
+    prompt = torch.tensor([2, mask, mask, 1])
+    plan = replace(PLANS[name], block_len=2, static_shape=static_shape)
+    # A network of any length: each block passes the text so far.
+    denoiser = ShapeRecorder(torch.randn(LENGTH, VOCAB, generator=torch.Generator().manual_seed(0)))
+    on_host, on_device = _sample_both_ways("masked", plan, denoiser, prompt=prompt)
+    assert torch.equal(on_device, on_host)
+
+
+# ------------------------------------------------------------------ the bound estimator
+def _blocks() -> Blocks:
+    tokens = torch.randint(0, VOCAB, (5, LENGTH), generator=torch.Generator().manual_seed(3))
+    positions = torch.ones_like(tokens, dtype=torch.bool)
+    positions[-1, 2:] = False   # a padded last block
+    return Blocks(tokens, positions)
+
+
+@pytest.mark.parametrize("process_name", ["masked", "uniform", "learned"])
+def test_the_estimator_runs_on_the_device_and_gives_the_bound_of_the_host(process_name):
+    process, blocks = _processes()[process_name], _blocks()
+    denoiser = TableDenoiser(VOCAB, LENGTH, seed=1, time_weight=0.5)
+    options = dict(samples_per_block=3, seed=2, batch_size=2)
+    on_host = (estimate_bound(process, denoiser, blocks, **options),
+               estimate_bound(process, denoiser, blocks, discrete_steps=4, **options),
+               replicate_terms(process, denoiser, blocks, **options),
+               per_time_contributions(process, denoiser, blocks, **options))
+    with on_fake_device():
+        network = OnDevice(denoiser)
+        on_device = (estimate_bound(process, network, blocks, device=DEVICE, **options),
+                     estimate_bound(process, network, blocks, discrete_steps=4, device=DEVICE, **options),
+                     replicate_terms(process, network, blocks, device=DEVICE, **options),
+                     per_time_contributions(process, network, blocks, device=DEVICE, **options))
+    assert on_device[:2] == on_host[:2]
+    np.testing.assert_array_equal(on_device[2], on_host[2])
+    for device_column, host_column in zip(on_device[3], on_host[3]):
+        np.testing.assert_array_equal(device_column, host_column)
