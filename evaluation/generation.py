@@ -45,7 +45,8 @@ Determinism. Sample i draws from its own generator, seeded by (the plan's seed, 
 (``model.sampling.sample_generators``, CPU generators whatever the device): the same export,
 plan and arguments give the same samples whatever ``batch_size``, and on any device up to the
 network's floating-point differences between devices and batch shapes (bit-identical on CPU
-in our tests).
+in our tests). Conditioning is built on the host and moved to the network's device once per
+batch; the samplers keep their own rule of what stays on the host (``model.sampling.core``).
 """
 
 from __future__ import annotations

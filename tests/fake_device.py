@@ -47,9 +47,11 @@ class DeviceTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor) -> "DeviceTensor":
-        out = torch.Tensor._make_wrapper_subclass(cls, elem.shape, strides=elem.stride(),
-                                                  storage_offset=elem.storage_offset(), dtype=elem.dtype,
-                                                  device=DEVICE, requires_grad=elem.requires_grad)
+        # A wrapper is never an inference tensor (torch refuses one without storage); its data may be.
+        with torch.inference_mode(False):
+            out = torch.Tensor._make_wrapper_subclass(cls, elem.shape, strides=elem.stride(),
+                                                      storage_offset=elem.storage_offset(), dtype=elem.dtype,
+                                                      device=DEVICE, requires_grad=elem.requires_grad)
         out.elem = elem
         return out
 
@@ -134,6 +136,9 @@ class FakeDevice(TorchDispatchMode):
         if func in _TO_HOST_READS and isinstance(args[0], DeviceTensor) or (
                 func == _aten._to_copy.default and isinstance(args[0], DeviceTensor) and target == _HOST):
             self.syncs += 1
+        if func.overloadpacket == _aten.to and target == DEVICE and wanted is None and not isinstance(
+                args[0], DeviceTensor):
+            raise NotImplementedError(f"{func}: a host tensor moved by an overload this file does not model")
         if wanted is not None and wanted.type == DEVICE.type:
             kwargs["device"] = _HOST
         wrappers = {id(x.elem): x for x in tree_flatten((args, kwargs))[0] if isinstance(x, DeviceTensor)}
@@ -152,7 +157,7 @@ class FakeDevice(TorchDispatchMode):
             # torch.tensor(data, device=...) and list indices build their tensor with the modes off
             raise NotImplementedError(f"{func}: a {DEVICE.type} tensor made outside the pretend device's mode")
         generator = kwargs.get("generator")
-        if func in _COPIES:
+        if func in _COPIES or func.overloadpacket == _aten.to:
             if func == _aten.copy_.default:
                 return _device_of(args[0])
             return wanted if wanted is not None else _device_of(args[0])

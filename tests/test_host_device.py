@@ -10,17 +10,24 @@ import pytest
 import torch
 from torch import Tensor
 
+from data_prep.tokenizer import train_sentencepiece
 from evaluation.estimator import Blocks, estimate_bound, per_time_contributions, replicate_terms
+from evaluation.generation import generate
+from evaluation.likelihoods import ScoringModel, ScoringSettings, score_continuations, score_documents
 from model.denoiser import Denoiser
 from model.diffusion import MaskedDiffusion
 from model.sampling import RemaskOptions, SamplingPlan
 from model.schedules import make_schedule
 from model.state_dependent import LearnedSchedule, LearnedMaskedDiffusion
 from model.uniform import UniformDiffusion
+from pipeline.export import Exported, load_export
+from tests.export_fixtures import write_untrained_export
 from tests.denoisers import ShapeRecorder, TableDenoiser
 from tests.fake_device import DEVICE, DeviceTensor, on_fake_device
 
 VOCAB, LENGTH, SAMPLES = 3, 4, 6
+# float32 attention by another of SDPA's kernels, summed over a few tokens: a few float32 ulps.
+SDPA_KERNEL_RTOL = 1e-6
 PLANS = {"ancestral": SamplingPlan(steps=12), "ancestral-uncached": SamplingPlan(steps=12, cache=False),
          "first-hitting": SamplingPlan(sampler="first-hitting", steps=None),
          "first-hitting-k2": SamplingPlan(sampler="first-hitting", steps=2),
@@ -114,3 +121,70 @@ def test_the_estimator_runs_on_the_device_and_gives_the_bound_of_the_host(proces
     np.testing.assert_array_equal(on_device[2], on_host[2])
     for device_column, host_column in zip(on_device[3], on_host[3]):
         np.testing.assert_array_equal(device_column, host_column)
+
+
+# ------------------------------------------------------------------ exports: unmask sample and lm-eval
+EXPORT_VOCAB, EXPORT_LENGTH = 300, 32
+LINES = [f"the {animal} sat on the {place} at {i}." for i in range(200)
+         for animal, place in [(("cat", "dog", "fox", "owl")[i % 4], ("mat", "log", "hill", "roof")[i * 3 % 4])]]
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory) -> dict[str, Exported]:
+    root = tmp_path_factory.mktemp("host_device")
+    tokenizer = train_sentencepiece(LINES, root / "tok", vocab_size=EXPORT_VOCAB)
+    configs = {"masked": ("diffusion", {}, {}), "uniform": ("diffusion", {"process": "uniform"},
+                                                            {"time_conditioning": True}),
+               "learned": ("diffusion", {"process": "learned", "schedule": "learned"}, {}), "ar": ("autoregressive", {}, {})}
+    return {name: load_export(write_untrained_export(root / name, tokenizer, root / "tok", objective=objective,
+                                                     config=config, max_seq_len=EXPORT_LENGTH, **network))
+            for name, (objective, config, network) in configs.items()}
+
+
+GENERATION_CASES = [("masked", SamplingPlan(steps=8)), ("masked", SamplingPlan(sampler="first-hitting")),
+                    ("masked", SamplingPlan(sampler="confidence", steps=4)), ("masked", SamplingPlan(sampler="remdm",
+                                                                                                   steps=8)),
+                    ("masked", SamplingPlan(steps=4, block_len=8)), ("uniform", SamplingPlan(steps=4)),
+                    ("learned", SamplingPlan(steps=4)), ("ar", SamplingPlan())]
+
+
+@pytest.mark.parametrize(("name", "plan"), GENERATION_CASES)
+def test_unmask_sample_runs_on_the_device_and_draws_the_samples_of_the_host(exports, name, plan):
+    exported = exports[name]
+    options = dict(num=3, seq_len=EXPORT_LENGTH + 8 if plan.block_len else 16, prompt="the cat", batch_size=2)
+    on_host = generate(exported, plan, device="cpu", **options)
+    with on_fake_device():
+        try:
+            on_device = generate(exported, plan, device=DEVICE.type, **options)
+        finally:
+            exported.network.to("cpu")   # the export is shared by the module's tests
+    assert [s.tokens for s in on_device] == [s.tokens for s in on_host]
+    assert [s.network_calls for s in on_device] == [s.network_calls for s in on_host]
+
+
+@pytest.mark.parametrize("name", ["masked", "uniform", "learned", "ar"])
+def test_lm_eval_scoring_runs_on_the_device_and_gives_the_scores_of_the_host(exports, name):
+    exported = exports[name]
+    tokenizer = exported.tokenizer
+    pairs = [(tokenizer.encode("the cat sat on"), tokenizer.encode(" the mat")),
+             (tokenizer.encode("the dog"), tokenizer.encode(" sat on the log")),
+             (tokenizer.encode("the cat sat on"), tokenizer.encode(" the hill"))]
+    documents = [tokenizer.encode(line) for line in LINES[:3]]
+    settings = ScoringSettings(samples=3, seed=1, batch_rows=2)
+
+    def scores(device: torch.device) -> tuple[list, list]:
+        model = ScoringModel.of(exported, device)
+        return (score_continuations(model, pairs, settings),
+                score_documents(model, documents, settings, eos_id=tokenizer.eos_id, pad_id=tokenizer.eos_id))
+
+    on_host = scores(torch.device("cpu"))
+    with on_fake_device():
+        try:
+            on_device = scores(DEVICE)
+        finally:
+            exported.network.to("cpu")   # the export is shared by the module's tests
+    for device_scores, host_scores in zip(on_device, on_host):
+        for device_score, host_score in zip(device_scores, host_scores):
+            # The same draws; SDPA may pick another kernel for a tensor that is not on the CPU (float32 rounding).
+            assert device_score.log_likelihood == pytest.approx(host_score.log_likelihood, rel=SDPA_KERNEL_RTOL)
+            assert device_score.is_greedy == host_score.is_greedy
