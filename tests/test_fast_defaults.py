@@ -361,3 +361,22 @@ def test_a_training_micro_step_reads_the_device_only_for_the_masked_count_before
         ("aten::nonzero", "model/diffusion.py:masked_token_nll"),
         ("aten::nonzero", "model/transformer.py:_selected_rows")]
     assert [matmuls for name, _, matmuls in reads.reads if name == "aten::nonzero"] == [0, 0]
+
+
+# ------------------------------------------------------------------ the device of every command
+@pytest.mark.parametrize("gpu", [True, False])
+def test_every_command_runs_on_the_gpu_when_there_is_one_unless_told_otherwise(monkeypatch, gpu):
+    from evaluation import lm_eval_model
+    from evaluation.inference import resolve_device
+    from orchestration.cli import build_parser
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    expected = torch.device("cuda" if gpu else "cpu")
+    assert resolve_device(None) == expected and lm_eval_model._device(None) == expected
+    assert resolve_device("cpu") == torch.device("cpu")
+    commands = build_parser()._subparsers._group_actions[0].choices
+    with_device = {name: action for name, command in commands.items() for action in command._actions
+                   if "--device" in action.option_strings}
+    assert {"sample", "eval", "lm-eval"} <= with_device.keys()
+    for name, action in with_device.items():   # unset, so that resolve_device decides
+        assert action.default is None and "cuda when there is one" in action.help, name

@@ -135,7 +135,8 @@ def exports(tmp_path_factory) -> dict[str, Exported]:
     tokenizer = train_sentencepiece(LINES, root / "tok", vocab_size=EXPORT_VOCAB)
     configs = {"masked": ("diffusion", {}, {}), "uniform": ("diffusion", {"process": "uniform"},
                                                             {"time_conditioning": True}),
-               "learned": ("diffusion", {"process": "learned", "schedule": "learned"}, {}), "ar": ("autoregressive", {}, {})}
+               "learned": ("diffusion", {"process": "learned", "schedule": "learned"}, {}),
+               "ar": ("autoregressive", {}, {})}
     return {name: load_export(write_untrained_export(root / name, tokenizer, root / "tok", objective=objective,
                                                      config=config, max_seq_len=EXPORT_LENGTH, **network))
             for name, (objective, config, network) in configs.items()}
