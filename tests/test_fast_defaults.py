@@ -380,3 +380,14 @@ def test_every_command_runs_on_the_gpu_when_there_is_one_unless_told_otherwise(m
     assert {"sample", "eval", "lm-eval"} <= with_device.keys()
     for name, action in with_device.items():   # unset, so that resolve_device decides
         assert action.default is None and "cuda when there is one" in action.help, name
+
+
+def test_forward_flops_count_the_head_only_where_logits_are_computed():
+    from pipeline.metrics import flops_per_token, forward_flops
+
+    config = preset("small", 50257)
+    full = forward_flops(config, 1024, tokens=1000, head_rows=1000)   # every row: the forward convention,
+    # less the embedding's mask row, which N counts and the head never computes
+    assert full == pytest.approx(1000 * (flops_per_token(config, 1024) / 3 - 2 * 768), rel=1e-12)
+    half = forward_flops(config, 1024, tokens=1000, head_rows=500)
+    assert full - half == pytest.approx(500 * 2 * 768 * 50257)
