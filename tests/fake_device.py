@@ -1,21 +1,26 @@
-"""A pretend accelerator on CPU: tensors that say they live on ``cuda:0`` and the device rules a
-GPU enforces, so a CPU test sees where host and device tensors meet (issue 30: sampling crashed
-on the GPU at ``t[rows]``, a host tensor indexed by a device mask, and no CPU test could tell).
+"""A pretend accelerator on CPU, and the device rules a GPU enforces, so a CPU test sees where host
+and device tensors meet (issue 30: sampling crashed on the GPU at ``t[rows]``, a host tensor
+indexed by a device mask, and no CPU test could tell).
 
-``on_fake_device()`` is a ``TorchDispatchMode``: inside it, ``torch.zeros(..., device="cuda")``,
-``x.to("cuda")`` and ``x.cuda()`` make ``DeviceTensor``s (CPU data, ``device`` cuda:0), ``.cpu()``
-brings them back, and every other operation runs on the CPU data after the check a CUDA kernel
-makes, raising the same kind of ``RuntimeError``:
+The pretend device is ``DEVICE`` (torch's ``meta`` device type: a CPU-only torch refuses to make
+anything that says ``cuda``, while ``meta`` passes every check before dispatch and runs no kernel
+of its own). ``on_fake_device()`` is a ``TorchDispatchMode``: inside it, ``torch.zeros(...,
+device=DEVICE)``, ``x.to(DEVICE)`` and ``module.to(DEVICE)`` make ``DeviceTensor``s (CPU data,
+``device`` meta), ``.cpu()`` brings them back, and every other operation runs on the CPU data
+after the checks a CUDA kernel makes, raising the same kind of ``RuntimeError``:
 
 - all tensor operands on one device, except 0-dim host tensors (CUDA takes them as scalars);
 - an index into a device tensor may be on the host; an index into a host tensor may not be on
   the device ("indices should be either on cpu or on the same device as the indexed tensor");
+  the values written into a device tensor must be on the device;
 - random draws on the device take no host generator (nor the reverse);
-- copies (``.to``, ``copy_``) cross devices freely.
+- copies (``.to``, ``copy_``) cross devices freely; ``.numpy()`` of a device tensor is refused.
 
 It counts the host reads of device values (``item()``, ``bool()``, ``tolist()``, ``.cpu()``: the
-syncs of a GPU) in ``syncs``. Only the operations this project's inference uses are modelled:
-a wrong verdict is a bug of this file, not of the code under test.
+syncs of a GPU) in ``syncs``. Only the operations this project's inference uses are modelled, and
+what is not (a tensor torch made with the modes off) raises rather than passes: a wrong verdict
+is a bug of this file, not of the code under test. Code that branches on ``device.type ==
+"cuda"`` (bf16 autocast, the attention probe) takes its CPU branch here.
 """
 
 from __future__ import annotations
@@ -160,6 +165,8 @@ class FakeDevice(TorchDispatchMode):
         if func in _COPIES or func.overloadpacket == _aten.to:
             if func == _aten.copy_.default:
                 return _device_of(args[0])
+            if func == _aten.to.other:   # x.to(y): y's device
+                return _device_of(args[1])
             return wanted if wanted is not None else _device_of(args[0])
         if func in _INDEXING and operands:
             base, rest = operands[0], operands[1:]

@@ -76,6 +76,23 @@ def _sample_both_ways(process_name: str, plan: SamplingPlan, denoiser: Denoiser 
     return on_host, on_device
 
 
+def test_the_pretend_device_refuses_what_cuda_refuses_and_counts_host_reads():
+    with on_fake_device() as device:
+        on_device, on_host = torch.arange(4, device=DEVICE), torch.arange(4)
+        with pytest.raises(RuntimeError, match="indices should be either on cpu or on the same device"):
+            on_host[on_device > 1]                                   # issue 30's crash
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            on_device + on_host
+        with pytest.raises(RuntimeError, match="device type for generator"):
+            torch.rand(4, generator=torch.Generator().manual_seed(0), device=DEVICE)
+        with pytest.raises(TypeError, match="numpy"):
+            on_device.numpy()
+        on_device[on_host > 1] = 7                                    # host indices into a device tensor: fine
+        on_device[[0]] = on_device[[1]] + torch.tensor(1)             # a list index, a 0-dim host scalar
+        assert isinstance(on_device, DeviceTensor) and device.syncs == 0
+        assert on_device.tolist() == [2, 1, 7, 7] and bool((on_device > 0).all()) and device.syncs == 2
+
+
 @pytest.mark.parametrize(("process_name", "name"), CASES)
 def test_every_sampler_runs_on_the_device_and_draws_the_samples_of_the_host(process_name, name):
     on_host, on_device = _sample_both_ways(process_name, PLANS[name])
