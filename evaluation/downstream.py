@@ -48,12 +48,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from common.errors import UserError
 from common.provenance import git_commit, package_version
 from evaluation.downstream_results import LM_EVAL_JSON, DownstreamResults, TaskResult
-from evaluation.generation import resolve_device
+from evaluation.inference import resolve_device
 from evaluation.lm_eval_tasks import TASKS_DIR
 from evaluation.report import JSON_NAME, ReportFiles, read_record, write_report
 from evaluation.results import EvalResults
@@ -302,8 +301,7 @@ def run_downstream(target: Path, config: DownstreamConfig, options: DownstreamOp
     config.check()
     _check_installed()
     check_report_dir(target, options.out)
-    device = str(resolve_device(options.device)) if options.device else (
-        "cuda" if torch.cuda.is_available() else "cpu")
+    device = str(resolve_device(options.device))
     with hub_offline(not config.download), _lm_eval_logs():
         import lm_eval
         from lm_eval.utils import handle_non_serializable

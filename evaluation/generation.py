@@ -45,7 +45,8 @@ Determinism. Sample i draws from its own generator, seeded by (the plan's seed, 
 (``model.sampling.sample_generators``, CPU generators whatever the device): the same export,
 plan and arguments give the same samples whatever ``batch_size``, and on any device up to the
 network's floating-point differences between devices and batch shapes (bit-identical on CPU
-in our tests).
+in our tests). Conditioning is built on the host and moved to the network's device once per
+batch; the samplers keep their own rule of what stays on the host (``model.sampling.core``).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from torch import Tensor
 from common.errors import UserError
 from common.progress import bar as progress_bar
 from data_prep.tokenizer import Tokenizer
-from evaluation.inference import inference_mode, should_compile
+from evaluation.inference import inference_mode, resolve_device, should_compile
 from model.denoiser import Denoiser
 
 # The diffusion sampler's float64 inverse-CDF draw: the AR sampler draws its tokens the same way.
@@ -180,7 +181,7 @@ class _Batch:
 
 def generate(exported: Exported, plan: SamplingPlan, *, num: int, seq_len: int | None = None,
              prompt: str | None = None, infill: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
-             device: str = "cpu") -> list[Sample]:
+             device: str | None = None) -> list[Sample]:
     """Draw ``num`` samples (numbered 0 to num - 1) from ``exported`` as ``plan`` says, all with
     the same ``prompt`` or ``infill`` template; see the module docstring.
 
@@ -204,7 +205,7 @@ def generate(exported: Exported, plan: SamplingPlan, *, num: int, seq_len: int |
 
 
 def complete(exported: Exported, plan: SamplingPlan, prompts: Sequence[str], *, max_new_tokens: int,
-             batch_size: int = DEFAULT_BATCH_SIZE, device: str = "cpu") -> list[Sample]:
+             batch_size: int = DEFAULT_BATCH_SIZE, device: str | None = None) -> list[Sample]:
     """One continuation of ``max_new_tokens`` tokens per prompt, in the order of ``prompts``:
     what an evaluation harness's ``generate_until`` asks for (``continue_tokens`` with the
     prompts encoded, numbered 0, 1, ...).
@@ -221,7 +222,7 @@ def complete(exported: Exported, plan: SamplingPlan, prompts: Sequence[str], *, 
 
 def continue_tokens(exported: Exported, plan: SamplingPlan, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                     indices: Sequence[int] | None = None, shown: Sequence[str | None] | None = None,
-                    batch_size: int = DEFAULT_BATCH_SIZE, device: str = "cpu") -> list[Sample]:
+                    batch_size: int = DEFAULT_BATCH_SIZE, device: str | None = None) -> list[Sample]:
     """``max_new_tokens`` ids after each prompt of token ids, kept as they are, in the order given.
 
     ``indices``: each prompt's sample number under the plan's seed (default 0, 1, ...): its
@@ -259,10 +260,11 @@ def continue_tokens(exported: Exported, plan: SamplingPlan, prompts: Sequence[Se
 
 
 def _draw(exported: Exported, plan: SamplingPlan, batches: list[_Batch], objective: str,
-          device: str) -> list[Sample]:
-    """Every batch, in order, on ``device``, with a progress bar: under inference mode, and on a
-    GPU as evaluation runs the network (``evaluation.inference``: bf16 autocast, the fastest
-    attention kernel), its blocks compiled as the plan's ``compile`` says."""
+          device: str | None) -> list[Sample]:
+    """Every batch, in order, on ``device`` (None: the GPU when there is one), with a progress
+    bar: under inference mode, and on a GPU as evaluation runs the network
+    (``evaluation.inference``: bf16 autocast, the fastest attention kernel), its blocks
+    compiled as the plan's ``compile`` says."""
     target = resolve_device(device)
     network = exported.network.to(target).eval()
     if should_compile(plan.compile, target, _network_tokens(plan, batches, objective)):
@@ -333,18 +335,6 @@ def _check_autoregressive(plan: SamplingPlan, seq_len: int | None, max_seq_len: 
 def _check_positive(flag: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UserError(f"{flag} must be an integer >= 1, got {value!r}")
-
-
-def resolve_device(name: str) -> torch.device:
-    """The torch device ``name`` (cpu, cuda, cuda:1); a UserError naming ``--device`` when it
-    is not one or is not on this machine."""
-    try:
-        device = torch.device(name)
-    except RuntimeError as err:
-        raise UserError(f"--device {name!r} is not a torch device ({err})") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: CUDA is not available on this machine")
-    return device
 
 
 def _diffusion_batch(exported: Exported, network: torch.nn.Module, plan: SamplingPlan, batch: _Batch,

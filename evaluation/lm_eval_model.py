@@ -63,7 +63,8 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from common.errors import UserError
 from common.progress import bar as progress_bar
 from evaluation.inference import inference_mode
-from evaluation.generation import continue_tokens, resolve_device
+from evaluation.generation import continue_tokens
+from evaluation.inference import resolve_device
 from evaluation.likelihoods import Score, ScoringModel, ScoringSettings, score_continuations, score_documents
 from model.sampling import PlanError, SamplingPlan
 from pipeline.export import Exported, load_export, resolve_export
@@ -265,10 +266,9 @@ def _settings(samples: Any, seed: Any, batch_size: Any, max_batch_size: Any) -> 
 def _device(name: str | None) -> torch.device:
     """``name``, or a GPU when there is one. lm-eval's command line passes ``cuda:0`` unless told
     otherwise: without CUDA that falls back to the CPU (a name of another kind must exist)."""
-    if name is None or (name.startswith("cuda") and not torch.cuda.is_available()):
-        if name is not None:
-            log.info("device %s is not available: scoring on the CPU", name)
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name is not None and name.startswith("cuda") and not torch.cuda.is_available():
+        log.info("device %s is not available: scoring on the CPU", name)
+        name = None
     return resolve_device(name)
 
 

@@ -47,7 +47,8 @@ from common.provenance import git_commit, package_version
 from data_prep.shards import MANIFEST_NAME
 from evaluation.downstream_results import DOWNSTREAM_JSON, DownstreamResults
 from evaluation.evaluate import VAL_DATASET, EvalConfig, evaluate
-from evaluation.generation import check_plan, generate, resolve_device
+from evaluation.generation import check_plan, generate
+from evaluation.inference import resolve_device
 from evaluation.protocols import DEFAULT_PROTOCOL
 from evaluation.report import JSON_NAME, REPORT_KIND, ReportFiles, read_record, write_report
 from evaluation.results import (

@@ -8,6 +8,12 @@ PaLM and nanoGPT papers for a transformer with full attention:
 N counts every parameter once (the tied output head included: its matmul is real work).
 The training loss computes logits only at masked positions, so the work actually done is
 a little less than the formula; MFU by convention credits the full model.
+
+Inference (``forward_flops``) counts the work actually done: every token passed through the
+blocks costs 2 x (non-embedding parameters) + 4 x layers x d_model x seq_len (the forward third
+of the above), and only the rows whose logits are computed cost the head's 2 x d_model x V (the
+estimator's masked rows, a sampler's revealed positions). With every row's logits it is the
+forward convention 2 N + 4 x layers x d_model x seq_len.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import torch
 
 from model.transformer import TransformerConfig, parameter_counts
 
-__all__ = ["flops_per_token", "peak_flops", "mfu", "PEAK_BF16_FLOPS"]
+__all__ = ["flops_per_token", "forward_flops", "peak_flops", "mfu", "PEAK_BF16_FLOPS"]
 
 # Dense bf16 tensor-core peaks (no sparsity), FLOP/s, from the vendors' data sheets.
 PEAK_BF16_FLOPS = {
@@ -33,6 +39,14 @@ def flops_per_token(config: TransformerConfig, seq_len: int) -> float:
     of ``vocab_multiple`` are work the model does not need, so MFU does not credit them."""
     n = parameter_counts(replace(config, vocab_multiple=1)).total
     return 6.0 * n + 12.0 * config.n_layers * config.d_model * seq_len
+
+
+def forward_flops(config: TransformerConfig, seq_len: int, tokens: float, head_rows: float) -> float:
+    """Forward FLOPs of ``tokens`` tokens through the blocks in sequences of ``seq_len``, and of
+    the head at ``head_rows`` of them (module docstring), with the true vocabulary."""
+    true = replace(config, vocab_multiple=1)
+    body = 2.0 * parameter_counts(true).non_embedding + 4.0 * config.n_layers * config.d_model * seq_len
+    return tokens * body + head_rows * 2.0 * config.d_model * config.vocab_size
 
 
 def peak_flops(device: torch.device) -> float | None:

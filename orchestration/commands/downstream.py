@@ -9,6 +9,7 @@ from pathlib import Path
 
 from common.logs import configure_logging
 from evaluation.downstream_results import DownstreamResults
+from evaluation.inference import DEVICE_HELP
 from model.sampling import SAMPLERS
 
 RAW = argparse.RawDescriptionHelpFormatter
@@ -101,5 +102,5 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="let lm-eval download the tasks' datasets from the Hugging Face Hub (default: offline)")
     parser.add_argument("--out", help="report directory (default RUN/report)")
     parser.add_argument("--mlflow-uri", help="log to this server in a new run (default: the training's run)")
-    parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
+    parser.add_argument("--device", help=DEVICE_HELP)
     parser.set_defaults(handler=_cmd_lm_eval)

@@ -10,7 +10,7 @@ from pathlib import Path
 from common.logs import configure_logging
 from evaluation.detokenizers import DETOKENIZERS
 from evaluation.evaluate import EvalConfig
-from evaluation.inference import COMPILE_SETTINGS
+from evaluation.inference import COMPILE_SETTINGS, DEVICE_HELP
 from evaluation.protocols import DEFAULT_PROTOCOL, PROTOCOLS
 from evaluation.results import EvalResults
 from orchestration.commands.sampling_flags import (
@@ -143,5 +143,5 @@ def register(commands: argparse._SubParsersAction) -> None:
                              "shows the gap on the datasets both scored")
     parser.add_argument("--out", help="report directory, new or empty or an earlier report (default RUN/report)")
     parser.add_argument("--mlflow-uri", help="log to this server in a new run (default: the training's run)")
-    parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: this rank's device)")
+    parser.add_argument("--device", help=f"{DEVICE_HELP}; under torchrun, this rank's GPU")
     parser.set_defaults(handler=_cmd_eval)
