@@ -33,8 +33,8 @@ from safetensors.torch import load_file, save_file
 
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
-from common.outputs import InputPath, OutputKind, check_output_dir, entry_names, json_object, new_output_dir
-from data_prep.tokenizer import Tokenizer, load_tokenizer
+from common.outputs import InputPath, OutputKind, check_output_dir, holds_only, json_object, new_output_dir
+from data_prep.tokenizer import SAVED_TOKENIZER_FILES, Tokenizer, load_tokenizer
 from model.spec import ModelSpec, Process, build_network, build_process, build_trainable
 from model.trainable import NETWORK_PREFIX, split_state
 from model.transformer import Transformer, TransformerConfig, unpadded_state
@@ -73,12 +73,18 @@ _WRAPPER_PREFIX = "_checkpoint_wrapped_module."
 EXPORT_DRAWS = 1
 
 
+def _is_export_file(name: str) -> bool:
+    """Whether ``name`` (relative to an export) is a file an export holds."""
+    folder, _, file = name.rpartition("/")
+    return name in (CONFIG_FILE, WEIGHTS_FILE) or (folder == TOKENIZER_DIR and file in SAVED_TOKENIZER_FILES)
+
+
 def _is_unmarked_export(directory: Path) -> bool:
-    """An export written before the marker existed: its three entries and nothing else, with
-    the config.json only an export writes."""
+    """An export written before the marker existed: its files and nothing else, at every depth,
+    with the config.json only an export writes."""
     config = json_object(directory / CONFIG_FILE)
-    return (entry_names(directory) <= {CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_DIR}
-            and config is not None and {"format_version", "network"} <= config.keys())
+    return (config is not None and {"format_version", "network"} <= config.keys()
+            and holds_only(directory, _is_export_file))
 
 
 # What `unmask export` and `unmask import` write: a directory that appears whole.
