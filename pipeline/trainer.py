@@ -40,7 +40,14 @@ from model.spec import ModelSpec, build_trainable
 from model.transformer import TransformerConfig
 from pipeline.attention import attention_kernel
 from pipeline.background_tracking import FAILED_CLOSE_WAIT_S, BackgroundTracker
-from pipeline.checkpoint import CheckpointManager, CheckpointMeta, TrainState, read_state, write_failure
+from pipeline.checkpoint import (
+    CheckpointManager,
+    CheckpointMeta,
+    TrainState,
+    latest_checkpoint,
+    read_state,
+    write_failure,
+)
 from pipeline.config import Config, ModelSection, config_differences, with_legacy_values
 from pipeline.distributed import Distributed, init_distributed
 from pipeline.ema import EMA
@@ -476,10 +483,12 @@ def _with_checkpoint_legacy(config: Config, run_dir: Path, dist: Distributed) ->
     value they had then (``pipeline.config.with_legacy_values``; a run written before
     ``model.vocab_multiple`` resumes with 1, the shape of its weights). The checkpoint is not
     verified here: resuming does that, and refuses what it must."""
-    layout = RunLayout(run_dir)
+    latest = latest_checkpoint(run_dir, warn=dist.is_main)
     try:
-        saved = read_state(layout.checkpoints / layout.latest.read_text().strip()).config
-    except (OSError, UserError):  # no checkpoint yet, or one that resuming will name
+        saved = read_state(latest).config if latest is not None else None
+    except (OSError, UserError):  # one that resuming will name
+        saved = None
+    if saved is None:
         return config
     config, adopted = with_legacy_values(config, saved)
     if adopted and dist.is_main:
