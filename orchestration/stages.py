@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from common.errors import UserError
-from common.outputs import InputPath, claim_output_dir
+from common.outputs import InputPath, claim_output_dir, json_object
 from data_prep.builtin_corpus import write_cpython_corpus
 from data_prep.prep import DEFAULT_VAL_FRACTION, MAX_SEQ_LEN, PrepConfig
 from data_prep.prepare import PrepRequest, prepare
@@ -43,7 +43,7 @@ from model.transformer import PRESETS
 from orchestration.ray_train import RayLaunch, launch
 from pipeline.checkpoint import latest_step
 from pipeline.config import Config
-from pipeline.export import CONFIG_FILE, export
+from pipeline.export import CONFIG_FILE, damaged_export, export, verify_export
 from pipeline.hooks import TrainHooks
 from pipeline.run_layout import RUN_KIND, RunLayout
 from pipeline.trainer import train
@@ -202,8 +202,14 @@ def _stage_train(request: RunRequest, context: StageContext) -> str:
 
 
 def _exported_step(layout: RunLayout) -> int | None:
-    path = layout.export / CONFIG_FILE
-    return json.loads(path.read_text()).get("step") if path.is_file() else None
+    """The step of the run's export; None without one. A damaged export is refused (it is
+    not up to date, and exporting again would replace files that are not as written)."""
+    if not (layout.export / CONFIG_FILE).is_file():
+        return None
+    problem = verify_export(layout.export)
+    if problem is not None:
+        raise damaged_export(problem, layout.export)
+    return (json_object(layout.export / CONFIG_FILE) or {}).get("step")
 
 
 def _stage_export(request: RunRequest, context: StageContext) -> str:
