@@ -266,8 +266,10 @@ def _remove_empty(directories: Sequence[Path]) -> None:
             return  # not empty: it, and the ones around it, hold something
 
 
-def _holds_files(directory: Path) -> bool:
-    return any(p.name != MARKER and not p.is_dir() for p in directory.rglob("*"))
+def _holds_files(directory: Path, besides: set[str] = frozenset()) -> bool:
+    """Whether ``directory`` holds a file but its marker, outside the top-level entries ``besides``."""
+    return any(p.name != MARKER and not p.is_dir() and p.relative_to(directory).parts[0] not in besides
+               for p in directory.rglob("*"))
 
 
 @dataclass(frozen=True)
@@ -282,19 +284,18 @@ class OutputClaim:
     def abandon(self, written: Sequence[str] = ()) -> None:
         """After a failure: when the directory holds no file besides the marker (nothing was
         done worth keeping), remove what the claim added: its marker and its directories.
-        ``written``: names in the directory of what the command wrote that holds nothing worth
-        keeping yet (an empty lock, the config it resolved); removed first, and only from a
-        directory that was new or empty when claimed (anything else there was there before)."""
-        if not self.path.is_dir():
+        ``written``: top-level names of what the command wrote there that holds nothing worth
+        keeping yet (an empty lock, the config it resolved), counted as nothing and removed too,
+        in a directory that was new or empty when claimed (else they may be someone's)."""
+        written = set(written) if self.fresh else set()
+        if not self.path.is_dir() or _holds_files(self.path, besides=written):
             return
-        for name in written if self.fresh else ():
+        for name in sorted(written):
             path = self.path / name
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)
-        if _holds_files(self.path):
-            return
         if self.marked:
             (self.path / MARKER).unlink(missing_ok=True)
             for empty in sorted((p for p in self.path.rglob("*") if p.is_dir()), reverse=True):

@@ -238,9 +238,24 @@ def run_pipeline(request: RunRequest, *, say: Callable[[str], None] = print,
     A stage that fails raises (``Preempted`` for a training stopped by a signal); rerunning
     the same request continues from it. ``hooks`` run inside the training loop."""
     request.check()
-    claim_output_dir(request.run_dir, RUN_KIND, "--run-dir", request.reads())
+    claim = claim_output_dir(request.run_dir, RUN_KIND, "--run-dir", request.reads())
     context = StageContext(say, hooks)
-    start, stages = time.perf_counter(), {}
+    start = time.perf_counter()
+    try:
+        stages = _run_stages(request, context)
+    except BaseException:
+        # Nothing worth keeping (the prep gave its directory back): RUN goes too, if it was new,
+        # with the built-in corpus it wrote (written again in seconds).
+        claim.abandon(written=[request.layout.corpus.name])
+        raise
+    summary = _summary(request, stages, time.perf_counter() - start)
+    request.layout.summary.write_text(summary.to_json())
+    return summary
+
+
+def _run_stages(request: RunRequest, context: StageContext) -> dict[str, str]:
+    """Each stage in turn; what each did."""
+    say, stages = context.say, {}
     for name, stage in STAGES:
         say(f"unmask run: stage {name}")
         try:
@@ -249,9 +264,7 @@ def run_pipeline(request: RunRequest, *, say: Callable[[str], None] = print,
             raise UserError(f"stage {name} failed: {err}. Fix it and rerun the same `unmask run`: finished "
                             f"stages are kept and skipped") from None
         say(f"unmask run: stage {name}: {stages[name]}")
-    summary = _summary(request, stages, time.perf_counter() - start)
-    request.layout.summary.write_text(summary.to_json())
-    return summary
+    return stages
 
 
 def _summary(request: RunRequest, stages: dict[str, str], seconds: float) -> RunSummary:

@@ -72,7 +72,7 @@ from pipeline.run_layout import RunLayout
 from pipeline.safe_load import deepspeed_loads_safely, find_unloadable, load_torch_file
 
 __all__ = ["export", "has_ema", "resolve_export", "training_run_of", "write_export", "load_export", "Exported",
-           "canonical_name", "export_to_hf", "export_files", "ExportFormat", "EXPORT_KIND", "WEIGHTS_FILE",
+           "canonical_name", "export_to_hf", "export_directory", "export_files", "ExportFormat", "EXPORT_KIND", "WEIGHTS_FILE",
            "CONFIG_FILE", "TOKENIZER_DIR", "damaged_export", "verify_export"]
 
 WEIGHTS_FILE = "model.safetensors"
@@ -191,11 +191,16 @@ def write_export(out: Path, tensors: dict[str, torch.Tensor], config: dict, toke
         atomic_write_bytes(staging / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True).encode())
 
 
-def export_files(path: str | Path) -> list[Path]:
-    """The files of the export that ``path`` names (an export, or a training run's
-    ``RUN/export``), for an output that must keep clear of them; nothing is read."""
+def export_directory(path: str | Path) -> Path:
+    """The export directory that ``path`` names (an export, or a training run's ``RUN/export``),
+    for an output that must keep clear of it; nothing is read."""
     layout = RunLayout(path)
-    directory = layout.export if layout.is_training_run() else Path(path)
+    return layout.export if layout.is_training_run() else Path(path)
+
+
+def export_files(path: str | Path) -> list[Path]:
+    """The files of the export that ``path`` names (``export_directory``); nothing is read."""
+    directory = export_directory(path)
     return [directory / WEIGHTS_FILE, directory / CONFIG_FILE, directory / TOKENIZER_DIR]
 
 

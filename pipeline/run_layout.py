@@ -80,6 +80,10 @@ class RunLayout:
     def ray_train(self) -> Path:
         return self.root / "ray_train"
 
+    def before_first_step(self) -> tuple[Path, ...]:
+        """What `unmask train` writes before its first step (nothing worth keeping yet)."""
+        return (self.lock, self.config, self.tokenizer, self.metrics, self.mlflow_record, self.checkpoints)
+
     def entry_names(self) -> set[str]:
         """Every name a run directory holds at its top (the module docstring's)."""
         paths = (self.config, self.metrics, self.lock, self.tokenizer, self.checkpoints, self.ray_train,

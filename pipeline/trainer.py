@@ -544,10 +544,10 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
     joined_here = not torch.distributed.is_initialized()
     dist = init_distributed()
     lock = RunLock(run_dir)
-    refusal = None
+    refusal, claim = None, None
     if dist.is_main:
         try:
-            claim_output_dir(run_dir, RUN_KIND, "--run-dir", [training_data(data_dir)])
+            claim = claim_output_dir(run_dir, RUN_KIND, "--run-dir", [training_data(data_dir)])
             lock.acquire()
         except UserError as err:
             refusal = err
@@ -555,11 +555,28 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
         raise refusal or UserError(f"{run_dir}: rank 0 could not lock the run directory; its message says why")
     try:
         result = _train_locked(config, dist, Path(data_dir), Path(run_dir), resume, allow_config_change, hooks)
-    finally:
+    except BaseException:
         lock.release()
+        if claim is not None and not _took_a_step(Path(run_dir)):  # a directory it created goes, with what it wrote
+            claim.abandon(written=[path.name for path in RunLayout(run_dir).before_first_step()])
+        raise
+    lock.release()
     if joined_here:  # the group this call made; a launcher's (Ray Train's) is the launcher's to end
         dist.shutdown()
     return result
+
+
+def _took_a_step(run_dir: Path) -> bool:
+    """Whether the run directory holds a training step's work: a checkpoint, or the records of
+    a step after the untrained validation at step 0 (a torn last line counts as one)."""
+    layout = RunLayout(run_dir)
+    if latest_checkpoint(run_dir, warn=False) is not None:
+        return True
+    try:
+        lines = layout.metrics.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return False
+    return any(_record_step(line) >= 1 for line in lines)
 
 
 def _train_locked(config: Config, dist: Distributed, data_dir: Path, run_dir: Path, resume: str,

@@ -226,6 +226,11 @@ def test_a_failed_command_leaves_no_output_directory(run, mdlm_model, tmp_path, 
     for argv in failures:
         _cli(capsys, *argv)
         assert not (tmp_path / "new").exists(), argv
+    # `unmask run` failing in its prep stage (issue 33): RUN does not stay behind holding its marker alone.
+    assert unmask_in_process(["run", "--input", str(empty), "--run-dir", str(new), "--tokenizer",
+                              str(run / "tokenizer")]) == 2
+    assert "unmask run: error: stage prep failed" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
 
 
 @pytest.mark.slow
@@ -249,7 +254,7 @@ def test_sample_replaces_only_a_samples_file(run, capsys):
     base = ["sample", str(run), "--num", "1", "--steps", "2", "--seq-len", "8"]
     err = _cli(capsys, *base, "--out", run / "metrics.jsonl")
     assert "exists and is not a samples file of `unmask sample`" in err and (run / "metrics.jsonl").read_text() == metrics
-    assert "is the export it samples" in _cli(capsys, *base, "--out", run / "export" / "config.json")
+    assert "lies inside the export it samples" in _cli(capsys, *base, "--out", run / "export" / "config.json")
     samples = run / "samples" / "s.jsonl"
     assert unmask_in_process([*base, "--out", str(samples)]) == 0
     assert unmask_in_process([*base, "--out", str(samples), "--seed", "1"]) == 0  # its own kind: replaced
