@@ -24,7 +24,6 @@ read with ``pipeline.safe_load`` (data only, never code), DeepSpeed's included.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import random
@@ -39,6 +38,7 @@ import torch
 
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
+from common.file_records import HASH_THREADS, sha256_file
 from pipeline.distributed import Distributed
 from pipeline.ema import EMA
 from pipeline.reshard import DEEPSPEED_DIR, EMA_FILE, UNIVERSAL_DIR, universal_checkpoint, universal_loading
@@ -56,9 +56,6 @@ STATE_FILE = "unmask_state.json"
 # weights_only off, so a run dir shared with them invites running code from a file someone
 # received; `unmask export` does their job safely. Removed after each save.
 DEEPSPEED_RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
-# Files hashed at once when a checkpoint is recorded or verified (hashlib releases the GIL).
-HASH_THREADS = 4
-HASH_BLOCK = 1 << 22
 # A write that failed on a disk with less than this free failed for want of space: torch's
 # zip writer reports a full disk as "unexpected pos", without the OS error.
 FULL_DISK_MARGIN = 16 << 20
@@ -147,19 +144,11 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------- integrity
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _file_records(directory: Path) -> dict[str, dict[str, Any]]:
     """``{name: {"bytes", "sha256"}}`` of every file of a checkpoint but its state file."""
     paths = sorted(p for p in directory.iterdir() if p.is_file() and p.name != STATE_FILE)
     with ThreadPoolExecutor(HASH_THREADS) as pool:
-        digests = list(pool.map(_sha256, paths))
+        digests = list(pool.map(sha256_file, paths))
     return {p.name: {"bytes": p.stat().st_size, "sha256": d} for p, d in zip(paths, digests)}
 
 
@@ -192,7 +181,7 @@ def verify_checkpoint(directory: Path) -> str | None:
             return f"{path} has {size} bytes, {record['bytes']} were written (truncated or overwritten)"
     paths = [directory / name for name in records]
     with ThreadPoolExecutor(HASH_THREADS) as pool:
-        for path, digest in zip(paths, pool.map(_sha256, paths)):
+        for path, digest in zip(paths, pool.map(sha256_file, paths)):
             if digest != records[path.name]["sha256"]:
                 return f"{path}: its sha256 differs from the one recorded when it was written (corrupt)"
     return None

@@ -15,7 +15,7 @@ import torch
 from common.errors import UserError
 from common.outputs import MARKER
 from data_prep.tokenizer import train_sentencepiece
-from pipeline.export import load_export, verify_export
+from pipeline.export import load_export
 from pipeline.run_layout import RunLayout
 from tests.cli_runner import unmask_in_process
 from tests.export_fixtures import write_untrained_export
@@ -86,6 +86,8 @@ def test_load_export_names_the_damaged_file_and_the_fix_with_or_without_records(
 
 
 def test_the_records_find_a_changed_file_of_the_same_size_and_a_copy_still_loads(sound, tmp_path):
+    from pipeline.export import verify_export
+
     copy = tmp_path / "copy"
     shutil.copytree(sound, copy, copy_function=shutil.copy)  # new modification times: hashed, and sound
     assert verify_export(copy) is None and load_export(copy).config["step"] == 0
