@@ -215,3 +215,22 @@ def test_first_hitting_sampling_runs_under_bf16_one_call_per_token():
                                          generator=sample_generators(plan.seed, range(samples)), device=device)
     assert tokens.shape == (samples, length) and 0 <= int(tokens.min()) and int(tokens.max()) < VOCAB
     assert list(stats.row_calls) == [length] * samples  # exact first-hitting: one call per token
+
+
+def test_an_export_is_checked_then_loaded_onto_the_gpu_and_a_truncated_one_is_refused(tmp_path):
+    """``load_export(map_location="cuda")``, as sampling and evaluation call it on a GPU: the
+    export's recorded files are checked on the host first (issue 33)."""
+    from common.errors import UserError
+    from data_prep.tokenizer import train_sentencepiece
+    from pipeline.export import load_export
+    from tests.export_fixtures import write_untrained_export
+
+    tokenizer = train_sentencepiece([f"the cat {i} sat on the mat {i % 7}" for i in range(300)], tmp_path / "tok",
+                                    vocab_size=300)
+    export = write_untrained_export(tmp_path / "export", tokenizer, tmp_path / "tok")
+    loaded = load_export(export, map_location="cuda")  # the tensors are read onto the GPU, then into the network
+    assert loaded.config["step"] == 0 and not any(p.isnan().any() for p in loaded.network.parameters())
+    weights = export / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(UserError, match=rf"{weights} has 1000 bytes, \d+ were written .*the export is damaged"):
+        load_export(export, map_location="cuda")
