@@ -4,18 +4,15 @@
 from __future__ import annotations
 
 import argparse
-import os
 import platform
-import signal
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
+import orchestration.preemption  # noqa: F401  first: a SIGTERM from here on is a preemption (its docstring)
 from common.errors import UserError
 from common.provenance import package_version
 from orchestration.commands import config, data, downstream, evaluate, importing, jobs, run, sample, train
 from orchestration.exit_codes import PREEMPTED, USER_ERROR
+from orchestration.preemption import StoppedDuringStartup, preemptible_startup
 from pipeline.hooks import TrainHooks
 
 DESCRIPTION = """\
@@ -40,47 +37,6 @@ examples:
   unmask jobs logs JOB_ID --follow
   unmask version --all
 """
-
-# Commands that train. A SIGTERM (a scheduler's preemption) that arrives while one starts up,
-# before its training loop takes the signal over (imports, the data, the engine), stops it with
-# PREEMPTED, as one during the loop does: a scheduler then retries it instead of counting a failure.
-TRAINING_COMMANDS = ("train", "run")
-
-
-class StoppedDuringStartup(BaseException):
-    """A SIGTERM arrived before the training loop installed its own handler: the command
-    stops where it is (a BaseException: no ``except Exception`` swallows it)."""
-
-
-# The process that installed ``_stop``: a child forked from it (a DataLoader worker) inherits
-# the handler, and dies of the signal as it would have without it.
-_COMMAND_PID: list[int] = []
-
-
-def _stop(signum: int, frame: object) -> None:
-    if os.getpid() not in _COMMAND_PID:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        return
-    raise StoppedDuringStartup(signal.Signals(signum).name)
-
-
-@contextmanager
-def _preemptible_startup(argv: list[str]) -> Iterator[None]:
-    """For a training command, SIGTERM raises ``StoppedDuringStartup`` until the training loop
-    installs its own handler (``pipeline.trainer``), and after it restores this one; the
-    previous handler comes back at the end (tests run commands in their own process)."""
-    command = next((arg for arg in argv if not arg.startswith("-")), None)
-    if command not in TRAINING_COMMANDS or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _COMMAND_PID[:] = [os.getpid()]
-    previous = signal.signal(signal.SIGTERM, _stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
 
 # Reported by `unmask version`: the packages whose versions decide numerical results.
 REPORTED_PACKAGES = ("torch", "deepspeed", "ray", "mlflow", "webdataset", "sentencepiece", "tiktoken", "tokenizers")
@@ -115,7 +71,7 @@ def main(argv: list[str] | None = None, *, hooks: TrainHooks = TrainHooks()) -> 
     """Run ``unmask ARGV``; the exit status. ``hooks`` run inside every training loop the
     command starts (a script embedding the command line may watch or pause its steps)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    with _preemptible_startup(argv):  # first: a preemption may arrive at any time
+    with preemptible_startup(argv):
         try:
             return _run(argv, hooks)
         except StoppedDuringStartup as stop:
