@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from common.atomic_files import atomic_write_bytes
-from common.outputs import OutputKind, entry_names, holds_only, new_output_dir
+from common.outputs import OutputKind, holds_only, json_object, new_output_dir
 from evaluation.downstream_results import DOWNSTREAM_JSON, LM_EVAL_JSON, DownstreamResults, TaskResult
 from evaluation.plots import PLOTS_DIR, Curves, is_plot_name, report_plots
 from evaluation.protocols import DEFAULT_PROTOCOL
@@ -95,9 +95,12 @@ def _is_report_file(name: str) -> bool:
 
 def _is_unmarked_report(directory: Path) -> bool:
     """A report written before the marker existed: its files only, at every depth, with its
-    results.json (or the MLflow record its evaluation wrote first) among them."""
-    return (bool(entry_names(directory) & {JSON_NAME, MLFLOW_RECORD})
-            and holds_only(directory, _is_report_file))
+    results.json (or the MLflow record its evaluation wrote first) among them, holding what
+    ours hold (a file of that name alone could be anyone's)."""
+    results, record = json_object(directory / JSON_NAME), json_object(directory / MLFLOW_RECORD)
+    ours = ((results is not None and {"model", "datasets"} <= results.keys())
+            or (record is not None and {"run_id", "tracking_uri"} <= record.keys()))
+    return ours and holds_only(directory, _is_report_file)
 
 
 # What `unmask eval` writes (RUN/report, --out): a directory that appears whole.

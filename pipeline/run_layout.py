@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.outputs import InputPath, OutputKind, entry_names, json_object
+from common.outputs import InputPath, OutputKind, entry_names, holds_only, json_object, read_marker
 
 __all__ = ["MLFLOW_RECORD", "RUN_KIND", "RunLayout", "step_tag", "training_data", "TAG_PATTERN"]
 
@@ -134,6 +134,15 @@ class RunLayout:
 
 # Two of these make a run written before the marker (one file name alone could be anyone's).
 _RUN_SIGNS = 2
+# The file `unmask run` writes into RUN/corpus without --input (data_prep.builtin_corpus).
+_BUILTIN_CORPUS = re.compile(r"cpython-[\w.+]+-docs\.jsonl")
+
+
+def _is_prep(directory: Path) -> bool:
+    """Whether ``directory`` holds a prep (marked so, or with a prep's manifest): RUN/data."""
+    manifest = json_object(directory / "manifest.json")
+    return (read_marker(directory) or {}).get("kind") == "prep" or (
+        manifest is not None and "prep_config_sha256" in manifest)
 
 
 def _run_signs(layout: RunLayout) -> int:
@@ -170,7 +179,10 @@ def _is_unmarked_run(directory: Path) -> bool:
     if not names or not names <= layout.entry_names():
         return False
     before_first_step = {layout.data.name, layout.corpus.name, layout.ray_train.name}
-    return names <= before_first_step or _run_signs(layout) >= _RUN_SIGNS
+    if names <= before_first_step:  # each what `unmask run` (or Ray Train) writes there, not a folder of that name
+        return ((not layout.data.exists() or _is_prep(layout.data))
+                and (not layout.corpus.exists() or holds_only(layout.corpus, _BUILTIN_CORPUS.fullmatch)))
+    return _run_signs(layout) >= _RUN_SIGNS
 
 
 # What `unmask train --run-dir` and `unmask run --run-dir` write: a directory that grows in place.

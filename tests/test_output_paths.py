@@ -118,6 +118,9 @@ def test_outputs_written_before_the_marker_are_recognized_conservatively(tmp_pat
     (report / "plots").mkdir(parents=True)
     for name in ("results.json", "report.md", "report.html"):
         (report / name).write_text("{}")
+    with pytest.raises(UserError, match="is not a report"):  # a file named results.json is not enough
+        check_output_dir(report, REPORT_KIND, "--out")
+    (report / "results.json").write_text(json.dumps({"model": {}, "datasets": {}}))
     check_output_dir(report, REPORT_KIND, "--out")  # an earlier version's report: replaced by the next
     (report / "notes.txt").write_text("mine")
     with pytest.raises(UserError, match="is not a report of `unmask eval`: it holds notes.txt, plots/"):
@@ -385,3 +388,11 @@ def test_a_directory_of_the_users_own_files_is_not_taken_for_a_run(tmp_path, cap
     # Two things only a run holds (its resolved config and its tokenizer), and nothing else: a run.
     (tmp_path / "config-alone" / "tokenizer").mkdir()
     check_output_dir(tmp_path / "config-alone", RUN_KIND, "--run-dir")
+    # A folder named data/ or corpus/ is not `unmask run`'s before its first step unless it holds what that writes.
+    own = tmp_path / "own"
+    (own / "corpus").mkdir(parents=True)
+    (own / "corpus" / "my-book.txt").write_text("mine")
+    with pytest.raises(UserError, match="is not an unmask training run: it holds corpus/"):
+        check_output_dir(own, RUN_KIND, "--run-dir")
+    (own / "corpus" / "my-book.txt").rename(own / "corpus" / "cpython-3.11.7-docs.jsonl")
+    check_output_dir(own, RUN_KIND, "--run-dir")
