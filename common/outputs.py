@@ -378,7 +378,7 @@ def staged_directory(target: Path) -> Iterator[Path]:
 def new_output_dir(path: str | Path, kind: OutputKind, flag: str,
                    inputs: Sequence[InputPath] = ()) -> Iterator[Path]:
     """Write ``kind``'s output for ``path``: check it (``check_output_dir``), yield a new
-    hidden sibling to write into, then mark it with its entries and rename it into place
+    hidden sibling to write into, then mark it with its files' records and rename it into place
     (rule 3). Whatever the block raises leaves ``path`` as it was."""
     target = check_output_dir(path, kind, flag, inputs)
     if not kind.whole:
