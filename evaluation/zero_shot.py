@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError
-from common.outputs import InputPath, check_output_dir
+from common.outputs import InputPath, check_output_dir, json_object
 from common.provenance import git_commit, package_version
 from data_prep.shards import MANIFEST_NAME
 from evaluation.downstream_results import DOWNSTREAM_JSON, DownstreamResults
@@ -77,12 +77,14 @@ from pipeline.distributed import Distributed, init_distributed
 from pipeline.export import (
     CONFIG_FILE,
     Exported,
+    damaged_export,
     export,
     export_files,
     has_ema,
     load_export,
     resolve_export,
     training_run_of,
+    verify_export,
 )
 from pipeline.run_layout import RunLayout
 
@@ -141,7 +143,7 @@ def report_dir(target: Path, options: ReportOptions) -> Path:
 
 
 def _exported_step(export_dir: Path) -> int | None:
-    return json.loads((export_dir / CONFIG_FILE).read_text()).get("step")
+    return (json_object(export_dir / CONFIG_FILE) or {}).get("step")
 
 
 def is_up_to_date(target: Path, config: EvalConfig, options: ReportOptions) -> bool:
@@ -212,9 +214,15 @@ def _read_comparison(path: Path, names: tuple[str, ...]) -> Comparison:
 
 def export_if_missing(path: Path) -> None:
     """A training run without an export is exported first: its latest checkpoint's EMA
-    weights, or its live weights when the checkpoint has no EMA (with a warning)."""
+    weights, or its live weights when the checkpoint has no EMA (with a warning). An export
+    that is there but damaged (``verify_export``) is refused, not taken as up to date."""
     layout = RunLayout(path)
-    if not layout.is_training_run() or (layout.export / CONFIG_FILE).is_file():
+    if not layout.is_training_run():
+        return
+    if (layout.export / CONFIG_FILE).is_file():
+        problem = verify_export(layout.export)
+        if problem is not None:
+            raise damaged_export(problem, layout.export)
         return
     weights = "ema" if has_ema(resolve_checkpoint(path)) else "model"
     if weights == "model":

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from common.errors import UserError
-from common.outputs import InputPath, claim_output_dir
+from common.outputs import InputPath, claim_output_dir, json_object
 from data_prep.builtin_corpus import write_cpython_corpus
 from data_prep.prep import DEFAULT_VAL_FRACTION, MAX_SEQ_LEN, PrepConfig
 from data_prep.prepare import PrepRequest, prepare
@@ -43,7 +43,7 @@ from model.transformer import PRESETS
 from orchestration.ray_train import RayLaunch, launch
 from pipeline.checkpoint import latest_step
 from pipeline.config import Config
-from pipeline.export import CONFIG_FILE, export
+from pipeline.export import CONFIG_FILE, damaged_export, export, verify_export
 from pipeline.hooks import TrainHooks
 from pipeline.init_from import InitFrom, init_inputs, recorded_source
 from pipeline.run_layout import RUN_KIND, RunLayout
@@ -208,8 +208,14 @@ def _stage_train(request: RunRequest, context: StageContext) -> str:
 
 
 def _exported_step(layout: RunLayout) -> int | None:
-    path = layout.export / CONFIG_FILE
-    return json.loads(path.read_text()).get("step") if path.is_file() else None
+    """The step of the run's export; None without one. A damaged export is refused (it is
+    not up to date, and exporting again would replace files that are not as written)."""
+    if not (layout.export / CONFIG_FILE).is_file():
+        return None
+    problem = verify_export(layout.export)
+    if problem is not None:
+        raise damaged_export(problem, layout.export)
+    return (json_object(layout.export / CONFIG_FILE) or {}).get("step")
 
 
 def _stage_export(request: RunRequest, context: StageContext) -> str:
@@ -238,9 +244,24 @@ def run_pipeline(request: RunRequest, *, say: Callable[[str], None] = print,
     A stage that fails raises (``Preempted`` for a training stopped by a signal); rerunning
     the same request continues from it. ``hooks`` run inside the training loop."""
     request.check()
-    claim_output_dir(request.run_dir, RUN_KIND, "--run-dir", request.reads())
+    claim = claim_output_dir(request.run_dir, RUN_KIND, "--run-dir", request.reads())
     context = StageContext(say, hooks)
-    start, stages = time.perf_counter(), {}
+    start = time.perf_counter()
+    try:
+        stages = _run_stages(request, context)
+    except BaseException:
+        # Nothing worth keeping (the prep gave its directory back): RUN goes too, if it was new,
+        # with the built-in corpus it wrote (written again in seconds).
+        claim.abandon(written=[request.layout.corpus.name])
+        raise
+    summary = _summary(request, stages, time.perf_counter() - start)
+    request.layout.summary.write_text(summary.to_json())
+    return summary
+
+
+def _run_stages(request: RunRequest, context: StageContext) -> dict[str, str]:
+    """Each stage in turn; what each did."""
+    say, stages = context.say, {}
     for name, stage in STAGES:
         say(f"unmask run: stage {name}")
         try:
@@ -249,9 +270,7 @@ def run_pipeline(request: RunRequest, *, say: Callable[[str], None] = print,
             raise UserError(f"stage {name} failed: {err}. Fix it and rerun the same `unmask run`: finished "
                             f"stages are kept and skipped") from None
         say(f"unmask run: stage {name}: {stages[name]}")
-    summary = _summary(request, stages, time.perf_counter() - start)
-    request.layout.summary.write_text(summary.to_json())
-    return summary
+    return stages
 
 
 def _summary(request: RunRequest, stages: dict[str, str], seconds: float) -> RunSummary:

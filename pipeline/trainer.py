@@ -40,7 +40,14 @@ from model.spec import ModelSpec, build_trainable
 from model.transformer import TransformerConfig
 from pipeline.attention import attention_kernel
 from pipeline.background_tracking import FAILED_CLOSE_WAIT_S, BackgroundTracker
-from pipeline.checkpoint import CheckpointManager, CheckpointMeta, TrainState, read_state, write_failure
+from pipeline.checkpoint import (
+    CheckpointManager,
+    CheckpointMeta,
+    TrainState,
+    latest_checkpoint,
+    read_state,
+    write_failure,
+)
 from pipeline.config import Config, ModelSection, config_differences, with_legacy_values
 from pipeline.distributed import Distributed, init_distributed
 from pipeline.ema import EMA
@@ -511,10 +518,12 @@ def _with_checkpoint_legacy(config: Config, run_dir: Path, dist: Distributed) ->
     value they had then (``pipeline.config.with_legacy_values``; a run written before
     ``model.vocab_multiple`` resumes with 1, the shape of its weights). The checkpoint is not
     verified here: resuming does that, and refuses what it must."""
-    layout = RunLayout(run_dir)
+    latest = latest_checkpoint(run_dir, warn=dist.is_main)
     try:
-        saved = read_state(layout.checkpoints / layout.latest.read_text().strip()).config
-    except (OSError, UserError):  # no checkpoint yet, or one that resuming will name
+        saved = read_state(latest).config if latest is not None else None
+    except (OSError, UserError):  # one that resuming will name
+        saved = None
+    if saved is None:
         return config
     config, adopted = with_legacy_values(config, saved)
     if adopted and dist.is_main:
@@ -591,10 +600,10 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
     joined_here = not torch.distributed.is_initialized()
     dist = init_distributed()
     lock = RunLock(run_dir)
-    refusal = None
+    refusal, claim = None, None
     if dist.is_main:
         try:
-            claim_output_dir(run_dir, RUN_KIND, "--run-dir", [training_data(data_dir), *init_inputs(init_from)])
+            claim = claim_output_dir(run_dir, RUN_KIND, "--run-dir", [training_data(data_dir), *init_inputs(init_from)])
             lock.acquire()
         except UserError as err:
             refusal = err
@@ -603,11 +612,28 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
     try:
         result = _train_locked(config, dist, Path(data_dir), Path(run_dir), resume, allow_config_change, hooks,
                                init_from)
-    finally:
+    except BaseException:
         lock.release()
+        if claim is not None and not _took_a_step(Path(run_dir)):  # a directory it created goes, with what it wrote
+            claim.abandon(written=[path.name for path in RunLayout(run_dir).before_first_step()])
+        raise
+    lock.release()
     if joined_here:  # the group this call made; a launcher's (Ray Train's) is the launcher's to end
         dist.shutdown()
     return result
+
+
+def _took_a_step(run_dir: Path) -> bool:
+    """Whether the run directory holds a training step's work: a checkpoint, or the records of
+    a step after the untrained validation at step 0 (a torn last line counts as one)."""
+    layout = RunLayout(run_dir)
+    if latest_checkpoint(run_dir, warn=False) is not None:
+        return True
+    try:
+        lines = layout.metrics.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return False
+    return any(_record_step(line) >= 1 for line in lines)
 
 
 def _train_locked(config: Config, dist: Distributed, data_dir: Path, run_dir: Path, resume: str,

@@ -374,3 +374,22 @@ def test_transformers_loads_the_hf_export_on_the_gpu_and_gives_its_logits(tiny_e
     with torch.no_grad():
         theirs, ours = model(input_ids=z).logits, network(z)
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+
+
+def test_an_export_is_checked_then_loaded_onto_the_gpu_and_a_truncated_one_is_refused(tmp_path):
+    """``load_export(map_location="cuda")``, as sampling and evaluation call it on a GPU: the
+    export's recorded files are checked on the host first (issue 33)."""
+    from common.errors import UserError
+    from data_prep.tokenizer import train_sentencepiece
+    from pipeline.export import load_export
+    from tests.export_fixtures import write_untrained_export
+
+    tokenizer = train_sentencepiece([f"the cat {i} sat on the mat {i % 7}" for i in range(300)], tmp_path / "tok",
+                                    vocab_size=300)
+    export = write_untrained_export(tmp_path / "export", tokenizer, tmp_path / "tok")
+    loaded = load_export(export, map_location="cuda")  # the tensors are read onto the GPU, then into the network
+    assert loaded.config["step"] == 0 and not any(p.isnan().any() for p in loaded.network.parameters())
+    weights = export / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(UserError, match=rf"{weights} has 1000 bytes, \d+ were written .*the export is damaged"):
+        load_export(export, map_location="cuda")

@@ -13,7 +13,7 @@ from evaluation.generation import DEFAULT_BATCH_SIZE, INFILL_SYNTAX, Sample, gen
 from evaluation.inference import DEVICE_HELP, resolve_device
 from evaluation.sample_quality import SampleQuality, check_reference, load_reference, score_samples
 from orchestration.commands.sampling_flags import SAMPLE_FLAGS, SAMPLER_HELP, add_sampling_arguments, plan_from_args
-from pipeline.export import export_files, load_export, resolve_export
+from pipeline.export import export_directory, load_export, resolve_export
 
 RAW = argparse.RawDescriptionHelpFormatter
 SAMPLE_SEPARATOR = "----- sample {index} (network calls: {calls}) -----"
@@ -64,9 +64,9 @@ def _is_samples_file(path: Path) -> bool:
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
-    if args.out is not None:  # before sampling, not after it
-        check_output_file(args.out, "--out", inputs=[InputPath(path, "the export it samples")
-                                                     for path in export_files(args.run_or_export)],
+    if args.out is not None:  # before sampling, not after it; never into the export (it appears whole)
+        check_output_file(args.out, "--out", inputs=[InputPath(export_directory(args.run_or_export),
+                                                               "the export it samples")],
                           ours=_is_samples_file, noun="a samples file of `unmask sample`")
     if args.reference is not None:
         check_reference(Path(args.reference))
