@@ -71,8 +71,8 @@ from pipeline.objective import model_spec
 from pipeline.run_layout import RunLayout
 from pipeline.safe_load import deepspeed_loads_safely, find_unloadable, load_torch_file
 
-__all__ = ["export", "checkpoint_tensors", "has_ema", "resolve_export", "training_run_of", "write_export", "load_export",
-           "Exported", "canonical_name", "export_to_hf", "export_directory", "export_files", "ExportFormat",
+__all__ = ["export", "checkpoint_tensors", "has_ema", "resolve_export", "training_run_of", "write_export",
+           "load_export", "Exported", "canonical_name", "export_to_hf", "export_directory", "export_files", "ExportFormat",
            "EXPORT_KIND", "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_DIR", "damaged_export", "verify_export"]
 
 WEIGHTS_FILE = "model.safetensors"
