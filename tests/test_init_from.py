@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from common.errors import UserError
 from pipeline.checkpoint import STATE_FILE, read_state, resolve_checkpoint
 from pipeline.config import load_config
 from pipeline.ema import ema_decay
-from pipeline.export import CONFIG_FILE, WEIGHTS_FILE, checkpoint_tensors, export, load_export
+from pipeline.export import CONFIG_FILE, TOKENIZER_DIR, WEIGHTS_FILE, checkpoint_tensors, export, load_export, write_export
 from pipeline.hooks import TrainHooks
 from pipeline.init_from import InitFrom, read_source, recorded_source
 from pipeline.objective import MicroBatchSlot, make_objective, model_spec
@@ -45,12 +45,15 @@ def _config(tmp_path: Path, **sections: dict):
 @pytest.fixture(scope="module")
 def source_export(micro_run, tmp_path_factory) -> Path:
     """An export of ``micro_run`` whose weights are perturbed: trained-looking, nowhere near an init."""
-    out = export(micro_run, out_dir=tmp_path_factory.mktemp("source") / "export")
-    tensors = load_file(str(out / WEIGHTS_FILE))
+    root = tmp_path_factory.mktemp("source")
+    trained = export(micro_run, out_dir=root / "trained")
+    tensors = load_file(str(trained / WEIGHTS_FILE))
     noise = torch.Generator().manual_seed(3)
     moved = {name: t + PERTURBATION * torch.randn(t.shape, generator=noise) for name, t in tensors.items()}
-    save_file(moved, str(out / WEIGHTS_FILE), metadata={"format": "pt", "weights": "ema"})
-    return out
+    # Written as an export is (its marker records the files), not patched in place: that is damage.
+    config = json.loads((trained / CONFIG_FILE).read_text())
+    write_export(root / "export", moved, config, trained / TOKENIZER_DIR)
+    return root / "export"
 
 
 def _train(config, data: Path, run_dir: Path, init_from: InitFrom | None) -> tuple[object, dict[int, torch.Tensor]]:
