@@ -148,6 +148,8 @@ def test_run_checks_the_report_s_sampler_against_the_config_s_process_before_pre
     assert "--sample-steps: steps 1,000,000,000,000 is more than MAX_STEPS" in err
     err = _error(capsys, "run", "--run-dir", str(run), "--sample-steps", "64", "--model.objective", "autoregressive")
     assert "--sample-steps: the config" in err and "autoregressive model" in err
+    err = _error(capsys, "run", "--run-dir", str(run), "--num-samples", "0", "--sampler", "remdm")
+    assert "--sampler says how the report's samples are drawn, and there are none" in err
     assert not run.exists(), "a stage ran before the flags were checked"
 
 

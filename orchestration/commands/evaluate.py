@@ -7,7 +7,6 @@ import argparse
 import json
 from pathlib import Path
 
-from common.errors import UserError
 from common.logs import configure_logging
 from evaluation.detokenizers import DETOKENIZERS
 from evaluation.evaluate import EvalConfig
@@ -19,7 +18,7 @@ from orchestration.commands.sampling_flags import (
     REPORT_SAMPLER_HELP,
     add_sampling_arguments,
     check_flags_apply,
-    given_flags,
+    check_samples_drawn,
     objective_of,
     plan_from_args,
 )
@@ -62,10 +61,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     configure_logging()
     sampling = plan_from_args(args, REPORT_FLAGS, args.seed)
-    unused = given_flags(args, REPORT_FLAGS)
-    if unused and not args.num_samples:
-        raise UserError(f"{unused[0]} says how the report's samples are drawn, and there are none: give "
-                        f"--num-samples N too (or leave {', '.join(unused)} out)")
+    check_samples_drawn(args, REPORT_FLAGS, args.num_samples)
     check_flags_apply(args, REPORT_FLAGS, objective_of(Path(args.path)), args.path)
     options = ReportOptions(num_samples=args.num_samples, sampling=sampling,
                             sample_sweep=args.sample_sweep, reference=Path(args.reference) if args.reference else None,

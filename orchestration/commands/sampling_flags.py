@@ -32,7 +32,7 @@ from pipeline.export import CONFIG_FILE, resolve_export
 from pipeline.run_layout import RunLayout
 
 __all__ = ["REPORT_FLAGS", "REPORT_SAMPLER_HELP", "SAMPLE_FLAGS", "SAMPLER_HELP", "SamplingFlags",
-           "add_sampling_arguments", "check_flags_apply", "given_flags", "objective_of", "plan_from_args"]
+           "add_sampling_arguments", "check_flags_apply", "check_samples_drawn", "given_flags", "objective_of", "plan_from_args"]
 
 SAMPLER_HELP = f"""\
 samplers (--sampler; --steps is the budget of network calls per sequence, or per block):
@@ -117,6 +117,14 @@ def given_flags(args: argparse.Namespace, flags: SamplingFlags) -> list[str]:
               (flags.top_p, args.plan_top_p), (flags.temperature, args.plan_temperature),
               (flags.block_len, getattr(args, "plan_block_len", None)), ("--sampler-option", args.plan_options))
     return [flag for flag, value in values if flag is not None and value is not None]
+
+
+def check_samples_drawn(args: argparse.Namespace, flags: SamplingFlags, num_samples: int) -> None:
+    """Refuse sampling flags when no sample is drawn (a report's ``--num-samples 0``): they would be unused."""
+    unused = given_flags(args, flags)
+    if unused and not num_samples:
+        raise UserError(f"{unused[0]} says how the report's samples are drawn, and there are none: give "
+                        f"--num-samples N too (or leave {', '.join(unused)} out)")
 
 
 def check_flags_apply(args: argparse.Namespace, flags: SamplingFlags, objective: str | None, model: str) -> None:
