@@ -293,3 +293,9 @@ def test_lm_eval_limit_must_be_documents_or_a_fraction(exports, capsys, limit):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert exited.value.code == 2 and err == (f"unmask lm-eval: error: argument --limit: '{limit}' is neither a whole "
                                               f"number of documents (>= 1) nor a fraction of them in (0, 1)")
+
+
+def test_a_recorded_first_hitting_plan_with_a_grid_reads_back_as_the_plan_it_was():
+    """Earlier versions recorded the grid first-hitting never read: their reports still read."""
+    record = {**SamplingPlan(sampler="first-hitting").to_dict(), "grid": "cosine"}
+    assert SamplingPlan.from_dict(record) == SamplingPlan(sampler="first-hitting")

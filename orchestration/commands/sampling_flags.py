@@ -32,7 +32,8 @@ from pipeline.export import CONFIG_FILE, resolve_export
 from pipeline.run_layout import RunLayout
 
 __all__ = ["REPORT_FLAGS", "REPORT_SAMPLER_HELP", "SAMPLE_FLAGS", "SAMPLER_HELP", "SamplingFlags",
-           "add_sampling_arguments", "check_flags_apply", "check_samples_drawn", "given_flags", "objective_of", "plan_from_args"]
+           "add_sampling_arguments", "check_flags_apply", "check_samples_drawn", "given_flags", "objective_of",
+           "plan_from_args"]
 
 SAMPLER_HELP = f"""\
 samplers (--sampler; --steps is the budget of network calls per sequence, or per block):
