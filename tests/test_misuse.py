@@ -299,3 +299,13 @@ def test_a_recorded_first_hitting_plan_with_a_grid_reads_back_as_the_plan_it_was
     """Earlier versions recorded the grid first-hitting never read: their reports still read."""
     record = {**SamplingPlan(sampler="first-hitting").to_dict(), "grid": "cosine"}
     assert SamplingPlan.from_dict(record) == SamplingPlan(sampler="first-hitting")
+
+
+def test_the_lm_eval_library_refuses_a_limit_lm_eval_would_cut():
+    from evaluation.downstream import DownstreamConfig
+
+    for limit in (1.5, 0, -2):
+        with pytest.raises(UserError, match=r"--limit must be a whole number of documents N >= 1, or a fraction"):
+            DownstreamConfig(tasks=("ptb_word_order",), limit=limit).check()
+    for limit in (0.25, 3, 3.0):
+        DownstreamConfig(tasks=("ptb_word_order",), limit=limit).check()
