@@ -28,9 +28,11 @@ slip of the keyboard that would cost hours of host time, or memory, before the f
   front and draw every row's uniforms at every step, network call or not, so the host work
   grows with the steps whatever the sequence; checked when the plan is made;
 - ``MAX_STEPS_PER_POSITION`` (1024) per position to generate (of a sequence, or a block):
-  past it two of the n positions share a step with probability below n / T < 1 / 1024, so
-  the samples' law no longer changes while every step still costs host work (the exact
-  limit of the absorbing process is first-hitting, at one call per token);
+  past it two of the n positions share an ancestral step with probability below n / T <=
+  1 / 1024, so the samples' law barely changes while every step still costs host work (the
+  exact limit of the absorbing process is first-hitting, at one call per token); ReMDM's
+  remasking does grow with the steps, but a thousand steps per token is far past the budgets
+  it is run at (a few per token);
 - ``MAX_SAMPLE_LEN`` (2^20 tokens) per sample: a sample is held whole ([batch, seq_len]
   ids) and decoded and scored as one text.
 
@@ -168,7 +170,7 @@ class SamplingPlan:
         if self.steps is not None and self.steps > MAX_STEPS:
             _fail("steps", f"steps {self.steps:,} is more than MAX_STEPS = {MAX_STEPS:,}: every step costs host work "
                            f"whether or not it calls the network (model.sampling.plan); for the continuous-time "
-                           f"limit use the first-hitting sampler")
+                           f"limit of the absorbing process use the first-hitting sampler")
         if self.grid not in GRIDS:
             _fail("grid", f"grid must be one of {', '.join(GRIDS)}, got {self.grid!r}")
         if self.sampler == "first-hitting" and self.grid != "uniform":
@@ -254,7 +256,7 @@ def check_budget(plan: SamplingPlan, seq_len: int) -> None:
     if plan.steps > limit:
         where = "block" if plan.block_len is not None and plan.block_len < seq_len else "sequence"
         _fail("steps", f"steps {plan.steps:,} is more than MAX_STEPS_PER_POSITION = {MAX_STEPS_PER_POSITION:,} per "
-                       f"position of a {where} of {positions:,} (at most {limit:,}): past it the samples no longer "
+                       f"position of a {where} of {positions:,} (at most {limit:,}): past it the samples barely "
                        f"change while every step costs host work (model.sampling.plan)")
 
 
