@@ -48,6 +48,7 @@ import math
 import os
 import socket
 import sys
+import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -115,7 +116,8 @@ class DownstreamConfig:
         checks = [("--tasks", bool(self.tasks), "name at least one task (e.g. lambada_openai_local)"),
                   ("--samples", self.samples >= 1, "must be >= 1"),
                   ("--seed", self.seed >= 0, "must be >= 0"),
-                  ("--limit", self.limit is None or 0 < self.limit and (self.limit < 1 or float(self.limit).is_integer()),
+                  ("--limit", self.limit is None or 0 < self.limit and (self.limit < 1
+                                                                       or float(self.limit).is_integer()),
                    "must be a whole number of documents N >= 1, or a fraction in (0, 1)"),
                   ("--num-fewshot", self.num_fewshot is None or self.num_fewshot >= 0, "must be >= 0"),
                   ("--batch-size", self.batch_size is None or self.batch_size >= 1, "must be >= 1"),
@@ -247,13 +249,16 @@ def _hub_is_the_cure(err: BaseException) -> bool:
 
 
 def check_hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> None:
-    """One TCP connection to the Hub's host: a UserError naming ``--download`` when there is none
-    (module docstring)."""
+    """One TCP connection to the Hub's host, or to the proxy the environment names for it: a
+    UserError naming ``--download`` when there is none (module docstring)."""
     endpoint = os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT
     parsed = urlparse(endpoint)
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    proxy = None if urllib.request.proxy_bypass(parsed.hostname or "") else urllib.request.getproxies().get(
+        parsed.scheme)
+    target = urlparse(proxy) if proxy else parsed
+    port = target.port or (443 if target.scheme == "https" else 80)
     try:
-        socket.create_connection((parsed.hostname or "", port), timeout=timeout).close()
+        socket.create_connection((target.hostname or "", port), timeout=timeout).close()
     except OSError as err:
         raise UserError(f"--download: the Hugging Face Hub at {endpoint} cannot be reached ({err}); connect this "
                         f"machine to the network, or leave --download out to read the datasets on disk and in the "

@@ -279,6 +279,8 @@ def test_lm_eval_download_without_a_network_fails_at_once_in_one_line(exports, c
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)   # the probe goes to the endpoint itself
     err = _error(capsys, "lm-eval", str(exports["ar"]), "--tasks", "lambada_openai", "--download",
                  "--out", str(tmp_path / "report"))
     assert f"--download: the Hugging Face Hub at http://127.0.0.1:{port} cannot be reached" in err
