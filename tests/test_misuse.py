@@ -311,3 +311,20 @@ def test_the_lm_eval_library_refuses_a_limit_lm_eval_would_cut():
             DownstreamConfig(tasks=("ptb_word_order",), limit=limit).check()
     for limit in (0.25, 3, 3.0):
         DownstreamConfig(tasks=("ptb_word_order",), limit=limit).check()
+
+
+def test_the_hub_probe_goes_through_the_proxy_the_environment_names(monkeypatch):
+    """Behind a proxy the Hub's host is not reached directly: the probe must not refuse --download there."""
+    from evaluation.downstream import check_hub_reachable
+
+    for name in ("no_proxy", "NO_PROXY", "all_proxy", "ALL_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    with socket.socket() as proxy:
+        proxy.bind(("127.0.0.1", 0))
+        proxy.listen()
+        monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")
+        monkeypatch.setenv("https_proxy", f"http://127.0.0.1:{proxy.getsockname()[1]}")
+        check_hub_reachable(timeout=5)
+        monkeypatch.delenv("https_proxy")
+        with pytest.raises(UserError, match="--download: the Hugging Face Hub at https://hub.invalid cannot be reached"):
+            check_hub_reachable(timeout=5)
