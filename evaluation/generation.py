@@ -65,11 +65,20 @@ from evaluation.inference import inference_mode, resolve_device, should_compile
 from model.denoiser import Denoiser
 
 # The diffusion sampler's float64 inverse-CDF draw: the AR sampler draws its tokens the same way.
-from model.sampling import SamplingPlan, inverse_cdf, row_uniforms, sample_generators, token_probs
+from model.sampling import (
+    PlanError,
+    SamplingPlan,
+    check_budget,
+    inverse_cdf,
+    row_uniforms,
+    sample_generators,
+    token_probs,
+)
+from model.spec import PROCESS_TYPES
 from pipeline.export import Exported
 
 __all__ = ["DEFAULT_BATCH_SIZE", "INFILL_PLACEHOLDER", "INFILL_SYNTAX", "Sample", "build_prompt", "check_plan",
-           "complete", "continue_tokens", "generate", "resolve_device"]
+           "check_sampling", "complete", "continue_tokens", "generate", "resolve_device"]
 
 # An infill placeholder: "[MASK]" is one generated token, "[MASK*n]" n of them (n >= 1).
 INFILL_PLACEHOLDER = re.compile(r"\[MASK(?:\*(\d+))?\]")
@@ -293,21 +302,30 @@ def _network_tokens(plan: SamplingPlan, batches: list[_Batch], objective: str) -
 
 
 def check_plan(exported: Exported, plan: SamplingPlan, *, seq_len: int | None = None,
-               infill: str | None = None) -> str:
+               infill: str | None = None, steps_flag: str = "--steps") -> str:
     """The export's objective, once ``plan`` (and ``seq_len``, ``infill``) fit it; else a UserError
-    naming the flag: a sampler the process does not take, a sequence or block longer than
-    the network's context, an autoregressive export asked to infill or to use blocks."""
-    objective = exported.config.get("objective")
+    naming the flag (``steps_flag``: the command's budget flag): ``check_sampling`` for this export."""
+    return check_sampling(plan, objective=exported.config.get("objective"), process=exported.spec.process,
+                          max_seq_len=exported.network.config.max_seq_len, seq_len=seq_len, infill=infill,
+                          steps_flag=steps_flag)
+
+
+def check_sampling(plan: SamplingPlan, *, objective: str | None, process: str, max_seq_len: int,
+                   seq_len: int | None = None, infill: str | None = None, steps_flag: str = "--steps") -> str:
+    """``objective``, once ``plan`` fits a model of that objective, diffusion ``process`` kind and
+    context ``max_seq_len`` (an export's, or a config's before its training); else a UserError
+    naming the flag: a sampler the process does not take, a sequence or block longer than the
+    network's context, a budget past its limits (``model.sampling.check_budget``), an
+    autoregressive model asked to infill or to use blocks. ``seq_len`` None: ``max_seq_len``."""
     if objective not in (DIFFUSION, AUTOREGRESSIVE):
         raise UserError(f"export objective {objective!r} is not one of {DIFFUSION}, {AUTOREGRESSIVE}")
-    max_seq_len = exported.network.config.max_seq_len
     if seq_len is not None:
         _check_positive("--seq-len", seq_len)
     if objective == AUTOREGRESSIVE:
         _check_autoregressive(plan, seq_len, max_seq_len, infill)
         return objective
     try:
-        exported.process(validate=False).sampler(plan.sampler)
+        PROCESS_TYPES[process].sampler(plan.sampler)
     except ValueError as err:
         raise UserError(f"--sampler {plan.sampler}: {err}") from None
     if plan.block_len is not None and plan.block_len > max_seq_len:
@@ -315,6 +333,10 @@ def check_plan(exported: Exported, plan: SamplingPlan, *, seq_len: int | None = 
     if seq_len is not None and seq_len > max_seq_len and plan.block_len is None:
         raise UserError(f"--seq-len {seq_len} exceeds the network's max_seq_len {max_seq_len}: add --block-len "
                         f"(at most {max_seq_len}) to generate it in semi-autoregressive blocks")
+    try:
+        check_budget(plan, max_seq_len if seq_len is None else seq_len)
+    except PlanError as err:
+        raise UserError(f"{'--seq-len' if err.field == 'seq_len' else steps_flag}: {err}") from None
     return objective
 
 

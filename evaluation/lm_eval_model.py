@@ -66,7 +66,7 @@ from evaluation.inference import inference_mode
 from evaluation.generation import continue_tokens
 from evaluation.inference import resolve_device
 from evaluation.likelihoods import Score, ScoringModel, ScoringSettings, score_continuations, score_documents
-from model.sampling import PlanError, SamplingPlan
+from model.sampling import PlanError, SamplingPlan, check_budget
 from pipeline.export import Exported, load_export, resolve_export
 
 __all__ = ["MODEL_NAME", "RequestRecord", "UnmaskLM", "sample_continuation"]
@@ -219,6 +219,10 @@ class UnmaskLM(TemplateLM):
                             f"{self.model.max_seq_len - 1}] for this model (max_seq_len {self.model.max_seq_len})")
         top_p, temperature = _token_distribution(kwargs)
         plan = self.generation.plan(new_tokens, top_p=top_p, temperature=temperature, seed=self.settings.seed)
+        try:
+            check_budget(plan, new_tokens)
+        except PlanError as err:
+            raise UserError(f"model argument gen_steps: {err} (this task generates {new_tokens} tokens)") from None
         prompt = self.tok_encode(context)[-(self.model.max_seq_len - new_tokens):] if context else []
         tokens = sample_continuation(self.exported, self.model, prompt, new_tokens, plan=plan, index=index)
         if tokenizer.eos_id in tokens:

@@ -21,6 +21,8 @@ In order:
    with ``sample_sweep`` the quality of every sampler at every budget of network calls
    (``evaluation.sampler_sweep``), and provenance, logs the metrics to MLflow (best effort,
    ``evaluation.tracking``) and writes the report (``evaluation.report``) into ``report_dir``.
+   When the samples fail, the report of the bounds is written without them before the error
+   is raised: the scoring is never lost to them.
 
 Under torchrun every rank calls ``run_zero_shot``; ranks other than 0 return None. Without a
 ``dist`` it joins the process group the launcher describes (a world of one without a
@@ -68,7 +70,7 @@ from evaluation.results import (
     TrainingRecord,
 )
 from evaluation.sample_quality import ReferenceModel, check_reference, load_reference, score_samples
-from evaluation.sampler_sweep import sampler_sweep
+from evaluation.sampler_sweep import sampler_sweep, sweep_samplers
 from evaluation.tracking import VAL_METRIC, track_results
 from model.sampling import SamplingPlan
 from model.state_dependent import LearnedMaskedDiffusion, exponent_spread
@@ -321,7 +323,10 @@ def _report(scores: EvalScores, exported: Exported, export_dir: Path, comparison
     """Rank 0: the records, samples, MLflow, the report files."""
     run_dir = training_run_of(export_dir)
     out_dir = _report_dir(export_dir, options.out)
-    samples, sampling = _samples(exported, options, device)
+    try:
+        samples, sampling, failure = *_samples(exported, options, device), None
+    except Exception as err:  # the bounds cost the most: their report is written before the error goes on
+        samples, sampling, failure = (), ABSENT, err
     results = EvalResults(
         model=model_record(export_dir, exported), protocol=scores.protocol, datasets=scores.datasets,
         training=ABSENT if run_dir is None else _training_record(run_dir),
@@ -335,7 +340,19 @@ def _report(scores: EvalScores, exported: Exported, export_dir: Path, comparison
                          downstream=read_record(out_dir / DOWNSTREAM_JSON, DownstreamResults.read))
     if tracking is not None:
         tracking.upload_report(out_dir)
+    if failure is not None:
+        _raise_sampling_failure(failure, out_dir)
     return ZeroShotReport(results, files)
+
+
+def _raise_sampling_failure(failure: Exception, out_dir: Path) -> None:
+    """The samples' error, once the report of the bounds is written: the user's to fix in one line,
+    anything else as it was raised (after a line that says where the bounds are)."""
+    kept = f"the report of the bounds, without samples, is in {out_dir}"
+    if isinstance(failure, UserError):
+        raise UserError(f"the report's samples failed: {failure}; {kept}") from None
+    log.error("the report's samples failed (%s: %s); %s", type(failure).__name__, failure, kept)
+    raise failure
 
 
 # ------------------------------------------------------------------ the entry point
@@ -372,8 +389,10 @@ def run_zero_shot(target: Path, config: EvalConfig, options: ReportOptions, *,
     group.barrier()
     export_dir = resolve_export(target)
     exported = load_export(export_dir)
-    if options.num_samples:
-        check_plan(exported, options.sampling)  # a sampler the process does not take: before the scoring
+    if options.num_samples:  # a sampler the process does not take, a budget past its limits: before the scoring
+        check_plan(exported, options.sampling, steps_flag="--sample-steps")
+        if options.sample_sweep:
+            sweep_samplers(exported)
     device = requested_device or group.device
     scores = evaluate(exported, config, device=device, rank=group.rank, world_size=group.world_size,
                       all_reduce=group.sum, progress=lambda message: log.info(message) if group.is_main else None)

@@ -36,6 +36,7 @@ from data_prep.prep import DEFAULT_VAL_FRACTION, MAX_SEQ_LEN, PrepConfig
 from data_prep.prepare import PrepRequest, prepare
 from data_prep.readers import ReadOptions, local_roots
 from evaluation.evaluate import EvalConfig
+from evaluation.generation import check_sampling
 from evaluation.results import EvalResults, TrainingRecord
 from evaluation.zero_shot import ReportOptions, is_up_to_date, run_zero_shot
 from model.sampling import SamplingPlan
@@ -93,8 +94,9 @@ class RunRequest:
         return RunLayout(self.run_dir)
 
     def check(self) -> None:
-        """The flags that later stages read, before the first stage starts: a bad dataset or
-        sample count must not wait for the end of a training."""
+        """The flags that later stages read, before the first stage starts: a bad dataset, sample
+        count or sampling plan (a sampler the config's process does not take, a budget past its
+        limits) must not wait for the end of a training."""
         evaluation = self.evaluation
         checks = [("--prep-workers", self.prep_workers >= 1, "must be >= 1"),
                   ("--seq-len", self.seq_len is None or 2 <= self.seq_len <= MAX_SEQ_LEN,
@@ -108,6 +110,10 @@ class RunRequest:
         if self.launch is not None:
             self.launch.check()
         self.eval_config().check(shards_pending=True)
+        if evaluation.num_samples:  # the samples of the report, against the model the config describes
+            model = self.config.model
+            check_sampling(evaluation.sampling, objective=model.objective, process=model.process,
+                           max_seq_len=model.max_seq_len or _seq_len(self), steps_flag="--sample-steps")
 
     def eval_config(self) -> EvalConfig:
         evaluation = self.evaluation

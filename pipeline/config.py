@@ -35,7 +35,7 @@ from model.transformer import PRESETS
 
 __all__ = ["ModelSection", "DataSection", "OptimSection", "TrainSection", "EvalSection",
            "CheckpointSection", "LoggingSection", "Config", "load_config", "parse_overrides",
-           "config_differences", "legacy_values", "with_legacy_values"]
+           "config_differences", "legacy_values", "with_legacy_values", "yaml_problem"]
 
 RESUME_SAFE = {"resume_safe": True}
 # A config's key naming the config it builds on (see _read_layers), and where presets live.
@@ -222,7 +222,7 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
         ("optim.weight_decay", o.weight_decay >= 0, "must be >= 0"),
         ("optim.warmup_steps", o.warmup_steps >= 0, "must be >= 0"),
         ("optim.min_lr_ratio", 0.0 <= o.min_lr_ratio <= 1.0, "must lie in [0, 1]"),
-        ("optim.grad_clip", o.grad_clip >= 0, "must be >= 0 (0 disables clipping)"),
+        ("optim.grad_clip", 0 <= o.grad_clip < math.inf, "must be a finite number >= 0 (0 disables clipping)"),
         ("train.max_steps", t.max_steps >= 1, positive),
         ("train.global_batch_size", t.global_batch_size >= 1, positive),
         ("model.vocab_multiple", m.vocab_multiple >= 1, f"{positive} (1: no padding)"),
@@ -332,7 +332,7 @@ def _read_yaml(path: Path) -> Any:
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
-        raise UserError(f"{path}{_yaml_problem(err)}; fix the YAML there") from None
+        raise UserError(f"{path}{yaml_problem(err)}; fix the YAML there") from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -358,7 +358,7 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
-def _yaml_problem(err: yaml.YAMLError) -> str:
+def yaml_problem(err: yaml.YAMLError) -> str:
     """" line L, column C: not valid YAML: PROBLEM (CONTEXT at line L', column C')", one line."""
     mark = getattr(err, "problem_mark", None)
     if mark is None:
@@ -479,9 +479,12 @@ def _scalar(value: Any, hint: type, where: str) -> Any:
         try:
             if isinstance(value, bool):
                 raise ValueError
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise UserError(f"{where} = {value!r}: expected a number") from None
+        if not math.isfinite(number):  # YAML's .inf and .nan: no field means "no limit" by them
+            raise UserError(f"{where} = {value!r}: expected a finite number")
+        return number
     if hint is str:
         if isinstance(value, str):
             return value
@@ -491,7 +494,8 @@ def _scalar(value: Any, hint: type, where: str) -> Any:
 
 # --------------------------------------------------------------------------- CLI and resume
 def parse_overrides(args: list[str]) -> dict[str, str]:
-    """``["--optim.lr", "1e-4", "--train.seed=3"]`` -> ``{"optim.lr": "1e-4", "train.seed": "3"}``."""
+    """``["--optim.lr", "1e-4", "--train.seed=3"]`` -> ``{"optim.lr": "1e-4", "train.seed": "3"}``; a key
+    given twice is refused, as in a YAML file."""
     overrides: dict[str, str] = {}
     i = 0
     while i < len(args):
@@ -506,6 +510,9 @@ def parse_overrides(args: list[str]) -> dict[str, str]:
                 raise UserError(f"config override {arg} needs a value")
             key, value = arg[2:], args[i + 1]
             i += 2
+        if key in overrides:  # as a key given twice in a YAML mapping: refused, not the last one kept
+            raise UserError(f"config override --{key} is given twice ({overrides[key]!r}, then {value!r}); "
+                            f"give it once")
         overrides[key] = value
     return overrides
 

@@ -9,7 +9,6 @@ AOT autograd's backward included, no inductor code generation), so the tests sta
 from __future__ import annotations
 
 import traceback
-from functools import partial
 from pathlib import Path
 
 import pytest

@@ -12,7 +12,6 @@ import io
 import re
 import shlex
 from dataclasses import fields
-from pathlib import Path
 
 import pytest
 

@@ -26,7 +26,7 @@ import warnings
 from evaluation.estimator import estimate_bound, wrap_blocks
 from evaluation.inference import inference_mode
 from model.diffusion import MaskedDiffusion
-from model.sampling import SamplingPlan, sample_generators
+from model.sampling import MAX_STEPS_PER_POSITION, PlanError, SamplingPlan, sample_generators
 from model.schedules import make_schedule
 from model.spec import ModelSpec
 from model.transformer import Transformer, preset
@@ -393,3 +393,15 @@ def test_an_export_is_checked_then_loaded_onto_the_gpu_and_a_truncated_one_is_re
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(UserError, match=rf"{weights} has 1000 bytes, \d+ were written .*the export is damaged"):
         load_export(export, map_location="cuda")
+
+
+def test_a_budget_past_its_limit_is_refused_before_the_gpu_holds_anything():
+    """The budget limits (``model.sampling.plan``) are checked before the tokens or the time grid
+    reach the device (issue 33): nothing is allocated on it, the network is never called."""
+    diffusion = MaskedDiffusion(make_schedule("linear"), VOCAB, validate=False)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    with pytest.raises(PlanError, match="MAX_STEPS_PER_POSITION"):
+        diffusion.sample(lambda z, t: pytest.fail("the network was called"),
+                         SamplingPlan(steps=MAX_STEPS_PER_POSITION * 16 + 1), num_samples=4, seq_len=16, device="cuda")
+    assert torch.cuda.memory_allocated() == before

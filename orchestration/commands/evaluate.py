@@ -17,6 +17,9 @@ from orchestration.commands.sampling_flags import (
     REPORT_FLAGS,
     REPORT_SAMPLER_HELP,
     add_sampling_arguments,
+    check_flags_apply,
+    check_samples_drawn,
+    objective_of,
     plan_from_args,
 )
 
@@ -57,7 +60,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from evaluation.zero_shot import ReportOptions, run_zero_shot
 
     configure_logging()
-    options = ReportOptions(num_samples=args.num_samples, sampling=plan_from_args(args, REPORT_FLAGS, args.seed),
+    sampling = plan_from_args(args, REPORT_FLAGS, args.seed)
+    check_samples_drawn(args, REPORT_FLAGS, args.num_samples)
+    check_flags_apply(args, REPORT_FLAGS, objective_of(Path(args.path)), args.path)
+    options = ReportOptions(num_samples=args.num_samples, sampling=sampling,
                             sample_sweep=args.sample_sweep, reference=Path(args.reference) if args.reference else None,
                             compare=Path(args.compare) if args.compare else None,
                             out=Path(args.out) if args.out is not None else None, mlflow_uri=args.mlflow_uri)

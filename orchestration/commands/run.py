@@ -14,6 +14,8 @@ from orchestration.commands.sampling_flags import (
     REPORT_FLAGS,
     REPORT_SAMPLER_HELP,
     add_sampling_arguments,
+    check_flags_apply,
+    check_samples_drawn,
     plan_from_args,
 )
 from orchestration.commands.train import RAW, add_init_arguments, add_launcher_arguments, init_from_args, launch_of
@@ -50,6 +52,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     read = ReadOptions(**{name: value for name, value in (("text_format", args.text_format),
                                                           ("text_field", args.text_field),
                                                           ("text_column", args.text_column)) if value})
+    check_samples_drawn(args, REPORT_FLAGS, args.num_samples)
+    check_flags_apply(args, REPORT_FLAGS, config.model.objective, f"the config ({config_path}: model.objective)")
     ray_launch = launch_of(args) if args.launcher == "ray" else None
     request = RunRequest(
         run_dir=Path(args.run_dir or Path("runs") / config_path.stem), config=config,

@@ -12,7 +12,14 @@ from common.outputs import InputPath, check_output_file, write_output_file
 from evaluation.generation import DEFAULT_BATCH_SIZE, INFILL_SYNTAX, Sample, generate
 from evaluation.inference import DEVICE_HELP, resolve_device
 from evaluation.sample_quality import SampleQuality, check_reference, load_reference, score_samples
-from orchestration.commands.sampling_flags import SAMPLE_FLAGS, SAMPLER_HELP, add_sampling_arguments, plan_from_args
+from orchestration.commands.sampling_flags import (
+    SAMPLE_FLAGS,
+    SAMPLER_HELP,
+    add_sampling_arguments,
+    check_flags_apply,
+    objective_of,
+    plan_from_args,
+)
 from pipeline.export import export_directory, load_export, resolve_export
 
 RAW = argparse.RawDescriptionHelpFormatter
@@ -71,6 +78,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     if args.reference is not None:
         check_reference(Path(args.reference))
     plan = plan_from_args(args, SAMPLE_FLAGS, args.seed)
+    check_flags_apply(args, SAMPLE_FLAGS, objective_of(Path(args.run_or_export)), args.run_or_export)
     device = resolve_device(args.device)
     exported = load_export(resolve_export(Path(args.run_or_export)))
     samples = generate(exported, plan, num=args.num, seq_len=args.seq_len, prompt=args.prompt, infill=args.infill,
