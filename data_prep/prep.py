@@ -553,7 +553,7 @@ def _assemble_manifest(config: PrepConfig, tokenizer: Tokenizer, identity: dict,
     counters = _read_counters(ledger, units)
     splits = {}
     for split, layout in layouts.items():
-        infos = [ShardInfo(**ledger.get(shard_key(split, r["index"]))) for r in shards if r["split"] == split]
+        infos = [ShardInfo.from_dict(ledger.get(shard_key(split, r["index"]))) for r in shards if r["split"] == split]
         splits[split] = SplitInfo(
             documents=sum(e["splits"][split]["documents"] for e in entries), tokens=layout.tokens,
             utf8_bytes=sum(e["splits"][split]["utf8_bytes"] for e in entries),

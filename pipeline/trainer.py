@@ -153,6 +153,7 @@ class Trainer:
         micro_batch = self.plan.batches.micro_batch
         train = StreamingLoader(self.data_dir, c.data.train_split, micro_batch, seed=c.train.seed,
                                 global_batch_size=self.plan.batches.global_batch, num_workers=c.data.num_workers,
+                                shuffle_window=c.data.shuffle_window,
                                 pin_memory=d.device.type == "cuda", **common)
         val = StreamingLoader(self.data_dir, c.data.val_split, c.eval.micro_batch_size or micro_batch,
                               seed=c.eval.seed, shuffle=False, **common)
