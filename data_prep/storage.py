@@ -111,7 +111,8 @@ def _transient(err: OSError) -> bool:
         return False
     text = str(err)
     return not any(word in text for word in ("NoSuchKey", "NoSuchBucket", "AccessDenied", "does not exist",
-                                             "InvalidAccessKeyId", "SignatureDoesNotMatch"))
+                                             "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                                             "past end of file"))
 
 
 def with_retries(action: Callable[[], T], what: str, policy: RetryPolicy) -> T:
@@ -240,7 +241,9 @@ class ShardStore:
             self._filesystem = open_filesystem(self.location)
         filesystem, base = self._filesystem
         with filesystem.open_input_file(f"{base.rstrip('/')}/{shard.path}") as handle:
-            return handle.read_at(chunk.bytes, chunk.offset).to_pybytes()
+            # A truncated object: what it still holds of the chunk (``read`` names the shard).
+            available = max(0, min(chunk.bytes, handle.size() - chunk.offset))
+            return handle.read_at(available, chunk.offset) if available else b""
 
 
 def read_remote_file(location: str, relative: str, retry: RetryPolicy = RetryPolicy()) -> bytes:

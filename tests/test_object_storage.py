@@ -1,0 +1,135 @@
+"""Shards straight from object storage: a real S3-compatible server (moto's) on 127.0.0.1,
+reached through pyarrow's S3 client by ``AWS_ENDPOINT_URL``; the faults a store has."""
+
+import itertools
+import os
+import threading
+
+import pytest
+import torch
+
+from common.errors import UserError
+from data_prep.loader import StreamingLoader
+from data_prep.storage import READ_STATS, ChunkCache
+from tests.s3_server import S3Server
+from tests.shard_fixtures import write_numbered_split
+
+SHARDS = [40, 40, 40, 40]  # 160 sequences of 8 tokens, chunks of 4 rows
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """One server for the module, its endpoint and keys in the environment (and only there)."""
+    server = S3Server()
+    saved = {key: os.environ.get(key) for key in server.env}
+    os.environ.update(server.env)
+    server.start()
+    yield server
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def local_data(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("data")
+    write_numbered_split(directory, SHARDS, rows_per_chunk=4)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def remote_data(s3, local_data):
+    return s3.upload(local_data, "shards", "corpus/v1")
+
+
+def _ids(batches):
+    return [batch[:, 0].tolist() for batch in batches]
+
+
+def _make(data, **kwargs):
+    return StreamingLoader(data, "train", 4, rank=1, world_size=2, seed=5, shuffle_window=16, **kwargs)
+
+
+def test_batches_from_s3_are_those_from_the_local_copy(local_data, remote_data, tmp_path):
+    assert _ids(_make(remote_data)) == _ids(_make(local_data))
+    assert _ids(_make(remote_data, num_workers=2)) == _ids(_make(local_data)), "workers read the store too"
+
+
+def test_the_cache_serves_a_second_epoch_and_keeps_its_size_limit(local_data, remote_data, tmp_path):
+    chunk = (local_data / "train" / "shard-000000.tar").stat().st_size // 10  # more than one chunk's bytes
+    cached = _make(remote_data, cache=ChunkCache(tmp_path / "cache", limit_bytes=1 << 30))
+    READ_STATS.reset()
+    first = _ids(cached)
+    fetched = READ_STATS.bytes_read
+    assert fetched > 0 and READ_STATS.cache_hits == 0
+    READ_STATS.reset()
+    again = _make(remote_data, cache=ChunkCache(tmp_path / "cache", limit_bytes=1 << 30))
+    assert _ids(again) == first and READ_STATS.bytes_read == 0 and READ_STATS.cache_hits > 0
+    small = ChunkCache(tmp_path / "small", limit_bytes=3 * chunk)
+    assert _ids(_make(remote_data, cache=small)) == first
+    small.trim()
+    held = sum(p.stat().st_size for p in (tmp_path / "small").glob("??/*"))
+    assert 0 < held <= 3 * chunk
+
+
+def test_a_restarted_server_stalls_the_epoch_but_loses_or_repeats_no_batch(s3, local_data, remote_data):
+    """The server goes down after the first batch and comes back once the loader has met the
+    outage (refused connections, retried): the epoch goes on with exactly the batches of the
+    local copy."""
+    expected = _ids(_make(local_data))
+    loader = _make(remote_data)
+    READ_STATS.reset()
+    batches = iter(loader)
+    got = _ids(itertools.islice(batches, 1))
+    s3.stop()
+
+    def come_back() -> None:
+        while READ_STATS.retries == 0:  # the loader has met the refused connections
+            threading.Event().wait(0.05)
+        s3.start()
+
+    restarter = threading.Thread(target=come_back)
+    restarter.start()
+    got += _ids(batches)
+    restarter.join()
+    assert READ_STATS.retries > 0, "the outage was met"
+    assert got == expected
+
+
+def test_a_truncated_object_is_named_in_one_line(s3, local_data, tmp_path):
+    broken = tmp_path / "data"
+    write_numbered_split(broken, SHARDS, rows_per_chunk=4)
+    shard = broken / "train" / "shard-000002.tar"
+    shard.write_bytes(shard.read_bytes()[:3000])
+    uri = s3.upload(broken, "shards", "truncated")
+    with pytest.raises(UserError, match=r"^s3://shards/truncated/train/shard-000002.tar: ends before byte \d+ "
+                                        r"\(truncated; the manifest says \d+ bytes\); copy the data again") as caught:
+        list(_make(uri, num_workers=1))
+    assert "\n" not in str(caught.value)
+
+
+def test_a_missing_object_and_a_missing_manifest_are_named(s3, local_data):
+    uri = s3.upload(local_data, "shards", "missing")
+    s3.filesystem().delete_file("shards/missing/train/shard-000001.tar")
+    with pytest.raises(UserError, match=r"s3://shards/missing/train/shard-000001.tar: shard listed in the "
+                                        r"manifest is missing"):
+        list(_make(uri))
+    with pytest.raises(UserError, match=r"s3://shards/nothing-here/manifest.json: no manifest; run "
+                                        r"`unmask prep --out s3://shards/nothing-here` first"):
+        _make("s3://shards/nothing-here")
+
+
+def test_credentials_in_a_uri_are_refused(s3):
+    with pytest.raises(UserError, match="the URI carries credentials; remove them and set AWS_ACCESS_KEY_ID"):
+        _make("s3://AKIAEXAMPLE:secret@shards/corpus/v1")
+    with pytest.raises(UserError, match="the URI carries credentials"):
+        _make("s3://shards/corpus/v1?access_key=AKIAEXAMPLE&secret_key=secret")
+
+
+def test_every_sequence_once_per_epoch_from_s3(remote_data):
+    loader = StreamingLoader(remote_data, "train", 8, seed=2, shuffle_window=32)
+    seen = sorted(i for batch in loader for i in batch[:, 0].tolist())
+    assert seen == list(range(160)) and torch.is_tensor(next(iter(loader)))
