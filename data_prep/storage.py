@@ -23,6 +23,7 @@ import hashlib
 import logging
 import os
 import random
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -31,10 +32,11 @@ from typing import Callable, TypeVar
 from urllib.parse import urlparse
 
 from common.errors import UserError
-from data_prep.shards import MANIFEST_NAME, ChunkInfo, Manifest, ShardInfo
+from data_prep.shards import MANIFEST_NAME, TOKENIZER_DIR, ChunkInfo, Manifest, ShardInfo
 
-__all__ = ["ChunkCache", "ReadStats", "RetryPolicy", "ShardStore", "is_remote", "open_filesystem", "read_manifest",
-           "read_remote_file", "READ_STATS"]
+__all__ = ["ChunkCache", "ReadStats", "RetryPolicy", "ShardStore", "check_no_credentials", "default_cache_dir",
+           "is_remote", "localize_metadata", "open_filesystem", "read_manifest", "read_remote_file", "upload_data",
+           "READ_STATS"]
 
 log = logging.getLogger("unmask.storage")
 T = TypeVar("T")
@@ -271,3 +273,63 @@ def read_manifest(location: str | Path) -> Manifest:
     except OSError as err:
         raise UserError(f"{name}: cannot read the manifest ({str(err).splitlines()[0]})") from None
     return Manifest.from_json(text, name)
+
+
+def default_cache_dir() -> Path:
+    """Where chunks and metadata from remote stores are kept: ``$XDG_CACHE_HOME/unmask``."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "unmask"
+
+
+def localize_metadata(location: str, cache_root: str | Path) -> Path:
+    """A local directory holding the manifest and the tokenizer of the data at ``location``
+    (a URI), under ``cache_root``: what training reads besides the shards. Fetched again when
+    the manifest changed; written under a temporary name and renamed, so ranks that fetch it
+    at once each see a whole copy."""
+    manifest = read_manifest(location).to_json()
+    key = hashlib.sha256(f"{location}\n{manifest}".encode()).hexdigest()[:24]
+    target = Path(cache_root) / "metadata" / key
+    if (target / MANIFEST_NAME).is_file():
+        return target
+    staging = target.with_name(f".{key}.{os.getpid()}")
+    filesystem, base = open_filesystem(location)
+    import pyarrow.fs as pafs
+
+    selector = pafs.FileSelector(f"{base.rstrip('/')}/{TOKENIZER_DIR}", allow_not_found=True, recursive=True)
+    for info in with_retries(lambda: filesystem.get_file_info(selector), location, RetryPolicy()):
+        if info.type == pafs.FileType.File:
+            relative = info.path[len(base.rstrip("/")) + 1:]
+            (staging / relative).parent.mkdir(parents=True, exist_ok=True)
+            (staging / relative).write_bytes(read_remote_file(location, relative))
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / MANIFEST_NAME).write_text(manifest)
+    try:
+        os.replace(staging, target)
+    except OSError:  # another rank renamed its copy first
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def upload_data(local: Path, location: str, skip: tuple[str, ...] = ()) -> int:
+    """Copy a finished prep in ``local`` to ``location`` (a URI); the number of files sent.
+    The shards and the tokenizer go first, the manifest last: a reader sees either no
+    manifest or one whose every shard is there. A file already there with the same size is
+    not sent again (a rerun after a failed upload resumes it; shards are named by content
+    through the manifest's checksums, which every read checks)."""
+    filesystem, base = open_filesystem(location)
+    files = sorted(p for p in local.rglob("*") if p.is_file() and p.relative_to(local).parts[0] not in skip)
+    files.sort(key=lambda p: p.name == MANIFEST_NAME)  # the manifest last
+    sent = 0
+    for path in files:
+        relative = path.relative_to(local).as_posix()
+        target = f"{base.rstrip('/')}/{relative}"
+        info = with_retries(lambda: filesystem.get_file_info(target), f"{location}/{relative}", RetryPolicy())
+        if relative != MANIFEST_NAME and info.size == path.stat().st_size:
+            continue
+
+        def put() -> None:
+            with filesystem.open_output_stream(target) as out:  # one object, visible whole once closed
+                out.write(path.read_bytes())
+
+        with_retries(put, f"{location.rstrip('/')}/{relative}", RetryPolicy())
+        sent += 1
+    return sent

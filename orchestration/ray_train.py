@@ -28,6 +28,7 @@ from typing import Any
 from common.errors import UserError
 from common.logs import configure_logging
 from common.ray_runtime import ray_session
+from data_prep.storage import is_remote
 from pipeline.checkpoint import latest_step, set_latest
 from pipeline.config import Config
 from pipeline.hooks import StepHook, TrainHooks
@@ -136,7 +137,8 @@ def launch(config: Config, ray_launch: RayLaunch, *, data_dir: str | Path, run_d
     if resume == "never" and _local_step(run_dir) >= 0:
         raise UserError(f"{run_dir} already has checkpoints; pass --resume auto to continue it "
                         f"or choose a new --run-dir")
-    payload = {"config": config, "data_dir": str(Path(data_dir).resolve()), "run_dir": str(run_dir),
+    data = str(data_dir) if is_remote(data_dir) else str(Path(data_dir).resolve())  # a URI passes through
+    payload = {"config": config, "data_dir": data, "run_dir": str(run_dir),
                "allow_config_change": allow_config_change, "mirror": ray_launch.storage is not None,
                "job_id": f"ray-train-{uuid.uuid4().hex}", "on_step": on_step}
     with ray_session(ray_launch.address, num_cpus=_local_cpus(ray_launch), log_to_driver=True):

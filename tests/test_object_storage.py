@@ -2,6 +2,7 @@
 reached through pyarrow's S3 client by ``AWS_ENDPOINT_URL``; the faults a store has."""
 
 import itertools
+import math
 import os
 import threading
 
@@ -9,10 +10,14 @@ import pytest
 import torch
 
 from common.errors import UserError
+from data_prep import storage
 from data_prep.loader import StreamingLoader
 from data_prep.storage import READ_STATS, ChunkCache
-from tests.s3_server import S3Server
+from tests.cli_runner import run_unmask
+from tests.paths import GPT2, TINY
+from tests.s3_server import CREDENTIALS, S3Server
 from tests.shard_fixtures import write_numbered_split
+from tests.train_helpers import run_train, write_config
 
 SHARDS = [40, 40, 40, 40]  # 160 sequences of 8 tokens, chunks of 4 rows
 
@@ -133,3 +138,32 @@ def test_every_sequence_once_per_epoch_from_s3(remote_data):
     loader = StreamingLoader(remote_data, "train", 8, seed=2, shuffle_window=32)
     seen = sorted(i for batch in loader for i in batch[:, 0].tolist())
     assert seen == list(range(160)) and torch.is_tensor(next(iter(loader)))
+
+
+@pytest.mark.slow
+def test_prep_out_to_s3_then_train_from_s3_keeps_keys_out_of_the_run(s3, tmp_path):
+    """`unmask prep --out s3://...` uploads the shards, then the manifest; `unmask train --data
+    s3://...` trains on them through the chunk cache; the store's keys (in the environment
+    only) appear in no file of the run, its MLflow store or the cache."""
+    source = tmp_path / "input.txt"
+    source.write_text(TINY.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    env = {**s3.env, "XDG_CACHE_HOME": str(tmp_path / "cache"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/ml.db"}
+    uri = "s3://prepped/tiny/v1"
+    s3.filesystem().create_dir("prepped")
+    prep = run_unmask(["prep", "--input", str(source), "--out", uri, "--seq-len", "64", "--tokenizer", str(GPT2),
+                       "--val-fraction", "0.1", "--no-progress"], env=env)
+    assert prep.returncode == 0, prep.stderr
+    assert "(the manifest last)" in prep.stdout
+    manifest = storage.read_manifest(uri)
+    assert sum(s.sequences for s in manifest.splits["train"].shards) >= 48
+    refused = run_unmask(["prep", "--input", str(source), "--out", "s3://KEY:SECRET@prepped/x", "--seq-len", "64",
+                          "--tokenizer", str(GPT2)], env=env)
+    assert refused.returncode != 0 and "--out: the URI carries credentials" in refused.stderr
+    config = write_config(tmp_path / "c.yaml", {"train": {"max_steps": 3}, "checkpoint": {"every": 3}})
+    run = run_train(tmp_path / "run", uri, config, env=env)
+    assert all(math.isfinite(v) for v in run.losses().values()) and len(run.losses()) == 3
+    assert any((tmp_path / "cache" / "unmask" / "chunks").glob("??/*")), "chunks went through the cache"
+    secret = CREDENTIALS["AWS_SECRET_ACCESS_KEY"].encode()
+    for path in [*tmp_path.rglob("*")]:
+        if path.is_file():
+            assert secret not in path.read_bytes(), path
