@@ -44,7 +44,7 @@ UINT16_LIMIT = 1 << 16
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "SPLITS", "TOKENIZER_DIR", "ChunkInfo", "ShardInfo", "SplitInfo", "Manifest",
     "WrittenShard", "token_dtype", "chunk_rows", "shard_path", "write_shard", "iter_chunks", "decode_chunk",
-    "sha256_file", "verify_shard",
+    "sha256_file",
 ]
 
 
@@ -148,22 +148,6 @@ def iter_chunks(stream: BinaryIO, source: str = "<stream>") -> Iterator[np.ndarr
 
 # Shards are reproducible from their inputs; a copied data directory can be copied again.
 _SHARD_FIX = "copy the data directory again, or rerun `unmask prep` with --overwrite"
-
-
-def verify_shard(data_dir: str | Path, info: "ShardInfo") -> Path:
-    """The path of a shard whose size and sha256 match its manifest entry; otherwise
-    ``UserError`` naming the file (missing, truncated or altered) and the fix."""
-    path = Path(data_dir) / info.path
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise UserError(f"{path}: shard listed in the manifest is missing; {_SHARD_FIX}") from None
-    if size != info.bytes:
-        raise UserError(f"{path}: {size} bytes, the manifest says {info.bytes} (truncated or overwritten); "
-                        f"{_SHARD_FIX}")
-    if sha256_file(path) != info.sha256:
-        raise UserError(f"{path}: its sha256 differs from the manifest's (the file is corrupt); {_SHARD_FIX}")
-    return path
 
 
 # ------------------------------------------------------------------------- manifest

@@ -217,7 +217,10 @@ class ShardStore:
             raise UserError(f"{self.name(shard)}: the chunk at byte {chunk.offset} differs from the manifest's "
                             f"sha256 (the file is corrupt); {_SHARD_FIX}")
         if self.cache is not None:
-            self.cache.put(chunk.sha256, data)
+            try:
+                self.cache.put(chunk.sha256, data)
+            except OSError as err:  # a full or read-only cache disk slows reading; it does not stop training
+                log.warning("chunk cache %s: %s; reading on without caching this chunk", self.cache.directory, err)
         return data
 
     def _fetch(self, shard: ShardInfo, chunk: ChunkInfo) -> bytes:
