@@ -189,7 +189,7 @@ class _Plan:
                 out[slot, lo - first:hi - first] = chunk[lo - base:hi - base]
         return out
 
-    def chunk_rows(self, epoch: int, piece: _Piece) -> np.ndarray:
+    def chunk_rows(self, epoch: int, piece: _Piece) -> "np.ndarray | _Permuted":
         """The rows of a piece's chunk in their permuted order (read and checked)."""
         shard = self.shards[piece.shard]
         chunk = decode_chunk(self.store.read(shard, shard.chunks[piece.chunk]), self.store.name(shard))
@@ -198,7 +198,9 @@ class _Plan:
                             f"the manifest says [*, {self.seq_len}] {self.dtype}; rerun `unmask prep`")
         if not self.shuffle:
             return chunk
-        return chunk[np.random.default_rng([self.seed, epoch, piece.shard, piece.chunk]).permutation(len(chunk))]
+        # The permuted order as a view's index: the rows are gathered once, into the lanes.
+        return _Permuted(chunk, np.random.default_rng([self.seed, epoch, piece.shard, piece.chunk]).permutation(
+            len(chunk)))
 
     def parts(self, epoch: int, first_global: int, part: int, parts: int) -> Iterator[torch.Tensor]:
         """This part's rows of global batches first_global, first_global + 1, ... of the epoch:
@@ -223,7 +225,7 @@ class _Plan:
                     yield torch.from_numpy(picked.astype(np.int64))
 
 
-def _read_all(plan: _Plan, epoch: int, pieces: list[_Piece]) -> Iterator[np.ndarray]:
+def _read_all(plan: _Plan, epoch: int, pieces: list[_Piece]) -> Iterator["np.ndarray | _Permuted"]:
     """The permuted rows of each piece's chunk in order, READ_THREADS reads in flight."""
     with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
         futures: list[Future] = []
@@ -233,6 +235,17 @@ def _read_all(plan: _Plan, epoch: int, pieces: list[_Piece]) -> Iterator[np.ndar
                 yield futures.pop(0).result()
         for future in futures:
             yield future.result()
+
+
+@dataclass(frozen=True)
+class _Permuted:
+    """A chunk's rows in a permuted order, gathered only when sliced."""
+
+    rows: np.ndarray    # [n, seq_len] as stored
+    order: np.ndarray   # [n]: row i of the permuted chunk is rows[order[i]]
+
+    def __getitem__(self, span: slice) -> np.ndarray:
+        return self.rows[self.order[span]]
 
 
 @dataclass(frozen=True)
@@ -317,7 +330,7 @@ class StreamingLoader:
                 if isinstance(item, _WorkerFailure):
                     raise item.error
                 joined.append(item)
-            rows = torch.cat(joined)  # [micro_batches x batch_size, seq_len]: this rank's lanes
+            rows = joined[0] if parts == 1 else torch.cat(joined)  # [micro_batches x batch_size, seq_len]
             for micro in range(skip, plan.micro_batches):
                 batch = rows[micro * plan.batch_size:(micro + 1) * plan.batch_size]
                 self.batches += 1

@@ -122,10 +122,23 @@ def write_shard(path: str | Path, sequences: np.ndarray, shard_index: int, rows_
     return WrittenShard(digest, size, chunks)
 
 
+# The .npy header versions a chunk may carry (the writer uses 1.0; 2.0 is 1.0 with a longer header).
+_NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
 def decode_chunk(data: bytes, source: str) -> np.ndarray:
     """The ``[rows, seq_len]`` array of one chunk's bytes (a ``.npy`` file, never pickled)."""
     try:
-        return np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+        stream = io.BytesIO(data)
+        version = np.lib.format.read_magic(stream)
+        read_header = _NPY_HEADER_READERS.get(version)
+        if read_header is None:
+            raise ValueError(f"npy format version {version}")
+        shape, fortran_order, dtype = read_header(stream)
+        if fortran_order or dtype.hasobject or len(shape) != 2:
+            raise ValueError(f"a {len(shape)}-d {'Fortran-ordered ' if fortran_order else ''}{dtype} array")
+        # A read-only view of the bytes, not a copy: the loader gathers its rows once, into lanes.
+        return np.frombuffer(data, dtype=dtype, count=shape[0] * shape[1], offset=stream.tell()).reshape(shape)
     except (ValueError, EOFError, OSError) as err:
         raise UserError(f"{source}: corrupt chunk ({type(err).__name__}: {err}); {_SHARD_FIX}") from None
 
