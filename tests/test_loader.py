@@ -338,3 +338,16 @@ def test_a_manifest_of_format_1_is_refused_in_one_line_with_the_fix(tmp_path):
                                         r"rerun `unmask prep`") as caught:
         StreamingLoader(tmp_path, "train", 1)
     assert "\n" not in str(caught.value)
+
+
+def test_a_position_from_before_shuffle_windows_resumes_in_this_order_with_a_warning(data_dir, caplog):
+    """Checkpoints before issue 32 hold no order version nor window: the position (global
+    batches consumed) carries over to this version's order, said once in the log."""
+    loader = StreamingLoader(data_dir, "train", 2, global_batch_size=6, seed=2)
+    state = {key: value for key, value in loader.state_dict().items() if key not in ("order", "shuffle_window")}
+    state["global_batches"] = 2
+    expected = _ids(list(StreamingLoader(data_dir, "train", 2, global_batch_size=6, seed=2)))[6:]
+    with caplog.at_level("WARNING", logger="unmask.loader"):
+        loader.load_state_dict(state)
+    assert _ids(list(loader)) == expected
+    assert "ordered the data without shuffle windows" in caplog.text

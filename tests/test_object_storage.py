@@ -5,6 +5,7 @@ import itertools
 import math
 import os
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -167,3 +168,36 @@ def test_prep_out_to_s3_then_train_from_s3_keeps_keys_out_of_the_run(s3, tmp_pat
     for path in [*tmp_path.rglob("*")]:
         if path.is_file():
             assert secret not in path.read_bytes(), path
+
+
+def test_transient_errors_are_retried_and_lasting_ones_are_not():
+    """A 503 (SlowDown) or a reset connection is retried with backoff until it heals; a
+    missing object or a refused key is raised at once."""
+    policy = storage.RetryPolicy(budget_s=5.0, first_wait_s=0.001, max_wait_s=0.002)
+    failures = [OSError("AWS Error SLOW_DOWN (HTTP status 503) during GetObject operation: Please reduce "
+                        "your request rate."), ConnectionResetError("Connection reset by peer")]
+
+    def flaky():
+        if failures:
+            raise failures.pop(0)
+        return b"ok"
+
+    READ_STATS.reset()
+    assert storage.with_retries(flaky, "s3://b/x", policy) == b"ok" and READ_STATS.retries == 2
+    for lasting in (FileNotFoundError("Path does not exist"), OSError("AWS Error ACCESS_DENIED: AccessDenied")):
+        calls = []
+
+        def fails(error=lasting):
+            calls.append(1)
+            raise error
+
+        with pytest.raises(OSError):
+            storage.with_retries(fails, "s3://b/x", policy)
+        assert len(calls) == 1
+
+
+def test_the_ray_train_launcher_passes_a_uri_through():
+    from orchestration.ray_train import data_location
+
+    assert data_location("s3://bucket/shards/v1") == "s3://bucket/shards/v1"
+    assert data_location("shards") == str((Path.cwd() / "shards").resolve())
