@@ -35,7 +35,8 @@ from common.errors import UserError
 from data_prep.shards import MANIFEST_NAME, TOKENIZER_DIR, ChunkInfo, Manifest, ShardInfo
 
 __all__ = ["ChunkCache", "ReadStats", "RetryPolicy", "ShardStore", "check_no_credentials", "default_cache_dir",
-           "is_remote", "localize_metadata", "open_filesystem", "read_manifest", "read_remote_file", "upload_data",
+           "is_remote", "localize_metadata", "open_filesystem", "read_manifest", "read_remote_file", "resolve_location",
+           "upload_data",
            "READ_STATS"]
 
 log = logging.getLogger("unmask.storage")
@@ -51,6 +52,11 @@ def is_remote(location: str | Path) -> bool:
     """Whether ``location`` is a filesystem URI (``s3://...``) rather than a local path."""
     scheme = urlparse(str(location)).scheme
     return len(scheme) > 1 and scheme != "file"  # one letter: a Windows drive
+
+
+def resolve_location(location: str | Path) -> str:
+    """``location`` as another process elsewhere names it: a URI unchanged, a path absolute."""
+    return str(location) if is_remote(location) else str(Path(location).resolve())
 
 
 def check_no_credentials(uri: str, flag: str = "--data") -> None:

@@ -197,7 +197,8 @@ def _val_blocks(exported: Exported, shards: str | None) -> tuple[Blocks, int, di
     positions = torch.ones_like(tokens, dtype=torch.bool)
     if split.padding_tokens:
         positions[-1, tokens.shape[1] - split.padding_tokens:] = False
-    record = {"name": VAL_DATASET, "split": VAL_DATASET, "path": shards if is_remote(shards) else str(Path(shards).resolve()),
+    where = shards if is_remote(shards) else str(Path(shards).resolve())  # a URI is its own name
+    record = {"name": VAL_DATASET, "split": VAL_DATASET, "path": where,
               "manifest_sha256": manifest.sha256(), "unit": "packed training sequences (EOS-separated)",
               "detokenizer": "none", "documents": split.documents, "utf8_bytes": split.utf8_bytes}
     return Blocks(tokens, positions), split.utf8_bytes, record

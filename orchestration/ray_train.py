@@ -28,7 +28,7 @@ from typing import Any
 from common.errors import UserError
 from common.logs import configure_logging
 from common.ray_runtime import ray_session
-from data_prep.storage import is_remote
+from data_prep.storage import resolve_location
 from pipeline.checkpoint import latest_step, set_latest
 from pipeline.config import Config
 from pipeline.hooks import StepHook, TrainHooks
@@ -36,7 +36,7 @@ from pipeline.run_layout import TAG_PATTERN, RunLayout
 from pipeline.run_lock import JOB_ID_ENV
 from pipeline.trainer import train
 
-__all__ = ["RayLaunch", "data_location", "launch", "restore_newer_checkpoint"]
+__all__ = ["RayLaunch", "launch", "restore_newer_checkpoint"]
 
 log = logging.getLogger("unmask.ray_train")
 
@@ -128,12 +128,6 @@ def _local_cpus(launch: RayLaunch) -> int:
     return max(os.cpu_count() or 1, math.ceil(launch.num_workers * launch.cpus_per_worker))
 
 
-def data_location(data_dir: str | Path) -> str:
-    """The data as the Ray Train workers get it: a URI unchanged (each worker reads the store),
-    a local path absolute (the workers' working directory is not the driver's)."""
-    return str(data_dir) if is_remote(data_dir) else str(Path(data_dir).resolve())
-
-
 def launch(config: Config, ray_launch: RayLaunch, *, data_dir: str | Path, run_dir: str | Path,
            resume: str = "auto", allow_config_change: bool = False, on_step: StepHook | None = None) -> dict:
     """Train ``config`` with ``ray_launch.num_workers`` Ray Train workers; the run's summary.
@@ -143,7 +137,9 @@ def launch(config: Config, ray_launch: RayLaunch, *, data_dir: str | Path, run_d
     if resume == "never" and _local_step(run_dir) >= 0:
         raise UserError(f"{run_dir} already has checkpoints; pass --resume auto to continue it "
                         f"or choose a new --run-dir")
-    payload = {"config": config, "data_dir": data_location(data_dir), "run_dir": str(run_dir),
+    # A URI unchanged (each worker reads the store), a local path absolute (the workers'
+    # working directory is not the driver's).
+    payload = {"config": config, "data_dir": resolve_location(data_dir), "run_dir": str(run_dir),
                "allow_config_change": allow_config_change, "mirror": ray_launch.storage is not None,
                "job_id": f"ray-train-{uuid.uuid4().hex}", "on_step": on_step}
     with ray_session(ray_launch.address, num_cpus=_local_cpus(ray_launch), log_to_driver=True):

@@ -2,6 +2,7 @@
 reached through pyarrow's S3 client by ``AWS_ENDPOINT_URL``; the faults a store has."""
 
 import itertools
+import json
 import math
 import os
 import threading
@@ -142,10 +143,11 @@ def test_every_sequence_once_per_epoch_from_s3(remote_data):
 
 
 @pytest.mark.slow
-def test_prep_out_to_s3_then_train_from_s3_keeps_keys_out_of_the_run(s3, tmp_path):
+def test_prep_out_to_s3_then_train_and_eval_from_s3_keep_keys_out_of_the_run(s3, tmp_path):
     """`unmask prep --out s3://...` uploads the shards, then the manifest; `unmask train --data
-    s3://...` trains on them through the chunk cache; the store's keys (in the environment
-    only) appear in no file of the run, its MLflow store or the cache."""
+    s3://...` trains on them through the chunk cache and `unmask eval --shards s3://...`
+    scores their val split; the store's keys (in the environment only) appear in no file of
+    the run, the evaluation, the MLflow store or the cache."""
     source = tmp_path / "input.txt"
     source.write_text(TINY.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
     env = {**s3.env, "XDG_CACHE_HOME": str(tmp_path / "cache"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/ml.db"}
@@ -164,6 +166,10 @@ def test_prep_out_to_s3_then_train_from_s3_keeps_keys_out_of_the_run(s3, tmp_pat
     run = run_train(tmp_path / "run", uri, config, env=env)
     assert all(math.isfinite(v) for v in run.losses().values()) and len(run.losses()) == 3
     assert any((tmp_path / "cache" / "unmask" / "chunks").glob("??/*")), "chunks went through the cache"
+    scored = run_unmask(["eval", str(run.run_dir), "--datasets", "val", "--shards", uri, "--max-documents", "40",
+                         "--samples", "2", "--batch-size", "8", "--out", str(tmp_path / "eval")], env=env)
+    assert scored.returncode == 0, scored.stderr
+    assert json.loads((tmp_path / "eval" / "results.json").read_text())["datasets"]["val"]["dataset"]["path"] == uri
     secret = CREDENTIALS["AWS_SECRET_ACCESS_KEY"].encode()
     for path in [*tmp_path.rglob("*")]:
         if path.is_file():
@@ -197,7 +203,6 @@ def test_transient_errors_are_retried_and_lasting_ones_are_not():
 
 
 def test_the_ray_train_launcher_passes_a_uri_through():
-    from orchestration.ray_train import data_location
-
-    assert data_location("s3://bucket/shards/v1") == "s3://bucket/shards/v1"
-    assert data_location("shards") == str((Path.cwd() / "shards").resolve())
+    """What the launcher hands its workers (``orchestration.ray_train.launch``)."""
+    assert storage.resolve_location("s3://bucket/shards/v1") == "s3://bucket/shards/v1"
+    assert storage.resolve_location("shards") == str((Path.cwd() / "shards").resolve())
