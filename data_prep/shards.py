@@ -248,7 +248,8 @@ class Manifest:
             version = raw.get("format_version")
             if version != FORMAT_VERSION:
                 raise UserError(f"{source}: shard format version {version}, this unmask reads version "
-                                f"{FORMAT_VERSION} (per-chunk checksums); rerun `unmask prep` with this version")
+                                f"{FORMAT_VERSION} (per-chunk checksums); rerun `unmask prep` with --overwrite "
+                                "(the same tokens, in the new format)")
             raw["splits"] = {name: SplitInfo(**{**split, "shards": [ShardInfo.from_dict(s) for s in split["shards"]]})
                              for name, split in raw["splits"].items()}
             manifest = cls(**raw)
