@@ -74,7 +74,7 @@ def open_filesystem(uri: str):
     check_no_credentials(uri)
     try:
         return pafs.FileSystem.from_uri(uri)
-    except (pafs.ArrowInvalid if hasattr(pafs, "ArrowInvalid") else ValueError, ValueError):
+    except ValueError:  # pyarrow's ArrowInvalid: a scheme it has no filesystem for
         pass
     except OSError as err:
         raise UserError(f"{uri}: cannot open the filesystem ({err})") from None

@@ -206,3 +206,13 @@ def test_the_ray_train_launcher_passes_a_uri_through():
     """What the launcher hands its workers (``orchestration.ray_train.launch``)."""
     assert storage.resolve_location("s3://bucket/shards/v1") == "s3://bucket/shards/v1"
     assert storage.resolve_location("shards") == str((Path.cwd() / "shards").resolve())
+
+
+def test_a_scheme_pyarrow_lacks_goes_through_fsspec(local_data):
+    """``memory://`` has no pyarrow filesystem; fsspec's in-process one serves the same chunks."""
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    for path in sorted(p for p in local_data.rglob("*") if p.is_file()):
+        memory.pipe(f"/fsspec-data/{path.relative_to(local_data).as_posix()}", path.read_bytes())
+    assert _ids(_make("memory://fsspec-data")) == _ids(_make(local_data))
