@@ -9,7 +9,10 @@ about ``CHUNK_BYTES`` keeps the overhead near 0.1%.
 
 Tar headers carry no time, owner or host, so the same sequences always give the same
 bytes: shards are reproducible and their sha256 (in the manifest) identifies their content.
-This module owns the format: the writer, the chunk reader (WebDataset's tar iterator) and
+The manifest also lists each chunk's byte range and sha256 (``ChunkInfo``, format 2): the
+loader fetches a chunk with one range request and checks it as it reads it, without reading
+the rest of the shard. This module owns the format: the writer, the readers (``decode_chunk``
+for one chunk's bytes; WebDataset's tar iterator, ``iter_chunks``, for a whole shard) and
 the manifest (``MANIFEST_NAME``, fields in ``Manifest``). Beside them, ``DIR/tokenizer``
 (``TOKENIZER_DIR``) holds the files of the tokenizer the shards were made with.
 """
