@@ -86,12 +86,39 @@ class _Piece:
 
 
 @dataclass(frozen=True)
+class _Windows:
+    """An epoch's stream as arrays over its chunks, and its windows' pieces on demand (a
+    corpus of a million chunks takes milliseconds, not a million objects)."""
+
+    shard: np.ndarray    # [chunks]: the shard of each chunk, in stream order
+    chunk: np.ndarray    # [chunks]: its index in that shard
+    start: np.ndarray    # [chunks + 1]: stream position of each chunk's first row; the last is the end
+    size: int            # sequences per window
+
+    def __len__(self) -> int:
+        return -(-int(self.start[-1]) // self.size)
+
+    def __getitem__(self, window: int) -> list[_Piece]:
+        """The pieces of ``window`` in stream order."""
+        lo, hi = window * self.size, min((window + 1) * self.size, int(self.start[-1]))
+        first = int(np.searchsorted(self.start, lo, side="right")) - 1
+        stop = int(np.searchsorted(self.start, hi, side="left"))
+        pieces = []
+        for index in range(max(first, 0), min(stop, len(self.shard))):
+            begin, end = int(self.start[index]), int(self.start[index + 1])
+            if min(hi, end) > max(lo, begin):
+                pieces.append(_Piece(int(self.shard[index]), int(self.chunk[index]), max(lo, begin) - begin,
+                                     min(hi, end) - begin))
+        return pieces
+
+
+@dataclass(frozen=True)
 class _Plan:
     """What a worker process needs to rebuild the stream (picklable)."""
 
     store: ShardStore
     shards: tuple[ShardInfo, ...]
-    counts: tuple[int, ...]     # usable sequences per shard (padded tail excluded)
+    usable_rows: tuple[np.ndarray, ...]  # per shard, the usable rows of each chunk (padded tail excluded)
     seq_len: int
     dtype: str
     batch_size: int             # sequences per batch of this rank (a micro-batch)
@@ -122,37 +149,20 @@ class _Plan:
         lanes = self.rank_lanes()
         return lanes[part * len(lanes) // parts:(part + 1) * len(lanes) // parts]
 
-    def _stream(self, epoch: int) -> list[_Piece]:
-        """The epoch's stream as chunk pieces, cut after the last whole global batch."""
+    def windows(self, epoch: int) -> "_Windows":
+        """The epoch's stream (its chunks in order, cut after the last whole global batch),
+        cut into windows on demand."""
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.shards)) if self.shuffle \
             else np.arange(len(self.shards))
-        left, pieces = self.global_batches * self.global_batch_size, []
-        for shard in order.tolist():
-            usable = self.counts[shard]
-            for chunk, info in enumerate(self.shards[shard].chunks):
-                rows = min(info.rows, usable, left)
-                if rows <= 0:
-                    break
-                pieces.append(_Piece(shard, chunk, 0, rows))
-                usable, left = usable - rows, left - rows
-        return pieces
-
-    def windows(self, epoch: int) -> list[list[_Piece]]:
-        """The pieces of each window of the epoch, in stream order."""
-        size = self.window_batches * self.global_batch_size
-        windows, current, filled = [], [], 0
-        for piece in self._stream(epoch):
-            lo = piece.lo
-            while lo < piece.hi:
-                take = min(piece.hi - lo, size - filled)
-                current.append(_Piece(piece.shard, piece.chunk, lo, lo + take))
-                lo, filled = lo + take, filled + take
-                if filled == size:
-                    windows.append(current)
-                    current, filled = [], 0
-        if current:
-            windows.append(current)
-        return windows
+        lengths = np.array([len(self.usable_rows[shard]) for shard in order.tolist()], dtype=np.int64)
+        rows = np.concatenate([self.usable_rows[shard] for shard in order.tolist()] or [np.zeros(0, np.int64)])
+        starts = np.concatenate([[0], np.cumsum(rows)])
+        kept = int(np.searchsorted(starts, self.global_batches * self.global_batch_size, side="left"))
+        shard = np.repeat(order, lengths)[:kept]
+        chunk = (np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths, lengths))[:kept]
+        stops = np.minimum(starts[1:kept + 1], self.global_batches * self.global_batch_size)
+        return _Windows(shard, chunk, np.concatenate([starts[:kept], stops[-1:]]),
+                        self.window_batches * self.global_batch_size)
 
     def window_batches_of(self, window: int) -> int:
         return min(self.window_batches, self.global_batches - window * self.window_batches)
@@ -237,6 +247,16 @@ def _read_all(plan: _Plan, epoch: int, pieces: list[_Piece]) -> Iterator["np.nda
             yield future.result()
 
 
+def _usable_rows(shards: list[ShardInfo], counts: list[int]) -> tuple[np.ndarray, ...]:
+    """Per shard, the rows of each chunk that the stream uses: ``counts[i]`` rows in all."""
+    usable = []
+    for shard, count in zip(shards, counts):
+        rows = np.array([chunk.rows for chunk in shard.chunks], dtype=np.int64)
+        cut = np.minimum(rows, np.maximum(count - (np.cumsum(rows) - rows), 0))
+        usable.append(cut)
+    return tuple(usable)
+
+
 @dataclass(frozen=True)
 class _Permuted:
     """A chunk's rows in a permuted order, gathered only when sliced."""
@@ -304,8 +324,8 @@ class StreamingLoader:
                             f"of {global_batch_size} ({world_size} rank(s) x batch {batch_size} x "
                             f"{global_batch_size // (batch_size * world_size)} micro-batches)")
         window_batches = min(global_batches, max(1, shuffle_window // global_batch_size)) if shuffle else 1
-        self.plan = _Plan(ShardStore(data, cache), tuple(info.shards), tuple(counts), manifest.seq_len,
-                          manifest.dtype, batch_size, rank, world_size, global_batch_size, global_batches,
+        self.plan = _Plan(ShardStore(data, cache), tuple(info.shards), _usable_rows(info.shards, counts),
+                          manifest.seq_len, manifest.dtype, batch_size, rank, world_size, global_batch_size, global_batches,
                           window_batches, seed, shuffle)
         self.shuffle_window = shuffle_window
         self.data_sha256 = manifest.sha256()
