@@ -348,6 +348,7 @@ class StreamingLoader:
             for _ in range(parts):  # the workers' parts of one global batch, in order (DataLoader's round robin)
                 item = next(items)
                 if isinstance(item, _WorkerFailure):
+                    del items  # the workers stop now, not when a garbage collection finds the error's frame
                     raise item.error
                 joined.append(item)
             rows = joined[0] if parts == 1 else torch.cat(joined)  # [micro_batches x batch_size, seq_len]
