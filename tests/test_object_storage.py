@@ -157,6 +157,9 @@ def test_prep_out_to_s3_then_train_and_eval_from_s3_keep_keys_out_of_the_run(s3,
                        "--val-fraction", "0.1", "--no-progress"], env=env)
     assert prep.returncode == 0, prep.stderr
     assert "(the manifest last)" in prep.stdout
+    again = run_unmask(["prep", "--input", str(source), "--out", uri, "--seq-len", "64", "--tokenizer", str(GPT2),
+                        "--val-fraction", "0.1", "--no-progress"], env=env)
+    assert again.returncode == 0 and "uploaded 1 file(s)" in again.stdout, "a rerun sends only the manifest"
     manifest = storage.read_manifest(uri)
     assert sum(s.sequences for s in manifest.splits["train"].shards) >= 48
     refused = run_unmask(["prep", "--input", str(source), "--out", "s3://KEY:SECRET@prepped/x", "--seq-len", "64",
