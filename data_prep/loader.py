@@ -325,8 +325,8 @@ class StreamingLoader:
                             f"{global_batch_size // (batch_size * world_size)} micro-batches)")
         window_batches = min(global_batches, max(1, shuffle_window // global_batch_size)) if shuffle else 1
         self.plan = _Plan(ShardStore(data, cache), tuple(info.shards), _usable_rows(info.shards, counts),
-                          manifest.seq_len, manifest.dtype, batch_size, rank, world_size, global_batch_size, global_batches,
-                          window_batches, seed, shuffle)
+                          manifest.seq_len, manifest.dtype, batch_size, rank, world_size, global_batch_size,
+                          global_batches, window_batches, seed, shuffle)
         self.shuffle_window = shuffle_window
         self.data_sha256 = manifest.sha256()
         self.num_workers, self.pin_memory = num_workers, pin_memory
