@@ -28,6 +28,7 @@ from typing import Any
 from common.errors import UserError
 from common.logs import configure_logging
 from common.ray_runtime import ray_session
+from data_prep.storage import resolve_location
 from pipeline.checkpoint import latest_step, set_latest
 from pipeline.config import Config
 from pipeline.hooks import StepHook, TrainHooks
@@ -142,7 +143,9 @@ def launch(config: Config, ray_launch: RayLaunch, *, data_dir: str | Path, run_d
                         f"or choose a new --run-dir")
     if init_from is not None:  # the workers' working directory is not ours
         init_from = replace(init_from, path=str(Path(init_from.path).resolve()))
-    payload = {"config": config, "data_dir": str(Path(data_dir).resolve()), "run_dir": str(run_dir),
+    # A URI unchanged (each worker reads the store), a local path absolute (the workers'
+    # working directory is not the driver's).
+    payload = {"config": config, "data_dir": resolve_location(data_dir), "run_dir": str(run_dir),
                "allow_config_change": allow_config_change, "mirror": ray_launch.storage is not None,
                "job_id": f"ray-train-{uuid.uuid4().hex}", "on_step": on_step, "init_from": init_from}
     with ray_session(ray_launch.address, num_cpus=_local_cpus(ray_launch), log_to_driver=True):

@@ -72,12 +72,19 @@ class ModelSection:
 class DataSection:
     """Where the shards are and how they are streamed."""
 
-    # `unmask prep --out` directory. It may move between runs: the data's identity is
-    # checked by the manifest hash.
+    # `unmask prep --out` directory or its copy in object storage (s3://bucket/prefix, any
+    # pyarrow filesystem URI). It may move between runs: the data's identity is checked by
+    # the manifest hash.
     path: str | None = field(default=None, metadata=RESUME_SAFE)
     train_split: str = "train"                  # the split trained on
     val_split: str = "val"                      # the split validated on
     num_workers: int = field(default=1, metadata=RESUME_SAFE)   # DataLoader processes per rank
+    # Sequences shuffled together: each global batch draws from a window this long (MosaicML's
+    # 2^18; the whole split when smaller). A process holds about 2 windows / ranks of tokens.
+    shuffle_window: int = 1 << 18
+    # Chunks read from object storage are kept here (None: $XDG_CACHE_HOME/unmask, else ~/.cache/unmask).
+    cache_dir: str | None = field(default=None, metadata=RESUME_SAFE)
+    cache_gb: float = field(default=50.0, metadata=RESUME_SAFE)   # the cache's size limit; 0: no cache
 
 
 @dataclass(frozen=True)
@@ -216,6 +223,8 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
          (f"the {m.process} process needs it (set true): its best denoiser depends on t (how far "
           "to trust z_t), and a time-free one leaves its bound far above the absorbing one's")),
         ("data.num_workers", c.data.num_workers >= 0, "must be >= 0"),
+        ("data.shuffle_window", c.data.shuffle_window >= 1, "must be >= 1 (sequences)"),
+        ("data.cache_gb", c.data.cache_gb >= 0, "must be >= 0"),
         ("optim.lr", o.lr > 0 and math.isfinite(o.lr), "must be a positive number"),
         ("optim.betas", all(0.0 <= b < 1.0 for b in o.betas), "both must lie in [0, 1)"),
         ("optim.eps", o.eps > 0, "must be > 0"),

@@ -36,6 +36,7 @@ from common.progress import bars_and_logs
 from common.provenance import git_commit
 from data_prep.loader import StreamingLoader
 from data_prep.shards import Manifest
+from data_prep.storage import ChunkCache, default_cache_dir, is_remote, localize_metadata
 from model.spec import ModelSpec, build_trainable
 from model.transformer import TransformerConfig
 from pipeline.attention import attention_kernel
@@ -139,7 +140,7 @@ def _endless(loader: StreamingLoader) -> Iterator[torch.Tensor]:
 class Trainer:
     """One run's loop; built by ``train``."""
 
-    def __init__(self, config: Config, data_dir: Path, run_dir: Path, dist: Distributed,
+    def __init__(self, config: Config, data_dir: str | Path, run_dir: Path, dist: Distributed,
                  hooks: TrainHooks = TrainHooks(), start: InitRecord | InitSource | None = None) -> None:
         """``start``: the source a run started with --init-from begins from (an ``InitSource``,
         loaded into the new network), or the record of the one it began from (an
@@ -148,8 +149,10 @@ class Trainer:
         self.config, self.data_dir, self.run_dir, self.dist = config, data_dir, run_dir, dist
         self.layout = RunLayout(run_dir)
         self.hooks = hooks
-        self.manifest = Manifest.read(data_dir)
-        self.tokenizer = find_tokenizer(self.manifest, data_dir)
+        # From object storage, the manifest and the tokenizer are read from a local copy.
+        metadata = localize_metadata(str(data_dir), self._cache_root()) if is_remote(data_dir) else Path(data_dir)
+        self.manifest = Manifest.read(metadata)
+        self.tokenizer = find_tokenizer(self.manifest, metadata)
         self.init_from = start.record if isinstance(start, InitSource) else start
         self.network_config = network_config(config.model, self.manifest)
         if self.init_from is not None:
@@ -180,12 +183,19 @@ class Trainer:
         self.flops_per_token = flops_per_token(self.network_config, self.manifest.seq_len)
         self.peak = peak_flops(dist.device)
 
+    def _cache_root(self) -> Path:
+        return Path(self.config.data.cache_dir) if self.config.data.cache_dir else default_cache_dir()
+
     def _loaders(self) -> tuple[StreamingLoader, StreamingLoader]:
         c, d = self.config, self.dist
-        common = dict(rank=d.rank, world_size=d.world_size)
+        cache = None
+        if is_remote(self.data_dir) and c.data.cache_gb > 0:
+            cache = ChunkCache(self._cache_root() / "chunks", int(c.data.cache_gb * GIB))
+        common = dict(rank=d.rank, world_size=d.world_size, cache=cache)
         micro_batch = self.plan.batches.micro_batch
         train = StreamingLoader(self.data_dir, c.data.train_split, micro_batch, seed=c.train.seed,
                                 global_batch_size=self.plan.batches.global_batch, num_workers=c.data.num_workers,
+                                shuffle_window=c.data.shuffle_window,
                                 pin_memory=d.device.type == "cuda", **common)
         val = StreamingLoader(self.data_dir, c.data.val_split, c.eval.micro_batch_size or micro_batch,
                               seed=c.eval.seed, shuffle=False, **common)
@@ -603,15 +613,16 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
     refusal, claim = None, None
     if dist.is_main:
         try:
-            claim = claim_output_dir(run_dir, RUN_KIND, "--run-dir", [training_data(data_dir), *init_inputs(init_from)])
+            local_data = [] if is_remote(data_dir) else [training_data(data_dir)]
+            claim = claim_output_dir(run_dir, RUN_KIND, "--run-dir", [*local_data, *init_inputs(init_from)])
             lock.acquire()
         except UserError as err:
             refusal = err
     if dist.any(refusal is not None):
         raise refusal or UserError(f"{run_dir}: rank 0 could not lock the run directory; its message says why")
     try:
-        result = _train_locked(config, dist, Path(data_dir), Path(run_dir), resume, allow_config_change, hooks,
-                               init_from)
+        data = data_dir if is_remote(data_dir) else Path(data_dir)
+        result = _train_locked(config, dist, data, Path(run_dir), resume, allow_config_change, hooks, init_from)
     except BaseException:
         lock.release()
         if claim is not None and not _took_a_step(Path(run_dir)):  # a directory it created goes, with what it wrote
@@ -636,7 +647,7 @@ def _took_a_step(run_dir: Path) -> bool:
     return any(_record_step(line) >= 1 for line in lines)
 
 
-def _train_locked(config: Config, dist: Distributed, data_dir: Path, run_dir: Path, resume: str,
+def _train_locked(config: Config, dist: Distributed, data_dir: str | Path, run_dir: Path, resume: str,
                   allow_config_change: bool, hooks: TrainHooks, init_from: InitFrom | None) -> TrainResult:
     if resume == "auto":
         config = _with_checkpoint_legacy(config, run_dir, dist)

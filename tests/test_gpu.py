@@ -405,3 +405,15 @@ def test_a_budget_past_its_limit_is_refused_before_the_gpu_holds_anything():
         diffusion.sample(lambda z, t: pytest.fail("the network was called"),
                          SamplingPlan(steps=MAX_STEPS_PER_POSITION * 16 + 1), num_samples=4, seq_len=16, device="cuda")
     assert torch.cuda.memory_allocated() == before
+
+def test_the_loader_pins_the_batches_it_joins_from_its_workers(tmp_path):
+    """On a GPU the trainer asks for pinned batches; the loader pins each micro-batch after
+    joining its workers' parts (issue 32), and the batches are those of an unpinned loader."""
+    from data_prep.loader import StreamingLoader
+    from tests.shard_fixtures import write_numbered_split
+
+    write_numbered_split(tmp_path, [40, 40], rows_per_chunk=4)
+    make = lambda **kw: StreamingLoader(tmp_path, "train", 4, rank=1, world_size=2, seed=3, shuffle_window=16, **kw)
+    pinned = list(make(pin_memory=True, num_workers=2))
+    assert pinned and all(batch.is_pinned() for batch in pinned)
+    assert all(torch.equal(a, b) for a, b in zip(pinned, make(), strict=True))

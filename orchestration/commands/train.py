@@ -13,6 +13,7 @@ from common.logs import configure_logging
 from common.outputs import check_output_dir
 from orchestration.exit_codes import OK, PREEMPTED
 from pipeline.config import Config, config_yaml, load_config, parse_overrides
+from data_prep.storage import is_remote, read_manifest
 from pipeline.init_from import InitFrom, init_inputs
 from pipeline.run_layout import RUN_KIND, training_data
 
@@ -67,6 +68,10 @@ def _check_paths(args: argparse.Namespace, config: Config) -> None:
     if args.run_dir is None:
         raise UserError("--run-dir is required: where the checkpoints, metrics and export go")
     if args.launcher == "ray" and args.ray_address is not None:
+        return
+    if is_remote(config.data.path):  # object storage: its manifest says whether a prep finished there
+        read_manifest(config.data.path)
+        check_output_dir(args.run_dir, RUN_KIND, "--run-dir", [])
         return
     data = Path(config.data.path)
     if not data.is_dir():
@@ -146,7 +151,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "the run stopped.",
         epilog=TRAIN_EPILOG, formatter_class=RAW)
     train.add_argument("--config", help="YAML config (configs/tiny.yaml, small.yaml, medium.yaml)")
-    train.add_argument("--data", help="shard directory (overrides data.path)")
+    train.add_argument("--data", help="shard directory or its URI, s3://bucket/prefix (overrides data.path)")
     train.add_argument("--run-dir", help="checkpoints, metrics, export (required to train)")
     train.add_argument("--resume", choices=["auto", "never"], default="auto",
                        help="auto: continue from the latest checkpoint if any (default); never: refuse "
