@@ -6,19 +6,19 @@ PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench gpu-check clean
+.PHONY: install demo test test-fast docs bench gpu-check clean
 
 install: $(STAMP)
 
 # Order matters: torch first (the CPU or CUDA build this machine needs), then deepspeed
 # without build isolation (its setup.py imports torch), then the project, the dev tools and
-# lm-evaluation-harness (`unmask lm-eval`; its tests are in the suite).
+# lm-evaluation-harness (`unmask lm-eval`; its tests are in the suite) and the manual's tools.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel
 	$(PIP) install torch==$(TORCH_VERSION)
 	$(PIP) install --no-build-isolation "deepspeed>=0.19.8,<0.20"
-	$(PIP) install -e ".[dev,lm-eval]"
+	$(PIP) install -e ".[dev,lm-eval,docs]"
 	touch $(STAMP)
 
 # The whole pipeline (prep -> train -> export -> eval -> report) on CPython's own docs.
@@ -30,6 +30,12 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"
+
+# The manual (docs/, mkdocs.yml) into site/, offline and strict: a broken link or anchor, a page
+# outside the nav, an undocumented public function of the API pages or a stale config reference
+# fails the build (docs/hooks.py).
+docs: install
+	$(VENV)/bin/mkdocs build --strict  # not --quiet: it hides the warnings that strict mode counts
 
 bench: install
 	$(PY) bench/model_cpu.py
@@ -43,4 +49,4 @@ gpu-check: install
 	$(PY) bench/train_gpu.py --presets small medium
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build site *.egg-info .pytest_cache

@@ -8,12 +8,10 @@ Two cases (``--case``):
   measured right before and after each prep (targets: each worker >= 80% of raw, 2 workers
   >= 1.6x of 1).
 - ceiling: two plain processes encoding without Ray against one (what the machine allows).
-- loader: tokens/s that ``StreamingLoader`` delivers in one process (target >= 20M), and
-  the cost of its shard checksums: one epoch with them checked (the first read of each
-  shard in a process) against the same epoch unchecked, each from a page-cached shard.
+- loader: tokens/s that ``StreamingLoader`` delivers in one process (target >= 20M), each
+  chunk's sha256 checked as it is read.
 - loader_rank: tokens/s that rank 0 of ``LOADER_WORLD`` ranks gets in one process, against
-  the one-rank figure: a rank's sequences are spread over the whole stream (the global
-  batches do not depend on the number of ranks), so it reads every chunk for 1 / W of it.
+  the one-rank figure (a rank reads only its share: ``bench/data_at_scale.py``).
 - overhead: shard bytes over raw token bytes (target < 2%).
 
 The corpus is tinyshakespeare and PTB train from ../shared/data (6.2 MB), repeated to about
@@ -58,7 +56,6 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests/ holds the reference GPT-2 BPE
 
-from data_prep import loader as loader_module  # noqa: E402
 from data_prep.gpt2_bpe import GPT2BPETokenizer  # noqa: E402
 from data_prep.loader import StreamingLoader  # noqa: E402
 from data_prep.prep import PrepConfig, prep  # noqa: E402
@@ -156,29 +153,15 @@ def plain_processes_rate(paths: list[str], tokenizer_path: str, processes: int) 
     return sum(tokens for tokens, _ in results) / max(seconds for _, seconds in results)
 
 
-def loader_rate(data_dir: Path, epochs: int = 3, verify: bool = True, world_size: int = 1) -> tuple[float, int]:
-    """Tokens/s that rank 0 of ``world_size`` gets over ``epochs`` epochs; the checksums
-    (``verify``) are checked in the first."""
-    loader_module._VERIFIED.clear()
-    loader = StreamingLoader(data_dir, "train", LOADER_BATCH, rank=0, world_size=world_size, seed=0, verify=verify)
+def loader_rate(data_dir: Path, epochs: int = 3, world_size: int = 1) -> tuple[float, int]:
+    """Tokens/s that rank 0 of ``world_size`` gets over ``epochs`` epochs (each chunk's sha256
+    is checked as it is read)."""
+    loader = StreamingLoader(data_dir, "train", LOADER_BATCH, rank=0, world_size=world_size, seed=0)
     start, tokens = time.perf_counter(), 0
     for _ in range(epochs):
         for batch in loader:
             tokens += batch.numel()
     return tokens / (time.perf_counter() - start), tokens
-
-
-def bench_verification(data_dir: Path, rounds: int = 3) -> None:
-    """One epoch that checks every shard's sha256 against the same epoch without, alternated."""
-    loader_rate(data_dir, epochs=1, verify=False)  # the shards into the page cache
-    checked, unchecked = [], []
-    for _ in range(rounds):
-        checked.append(loader_rate(data_dir, epochs=1, verify=True)[0])
-        unchecked.append(loader_rate(data_dir, epochs=1, verify=False)[0])
-    best_checked, best_unchecked = max(checked), max(unchecked)
-    print(json.dumps({"bench": "loader_checksums", "first_epoch_checked_tokens_per_s": round(best_checked),
-                      "first_epoch_unchecked_tokens_per_s": round(best_unchecked),
-                      "checked_vs_unchecked": round(best_checked / best_unchecked, 3)}))
 
 
 def _raw_near(paths: list[str], tokenizer_path: str) -> float:
@@ -228,7 +211,6 @@ def bench_loader_and_overhead(out: Path, vocab_size: int, seq_len: int) -> None:
     rank_rate, rank_tokens = loader_rate(out, world_size=LOADER_WORLD)
     print(json.dumps({"bench": "loader_rank", "world_size": LOADER_WORLD, "batch": LOADER_BATCH,
                       "tokens": rank_tokens, "tokens_per_s": round(rank_rate), "vs_one_rank": round(rank_rate / rate, 3)}))
-    bench_verification(out)
     manifest_splits = json.loads((out / "manifest.json").read_text())["splits"]
     itemsize = np.dtype("<u2").itemsize if vocab_size <= 1 << 16 else 4
     shard_bytes = sum(s["bytes"] for split in manifest_splits.values() for s in split["shards"])

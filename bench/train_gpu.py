@@ -39,9 +39,16 @@ an ``error`` instead. Variants, named BASE[+OPTION...]:
 Every variant trains with one micro-batch per optimizer step. Evaluation: per preset,
 bench/eval_throughput.py's measure (estimate_bound, tokens/s per time sample, next to a
 plain forward), as it ran before (eager, --eval-batch) and as `unmask eval` runs now
-(compiled, its batch sized to the device). Sampling: per preset, MaskedDiffusion.sample
-from all-mask with --sample-steps steps (1000), sequences/s and network calls (cached: at
-most seq_len per sequence), as the bench ran before and as `unmask sample` runs now.
+(compiled, its batch sized to the device), with its FLOP utilization: the forward FLOPs of
+the tokens actually passed (pipeline.metrics.forward_flops: blocks for every token, the head
+at the masked rows) per second over the peak, and in the 2N + 4·L·d·T convention. Sampling:
+per preset, --sample-batch (64) sequences from all-mask as `unmask sample` runs them, by
+cached ancestral and by first-hitting with a budget of --sample-steps calls (1000; the GPU
+check passes 32: the utilization of a call does not depend on how many there are), eager and,
+on a GPU, with the blocks compiled: sequences/s, seconds per call, utilization. At 64 x 1024
+tokens a call is ~0.1 s of GPU work, so launch overhead (what CUDA graphs would save) is
+small; the host's per-call reads are the syncs the samplers' docstrings name. lm-eval:
+--lm-eval-requests loglikelihood requests scored as `unmask lm-eval` does, requests/s.
 
 Data: --data, an `unmask prep` output; without it the bench preps --inputs (default
 tinyshakespeare and PTB train, bench/prep_and_load.py's SOURCES) with --tokenizer (default
@@ -76,7 +83,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 # Siblings in bench/ (the script's own directory is on sys.path).
-from eval_throughput import inference_precision, synchronize  # noqa: E402
+from eval_throughput import synchronize  # noqa: E402
 from eval_throughput import measure as measure_evaluation
 from prep_and_load import SHARED_DATA, SOURCES  # noqa: E402
 
@@ -84,7 +91,7 @@ from data_prep.loader import StreamingLoader  # noqa: E402
 from data_prep.prep import PrepConfig, prep  # noqa: E402
 from data_prep.shards import Manifest  # noqa: E402
 from data_prep.tokenizer import load_tokenizer  # noqa: E402
-from evaluation.inference import inference_mode, should_compile  # noqa: E402
+from evaluation.inference import inference_mode  # noqa: E402
 from model.denoiser import FunctionDenoiser  # noqa: E402
 from model.diffusion import MaskedDiffusion  # noqa: E402
 from model.sampling import SamplingPlan, sample_generators  # noqa: E402
@@ -95,7 +102,8 @@ from pipeline.distributed import Distributed, init_distributed  # noqa: E402
 from pipeline.ema import EMA  # noqa: E402
 from pipeline.attention import attention_kernel  # noqa: E402
 from pipeline.engine import TrainingPlan, build_engine, build_optimizer, plan_training, prepare_model  # noqa: E402
-from pipeline.metrics import block_diffusion_flops_per_token, flops_per_token, mfu, peak_flops  # noqa: E402
+from evaluation.likelihoods import ScoringModel, ScoringSettings, score_continuations  # noqa: E402
+from pipeline.metrics import block_diffusion_flops_per_token, flops_per_token, forward_flops, mfu, peak_flops  # noqa: E402
 from pipeline.objective import MicroBatchSlot, make_objective, model_spec  # noqa: E402
 from pipeline.run_setup import network_config  # noqa: E402
 
@@ -117,7 +125,12 @@ DEFAULT_VARIANTS = [BEFORE, "pipeline-zero1", "pipeline-zero1+flash", "pipeline-
 # Rows per chunk: the float32 logits of one chunk at V = 50257 are 0.8 GB, and a GEMM of
 # 4096 rows keeps the tensor cores busy.
 DEFAULT_CHUNK_ROWS = 4096
-SAMPLE_STEPS = 1000             # the README's and the papers' sampling budget
+SAMPLE_STEPS = 1000             # the manual's and the papers' sampling budget
+SAMPLE_BATCH = 64               # sequences sampled together: a batch that fills a GPU
+SAMPLERS_MEASURED = ("ancestral", "first-hitting")   # cached ancestral and (exact when steps >= seq_len) first-hitting
+EVAL_MASKED_SHARE = 0.5         # the linear schedule's masked share averaged over stratified times: E[t] = 1/2
+LM_EVAL_SAMPLES = 16            # `unmask lm-eval --samples`' default
+LM_EVAL_REQUESTS = 256
 GPU_SEQ_LEN = 1024              # the papers' sequence length
 CPU_SEQ_LEN = 64                # a CPU run is a smoke test: short sequences keep it to minutes
 KIB = 1024                      # getrusage reports ru_maxrss in KiB on Linux
@@ -339,57 +352,110 @@ def measure_training(args: argparse.Namespace, preset: str, micro_batch: int, va
 
 
 # ------------------------------------------------------------------ evaluation and sampling
+def _utilization(network: TransformerConfig, tokens: float, head_rows: float, seconds: float,
+                 peak: float | None) -> float | None:
+    """Forward FLOPs of the tokens actually passed (pipeline.metrics.forward_flops) / time / peak."""
+    if peak is None:
+        return None
+    return forward_flops(network, network.max_seq_len, tokens, head_rows) / seconds / peak
+
+
+def evaluation_row(network: TransformerConfig, evaluation: dict, peak: float | None) -> dict:
+    """bench/eval_throughput.py's figures with the estimator's FLOP utilization: per time sample
+    every token passes the blocks and the head runs at the masked rows, EVAL_MASKED_SHARE of them."""
+    per_s = evaluation["estimate_tokens_per_s_per_sample"]
+    return {"bench": "evaluate", **evaluation,
+            "utilization": _utilization(network, per_s, EVAL_MASKED_SHARE * per_s, 1.0, peak),
+            "utilization_2n_4ldt": _utilization(network, per_s, per_s, 1.0, peak)}
+
+
 def measure_sampling(network: TransformerConfig, num_samples: int, steps: int, device: torch.device, *,
-                     tuned: bool) -> dict:
-    """Sequences/s of ancestral sampling from all-mask (a fresh network: the cost does not
-    depend on the weights, since whether a step unmasks anything does not). ``tuned``: as
-    ``unmask sample`` runs (``evaluation.generation``: inference mode, evaluation's attention
-    kernel, one generator per sample, the blocks compiled when the plan's "auto" says so);
-    otherwise as the bench ran before issue 24 (bf16 autocast under no_grad, one generator)."""
+                     sampler: str, compiled: bool, peak: float | None) -> dict:
+    """Sampling ``num_samples`` sequences from all-mask as ``unmask sample`` runs them
+    (``evaluation.generation``: inference mode, evaluation's precision and attention kernel,
+    one generator per sample; a fresh network: the cost does not depend on the weights), by
+    ``sampler`` with a budget of ``steps`` calls (cached ancestral: at most one per step;
+    first-hitting: ceil(seq_len / steps) tokens per call), its blocks compiled when
+    ``compiled``. Utilization: the tokens of every row passed through the blocks, the head at
+    the revealed positions (each generated token once)."""
     torch.manual_seed(0)
     model = Transformer(network).to(device).eval()
-    diffusion = MaskedDiffusion(make_schedule("linear"), network.vocab_size, validate=False)
-    plan = SamplingPlan(steps=steps)
-    tokens = num_samples * network.max_seq_len * steps
-    compiled = tuned and should_compile(plan.compile, device, tokens)
     if compiled:
         model.compile_parts()
+    diffusion = MaskedDiffusion(make_schedule("linear"), network.vocab_size, validate=False)
+    plan = SamplingPlan(sampler=sampler, steps=steps)
 
     def sample(sample_steps: int):
-        generator = (sample_generators(plan.seed, range(num_samples)) if tuned
-                     else torch.Generator(device).manual_seed(0))
-        context = inference_mode(model, device) if tuned else inference_precision(device)
-        with torch.inference_mode(), context:
+        with torch.inference_mode(), inference_mode(model, device):
             return diffusion.sample(model, dataclasses.replace(plan, steps=sample_steps), num_samples=num_samples,
-                                    seq_len=network.max_seq_len, generator=generator, device=device)[1]
+                                    seq_len=network.max_seq_len, generator=sample_generators(plan.seed,
+                                                                                             range(num_samples)),
+                                    device=device)[1]
 
-    sample(WARMUP_SAMPLE_STEPS)
+    sample(WARMUP_SAMPLE_STEPS)   # kernels, allocator, the compile
     synchronize(device)
     start = time.perf_counter()
     stats = sample(steps)
     synchronize(device)
     elapsed = time.perf_counter() - start
-    return {"bench": "sample", "tuned": tuned, "compiled": compiled, "seq_len": network.max_seq_len,
+    generated = num_samples * network.max_seq_len
+    return {"bench": "sample", "sampler": sampler, "compiled": compiled, "seq_len": network.max_seq_len,
             "vocab_size": network.vocab_size, "device": device.type, "num_samples": num_samples, "steps": steps,
             "seconds": elapsed, "sequences_per_s": num_samples / elapsed, "network_calls": stats.network_calls,
-            "rows_evaluated": stats.rows_evaluated}
+            "rows_evaluated": stats.rows_evaluated, "seconds_per_call": elapsed / stats.network_calls,
+            "utilization": _utilization(network, stats.rows_evaluated * network.max_seq_len, generated, elapsed,
+                                        peak)}
+
+
+def measure_lm_eval(network: TransformerConfig, requests: int, device: torch.device) -> dict:
+    """lm-eval's loglikelihood as ``unmask lm-eval`` scores it (evaluation.likelihoods:
+    LM_EVAL_SAMPLES time samples and the greedy pass per request, rows sized to the device):
+    ``requests`` (context, continuation) pairs of random tokens, contexts of a quarter to a half
+    of the window, continuations of 1 to 4 tokens (LAMBADA-like), requests/s."""
+    torch.manual_seed(0)
+    model = Transformer(network).to(device).eval()
+    scoring = ScoringModel(MaskedDiffusion(make_schedule("linear"), network.vocab_size, validate=False), model,
+                           network.max_seq_len, device, network)
+    generator = torch.Generator().manual_seed(1)
+    window = network.max_seq_len
+
+    def tokens(count: int) -> list[int]:
+        return torch.randint(0, network.vocab_size, (count,), generator=generator).tolist()
+
+    pairs = [(tokens(int(torch.randint(window // 4, window // 2, (), generator=generator))),
+              tokens(int(torch.randint(1, 5, (), generator=generator)))) for _ in range(requests)]
+    settings = ScoringSettings(samples=LM_EVAL_SAMPLES, seed=0)
+    score_continuations(scoring, pairs[:max(1, requests // 8)], settings)   # warm-up
+    synchronize(device)
+    start = time.perf_counter()
+    score_continuations(scoring, pairs, settings)
+    synchronize(device)
+    elapsed = time.perf_counter() - start
+    passed = sum(len(context) + len(continuation) for context, continuation in pairs) * (LM_EVAL_SAMPLES + 1)
+    return {"bench": "lm-eval", "requests": requests, "samples": LM_EVAL_SAMPLES, "device": device.type,
+            "seconds": elapsed, "requests_per_s": requests / elapsed, "tokens_per_s": passed / elapsed}
 
 
 def measure_inference(args: argparse.Namespace, preset: str, manifest: Manifest, device: torch.device) -> list[dict]:
-    """The evaluation row (bench/eval_throughput.py) and the sampling row of a preset."""
+    """The evaluation rows (bench/eval_throughput.py, as before and now), the sampling rows
+    (each sampler of SAMPLERS_MEASURED, eager and, on a GPU, compiled) and the lm-eval row."""
     network = network_config(ModelSection(preset=preset, vocab_multiple=1), manifest)  # an export's
+    peak = peak_flops(device) or (args.peak_tflops * 1e12 if args.peak_tflops else None)
     rows = []
     for tuned in (False, True):  # as `unmask eval` ran before issue 24, and as it runs now
         evaluation = measure_evaluation(preset, manifest.seq_len, args.eval_samples,
                                         None if tuned else args.eval_batch, args.repeats,
                                         vocab_size=network.vocab_size, blocks=args.eval_blocks, device=str(device),
                                         tuned=tuned)
-        rows.append({"bench": "evaluate", **evaluation})
+        rows.append(evaluation_row(network, evaluation, peak))
         torch._dynamo.reset()
-    for tuned in (False, True):
-        rows.append({**measure_sampling(network, args.sample_batch, args.sample_steps, device, tuned=tuned),
-                     "preset": preset})
+    # Compiling on CPU takes minutes of inductor's C++ for nothing (evaluation.inference.should_compile).
+    for compiled in (False, True) if device.type == "cuda" else (False,):
+        for sampler in SAMPLERS_MEASURED:
+            rows.append({**measure_sampling(network, args.sample_batch, args.sample_steps, device, sampler=sampler,
+                                            compiled=compiled, peak=peak), "preset": preset})
         torch._dynamo.reset()
+    rows.append({**measure_lm_eval(network, args.lm_eval_requests, device), "preset": preset})
     return rows
 
 
@@ -416,8 +482,12 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--eval-batch", type=int, default=8, help="blocks per network call of the untuned row "
                         "(the tuned one sizes its batch to the device)")
     parser.add_argument("--repeats", type=int, default=3, help="timed evaluation repeats (median)")
-    parser.add_argument("--sample-batch", type=int, default=8, help="sequences sampled together")
-    parser.add_argument("--sample-steps", type=int, default=SAMPLE_STEPS)
+    parser.add_argument("--sample-batch", type=int, default=SAMPLE_BATCH, help="sequences sampled together")
+    parser.add_argument("--sample-steps", type=int, default=SAMPLE_STEPS, help="each sampler's budget of calls")
+    parser.add_argument("--lm-eval-requests", type=int, default=LM_EVAL_REQUESTS,
+                        help="loglikelihood requests scored for the lm-eval row")
+    parser.add_argument("--peak-tflops", type=float, help="the device's bf16 peak when pipeline.metrics does not "
+                        "know it (a CPU dry run passes a nominal one)")
     parser.add_argument("--skip-inference", action="store_true", help="training rows only")
     parser.add_argument("--skip-training", action="store_true", help="evaluation and sampling rows only")
     args = parser.parse_args()

@@ -11,21 +11,26 @@ run`` stage by stage) goes through this module, which holds the rule:
    reads, a prep never into its corpus, a report never over the export it scores.
 2. **One kind of output per directory.** Each kind (``OutputKind``: an export, a Hugging Face
    export, the shards of a prep, a tokenizer, a training run, a report) marks its directory
-   with ``MARKER``: the kind, and for a directory that is replaced whole the entries it was
-   written with. A command writes into a new or empty directory, or one marked with its own
-   kind; never into one marked with another kind or holding anything else. A directory of a
-   kind that carries no marker (written before the marker existed, or where a tool wrote
-   first: Ray Train's records in RUN/ray_train) is recognized by the kind's ``unmarked``
-   test, conservatively (names and records only we write), and is marked when next written.
+   with ``MARKER``: the kind, and for a directory that is replaced whole the size and sha256
+   of every file it was written with, at every depth (``common.file_records``). A command
+   writes into a new or empty directory, or one marked with its own kind; never into one
+   marked with another kind or holding anything else. A directory of a kind that carries no
+   marker (written before the marker existed, or where a tool wrote first: Ray Train's
+   records in RUN/ray_train) is recognized by the kind's ``unmarked`` test, conservatively
+   (more than one name: the names and records only we write, at every depth), and is marked
+   when next written.
 3. **Outputs that appear whole** (exports, tokenizers, reports: ``new_output_dir``) are
    written into a new hidden sibling, ``.NAME.unmask-new-PID``, and renamed into place: a
    reader sees the old directory or the complete new one, and a failure leaves the old one
    and no trace of the new, not even the parent directories it created. The old one is
-   replaced only while it holds nothing but the entries its marker lists: a report someone
-   wrote into an export is never deleted with it.
+   replaced only while it holds nothing but the files its marker records, unchanged, at any
+   depth: a figure someone put in a report's plots/, a note in an export's tokenizer/ or an
+   edited report.md is never deleted with it. The files other steps of unmask add to it
+   (``OutputKind.carried``: a report's MLflow record) are carried over into the new one.
 4. **Outputs that grow in place** and resume after a kill (the shards of a prep, a training
    run: ``claim_output_dir``) are created and marked before the work; a command that fails
-   before writing anything worth keeping gives the directory back (``OutputClaim.abandon``).
+   before writing anything worth keeping gives the directory back (``OutputClaim.abandon``):
+   the marker, the directories it created, and what it wrote there that holds nothing yet.
 5. **Output files** (``check_output_file``, ``write_output_file``: samples) are checked the
    same way and written atomically; an existing file is replaced only when it is recognized
    as one of ours.
@@ -49,10 +54,11 @@ from pathlib import Path
 
 from common.atomic_files import atomic_write_bytes, give_default_modes, is_temporary
 from common.errors import UserError
+from common.file_records import FileRecord, changed_files, record_files, tree_files
 
 __all__ = ["MARKER", "InputPath", "OutputClaim", "OutputKind", "check_output_dir", "check_output_file",
-           "claim_output_dir", "entry_names", "json_object", "new_output_dir", "read_marker",
-           "staged_directory", "write_output_file"]
+           "claim_output_dir", "entry_names", "holds_only", "json_object", "marked_files", "new_output_dir",
+           "read_marker", "staged_directory", "write_output_file"]
 
 MARKER = ".unmask-output.json"
 # The hidden siblings of a replacement: the new directory being written, and the old one for
@@ -76,6 +82,9 @@ class OutputKind:
                      # in place and resumed (claim_output_dir)
     # Recognizes a directory of this kind without the marker (of an earlier version, say).
     unmarked: Callable[[Path], bool] = field(default=_never, compare=False)
+    # Top-level files that other steps of unmask write into a whole output after it appeared
+    # (a report's MLflow record): not compared with the marker, and carried into a replacement.
+    carried: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -107,10 +116,29 @@ def read_marker(directory: Path) -> dict | None:
     return json_object(directory / MARKER)
 
 
-def _write_marker(directory: Path, kind: OutputKind, entries: list[str] | None = None) -> None:
-    record = {"kind": kind.name, "what": kind.noun}
-    if entries is not None:
-        record["entries"] = entries
+def marked_files(directory: Path) -> dict[str, FileRecord] | None:
+    """The files the marker of a whole output records (``{relative path: record}``), or None
+    when it records none (no marker, or one of an earlier version)."""
+    files = (read_marker(directory) or {}).get("files")
+    return files if isinstance(files, dict) else None
+
+
+def _present_files(directory: Path, skip: Sequence[str] = ()) -> list[str]:
+    """Every file under ``directory`` at any depth (relative paths), but the marker, ``skip``
+    (top-level names) and our own temporary files."""
+    return [name for name in tree_files(directory, skip=(MARKER, *skip)) if not is_temporary(Path(name).name)]
+
+
+def holds_only(directory: Path, allowed: Callable[[str], bool]) -> bool:
+    """Whether every file under ``directory``, at any depth (relative path, with ``/``), is
+    one ``allowed`` accepts: what an ``unmarked`` test asks of a whole tree."""
+    return all(allowed(name) for name in _present_files(directory))
+
+
+def _write_marker(directory: Path, kind: OutputKind, files: dict[str, FileRecord] | None = None) -> None:
+    record: dict = {"kind": kind.name, "what": kind.noun}
+    if files is not None:
+        record["files"] = files
     atomic_write_bytes(directory / MARKER, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
 
 
@@ -160,10 +188,30 @@ def _in_the_way(directory: Path, kind: OutputKind, flag: str) -> str | None:
     if marker.get("kind") != kind.name:
         return (f"holds {marker.get('what') or marker.get('kind')} (its {MARKER} says so), not {kind.noun}; "
                 f"choose a new or empty directory for {flag}")
-    extra = sorted(names - set(marker.get("entries", names))) if kind.whole else []
-    if extra:
-        return (f"holds {_listed(directory, extra)} beside {kind.noun}, and replacing the directory would "
+    return _not_ours(directory, kind, flag) if kind.whole else None
+
+
+def _not_ours(directory: Path, kind: OutputKind, flag: str) -> str | None:
+    """What in the whole output ``directory`` its replacement would delete that the command
+    did not write (rule 3), with the fix; None when it holds only its recorded files."""
+    records = marked_files(directory)
+    if records is None:  # marked by an earlier version, which recorded top-level names only
+        if kind.unmarked(directory):
+            return None
+        return (f"holds {kind.noun} of an earlier version, which did not record its files, and files it does "
+                f"not write ({_listed(directory, list(entry_names(directory)))}); move yours out, or choose "
+                f"another {flag}")
+    present = _present_files(directory, skip=tuple(kind.carried))
+    foreign = sorted(set(present) - set(records))
+    if foreign:
+        return (f"holds {_listed(directory, foreign)} beside {kind.noun}, and replacing the directory would "
                 f"delete them; move them out, or choose another {flag}")
+    changed = changed_files(directory, {name: records[name] for name in present}, trust_times=True)
+    if changed:
+        name, how = next(iter(changed.items()))
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        return (f"{name} {how} since {kind.noun} was written{more}, and replacing the directory would delete "
+                f"it; move it out, or choose another {flag}")
     return None
 
 
@@ -218,8 +266,10 @@ def _remove_empty(directories: Sequence[Path]) -> None:
             return  # not empty: it, and the ones around it, hold something
 
 
-def _holds_files(directory: Path) -> bool:
-    return any(p.name != MARKER and not p.is_dir() for p in directory.rglob("*"))
+def _holds_files(directory: Path, besides: set[str] = frozenset()) -> bool:
+    """Whether ``directory`` holds a file but its marker, outside the top-level entries ``besides``."""
+    return any(p.name != MARKER and not p.is_dir() and p.relative_to(directory).parts[0] not in besides
+               for p in directory.rglob("*"))
 
 
 @dataclass(frozen=True)
@@ -229,12 +279,23 @@ class OutputClaim:
     path: Path
     made: tuple[Path, ...]   # the directories the claim created, outermost first
     marked: bool             # whether the claim wrote the marker
+    fresh: bool = False      # whether the directory was new or empty when claimed
 
-    def abandon(self) -> None:
+    def abandon(self, written: Sequence[str] = ()) -> None:
         """After a failure: when the directory holds no file besides the marker (nothing was
-        done worth keeping), remove what the claim added: its marker and its directories."""
-        if not self.path.is_dir() or _holds_files(self.path):
+        done worth keeping), remove what the claim added: its marker and its directories.
+        ``written``: top-level names of what the command wrote there that holds nothing worth
+        keeping yet (an empty lock, the config it resolved), counted as nothing and removed too,
+        in a directory that was new or empty when claimed (else they may be someone's)."""
+        written = set(written) if self.fresh else set()
+        if not self.path.is_dir() or _holds_files(self.path, besides=written):
             return
+        for name in sorted(written):
+            path = self.path / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
         if self.marked:
             (self.path / MARKER).unlink(missing_ok=True)
             for empty in sorted((p for p in self.path.rglob("*") if p.is_dir()), reverse=True):
@@ -248,11 +309,12 @@ def claim_output_dir(path: str | Path, kind: OutputKind, flag: str,
     if kind.whole:
         raise ValueError(f"{kind.name} is written whole: use new_output_dir")
     target = check_output_dir(path, kind, flag, inputs)
+    fresh = not target.is_dir() or not any(target.iterdir())
     made = _make_dirs(target)
     marked = read_marker(target) is None
     if marked:
         _write_marker(target, kind)
-    return OutputClaim(target, made, marked)
+    return OutputClaim(target, made, marked, fresh)
 
 
 # ------------------------------------------------------------------ outputs that appear whole
@@ -316,7 +378,7 @@ def staged_directory(target: Path) -> Iterator[Path]:
 def new_output_dir(path: str | Path, kind: OutputKind, flag: str,
                    inputs: Sequence[InputPath] = ()) -> Iterator[Path]:
     """Write ``kind``'s output for ``path``: check it (``check_output_dir``), yield a new
-    hidden sibling to write into, then mark it with its entries and rename it into place
+    hidden sibling to write into, then mark it with its files' records and rename it into place
     (rule 3). Whatever the block raises leaves ``path`` as it was."""
     target = check_output_dir(path, kind, flag, inputs)
     if not kind.whole:
@@ -324,7 +386,10 @@ def new_output_dir(path: str | Path, kind: OutputKind, flag: str,
     with staged_directory(target) as staging:
         yield staging
         check_output_dir(target, kind, flag)  # what may have changed there while the work ran
-        _write_marker(staging, kind, sorted(entry_names(staging)))
+        for name in sorted(kind.carried):
+            if (target / name).is_file() and not (staging / name).exists():
+                shutil.copy2(target / name, staging / name)
+        _write_marker(staging, kind, record_files(staging, _present_files(staging)))
 
 
 # ------------------------------------------------------------------ output files

@@ -285,6 +285,15 @@ def _resume_with_policy(out: Path, changes: dict[str, tuple[str, str]], new_toke
             f"{len(units)} finished units, redid the {len(redo)} that the change affects")
 
 
+def _format_version(manifest_path: Path) -> object:
+    """The shard format a manifest declares (None if it is not one): an earlier format is
+    replaced like a different prep, with --overwrite."""
+    try:
+        return json.loads(manifest_path.read_text()).get("format_version")
+    except (ValueError, AttributeError):
+        return None
+
+
 def _prepare_output(out: Path, identity: dict, overwrite: bool,
                     tokenizer_follows: bool = False) -> tuple[Manifest | None, str]:
     """Return the finished manifest when it matches; refuse or clear a different prep. Unfinished
@@ -293,7 +302,9 @@ def _prepare_output(out: Path, identity: dict, overwrite: bool,
     work = out / WORK_DIR
     manifest_path, identity_path = out / MANIFEST_NAME, work / IDENTITY_NAME
     note = ""
-    if manifest_path.is_file():
+    if manifest_path.is_file() and (version := _format_version(manifest_path)) != FORMAT_VERSION:
+        what = f"a prep in shard format {version} (this unmask writes format {FORMAT_VERSION})"
+    elif manifest_path.is_file():
         manifest = Manifest.read(out)
         if manifest.prep_config_sha256 == identity["sha256"] and _shards_intact(out, manifest):
             return manifest, note
@@ -553,7 +564,7 @@ def _assemble_manifest(config: PrepConfig, tokenizer: Tokenizer, identity: dict,
     counters = _read_counters(ledger, units)
     splits = {}
     for split, layout in layouts.items():
-        infos = [ShardInfo(**ledger.get(shard_key(split, r["index"]))) for r in shards if r["split"] == split]
+        infos = [ShardInfo.from_dict(ledger.get(shard_key(split, r["index"]))) for r in shards if r["split"] == split]
         splits[split] = SplitInfo(
             documents=sum(e["splits"][split]["documents"] for e in entries), tokens=layout.tokens,
             utf8_bytes=sum(e["splits"][split]["utf8_bytes"] for e in entries),

@@ -80,9 +80,9 @@ def _cut_shard(layout: SplitLayout, index: int, first: int, count: int, work: Pa
     padding = stop - start - len(tokens)
     sequences = np.concatenate([tokens, np.full(padding, layout.pad_id, dtype)]).reshape(-1, seq_len)
     relative = shard_path(layout.split, index)
-    digest = write_shard(out / relative, sequences, index, rows_per_chunk)
+    written = write_shard(out / relative, sequences, index, rows_per_chunk)
     return ShardInfo(path=relative, sequences=count, tokens=len(tokens), utf8_bytes=text_bytes,
-                     sha256=digest, bytes=(out / relative).stat().st_size)
+                     sha256=written.sha256, bytes=written.bytes, chunks=written.chunks)
 
 
 def plan_shards(layout: SplitLayout, sequences_per_shard: int) -> list[dict]:

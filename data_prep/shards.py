@@ -9,7 +9,10 @@ about ``CHUNK_BYTES`` keeps the overhead near 0.1%.
 
 Tar headers carry no time, owner or host, so the same sequences always give the same
 bytes: shards are reproducible and their sha256 (in the manifest) identifies their content.
-This module owns the format: the writer, the chunk reader (WebDataset's tar iterator) and
+The manifest also lists each chunk's byte range and sha256 (``ChunkInfo``, format 2): the
+loader fetches a chunk with one range request and checks it as it reads it, without reading
+the rest of the shard. This module owns the format: the writer, the readers (``decode_chunk``
+for one chunk's bytes; WebDataset's tar iterator, ``iter_chunks``, for a whole shard) and
 the manifest (``MANIFEST_NAME``, fields in ``Manifest``). Beside them, ``DIR/tokenizer``
 (``TOKENIZER_DIR``) holds the files of the tokenizer the shards were made with.
 """
@@ -30,7 +33,9 @@ import numpy as np
 from common.atomic_files import atomic_write_bytes, temporary_path
 from common.errors import UserError
 
-FORMAT_VERSION = 1
+# 2: each shard lists its chunks (byte range, rows, sha256), so a reader fetches only the
+# chunks it needs and checks each as it reads it (version 1 had one sha256 per shard).
+FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 TOKENIZER_DIR = "tokenizer"  # the tokenizer's files, in the data directory: the manifest's tokenizer path
 SPLITS = ("train", "val")
@@ -40,8 +45,9 @@ CHUNK_BYTES = 1 << 20
 UINT16_LIMIT = 1 << 16
 
 __all__ = [
-    "FORMAT_VERSION", "MANIFEST_NAME", "SPLITS", "TOKENIZER_DIR", "ShardInfo", "SplitInfo", "Manifest",
-    "token_dtype", "chunk_rows", "shard_path", "write_shard", "iter_chunks", "sha256_file", "verify_shard",
+    "FORMAT_VERSION", "MANIFEST_NAME", "SPLITS", "TOKENIZER_DIR", "ChunkInfo", "ShardInfo", "SplitInfo", "Manifest",
+    "WrittenShard", "token_dtype", "chunk_rows", "shard_path", "write_shard", "iter_chunks", "decode_chunk",
+    "sha256_file",
 ]
 
 
@@ -82,8 +88,17 @@ def _reproducible_member(name: str, size: int) -> tarfile.TarInfo:
     return info
 
 
-def write_shard(path: str | Path, sequences: np.ndarray, shard_index: int, rows_per_chunk: int) -> str:
-    """Write ``sequences`` [n, seq_len] as a shard at ``path`` atomically; return its sha256.
+@dataclass(frozen=True)
+class WrittenShard:
+    """What ``write_shard`` wrote: the file's sha256 and size, and where each chunk lies in it."""
+
+    sha256: str
+    bytes: int
+    chunks: list["ChunkInfo"]
+
+
+def write_shard(path: str | Path, sequences: np.ndarray, shard_index: int, rows_per_chunk: int) -> WrittenShard:
+    """Write ``sequences`` [n, seq_len] as a shard at ``path`` atomically.
 
     The tar is built under a temporary name and renamed, so a killed writer leaves either
     no shard or a complete one.
@@ -91,17 +106,44 @@ def write_shard(path: str | Path, sequences: np.ndarray, shard_index: int, rows_
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_path(path)
+    chunks = []
     with open(tmp, "wb") as handle:
         with tarfile.open(fileobj=handle, mode="w", format=tarfile.USTAR_FORMAT) as tar:
             for chunk, start in enumerate(range(0, len(sequences), rows_per_chunk)):
-                data = _npy_bytes(sequences[start:start + rows_per_chunk])
+                rows = sequences[start:start + rows_per_chunk]
+                data = _npy_bytes(rows)
                 member = _reproducible_member(f"{shard_index:06d}-{chunk:06d}.tokens.npy", len(data))
+                # A USTAR header is one block; the member's data follows it.
+                chunks.append(ChunkInfo(offset=tar.offset + tarfile.BLOCKSIZE, bytes=len(data), rows=len(rows),
+                                        sha256=hashlib.sha256(data).hexdigest()))
                 tar.addfile(member, io.BytesIO(data))
         handle.flush()
         os.fsync(handle.fileno())
     digest = sha256_file(tmp)
+    size = tmp.stat().st_size
     os.replace(tmp, path)
-    return digest
+    return WrittenShard(digest, size, chunks)
+
+
+# The .npy header versions a chunk may carry (the writer uses 1.0; 2.0 is 1.0 with a longer header).
+_NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def decode_chunk(data: bytes, source: str) -> np.ndarray:
+    """The ``[rows, seq_len]`` array of one chunk's bytes (a ``.npy`` file, never pickled)."""
+    try:
+        stream = io.BytesIO(data)
+        version = np.lib.format.read_magic(stream)
+        read_header = _NPY_HEADER_READERS.get(version)
+        if read_header is None:
+            raise ValueError(f"npy format version {version}")
+        shape, fortran_order, dtype = read_header(stream)
+        if fortran_order or dtype.hasobject or len(shape) != 2:
+            raise ValueError(f"a {len(shape)}-d {'Fortran-ordered ' if fortran_order else ''}{dtype} array")
+        # A read-only view of the bytes, not a copy: the loader gathers its rows once, into lanes.
+        return np.frombuffer(data, dtype=dtype, count=shape[0] * shape[1], offset=stream.tell()).reshape(shape)
+    except (ValueError, EOFError, OSError) as err:
+        raise UserError(f"{source}: corrupt chunk ({type(err).__name__}: {err}); {_SHARD_FIX}") from None
 
 
 def iter_chunks(stream: BinaryIO, source: str = "<stream>") -> Iterator[np.ndarray]:
@@ -124,30 +166,24 @@ def iter_chunks(stream: BinaryIO, source: str = "<stream>") -> Iterator[np.ndarr
 _SHARD_FIX = "copy the data directory again, or rerun `unmask prep` with --overwrite"
 
 
-def verify_shard(data_dir: str | Path, info: "ShardInfo") -> Path:
-    """The path of a shard whose size and sha256 match its manifest entry; otherwise
-    ``UserError`` naming the file (missing, truncated or altered) and the fix."""
-    path = Path(data_dir) / info.path
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise UserError(f"{path}: shard listed in the manifest is missing; {_SHARD_FIX}") from None
-    if size != info.bytes:
-        raise UserError(f"{path}: {size} bytes, the manifest says {info.bytes} (truncated or overwritten); "
-                        f"{_SHARD_FIX}")
-    if sha256_file(path) != info.sha256:
-        raise UserError(f"{path}: its sha256 differs from the manifest's (the file is corrupt); {_SHARD_FIX}")
-    return path
-
-
 # ------------------------------------------------------------------------- manifest
-def _check_inside(relative: str, manifest_path: Path) -> None:
+def _check_inside(relative: str, manifest_path: str) -> None:
     """A manifest names shards inside its own directory: an absolute path or a ``..`` would
     let a received manifest make the loader read any file on the machine."""
     pure = PurePosixPath(relative)
     if not relative or pure.is_absolute() or "\\" in relative or ".." in pure.parts or ":" in relative:
         raise UserError(f"{manifest_path}: shard path {relative!r} leaves the data directory; a manifest may "
                         "only name files inside it (rerun `unmask prep`)")
+
+
+@dataclass
+class ChunkInfo:
+    """One tar member of a shard: the bytes of its ``.npy`` data, read with one range request."""
+
+    offset: int          # of the member's data in the shard file
+    bytes: int
+    rows: int            # sequences in the chunk
+    sha256: str          # of those bytes: checked as they are read, no second read of the shard
 
 
 @dataclass
@@ -158,6 +194,11 @@ class ShardInfo:
     utf8_bytes: int      # source bytes of the documents whose EOS lies in this shard
     sha256: str
     bytes: int           # size of the tar file
+    chunks: list[ChunkInfo] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "ShardInfo":
+        return cls(**{**raw, "chunks": [ChunkInfo(**c) for c in raw.get("chunks", [])]})
 
 
 @dataclass
@@ -198,18 +239,28 @@ class Manifest:
         if not path.is_file():
             raise UserError(f"{path}: no manifest; run `unmask prep --out {data_dir}` first")
         try:
-            raw = json.loads(path.read_text())
-            raw["splits"] = {name: SplitInfo(**{**split, "shards": [ShardInfo(**s) for s in split["shards"]]})
+            return cls.from_json(path.read_text(), str(path))
+        except OSError as err:
+            raise UserError(f"{path}: cannot read the manifest ({err})") from None
+
+    @classmethod
+    def from_json(cls, text: str, source: str) -> "Manifest":
+        """The manifest in ``text`` (read from ``source``, named in errors), checked."""
+        try:
+            raw = json.loads(text)
+            version = raw.get("format_version")
+            if version != FORMAT_VERSION:
+                raise UserError(f"{source}: shard format version {version}, this unmask reads version "
+                                f"{FORMAT_VERSION} (per-chunk checksums); rerun `unmask prep` with --overwrite "
+                                "(the same tokens, in the new format)")
+            raw["splits"] = {name: SplitInfo(**{**split, "shards": [ShardInfo.from_dict(s) for s in split["shards"]]})
                              for name, split in raw["splits"].items()}
             manifest = cls(**raw)
-        except (ValueError, TypeError, KeyError) as err:
-            raise UserError(f"{path}: not a valid unmask manifest ({err}); rerun `unmask prep`") from None
-        if manifest.format_version != FORMAT_VERSION:
-            raise UserError(f"{path}: shard format version {manifest.format_version}, this unmask "
-                            f"reads version {FORMAT_VERSION}; rerun `unmask prep` with this version")
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            raise UserError(f"{source}: not a valid unmask manifest ({err}); rerun `unmask prep`") from None
         for split in manifest.splits.values():
             for shard in split.shards:
-                _check_inside(shard.path, path)
+                _check_inside(shard.path, source)
         return manifest
 
     def sha256(self) -> str:

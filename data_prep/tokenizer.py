@@ -33,13 +33,23 @@ import sentencepiece as spm
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
 from data_prep.gpt2_bpe import GPT2_ENCODER_FILE, GPT2_MERGES_FILE, GPT2BPETokenizer
-from data_prep.hf_tokenizer import NO_SPECIAL_TOKENS, TOKENIZER_JSON_FILE, HuggingFaceTokenizer, SpecialTokens
+from data_prep.hf_tokenizer import (
+    NO_SPECIAL_TOKENS,
+    SPECIAL_TOKENS_MAP_FILE,
+    TOKENIZER_JSON_FILE,
+    HuggingFaceTokenizer,
+    SpecialTokens,
+)
 from data_prep.tokenizer_base import Tokenizer, refuse_lone_surrogates
 
 # Files written by ``train_sentencepiece``; ``SentencePieceTokenizer.save`` writes the model alone.
 SP_MODEL_FILE = "tokenizer.model"
 SP_VOCAB_FILE = "tokenizer.vocab"  # "piece<TAB>score" per id, for reading, never loaded
 SP_METADATA_FILE = "tokenizer.json"  # a record of the training, not a Hugging Face tokenizer.json
+# Every file a tokenizer directory of ours holds: what ``save`` writes, of any kind, and the
+# listing ``train_sentencepiece`` adds.
+SAVED_TOKENIZER_FILES = frozenset({SP_MODEL_FILE, SP_VOCAB_FILE, GPT2_ENCODER_FILE, GPT2_MERGES_FILE,
+                                   TOKENIZER_JSON_FILE, SPECIAL_TOKENS_MAP_FILE})
 
 # Special ids of a trained SentencePiece model. SentencePiece's defaults for unk, bos and
 # eos, plus a pad id (SentencePiece disables pad by default) for fixed-length batches of
@@ -112,6 +122,7 @@ __all__ = [
     "MAX_SENTENCE_BYTES",
     "MIN_VOCAB_SIZE",
     "MODEL_TYPES",
+    "SAVED_TOKENIZER_FILES",
     "SentencePieceTokenizer",
     "SentenceSample",
     "SpecialTokens",

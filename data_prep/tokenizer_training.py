@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from common.atomic_files import atomic_write_bytes
-from common.outputs import InputPath, OutputKind, entry_names, json_object, new_output_dir, staged_directory
+from common.outputs import InputPath, OutputKind, holds_only, json_object, new_output_dir, staged_directory
 from data_prep.readers import (
     ReadCounters,
     ReadOptions,
@@ -49,7 +49,7 @@ def _is_unmarked_tokenizer(directory: Path) -> bool:
     """A directory of `unmask tokenizer train` written before the marker existed: its files
     only, with the record of its training."""
     record = json_object(directory / SP_METADATA_FILE)
-    return (entry_names(directory) <= {SP_MODEL_FILE, SP_VOCAB_FILE, SP_METADATA_FILE}
+    return (holds_only(directory, {SP_MODEL_FILE, SP_VOCAB_FILE, SP_METADATA_FILE}.__contains__)
             and record is not None and record.get("kind") == SentencePieceTokenizer.kind)
 
 

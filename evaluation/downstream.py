@@ -7,7 +7,10 @@
 
 In order:
 
-1. every argument is checked before any work: the flags, the ``include_path`` directories, ``out``;
+1. every argument is checked before any work: the flags, the ``include_path`` directories, ``out``,
+   the user's task YAMLs (``evaluation.lm_eval_yamls``: valid YAML, named by file, line and
+   column; no ``!function``, which would run the Python next to them, unless ``allow_code``;
+   local ``data_files`` that exist), and with ``download`` that the Hub answers;
 2. a training run without an export is exported first, as ``unmask eval`` does;
 3. the tasks are looked up: this package's local tasks (``evaluation/lm_eval_tasks``) and
    ``include_path`` first, lm-eval's own ~15,000 only when a name is not among them (indexing
@@ -28,7 +31,11 @@ In order:
 ``HF_HUB_OFFLINE=1`` (set in the environment and in the Hugging Face libraries already
 imported, restored afterwards): a dataset that is on disk or in the Hugging Face cache loads,
 any other fails at once instead of waiting on a network that is not there. With ``download``
-lm-eval fetches the standard tasks' datasets from the Hub into its cache, as it always does.
+lm-eval fetches the standard tasks' datasets from the Hub into its cache, as it always does;
+first one connection to the Hub's host (``HF_ENDPOINT``, ``HUB_PROBE_TIMEOUT_S``) says whether
+there is a network, so that its absence is one line, not a minute of retries. Advice to rerun
+with ``download`` is given only when the Hub is the cure (the dataset is neither on disk nor
+in the cache), not for a file of this machine that is missing.
 """
 
 from __future__ import annotations
@@ -39,29 +46,33 @@ import json
 import logging
 import math
 import os
+import socket
 import sys
+import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import numpy as np
-import torch
 
 from common.errors import UserError
 from common.provenance import git_commit, package_version
 from evaluation.downstream_results import LM_EVAL_JSON, DownstreamResults, TaskResult
-from evaluation.generation import resolve_device
+from evaluation.inference import resolve_device
 from evaluation.lm_eval_tasks import TASKS_DIR
+from evaluation.lm_eval_yamls import check_task_yamls, task_yaml_paths
 from evaluation.report import JSON_NAME, ReportFiles, read_record, write_report
 from evaluation.results import EvalResults
 from evaluation.tracking import track_downstream
 from evaluation.zero_shot import ReportOptions, check_report_dir, export_if_missing, model_record, report_dir
+from model.sampling import MAX_STEPS
 from pipeline.export import resolve_export, training_run_of
 
-__all__ = ["DownstreamConfig", "DownstreamOptions", "DownstreamReport", "hub_offline",
+__all__ = ["DownstreamConfig", "DownstreamOptions", "DownstreamReport", "check_hub_reachable", "hub_offline",
            "run_downstream"]
 
 log = logging.getLogger("unmask.lm_eval")
@@ -75,6 +86,11 @@ OFFLINE_CONSTANTS = (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets
 _CUSTOM_DATASET_ADVICE = "Custom kwargs can be passed to `--metadata`"
 TASK_SUGGESTIONS = 3
 AUTO = "auto"
+HUB_ENDPOINT = "https://huggingface.co"   # huggingface_hub's default, unless HF_ENDPOINT
+HUB_PROBE_TIMEOUT_S = 10                   # one TCP connection; the libraries' retries take a minute
+# Errors (by class name, anywhere in the chain) of a dataset neither on disk nor in the cache
+# while offline: downloading it is the cure.
+_HUB_ERRORS = ("ConnectionError", "OfflineModeIsEnabled", "LocalEntryNotFoundError", "DatasetNotFoundError")
 
 
 @dataclass(frozen=True)
@@ -92,16 +108,20 @@ class DownstreamConfig:
     gen_sampler: str = "ancestral"       # how a diffusion model samples for generate_until (model.sampling)
     gen_steps: int | None = None         # its budget of network calls (None: one per generated token)
     download: bool = False               # let lm-eval fetch datasets from the Hugging Face Hub
+    allow_code: bool = False             # run the Python that the user's task YAMLs name (!function)
 
     def check(self) -> None:
         """The flags, then the include paths: a UserError naming the flag."""
         checks = [("--tasks", bool(self.tasks), "name at least one task (e.g. lambada_openai_local)"),
                   ("--samples", self.samples >= 1, "must be >= 1"),
                   ("--seed", self.seed >= 0, "must be >= 0"),
-                  ("--limit", self.limit is None or self.limit > 0, "must be > 0 (N documents, or a fraction < 1)"),
+                  ("--limit", self.limit is None or 0 < self.limit and (self.limit < 1
+                                                                       or float(self.limit).is_integer()),
+                   "must be a whole number of documents N >= 1, or a fraction in (0, 1)"),
                   ("--num-fewshot", self.num_fewshot is None or self.num_fewshot >= 0, "must be >= 0"),
                   ("--batch-size", self.batch_size is None or self.batch_size >= 1, "must be >= 1"),
-                  ("--gen-steps", self.gen_steps is None or self.gen_steps >= 1, "must be >= 1")]
+                  ("--gen-steps", self.gen_steps is None or 1 <= self.gen_steps <= MAX_STEPS,
+                   f"must lie in [1, {MAX_STEPS:,}] (model.sampling.MAX_STEPS)")]
         for flag, ok, requirement in checks:
             if not ok:
                 raise UserError(f"{flag} {requirement}")
@@ -196,8 +216,9 @@ def _task_manager(config: DownstreamConfig):
                 raise UserError(f"--tasks {_names(task_list)}: {err}") from None
             except Exception as err:  # lm-eval and datasets raise anything from KeyError to ConnectionError
                 log.debug("loading the tasks failed", exc_info=True)
-                hint = "" if config.download else (" (unmask lm-eval runs offline: rerun with --download to let "
-                                                   "lm-eval fetch it from the Hugging Face Hub)")
+                hint = "" if config.download or not _hub_is_the_cure(err) else (
+                    " (unmask lm-eval runs offline: rerun with --download to let lm-eval fetch it from the Hugging "
+                    "Face Hub)")
                 first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
                 raise UserError(f"--tasks {_names(task_list)}: lm-eval could not load the task: "
                                 f"{type(err).__name__}: {first_line}{hint}") from None
@@ -214,6 +235,33 @@ def _task_manager(config: DownstreamConfig):
                         + "; list the tasks with `python -m evaluation.lm_eval_model ls tasks`, or add your own "
                           "YAMLs with --include-path DIR")
     return manager
+
+
+def _hub_is_the_cure(err: BaseException) -> bool:
+    """Whether ``err`` says a dataset is neither on disk nor in the Hugging Face cache (offline)."""
+    chain: BaseException | None = err
+    while chain is not None:
+        if type(chain).__name__ in _HUB_ERRORS:
+            return True
+        chain = chain.__cause__ or chain.__context__
+    return False
+
+
+def check_hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> None:
+    """One TCP connection to the Hub's host, or to the proxy the environment names for it: a
+    UserError naming ``--download`` when there is none (module docstring)."""
+    endpoint = os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT
+    parsed = urlparse(endpoint)
+    proxy = None if urllib.request.proxy_bypass(parsed.hostname or "") else urllib.request.getproxies().get(
+        parsed.scheme)
+    target = urlparse(proxy) if proxy else parsed
+    port = target.port or (443 if target.scheme == "https" else 80)
+    try:
+        socket.create_connection((target.hostname or "", port), timeout=timeout).close()
+    except OSError as err:
+        raise UserError(f"--download: the Hugging Face Hub at {endpoint} cannot be reached ({err}); connect this "
+                        f"machine to the network, or leave --download out to read the datasets on disk and in the "
+                        f"Hugging Face cache") from None
 
 
 def _names(task_list: Any) -> str:
@@ -282,7 +330,7 @@ def _settings(config: DownstreamConfig, device: str) -> dict[str, Any]:
             "seed": config.seed, "batch_size": config.batch_size or AUTO, "device": device,
             "precision": "bf16" if device.startswith("cuda") else "fp32", "gen_sampler": config.gen_sampler,
             "gen_steps": config.gen_steps,
-            "offline": not config.download}
+            "offline": not config.download, "allow_code": config.allow_code}
 
 
 def _check_installed() -> None:
@@ -302,8 +350,10 @@ def run_downstream(target: Path, config: DownstreamConfig, options: DownstreamOp
     config.check()
     _check_installed()
     check_report_dir(target, options.out)
-    device = str(resolve_device(options.device)) if options.device else (
-        "cuda" if torch.cuda.is_available() else "cpu")
+    check_task_yamls(config.include_path, task_yaml_paths(config.tasks), allow_code=config.allow_code)
+    if config.download:
+        check_hub_reachable()
+    device = str(resolve_device(options.device))
     with hub_offline(not config.download), _lm_eval_logs():
         import lm_eval
         from lm_eval.utils import handle_non_serializable

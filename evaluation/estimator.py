@@ -31,6 +31,10 @@ Replicate k = 0, 1, ... draws one (t, z_t) per block:
   result does not depend on ``batch_size``, on the device, or on how blocks are split over
   ranks. (A torch CPU generator keeps 32 bits of its seed: among 10^6 (k, i) pairs about a
   hundred pairs share a stream, which correlates two terms of a million and biases nothing.)
+  Host and device: the times, the work order and the generators live on the host; a batch's
+  tokens, positions and times cross to the network's device as it is scored (the uniforms are
+  drawn on the host and moved, ``model.generators``), and its terms stay there until a
+  replicate's pass ends (one read). ``tests/test_host_device.py`` checks it on a pretend device.
 * the block's term is the process's ``nelbo`` with ``positions`` (the t = 0 reconstruction
   scored by the model) or, with ``discrete_steps`` T, ``nelbo_discrete`` whose step is picked
   by the block's stratified uniform. Sums are float64. Any ``DiffusionProcess`` will do:

@@ -30,7 +30,7 @@ import torch
 from common.errors import UserError
 from common.progress import bar as progress_bar
 from data_prep.loader import StreamingLoader
-from data_prep.shards import Manifest
+from data_prep.storage import is_remote, read_manifest
 from evaluation.datasets import DATASET_NAMES, EvalDataset, check_text_file, dataset_file, load_dataset, load_text_file
 from evaluation.detokenizers import DETOKENIZERS
 from evaluation.estimator import (
@@ -133,7 +133,7 @@ def check_datasets(config: EvalConfig, *, shards_pending: bool = False) -> None:
                 if config.shards is None:
                     raise UserError(VAL_NEEDS_SHARDS)
                 if not shards_pending:
-                    Manifest.read(config.shards)
+                    read_manifest(config.shards)
             elif name in DATASET_NAMES:
                 if config.data_dir is None:
                     raise UserError(f"dataset {name!r} needs --data-dir (the ../shared/data layout; see SOURCES.md)")
@@ -185,7 +185,7 @@ def _val_blocks(exported: Exported, shards: str | None) -> tuple[Blocks, int, di
     """The val split of the training shards: (blocks, UTF-8 bytes, protocol record)."""
     if shards is None:
         raise UserError(VAL_NEEDS_SHARDS)
-    manifest = Manifest.read(shards)
+    manifest = read_manifest(shards)
     if manifest.tokenizer.get("sha256") != exported.tokenizer.sha256:
         raise UserError(f"{shards}: its tokenizer (sha256 {str(manifest.tokenizer.get('sha256'))[:12]}...) differs from "
                         f"the model's ({exported.tokenizer.sha256[:12]}...): the bound would be meaningless")
@@ -197,7 +197,8 @@ def _val_blocks(exported: Exported, shards: str | None) -> tuple[Blocks, int, di
     positions = torch.ones_like(tokens, dtype=torch.bool)
     if split.padding_tokens:
         positions[-1, tokens.shape[1] - split.padding_tokens:] = False
-    record = {"name": VAL_DATASET, "split": VAL_DATASET, "path": str(Path(shards).resolve()),
+    where = shards if is_remote(shards) else str(Path(shards).resolve())  # a URI is its own name
+    record = {"name": VAL_DATASET, "split": VAL_DATASET, "path": where,
               "manifest_sha256": manifest.sha256(), "unit": "packed training sequences (EOS-separated)",
               "detokenizer": "none", "documents": split.documents, "utf8_bytes": split.utf8_bytes}
     return Blocks(tokens, positions), split.utf8_bytes, record

@@ -47,7 +47,8 @@ Determinism. Sample i draws from its own generator, seeded by (the plan's seed, 
 (``model.sampling.sample_generators``, CPU generators whatever the device): the same export,
 plan and arguments give the same samples whatever ``batch_size``, and on any device up to the
 network's floating-point differences between devices and batch shapes (bit-identical on CPU
-in our tests).
+in our tests). Conditioning is built on the host and moved to the network's device once per
+batch; the samplers keep their own rule of what stays on the host (``model.sampling.core``).
 """
 
 from __future__ import annotations
@@ -63,15 +64,24 @@ from torch import Tensor
 from common.errors import UserError
 from common.progress import bar as progress_bar
 from data_prep.tokenizer import Tokenizer
-from evaluation.inference import inference_mode, should_compile
+from evaluation.inference import inference_mode, resolve_device, should_compile
 from model.denoiser import Denoiser
 
 # The diffusion sampler's float64 inverse-CDF draw: the AR sampler draws its tokens the same way.
-from model.sampling import SamplingPlan, inverse_cdf, row_uniforms, sample_generators, token_probs
+from model.sampling import (
+    PlanError,
+    SamplingPlan,
+    check_budget,
+    inverse_cdf,
+    row_uniforms,
+    sample_generators,
+    token_probs,
+)
+from model.spec import PROCESS_TYPES
 from pipeline.export import Exported
 
 __all__ = ["DEFAULT_BATCH_SIZE", "INFILL_PLACEHOLDER", "INFILL_SYNTAX", "Sample", "build_prompt", "check_plan",
-           "complete", "continue_tokens", "generate", "resolve_device"]
+           "check_sampling", "complete", "continue_tokens", "generate", "resolve_device"]
 
 # An infill placeholder: "[MASK]" is one generated token, "[MASK*n]" n of them (n >= 1).
 INFILL_PLACEHOLDER = re.compile(r"\[MASK(?:\*(\d+))?\]")
@@ -183,7 +193,7 @@ class _Batch:
 
 def generate(exported: Exported, plan: SamplingPlan, *, num: int, seq_len: int | None = None,
              prompt: str | None = None, infill: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
-             device: str = "cpu") -> list[Sample]:
+             device: str | None = None) -> list[Sample]:
     """Draw ``num`` samples (numbered 0 to num - 1) from ``exported`` as ``plan`` says, all with
     the same ``prompt`` or ``infill`` template; see the module docstring.
 
@@ -207,7 +217,7 @@ def generate(exported: Exported, plan: SamplingPlan, *, num: int, seq_len: int |
 
 
 def complete(exported: Exported, plan: SamplingPlan, prompts: Sequence[str], *, max_new_tokens: int,
-             batch_size: int = DEFAULT_BATCH_SIZE, device: str = "cpu") -> list[Sample]:
+             batch_size: int = DEFAULT_BATCH_SIZE, device: str | None = None) -> list[Sample]:
     """One continuation of ``max_new_tokens`` tokens per prompt, in the order of ``prompts``:
     what an evaluation harness's ``generate_until`` asks for (``continue_tokens`` with the
     prompts encoded, numbered 0, 1, ...).
@@ -224,7 +234,7 @@ def complete(exported: Exported, plan: SamplingPlan, prompts: Sequence[str], *, 
 
 def continue_tokens(exported: Exported, plan: SamplingPlan, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                     indices: Sequence[int] | None = None, shown: Sequence[str | None] | None = None,
-                    batch_size: int = DEFAULT_BATCH_SIZE, device: str = "cpu") -> list[Sample]:
+                    batch_size: int = DEFAULT_BATCH_SIZE, device: str | None = None) -> list[Sample]:
     """``max_new_tokens`` ids after each prompt of token ids, kept as they are, in the order given.
 
     ``indices``: each prompt's sample number under the plan's seed (default 0, 1, ...): its
@@ -263,10 +273,11 @@ def continue_tokens(exported: Exported, plan: SamplingPlan, prompts: Sequence[Se
 
 
 def _draw(exported: Exported, plan: SamplingPlan, batches: list[_Batch], objective: str,
-          device: str) -> list[Sample]:
-    """Every batch, in order, on ``device``, with a progress bar: under inference mode, and on a
-    GPU as evaluation runs the network (``evaluation.inference``: bf16 autocast, the fastest
-    attention kernel), its blocks compiled as the plan's ``compile`` says."""
+          device: str | None) -> list[Sample]:
+    """Every batch, in order, on ``device`` (None: the GPU when there is one), with a progress
+    bar: under inference mode, and on a GPU as evaluation runs the network
+    (``evaluation.inference``: bf16 autocast, the fastest attention kernel), its blocks
+    compiled as the plan's ``compile`` says."""
     target = resolve_device(device)
     network = exported.network.to(target).eval()
     # A block diffusion's sampler runs its cache between the blocks' calls: not compiled.
@@ -306,21 +317,30 @@ def until_eos_plan(exported: Exported, plan: SamplingPlan) -> SamplingPlan:
 
 
 def check_plan(exported: Exported, plan: SamplingPlan, *, seq_len: int | None = None,
-               infill: str | None = None) -> str:
+               infill: str | None = None, steps_flag: str = "--steps") -> str:
     """The export's objective, once ``plan`` (and ``seq_len``, ``infill``) fit it; else a UserError
-    naming the flag: a sampler the process does not take, a sequence or block longer than
-    the network's context, an autoregressive export asked to infill or to use blocks."""
-    objective = exported.config.get("objective")
+    naming the flag (``steps_flag``: the command's budget flag): ``check_sampling`` for this export."""
+    return check_sampling(plan, objective=exported.config.get("objective"), process=exported.spec.process,
+                          max_seq_len=exported.network.config.max_seq_len, seq_len=seq_len, infill=infill,
+                          steps_flag=steps_flag)
+
+
+def check_sampling(plan: SamplingPlan, *, objective: str | None, process: str, max_seq_len: int,
+                   seq_len: int | None = None, infill: str | None = None, steps_flag: str = "--steps") -> str:
+    """``objective``, once ``plan`` fits a model of that objective, diffusion ``process`` kind and
+    context ``max_seq_len`` (an export's, or a config's before its training); else a UserError
+    naming the flag: a sampler the process does not take, a sequence or block longer than the
+    network's context, a budget past its limits (``model.sampling.check_budget``), an
+    autoregressive model asked to infill or to use blocks. ``seq_len`` None: ``max_seq_len``."""
     if objective not in (DIFFUSION, AUTOREGRESSIVE):
         raise UserError(f"export objective {objective!r} is not one of {DIFFUSION}, {AUTOREGRESSIVE}")
-    max_seq_len = exported.network.config.max_seq_len
     if seq_len is not None:
         _check_positive("--seq-len", seq_len)
     if objective == AUTOREGRESSIVE:
         _check_autoregressive(plan, seq_len, max_seq_len, infill)
         return objective
     try:
-        exported.process(validate=False).sampler(plan.sampler)
+        PROCESS_TYPES[process].sampler(plan.sampler)
     except ValueError as err:
         raise UserError(f"--sampler {plan.sampler}: {err}") from None
     block_size = exported.spec.block_size
@@ -334,6 +354,10 @@ def check_plan(exported: Exported, plan: SamplingPlan, *, seq_len: int | None = 
     if seq_len is not None and seq_len > max_seq_len and plan.block_len is None:
         raise UserError(f"--seq-len {seq_len} exceeds the network's max_seq_len {max_seq_len}: add --block-len "
                         f"(at most {max_seq_len}) to generate it in semi-autoregressive blocks")
+    try:
+        check_budget(plan, max_seq_len if seq_len is None else seq_len)
+    except PlanError as err:
+        raise UserError(f"{'--seq-len' if err.field == 'seq_len' else steps_flag}: {err}") from None
     return objective
 
 
@@ -354,18 +378,6 @@ def _check_autoregressive(plan: SamplingPlan, seq_len: int | None, max_seq_len: 
 def _check_positive(flag: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UserError(f"{flag} must be an integer >= 1, got {value!r}")
-
-
-def resolve_device(name: str) -> torch.device:
-    """The torch device ``name`` (cpu, cuda, cuda:1); a UserError naming ``--device`` when it
-    is not one or is not on this machine."""
-    try:
-        device = torch.device(name)
-    except RuntimeError as err:
-        raise UserError(f"--device {name!r} is not a torch device ({err})") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: CUDA is not available on this machine")
-    return device
 
 
 def _diffusion_batch(exported: Exported, network: torch.nn.Module, plan: SamplingPlan, batch: _Batch,

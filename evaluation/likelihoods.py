@@ -68,6 +68,11 @@ apart); a set of one document gives ``unmask eval``'s bound on it exactly.
 ``pipeline.engine.activation_memory_bytes`` (a forward without gradients keeps far less),
 halved after an out-of-memory error; on a CPU ``CPU_TOKENS_PER_BATCH`` tokens. The numbers do
 not depend on it. bf16 autocast on GPU (``evaluation.inference.inference_mode``); sums float64.
+
+**Host and device.** Requests, blocks and every generator (the estimator's, the greedy pass's
+uniform noise) live on the host, so a score does not depend on the device; each batch's tokens,
+positions and uniforms cross to the network's device as it is scored, and per-row sums come back
+once per batch.
 """
 
 from __future__ import annotations
@@ -317,7 +322,7 @@ def _batches(blocks: Blocks, rows: int, device: torch.device) -> Iterator[tuple[
 def _greedy_flags(model: ScoringModel, blocks: Blocks, rows: int, seed: int, progress: Progress) -> list[bool]:
     """Whether the denoiser's argmax at the sampler's start state (t = 1) is every scored token."""
     process: DiffusionProcess = model.process
-    generator = torch.Generator(device=model.device).manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)   # on the host: the flags do not depend on the device
     flags: list[bool] = []
     for x0, scored in _batches(blocks, rows, model.device):
         # a block diffusion's one pass: each block given the clean blocks before it
@@ -326,7 +331,7 @@ def _greedy_flags(model: ScoringModel, blocks: Blocks, rows: int, seed: int, pro
         start = torch.where(scored, process.generate_id, x0)
         prior_tokens = getattr(process, "prior_tokens", None)   # uniform noise, for the uniform process
         if prior_tokens is not None:
-            u = torch.rand(start.shape, generator=generator, dtype=torch.float64, device=model.device)
+            u = torch.rand(start.shape, generator=generator, dtype=torch.float64).to(model.device)
             start = prior_tokens(start, scored, u)
         t = torch.full((x0.shape[0],), GREEDY_TIME, dtype=torch.float64, device=model.device)
         misses = denoiser.logits_at(start, t, scored).argmax(-1) != x0[scored]

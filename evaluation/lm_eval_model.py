@@ -63,9 +63,10 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from common.errors import UserError
 from common.progress import bar as progress_bar
 from evaluation.inference import inference_mode
-from evaluation.generation import continue_tokens, resolve_device
+from evaluation.generation import continue_tokens
+from evaluation.inference import resolve_device
 from evaluation.likelihoods import Score, ScoringModel, ScoringSettings, score_continuations, score_documents
-from model.sampling import PlanError, SamplingPlan
+from model.sampling import PlanError, SamplingPlan, check_budget
 from pipeline.export import Exported, load_export, resolve_export
 
 __all__ = ["MODEL_NAME", "RequestRecord", "UnmaskLM", "sample_continuation"]
@@ -141,6 +142,7 @@ class UnmaskLM(TemplateLM):
         return self.model.max_seq_len
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        """The ids of ``string`` under the model's tokenizer, no special tokens added."""
         return self.exported.tokenizer.encode(string)
 
     def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
@@ -150,6 +152,8 @@ class UnmaskLM(TemplateLM):
 
     # ------------------------------------------------------------------ the requests
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """lm-eval's ``loglikelihood``: per request, the conditional ELBO of the continuation given the
+        context, and whether the continuation is the greedy answer."""
         pairs = [self._encode(*request.args) for request in requests]
         for request, (_, continuation) in zip(requests, pairs):
             if len(continuation) > self.model.max_seq_len:
@@ -162,6 +166,8 @@ class UnmaskLM(TemplateLM):
         return [(score.log_likelihood, score.is_greedy) for score in scores]
 
     def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
+        """lm-eval's ``loglikelihood_rolling``: per document, minus ``unmask eval``'s bound on its
+        tokens and an EOS."""
         tokenizer = self.exported.tokenizer
         documents = [self.tok_encode(request.args[0]) for request in requests]
         pad = tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.eos_id
@@ -171,6 +177,8 @@ class UnmaskLM(TemplateLM):
         return [score.log_likelihood for score in scores]
 
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
+        """lm-eval's ``generate_until``: per request, a continuation sampled with the context as
+        prompt, cut at the first stop sequence."""
         with progress_bar(requests, desc="generate_until", unit="request", disable=disable_tqdm) as bar:
             return [self._generate(context, gen_kwargs, index) for index, (context, gen_kwargs) in
                     enumerate(request.args for request in bar)]
@@ -211,6 +219,10 @@ class UnmaskLM(TemplateLM):
                             f"{self.model.max_seq_len - 1}] for this model (max_seq_len {self.model.max_seq_len})")
         top_p, temperature = _token_distribution(kwargs)
         plan = self.generation.plan(new_tokens, top_p=top_p, temperature=temperature, seed=self.settings.seed)
+        try:
+            check_budget(plan, new_tokens)
+        except PlanError as err:
+            raise UserError(f"model argument gen_steps: {err} (this task generates {new_tokens} tokens)") from None
         prompt = self.tok_encode(context)[-(self.model.max_seq_len - new_tokens):] if context else []
         tokens = sample_continuation(self.exported, self.model, prompt, new_tokens, plan=plan, index=index)
         if tokenizer.eos_id in tokens:
@@ -258,10 +270,9 @@ def _settings(samples: Any, seed: Any, batch_size: Any, max_batch_size: Any) -> 
 def _device(name: str | None) -> torch.device:
     """``name``, or a GPU when there is one. lm-eval's command line passes ``cuda:0`` unless told
     otherwise: without CUDA that falls back to the CPU (a name of another kind must exist)."""
-    if name is None or (name.startswith("cuda") and not torch.cuda.is_available()):
-        if name is not None:
-            log.info("device %s is not available: scoring on the CPU", name)
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name is not None and name.startswith("cuda") and not torch.cuda.is_available():
+        log.info("device %s is not available: scoring on the CPU", name)
+        name = None
     return resolve_device(name)
 
 

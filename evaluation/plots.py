@@ -26,11 +26,12 @@ import numpy as np
 from evaluation.report_document import Plot
 from evaluation.results import EvalResults, PerTimeContributions, SweepRow
 
-__all__ = ["CURVES_PLOT", "PLOTS_DIR", "SWEEP_PLOT", "Curves", "report_plots"]
+__all__ = ["CURVES_PLOT", "PLOTS_DIR", "SWEEP_PLOT", "Curves", "is_plot_name", "report_plots"]
 
 PLOTS_DIR = "plots"
 CURVES_PLOT = "curves.png"
 SWEEP_PLOT = "sampler_sweep.png"
+PER_T_PREFIX = "per_t_"
 PLOT_DPI = 110
 PLOT_SIZE_INCHES = (7.0, 4.2)
 PER_T_BINS = 20                # bins of t for the mean line of the per-t plot
@@ -38,6 +39,11 @@ SHORT_SERIES_POINTS = 50       # curves this short (validation) get markers on t
 _FILE_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 Curves = dict[str, list[tuple[int, float]]]  # metric name -> (step, value) points
+
+
+def is_plot_name(name: str) -> bool:
+    """Whether ``name`` (a file name in ``PLOTS_DIR``) is one a report's plots take."""
+    return name in (CURVES_PLOT, SWEEP_PLOT) or (name.startswith(PER_T_PREFIX) and name.endswith(".png"))
 
 
 def _render_png(draw: Callable[[Any], None]) -> bytes:
@@ -121,7 +127,7 @@ def _per_t_plot(name: str, per_t: PerTimeContributions, stem: str) -> Plot | Non
                f"cross-entropy per token) against its time t, the masking rate 1 - alpha_t "
                f"({t.size} blocks); the line is the mean per bin of t. Over these blocks, the "
                f"mean over t (dashed) estimates the diffusion term of the bound.")
-    return Plot(Path(PLOTS_DIR) / f"per_t_{stem}.png", f"{name}: contribution against t", caption,
+    return Plot(Path(PLOTS_DIR) / f"{PER_T_PREFIX}{stem}.png", f"{name}: contribution against t", caption,
                 _render_png(draw))
 
 

@@ -6,7 +6,7 @@ with, and how its token stream becomes scored blocks.
     wrapped = protocol.wrap(token_ids_per_unit, 1024, bos_id=bos, eos_id=eos, pad_id=pad)
     wrapped.blocks, wrapped.dropped_tokens
 
-``unmask`` (the default; README "Evaluation"): the test split, our units and detokenizers
+``unmask`` (the default; docs/evaluation.md): the test split, our units and detokenizers
 (``evaluation.datasets``), an EOS after every unit, the stream cut into blocks of the model's
 training length, the last block padded and its padding never scored: every token is scored
 exactly once and none is dropped.

@@ -31,16 +31,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from common.atomic_files import atomic_write_bytes
-from common.outputs import OutputKind, entry_names, new_output_dir
+from common.outputs import OutputKind, holds_only, json_object, new_output_dir
 from evaluation.downstream_results import DOWNSTREAM_JSON, LM_EVAL_JSON, DownstreamResults, TaskResult
-from evaluation.plots import PLOTS_DIR, Curves, report_plots
+from evaluation.plots import PLOTS_DIR, Curves, is_plot_name, report_plots
 from evaluation.protocols import DEFAULT_PROTOCOL
 from evaluation.references import REFERENCE_SEQ_LEN, REFERENCE_TOKENIZER, Reference, protocol_note, references_for
 from evaluation.report_document import (
@@ -82,19 +81,31 @@ MISSING = "—"
 UNKNOWN_PROTOCOL = "the paper's own (not recorded in our sources)"
 
 
-def _is_unmarked_report(directory: Path) -> bool:
-    """A report written before the marker existed: its files only, its results.json (or the
-    MLflow record its evaluation wrote first) among them."""
-    names = entry_names(directory)
-    return (names <= {JSON_NAME, MARKDOWN_NAME, HTML_NAME, PLOTS_DIR, MLFLOW_RECORD}
-            and bool(names & {JSON_NAME, MLFLOW_RECORD}))
-
-
-# What `unmask eval` writes (RUN/report, --out): a directory that appears whole.
-REPORT_KIND = OutputKind("report", "a report of `unmask eval`", whole=True, unmarked=_is_unmarked_report)
 # Files that other steps write into a report directory (the MLflow record of a report's own run,
 # written when tracking starts; `unmask lm-eval`'s records): a rewritten report keeps them.
 KEPT_FILES = (MLFLOW_RECORD, DOWNSTREAM_JSON, LM_EVAL_JSON)
+_REPORT_FILES = {JSON_NAME, MARKDOWN_NAME, HTML_NAME, *KEPT_FILES}
+
+
+def _is_report_file(name: str) -> bool:
+    """Whether ``name`` (relative to a report) is a file a report holds: its own, or a plot."""
+    folder, _, plot = name.rpartition("/")
+    return name in _REPORT_FILES or (folder == PLOTS_DIR and is_plot_name(plot))
+
+
+def _is_unmarked_report(directory: Path) -> bool:
+    """A report written before the marker existed: its files only, at every depth, with its
+    results.json (or the MLflow record its evaluation wrote first) among them, holding what
+    ours hold (a file of that name alone could be anyone's)."""
+    results, record = json_object(directory / JSON_NAME), json_object(directory / MLFLOW_RECORD)
+    ours = ((results is not None and {"model", "datasets"} <= results.keys())
+            or (record is not None and {"run_id", "tracking_uri"} <= record.keys()))
+    return ours and holds_only(directory, _is_report_file)
+
+
+# What `unmask eval` writes (RUN/report, --out): a directory that appears whole.
+REPORT_KIND = OutputKind("report", "a report of `unmask eval`", whole=True, unmarked=_is_unmarked_report,
+                         carried=frozenset(KEPT_FILES))
 
 
 @dataclass(frozen=True)
@@ -528,12 +539,9 @@ def write_report(results: EvalResults | Mapping[str, Any] | None, out_dir: Path,
         contents[Path(LM_EVAL_JSON)] = lm_eval_results
     contents[Path(MARKDOWN_NAME)] = render_markdown(document).encode("utf-8")
     contents[Path(HTML_NAME)] = render_html(document, _title(results or downstream)).encode("utf-8")
-    with new_output_dir(out_dir, REPORT_KIND, "--out") as staging:
+    with new_output_dir(out_dir, REPORT_KIND, "--out") as staging:  # carries the KEPT_FILES not given
         for path, data in contents.items():
             (staging / path).parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(staging / path, data)
-        for name in KEPT_FILES:
-            if Path(name) not in contents and (out_dir / name).is_file():
-                shutil.copy2(out_dir / name, staging / name)
     return ReportFiles(out_dir / MARKDOWN_NAME, out_dir / HTML_NAME, None if results is None else out_dir / JSON_NAME,
                        [out_dir / plot.relative_path for plot in plots])

@@ -7,7 +7,9 @@ reference autoregressive model, and their unigram entropy.
 
 The reference (``--reference PATH``) is an unmask autoregressive export (or a training run with
 one), or a Hugging Face causal LM directory on disk, loaded with ``transformers`` when it is
-installed (safetensors weights only, no remote code, nothing downloaded).
+installed (safetensors weights only, no remote code, nothing downloaded): a directory whose
+``model_type`` is no causal LM of the installed transformers (its own code would have to run,
+``auto_map``) is refused before any sample is drawn.
 
 Generative perplexity: exp(total NLL / total tokens) of the samples' texts under the
 reference, the tokens of all samples pooled (MDLM's metric pools them the same way). What is
@@ -61,6 +63,7 @@ HF_KIND = "huggingface"
 _HF_CONFIG_KEY = "model_type"
 _HF_INSTALL = "pip install transformers"
 _HF_WEIGHTS = "*.safetensors"  # one file, or the shards an index names
+_HF_CODE_KEY = "auto_map"      # a config that maps classes to the directory's own Python files
 _REFERENCES = "an unmask autoregressive export (or its run) or a Hugging Face causal LM directory"
 
 
@@ -153,6 +156,22 @@ def _is_huggingface_model(path: Path) -> bool:
     return isinstance(record, dict) and _HF_CONFIG_KEY in record
 
 
+def _check_huggingface_class(path: Path) -> None:
+    """A directory whose model_type transformers has no causal LM class for would need its own
+    code (or is no causal LM): refused here, before the samples, not when it is loaded after them."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = json_object(path / CONFIG_FILE) or {}
+    model_type = config.get(_HF_CONFIG_KEY)
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return
+    code = (f": its {CONFIG_FILE} maps it to the directory's own code ({_HF_CODE_KEY}), which unmask never runs "
+            f"(docs/security.md)" if _HF_CODE_KEY in config else "")
+    raise UserError(f"--reference {path}: model_type {model_type!r} is not a causal LM of transformers "
+                    f"{transformers.__version__}{code}; give {_REFERENCES}")
+
+
 def _load_huggingface(path: Path, device: torch.device) -> HuggingFaceReference:
     try:
         import transformers
@@ -160,7 +179,7 @@ def _load_huggingface(path: Path, device: torch.device) -> HuggingFaceReference:
         raise UserError(f"--reference {path} is a Hugging Face model directory: install transformers to use it "
                         f"({_HF_INSTALL})") from None
     try:
-        # Local files only, safetensors only, no code from the directory (README: Security).
+        # Local files only, safetensors only, no code from the directory (docs/security.md).
         model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True,
                                                                   trust_remote_code=False)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
@@ -190,7 +209,8 @@ def check_reference(path: Path) -> None:
                             f"({_HF_INSTALL})")
         if not any(path.glob(_HF_WEIGHTS)):
             raise UserError(f"--reference {path}: a Hugging Face model directory without {_HF_WEIGHTS} weights "
-                            f"(only safetensors are loaded: README, Security); give {_REFERENCES}")
+                            f"(only safetensors are loaded: docs/security.md); give {_REFERENCES}")
+        _check_huggingface_class(path)
         return
     try:
         export_dir = resolve_export(path)

@@ -5,12 +5,13 @@
 
 For every sampler the export's process takes (``model.sampling``) and every budget of network
 calls (``SWEEP_BUDGETS`` by default: 16 to 1024), ``num`` samples are drawn with the base
-plan's temperature, nucleus, grid and seed and that sampler's default options, and scored
-(``evaluation.sample_quality``): the mean network calls a sample actually needed, the
+plan's temperature, nucleus, grid (first-hitting has none) and seed and that sampler's default
+options, and scored (``evaluation.sample_quality``): the mean network calls a sample actually needed, the
 generative perplexity of their text under the reference (None without one) and their mean
 unigram entropy. Read the two together: a sampler that repeats itself gets a low entropy and
 a flattering perplexity. ``unmask eval --sample-sweep`` puts the table and its plot in the
-report; ``bench/sampler_quality.py`` prints it for BENCHMARKS.md.
+report; ``bench/sampler_quality.py`` prints it for BENCHMARKS.md. An autoregressive export has
+one way to sample and no budget: ``sweep_samplers`` refuses it (a UserError).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from common.errors import UserError
 from common.progress import bar as progress_bar
 from evaluation.generation import DEFAULT_BATCH_SIZE, generate
 from evaluation.results import SweepRow
@@ -31,7 +33,11 @@ SWEEP_BUDGETS = (16, 32, 64, 128, 256, 1024)
 
 
 def sweep_samplers(exported: Exported) -> tuple[str, ...]:
-    """The samplers the export's process takes, in ``SAMPLERS`` order."""
+    """The samplers the export's process takes, in ``SAMPLERS`` order; a UserError for an
+    autoregressive export, which has none to compare."""
+    if exported.spec.objective == "autoregressive":
+        raise UserError("--sample-sweep compares the samplers of a diffusion export at budgets of network calls; an "
+                        "autoregressive export samples one way, one call per token: leave --sample-sweep out")
     process = exported.process(validate=False)
     return tuple(name for name in SAMPLERS if name in process.samplers)
 
@@ -43,7 +49,8 @@ def sampler_sweep(exported: Exported, base: SamplingPlan, reference: ReferenceMo
     samplers = sweep_samplers(exported) if samplers is None else tuple(samplers)
     rows = []
     for sampler, budget in progress_bar([(s, b) for s in samplers for b in budgets], desc="sweep", unit="plan"):
-        plan = replace(base, sampler=sampler, steps=budget, options=None)
+        plan = replace(base, sampler=sampler, steps=budget, options=None,
+                       grid="uniform" if sampler == "first-hitting" else base.grid)
         samples = generate(exported, plan, num=num, batch_size=batch_size, device=device)
         quality = score_samples(samples, exported.tokenizer, reference)
         perplexity = quality.generative_perplexity

@@ -21,6 +21,8 @@ In order:
    with ``sample_sweep`` the quality of every sampler at every budget of network calls
    (``evaluation.sampler_sweep``), and provenance, logs the metrics to MLflow (best effort,
    ``evaluation.tracking``) and writes the report (``evaluation.report``) into ``report_dir``.
+   When the samples fail, the report of the bounds is written without them before the error
+   is raised: the scoring is never lost to them.
 
 Under torchrun every rank calls ``run_zero_shot``; ranks other than 0 return None. Without a
 ``dist`` it joins the process group the launcher describes (a world of one without a
@@ -42,12 +44,13 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError
-from common.outputs import InputPath, check_output_dir
+from common.outputs import InputPath, check_output_dir, json_object
 from common.provenance import git_commit, package_version
 from data_prep.shards import MANIFEST_NAME
 from evaluation.downstream_results import DOWNSTREAM_JSON, DownstreamResults
 from evaluation.evaluate import VAL_DATASET, EvalConfig, evaluate
-from evaluation.generation import check_plan, generate, resolve_device
+from evaluation.generation import check_plan, generate
+from evaluation.inference import resolve_device
 from evaluation.protocols import DEFAULT_PROTOCOL
 from evaluation.report import JSON_NAME, REPORT_KIND, ReportFiles, read_record, write_report
 from evaluation.results import (
@@ -67,7 +70,7 @@ from evaluation.results import (
     TrainingRecord,
 )
 from evaluation.sample_quality import ReferenceModel, check_reference, load_reference, score_samples
-from evaluation.sampler_sweep import sampler_sweep
+from evaluation.sampler_sweep import sampler_sweep, sweep_samplers
 from evaluation.tracking import VAL_METRIC, track_results
 from model.sampling import SamplingPlan
 from model.state_dependent import LearnedMaskedDiffusion, exponent_spread
@@ -76,12 +79,14 @@ from pipeline.distributed import Distributed, init_distributed
 from pipeline.export import (
     CONFIG_FILE,
     Exported,
+    damaged_export,
     export,
     export_files,
     has_ema,
     load_export,
     resolve_export,
     training_run_of,
+    verify_export,
 )
 from pipeline.run_layout import RunLayout
 
@@ -140,7 +145,7 @@ def report_dir(target: Path, options: ReportOptions) -> Path:
 
 
 def _exported_step(export_dir: Path) -> int | None:
-    return json.loads((export_dir / CONFIG_FILE).read_text()).get("step")
+    return (json_object(export_dir / CONFIG_FILE) or {}).get("step")
 
 
 def is_up_to_date(target: Path, config: EvalConfig, options: ReportOptions) -> bool:
@@ -211,9 +216,15 @@ def _read_comparison(path: Path, names: tuple[str, ...]) -> Comparison:
 
 def export_if_missing(path: Path) -> None:
     """A training run without an export is exported first: its latest checkpoint's EMA
-    weights, or its live weights when the checkpoint has no EMA (with a warning)."""
+    weights, or its live weights when the checkpoint has no EMA (with a warning). An export
+    that is there but damaged (``verify_export``) is refused, not taken as up to date."""
     layout = RunLayout(path)
-    if not layout.is_training_run() or (layout.export / CONFIG_FILE).is_file():
+    if not layout.is_training_run():
+        return
+    if (layout.export / CONFIG_FILE).is_file():
+        problem = verify_export(layout.export)
+        if problem is not None:
+            raise damaged_export(problem, layout.export)
         return
     weights = "ema" if has_ema(resolve_checkpoint(path)) else "model"
     if weights == "model":
@@ -312,7 +323,10 @@ def _report(scores: EvalScores, exported: Exported, export_dir: Path, comparison
     """Rank 0: the records, samples, MLflow, the report files."""
     run_dir = training_run_of(export_dir)
     out_dir = _report_dir(export_dir, options.out)
-    samples, sampling = _samples(exported, options, device)
+    try:
+        samples, sampling, failure = *_samples(exported, options, device), None
+    except Exception as err:  # the bounds cost the most: their report is written before the error goes on
+        samples, sampling, failure = (), ABSENT, err
     results = EvalResults(
         model=model_record(export_dir, exported), protocol=scores.protocol, datasets=scores.datasets,
         training=ABSENT if run_dir is None else _training_record(run_dir),
@@ -326,7 +340,19 @@ def _report(scores: EvalScores, exported: Exported, export_dir: Path, comparison
                          downstream=read_record(out_dir / DOWNSTREAM_JSON, DownstreamResults.read))
     if tracking is not None:
         tracking.upload_report(out_dir)
+    if failure is not None:
+        _raise_sampling_failure(failure, out_dir)
     return ZeroShotReport(results, files)
+
+
+def _raise_sampling_failure(failure: Exception, out_dir: Path) -> None:
+    """The samples' error, once the report of the bounds is written: the user's to fix in one line,
+    anything else as it was raised (after a line that says where the bounds are)."""
+    kept = f"the report of the bounds, without samples, is in {out_dir}"
+    if isinstance(failure, UserError):
+        raise UserError(f"the report's samples failed: {failure}; {kept}") from None
+    log.error("the report's samples failed (%s: %s); %s", type(failure).__name__, failure, kept)
+    raise failure
 
 
 # ------------------------------------------------------------------ the entry point
@@ -363,8 +389,10 @@ def run_zero_shot(target: Path, config: EvalConfig, options: ReportOptions, *,
     group.barrier()
     export_dir = resolve_export(target)
     exported = load_export(export_dir)
-    if options.num_samples:
-        check_plan(exported, options.sampling)  # a sampler the process does not take: before the scoring
+    if options.num_samples:  # a sampler the process does not take, a budget past its limits: before the scoring
+        check_plan(exported, options.sampling, steps_flag="--sample-steps")
+        if options.sample_sweep:
+            sweep_samplers(exported)
     device = requested_device or group.device
     scores = evaluate(exported, config, device=device, rank=group.rank, world_size=group.world_size,
                       all_reduce=group.sum, progress=lambda message: log.info(message) if group.is_main else None)

@@ -10,7 +10,7 @@ the float32 logits of every scored token the largest activation of the loss. A
 - ``logits(z_t, t)``: logits [B, L, V] at every position (the samplers);
 - ``logits_at(z_t, t, selected)``: logits [N, V] at the N positions where ``selected``
   (bool [B, L]) is True, in row-major order;
-- ``nll_at(z_t, t, selected, targets, chunk_rows)``: -log softmax(f)[targets] [N] in float32
+- ``nll_at(z_t, t, selected, targets, chunk_rows)``: -log softmax(f)[targets], [N], in float32
   at those positions, with at most ``chunk_rows`` rows of logits alive at a time (None: all);
   ``fused_nll`` says whether it computes them without the [N, V] logits (from the network's
   hidden states), in which case the bounds always ask for it;
@@ -40,7 +40,7 @@ class Denoiser(ABC):
     """A network predicting the clean tokens of z_t; see the module docstring.
 
     Calling a denoiser, ``denoiser(z_t, t)``, returns ``logits(z_t, t)``, so every
-    denoiser is also the plain function of the README's contract.
+    denoiser is also the plain function of the manual's contract (docs/model-api.md).
     """
 
     @abstractmethod

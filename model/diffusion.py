@@ -168,13 +168,15 @@ class DiffusionProcess(ABC):
     sampler_limits: ClassVar[Mapping[str, str]] = {}
     process_name: ClassVar[str] = ""
 
-    def sampler(self, name: str) -> Sampler:
-        """The sampler called ``name``; ValueError saying why when it does not apply to this process."""
-        if name in self.samplers:
-            return self.samplers[name]
-        why = self.sampler_limits.get(name, "unknown sampler")
-        raise ValueError(f"the {name} sampler does not apply to the {self.process_name} process: {why} "
-                         f"(its samplers: {', '.join(self.samplers)})")
+    @classmethod
+    def sampler(cls, name: str) -> Sampler:
+        """The sampler called ``name``; ValueError saying why when it does not apply to this process
+        (a class method: a config's process kind is checked before any process exists)."""
+        if name in cls.samplers:
+            return cls.samplers[name]
+        why = cls.sampler_limits.get(name, "unknown sampler")
+        raise ValueError(f"the {name} sampler does not apply to the {cls.process_name} process: {why} "
+                         f"(its samplers: {', '.join(cls.samplers)})")
 
     def sample(self, denoiser: DenoiserLike, plan: SamplingPlan, *, num_samples: int, seq_len: int,
                prompt: Tensor | None = None, generator: Generators = None, window: int | None = None,

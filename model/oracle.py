@@ -222,10 +222,12 @@ class EnumerableDistribution(Denoiser):
         return self.probs[self.index_of(x)].log()
 
     def entropy(self) -> float:
+        """The exact entropy H(p) in nats: the lowest any bound on -log p can average."""
         p = self.probs[self.probs > 0]
         return float(-(p * p.log()).sum())
 
     def sample(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
+        """``num_samples`` sequences [N, L] drawn from p."""
         index = torch.multinomial(self.probs, num_samples, replacement=True, generator=generator)
         return self.sequences[index]
 

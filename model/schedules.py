@@ -19,6 +19,7 @@ Both ``alpha`` and ``weight`` are computed from ``m(t)`` and ``m'(t)`` in closed
 
 from __future__ import annotations
 
+import inspect
 import math
 from abc import ABC, abstractmethod
 
@@ -42,6 +43,7 @@ __all__ = [
     "PolynomialSchedule",
     "LogLinearSchedule",
     "SCHEDULES",
+    "check_schedule_arguments",
     "make_schedule",
 ]
 
@@ -205,7 +207,19 @@ def make_schedule(name: str, **kwargs: float) -> Schedule:
     """
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; choose one of {sorted(SCHEDULES)}")
+    check_schedule_arguments(name, SCHEDULES[name], kwargs)
     try:
         return SCHEDULES[name](**kwargs)
     except TypeError as err:
         raise ValueError(f"bad arguments for schedule {name!r}: {err}") from None
+
+
+def check_schedule_arguments(name: str, schedule_type: type, arguments: dict, fixed: tuple[str, ...] = ()) -> None:
+    """ValueError naming an argument the schedule ``name`` does not take, and those it takes
+    (its keyword parameters but ``fixed``, which the caller supplies), rather than Python's signature error."""
+    accepted = [p.name for p in list(inspect.signature(schedule_type.__init__).parameters.values())[1:]
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in fixed]
+    unknown = sorted(set(arguments) - set(accepted))
+    if unknown:
+        raise ValueError(f"schedule {name!r} has no argument {unknown[0]!r}; it takes "
+                         f"{', '.join(accepted) or 'none'}")

@@ -31,14 +31,14 @@ from torch import Tensor
 from model.autoregressive import Autoregressive
 from model.block_diffusion import BlockMaskedDiffusion
 from model.diffusion import DiffusionProcess, MaskedDiffusion
-from model.schedules import make_schedule
+from model.schedules import check_schedule_arguments, make_schedule
 from model.state_dependent import DEFAULT_DRAWS, LearnedMaskedDiffusion, LearnedSchedule
 from model.trainable import DiffusionModel
 from model.transformer import Transformer, TransformerConfig
 from model.uniform import UniformDiffusion
 
-__all__ = ["LEARNED_SCHEDULE", "ModelSpec", "ObjectiveKind", "Process", "ProcessKind", "build_network",
-           "build_process", "build_trainable"]
+__all__ = ["LEARNED_SCHEDULE", "PROCESS_TYPES", "ModelSpec", "ObjectiveKind", "Process", "ProcessKind",
+           "build_network", "build_process", "build_trainable"]
 
 ObjectiveKind = Literal["diffusion", "autoregressive"]
 ProcessKind = Literal["absorbing", "uniform", "learned"]
@@ -46,6 +46,9 @@ ProcessKind = Literal["absorbing", "uniform", "learned"]
 Process = DiffusionProcess | Autoregressive
 # The schedule name of the learned process (GenMD4's per-token schedule, not a make_schedule one).
 LEARNED_SCHEDULE = "learned"
+# The class of each diffusion process: what a config's process kind samples with, before any process is built.
+PROCESS_TYPES: dict[str, type[DiffusionProcess]] = {"absorbing": MaskedDiffusion, "uniform": UniformDiffusion,
+                                                    "learned": LearnedMaskedDiffusion}
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,7 @@ def build_process(spec: ModelSpec, *, validate: bool = True, cross_entropy_chunk
     if spec.objective == "autoregressive":
         return Autoregressive(vocab_size, validate=validate)
     if spec.process == "learned":
+        check_schedule_arguments(LEARNED_SCHEDULE, LearnedSchedule, spec.schedule_args, fixed=("vocab_size",))
         try:
             schedule = LearnedSchedule(vocab_size, **spec.schedule_args)
         except TypeError as err:

@@ -154,6 +154,7 @@ class LearnedSchedule(nn.Module):
         return -self.alpha_derivative(t) / self.masking_rate(t)
 
     def extra_repr(self) -> str:
+        """The schedule's settings, for ``repr``."""
         return f"vocab_size={self.vocab_size}, endpoint_eps={self.endpoint_eps}"
 
 

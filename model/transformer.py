@@ -371,6 +371,7 @@ class Transformer(nn.Module, Denoiser):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Initialize every weight as GPT-2 does, residual projections scaled down by sqrt(2 n_layers)."""
         std = self.config.init_std
         # GPT-2: residual projections scaled down by sqrt(2 * n_layers) (two per block).
         residual_std = std / math.sqrt(2 * self.config.n_layers)
@@ -406,6 +407,9 @@ class Transformer(nn.Module, Denoiser):
     def forward(self, z: Tensor, t: Tensor | None = None, output_mask: Tensor | None = None,
                 targets: Tensor | None = None, chunk_rows: int | None = None, clean: Tensor | None = None,
                 block_size: int | None = None, layout: AttentionLayout | None = None) -> Tensor:
+        """Logits [B, L, V] of ``z`` [B, L] at times ``t`` [B]; with ``output_mask`` (bool [B, L]) the
+        logits [N, V] at its True positions only; with ``targets`` [N] too, -log p of them there
+        instead (float32, ``chunk_rows`` rows of the head at a time)."""
         if self.config.time_conditioning and t is None:
             raise ValueError("this Transformer is time-conditioned: pass t")
         selected = None if output_mask is None else _selected_rows(output_mask, z)

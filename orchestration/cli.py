@@ -7,10 +7,12 @@ import argparse
 import platform
 import sys
 
+import orchestration.preemption  # noqa: F401  first: a SIGTERM from here on is a preemption (its docstring)
 from common.errors import UserError
 from common.provenance import package_version
 from orchestration.commands import config, data, downstream, evaluate, importing, jobs, run, sample, train
-from orchestration.exit_codes import USER_ERROR
+from orchestration.exit_codes import PREEMPTED, USER_ERROR
+from orchestration.preemption import StoppedDuringStartup, preemptible_startup
 from pipeline.hooks import TrainHooks
 
 DESCRIPTION = """\
@@ -68,6 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, *, hooks: TrainHooks = TrainHooks()) -> int:
     """Run ``unmask ARGV``; the exit status. ``hooks`` run inside every training loop the
     command starts (a script embedding the command line may watch or pause its steps)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    with preemptible_startup(argv):
+        try:
+            return _run(argv, hooks)
+        except StoppedDuringStartup as stop:
+            print(f"unmask: stopped by {stop} outside the training loop (starting up, or between stages); "
+                  f"rerun the same command to go on: finished work is kept", file=sys.stderr)
+            return PREEMPTED
+
+
+def _run(argv: list[str], hooks: TrainHooks) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "accepts_overrides", False):

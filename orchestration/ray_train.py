@@ -21,16 +21,18 @@ import math
 import os
 import shutil
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
 from common.logs import configure_logging
 from common.ray_runtime import ray_session
+from data_prep.storage import resolve_location
 from pipeline.checkpoint import latest_step, set_latest
 from pipeline.config import Config
 from pipeline.hooks import StepHook, TrainHooks
+from pipeline.init_from import InitFrom
 from pipeline.run_layout import TAG_PATTERN, RunLayout
 from pipeline.run_lock import JOB_ID_ENV
 from pipeline.trainer import train
@@ -116,8 +118,9 @@ def _worker_loop(payload: dict) -> None:
         restore_newer_checkpoint(ray.train.get_checkpoint(), run_dir)
     torch.distributed.barrier()  # every rank resumes from the same latest
     hooks = TrainHooks(on_step=payload["on_step"], on_checkpoint=_mirror_checkpoint if mirror else None)
+    # A restarted group finds the first group's checkpoints and resumes them (init_from is not reloaded).
     result = train(payload["config"], data_dir=payload["data_dir"], run_dir=run_dir, resume="auto",
-                   allow_config_change=payload["allow_config_change"], hooks=hooks)
+                   allow_config_change=payload["allow_config_change"], hooks=hooks, init_from=payload["init_from"])
     ray.train.report(result.summary())
 
 
@@ -128,17 +131,23 @@ def _local_cpus(launch: RayLaunch) -> int:
 
 
 def launch(config: Config, ray_launch: RayLaunch, *, data_dir: str | Path, run_dir: str | Path,
-           resume: str = "auto", allow_config_change: bool = False, on_step: StepHook | None = None) -> dict:
+           resume: str = "auto", allow_config_change: bool = False, on_step: StepHook | None = None,
+           init_from: InitFrom | None = None) -> dict:
     """Train ``config`` with ``ray_launch.num_workers`` Ray Train workers; the run's summary.
-    ``on_step`` (picklable: it travels to the workers) runs on every rank after each step."""
+    ``on_step`` (picklable: it travels to the workers) runs on every rank after each step;
+    ``init_from`` starts a new run from another's weights (``pipeline.trainer.train``)."""
     ray_launch.check()
     run_dir = Path(run_dir).resolve()
     if resume == "never" and _local_step(run_dir) >= 0:
         raise UserError(f"{run_dir} already has checkpoints; pass --resume auto to continue it "
                         f"or choose a new --run-dir")
-    payload = {"config": config, "data_dir": str(Path(data_dir).resolve()), "run_dir": str(run_dir),
+    if init_from is not None:  # the workers' working directory is not ours
+        init_from = replace(init_from, path=str(Path(init_from.path).resolve()))
+    # A URI unchanged (each worker reads the store), a local path absolute (the workers'
+    # working directory is not the driver's).
+    payload = {"config": config, "data_dir": resolve_location(data_dir), "run_dir": str(run_dir),
                "allow_config_change": allow_config_change, "mirror": ray_launch.storage is not None,
-               "job_id": f"ray-train-{uuid.uuid4().hex}", "on_step": on_step}
+               "job_id": f"ray-train-{uuid.uuid4().hex}", "on_step": on_step, "init_from": init_from}
     with ray_session(ray_launch.address, num_cpus=_local_cpus(ray_launch), log_to_driver=True):
         result = _trainer(config, ray_launch, run_dir, payload).fit()
     if result.error is not None:

@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Callable
 
 from common.errors import UserError
-from common.outputs import InputPath, claim_output_dir
+from common.outputs import InputPath, claim_output_dir, json_object
 from data_prep.builtin_corpus import write_cpython_corpus
 from data_prep.prep import DEFAULT_VAL_FRACTION, MAX_SEQ_LEN, PrepConfig
 from data_prep.prepare import PrepRequest, prepare
 from data_prep.readers import ReadOptions, local_roots
 from evaluation.evaluate import EvalConfig
+from evaluation.generation import check_sampling
 from evaluation.results import EvalResults, TrainingRecord
 from evaluation.zero_shot import ReportOptions, is_up_to_date, run_zero_shot
 from model.sampling import SamplingPlan
@@ -43,8 +44,9 @@ from model.transformer import PRESETS
 from orchestration.ray_train import RayLaunch, launch
 from pipeline.checkpoint import latest_step
 from pipeline.config import Config
-from pipeline.export import CONFIG_FILE, export
+from pipeline.export import CONFIG_FILE, damaged_export, export, verify_export
 from pipeline.hooks import TrainHooks
+from pipeline.init_from import InitFrom, init_inputs, recorded_source
 from pipeline.run_layout import RUN_KIND, RunLayout
 from pipeline.trainer import train
 
@@ -84,6 +86,7 @@ class RunRequest:
     prep_workers: int = 1
     ray_address: str | None = None           # the cluster of prep (and of the Ray launcher)
     launch: RayLaunch | None = None          # None: train in this process
+    init_from: InitFrom | None = None        # the weights a new run starts from (pipeline.init_from)
     evaluation: EvalStage = EvalStage()
 
     @property
@@ -91,8 +94,9 @@ class RunRequest:
         return RunLayout(self.run_dir)
 
     def check(self) -> None:
-        """The flags that later stages read, before the first stage starts: a bad dataset or
-        sample count must not wait for the end of a training."""
+        """The flags that later stages read, before the first stage starts: a bad dataset, sample
+        count or sampling plan (a sampler the config's process does not take, a budget past its
+        limits) must not wait for the end of a training."""
         evaluation = self.evaluation
         checks = [("--prep-workers", self.prep_workers >= 1, "must be >= 1"),
                   ("--seq-len", self.seq_len is None or 2 <= self.seq_len <= MAX_SEQ_LEN,
@@ -106,6 +110,10 @@ class RunRequest:
         if self.launch is not None:
             self.launch.check()
         self.eval_config().check(shards_pending=True)
+        if evaluation.num_samples:  # the samples of the report, against the model the config describes
+            model = self.config.model
+            check_sampling(evaluation.sampling, objective=model.objective, process=model.process,
+                           max_seq_len=model.max_seq_len or _seq_len(self), steps_flag="--sample-steps")
 
     def eval_config(self) -> EvalConfig:
         evaluation = self.evaluation
@@ -119,7 +127,8 @@ class RunRequest:
     def reads(self) -> list[InputPath]:
         """What the run reads from outside its directory, which the directory keeps clear of."""
         tokenizer = [InputPath(self.tokenizer, "--tokenizer")] if self.tokenizer else []
-        return [InputPath(root, "--input") for root in local_roots(self.inputs)] + tokenizer
+        inputs = [InputPath(root, "--input") for root in local_roots(self.inputs)]
+        return inputs + tokenizer + init_inputs(self.init_from)
 
 
 class Preempted(Exception):
@@ -153,6 +162,7 @@ class RunSummary:
     datasets: dict[str, dict[str, float]]    # name -> SUMMARY_METRICS
     report: str
     mlflow: dict | None                      # tracking_uri and run_id; None when MLflow did not answer
+    init_from: dict | None = None            # the source of the first weights (pipeline.init_from.InitRecord)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -186,15 +196,17 @@ def _stage_prep(request: RunRequest, context: StageContext) -> str:
 
 def _stage_train(request: RunRequest, context: StageContext) -> str:
     run_dir, config = request.run_dir, request.config
+    recorded_source(run_dir, request.init_from)  # refuses another source before a finished run is skipped
     step = latest_step(run_dir)
     if step is not None and step >= config.train.max_steps:
         return f"skipped: already trained to step {step}"
     config = replace(config, data=replace(config.data, path=str(request.layout.data)))
     if request.launch is None:
-        preempted = train(config, data_dir=request.layout.data, run_dir=run_dir, hooks=context.hooks).preempted
+        preempted = train(config, data_dir=request.layout.data, run_dir=run_dir, hooks=context.hooks,
+                          init_from=request.init_from).preempted
     else:
         summary = launch(config, request.launch, data_dir=request.layout.data, run_dir=run_dir,
-                         on_step=context.hooks.on_step)
+                         on_step=context.hooks.on_step, init_from=request.init_from)
         preempted = bool(summary.get("preempted"))
     if preempted:
         raise Preempted(latest_step(run_dir))
@@ -202,8 +214,14 @@ def _stage_train(request: RunRequest, context: StageContext) -> str:
 
 
 def _exported_step(layout: RunLayout) -> int | None:
-    path = layout.export / CONFIG_FILE
-    return json.loads(path.read_text()).get("step") if path.is_file() else None
+    """The step of the run's export; None without one. A damaged export is refused (it is
+    not up to date, and exporting again would replace files that are not as written)."""
+    if not (layout.export / CONFIG_FILE).is_file():
+        return None
+    problem = verify_export(layout.export)
+    if problem is not None:
+        raise damaged_export(problem, layout.export)
+    return (json_object(layout.export / CONFIG_FILE) or {}).get("step")
 
 
 def _stage_export(request: RunRequest, context: StageContext) -> str:
@@ -232,9 +250,24 @@ def run_pipeline(request: RunRequest, *, say: Callable[[str], None] = print,
     A stage that fails raises (``Preempted`` for a training stopped by a signal); rerunning
     the same request continues from it. ``hooks`` run inside the training loop."""
     request.check()
-    claim_output_dir(request.run_dir, RUN_KIND, "--run-dir", request.reads())
+    claim = claim_output_dir(request.run_dir, RUN_KIND, "--run-dir", request.reads())
     context = StageContext(say, hooks)
-    start, stages = time.perf_counter(), {}
+    start = time.perf_counter()
+    try:
+        stages = _run_stages(request, context)
+    except BaseException:
+        # Nothing worth keeping (the prep gave its directory back): RUN goes too, if it was new,
+        # with the built-in corpus it wrote (written again in seconds).
+        claim.abandon(written=[request.layout.corpus.name])
+        raise
+    summary = _summary(request, stages, time.perf_counter() - start)
+    request.layout.summary.write_text(summary.to_json())
+    return summary
+
+
+def _run_stages(request: RunRequest, context: StageContext) -> dict[str, str]:
+    """Each stage in turn; what each did."""
+    say, stages = context.say, {}
     for name, stage in STAGES:
         say(f"unmask run: stage {name}")
         try:
@@ -243,9 +276,7 @@ def run_pipeline(request: RunRequest, *, say: Callable[[str], None] = print,
             raise UserError(f"stage {name} failed: {err}. Fix it and rerun the same `unmask run`: finished "
                             f"stages are kept and skipped") from None
         say(f"unmask run: stage {name}: {stages[name]}")
-    summary = _summary(request, stages, time.perf_counter() - start)
-    request.layout.summary.write_text(summary.to_json())
-    return summary
+    return stages
 
 
 def _summary(request: RunRequest, stages: dict[str, str], seconds: float) -> RunSummary:
@@ -253,6 +284,8 @@ def _summary(request: RunRequest, stages: dict[str, str], seconds: float) -> Run
     datasets = {name: {key: getattr(record, key) for key in SUMMARY_METRICS}
                 for name, record in results.datasets.items()}
     mlflow = results.mlflow.to_json() if results.mlflow else None
+    recorded = recorded_source(request.run_dir, None)
     return RunSummary(run_dir=str(request.run_dir), seconds=round(seconds, 1), stages=stages,
                       step=results.model.step, training=results.training or None, datasets=datasets,
-                      report=str(request.layout.report / "report.html"), mlflow=mlflow)
+                      report=str(request.layout.report / "report.html"), mlflow=mlflow,
+                      init_from=recorded.to_json() if recorded else None)

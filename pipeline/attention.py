@@ -3,8 +3,13 @@
 ``train.attention`` names one (``cudnn``, ``flash``, ``efficient``, ``math``) or ``auto``.
 Whether a backend can run depends on the device, its compute capability, the build of
 torch, the dtype, the head size and dropout; rather than restate SDPA's rules, each
-candidate is tried once on a tiny input of the network's head size and dtype, forward and
-backward (``kernel_runs``), so the answer is the dispatcher's own. ``auto`` takes the first
+candidate is tried once on a tiny input of the network's head size and dtype (``kernel_runs``),
+so the answer is the dispatcher's own. Training asks for forward and backward; inference
+(``evaluation.inference``) asks for the forward only, since a kernel whose backward is refused
+still serves it. The probe sets its own grad mode (grad on for a backward probe, off for a
+forward one), so it answers the same inside ``torch.no_grad()`` or ``torch.inference_mode()``,
+where evaluation, sampling and lm-eval call it: the caller's mode never makes a kernel look
+unavailable. ``auto`` takes the first
 that runs in ``AUTO_ORDER``: on GPU cuDNN's fused attention (on Hopper the fastest for bf16:
 reported up to +75% over FlashAttention-2 per kernel, +10% end to end in torchtitan), then
 FlashAttention-2, then memory-efficient attention; on CPU SDPA's flash kernel. A named kernel
@@ -46,37 +51,45 @@ _PROBE_BLOCK = 4
 
 
 def kernel_runs(name: str, device: torch.device, dtype: torch.dtype, head_dim: int, *, causal: bool = False,
-                dropout: float = 0.0, masked: bool = False) -> bool:
+                dropout: float = 0.0, masked: bool = False, backward: bool = True) -> bool:
     """Whether SDPA's ``name`` backend runs attention of ``head_dim`` at ``dtype`` on
-    ``device``, forward and backward (a tiny probe; its refusal is SDPA's own). ``masked``:
-    with a boolean attention mask (block diffusion's dense mask; flash refuses one on GPU)."""
+    ``device``, forward and (``backward``) backward: a tiny probe whose refusal is SDPA's own,
+    in its own grad mode whatever the caller's (module docstring). ``masked``: with a boolean
+    attention mask (block diffusion's dense mask; flash refuses one on GPU)."""
     shape = (1, _PROBE_HEADS, _PROBE_LENGTH, head_dim)
-    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
-    mask = dense_block_mask(_PROBE_LENGTH // 2, _PROBE_BLOCK, device) if masked else None
-    try:
-        # SDPA warns why it refuses a kernel; the refusal itself is the answer here.
-        with warnings.catch_warnings(), sdpa_kernel([KERNELS[name]]):
-            warnings.simplefilter("ignore")
-            F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                           dropout_p=dropout).sum().backward()
-    except RuntimeError:  # "No available kernel", or a kernel that fails on this device
-        return False
+    # inference_mode(False) first: inside the caller's inference_mode, tensors made under
+    # enable_grad alone would still be inference tensors that cannot record a graph.
+    with torch.inference_mode(False), torch.set_grad_enabled(backward):
+        q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=backward) for _ in range(3))
+        mask = dense_block_mask(_PROBE_LENGTH // 2, _PROBE_BLOCK, device) if masked else None
+        try:
+            # SDPA warns why it refuses a kernel; the refusal itself is the answer here.
+            with warnings.catch_warnings(), sdpa_kernel([KERNELS[name]]):
+                warnings.simplefilter("ignore")
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
+                if backward:
+                    out.sum().backward()
+        except RuntimeError:  # "No available kernel", or a kernel that fails on this device
+            return False
     return True
 
 
 def available_kernels(device: torch.device, dtype: torch.dtype, head_dim: int, *, causal: bool = False,
-                      dropout: float = 0.0, masked: bool = False) -> list[str]:
+                      dropout: float = 0.0, masked: bool = False, backward: bool = True) -> list[str]:
     """The kernels of ``KERNELS`` that run here (``kernel_runs``), in ``KERNELS``' order."""
     return [name for name in KERNELS
-            if kernel_runs(name, device, dtype, head_dim, causal=causal, dropout=dropout, masked=masked)]
+            if kernel_runs(name, device, dtype, head_dim, causal=causal, dropout=dropout, masked=masked,
+                           backward=backward)]
 
 
 def resolve_attention(setting: str, device: torch.device, dtype: torch.dtype, head_dim: int, *,
-                      causal: bool = False, dropout: float = 0.0, masked: bool = False) -> str:
+                      causal: bool = False, dropout: float = 0.0, masked: bool = False,
+                      backward: bool = True) -> str:
     """The kernel ``train.attention = setting`` stands for here: ``auto``'s choice, or the one
-    named once it is known to run; a UserError naming the field otherwise. ``masked``: it must
-    take a boolean mask (block diffusion's dense mask)."""
-    options = dict(causal=causal, dropout=dropout, masked=masked)
+    named once it is known to run (``backward``: for training too, else for inference only;
+    ``masked``: it must take a boolean mask, block diffusion's dense mask); a UserError naming
+    the field otherwise."""
+    options = dict(causal=causal, dropout=dropout, masked=masked, backward=backward)
     if setting == "auto":
         for name in AUTO_ORDER.get(device.type, ("math",)):
             if kernel_runs(name, device, dtype, head_dim, **options):

@@ -9,7 +9,11 @@
     RUN/checkpoints/latest            "step-00000100", moved after every rank finished
 
 A process killed while writing leaves ``latest`` on the previous complete checkpoint; the
-half-written directory is overwritten when that step is saved again, or pruned.
+half-written directory is overwritten when that step is saved again, or pruned. A ``latest``
+that names no complete checkpoint of the run (empty, garbage, a path outside it, or missing
+beside complete checkpoints) is a broken pointer, not the end of the run: every reader falls
+back to the newest complete checkpoint found by scanning, with a warning naming the pointer
+(:func:`latest_checkpoint`), and the next save writes a sound one.
 
 Integrity: ``unmask_state.json`` records every file of the checkpoint, so a truncated or
 altered file is found before anything is loaded (:func:`verify_checkpoint`), and resume
@@ -20,7 +24,6 @@ read with ``pipeline.safe_load`` (data only, never code), DeepSpeed's included.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import random
@@ -35,6 +38,7 @@ import torch
 
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
+from common.file_records import HASH_THREADS, sha256_file
 from pipeline.distributed import Distributed
 from pipeline.ema import EMA
 from pipeline.reshard import DEEPSPEED_DIR, EMA_FILE, UNIVERSAL_DIR, universal_checkpoint, universal_loading
@@ -43,7 +47,7 @@ from pipeline.safe_load import deepspeed_loads_safely, find_unloadable, load_tor
 
 __all__ = ["TrainState", "CheckpointMeta", "CheckpointManager", "STATE_FILE", "read_state", "rank_file",
            "resolve_checkpoint", "set_latest", "verify_checkpoint", "intact_checkpoint", "DiskFull",
-           "write_failure"]
+           "latest_checkpoint", "latest_step", "write_failure"]
 
 log = logging.getLogger("unmask.checkpoint")
 
@@ -52,9 +56,6 @@ STATE_FILE = "unmask_state.json"
 # weights_only off, so a run dir shared with them invites running code from a file someone
 # received; `unmask export` does their job safely. Removed after each save.
 DEEPSPEED_RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
-# Files hashed at once when a checkpoint is recorded or verified (hashlib releases the GIL).
-HASH_THREADS = 4
-HASH_BLOCK = 1 << 22
 # A write that failed on a disk with less than this free failed for want of space: torch's
 # zip writer reports a full disk as "unexpected pos", without the OS error.
 FULL_DISK_MARGIN = 16 << 20
@@ -97,6 +98,9 @@ class CheckpointMeta:
     batch_plan: dict               # BatchPlan's fields
     world_size: int
     files: dict[str, dict] = field(default_factory=dict)   # name -> {"bytes", "sha256"}
+    # Where a run started with --init-from took its first weights (pipeline.init_from.InitRecord);
+    # None: from scratch (and in checkpoints written before the flag existed).
+    init_from: dict | None = None
 
     @property
     def step(self) -> int:
@@ -144,19 +148,11 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------- integrity
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _file_records(directory: Path) -> dict[str, dict[str, Any]]:
     """``{name: {"bytes", "sha256"}}`` of every file of a checkpoint but its state file."""
     paths = sorted(p for p in directory.iterdir() if p.is_file() and p.name != STATE_FILE)
     with ThreadPoolExecutor(HASH_THREADS) as pool:
-        digests = list(pool.map(_sha256, paths))
+        digests = list(pool.map(sha256_file, paths))
     return {p.name: {"bytes": p.stat().st_size, "sha256": d} for p, d in zip(paths, digests)}
 
 
@@ -189,7 +185,7 @@ def verify_checkpoint(directory: Path) -> str | None:
             return f"{path} has {size} bytes, {record['bytes']} were written (truncated or overwritten)"
     paths = [directory / name for name in records]
     with ThreadPoolExecutor(HASH_THREADS) as pool:
-        for path, digest in zip(paths, pool.map(_sha256, paths)):
+        for path, digest in zip(paths, pool.map(sha256_file, paths)):
             if digest != records[path.name]["sha256"]:
                 return f"{path}: its sha256 differs from the one recorded when it was written (corrupt)"
     return None
@@ -203,13 +199,55 @@ def _complete_tags(layout: RunLayout) -> list[str]:
     return sorted(tags, reverse=True)
 
 
-def intact_checkpoint(run_dir: Path) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint at or before ``latest`` that verifies, and why each newer one
-    was passed over."""
+# Characters of a broken pointer's text that its warning shows.
+POINTER_SHOWN_CHARS = 80
+# The broken pointers warned about already by this process (path, text): one warning each.
+_WARNED_POINTERS: set[tuple[str, str]] = set()
+
+
+def _pointer_problem(layout: RunLayout, text: str | None) -> str | None:
+    """What is wrong with ``latest`` holding ``text`` (None: the file is missing), or None."""
+    if text is None:
+        return f"{layout.latest} is missing" if _complete_tags(layout) else None
+    if not text.strip():
+        return f"{layout.latest} is empty"
+    tag = text.strip()
+    if TAG_PATTERN.match(tag) is None:
+        return f"{layout.latest} holds {tag[:POINTER_SHOWN_CHARS]!r}, not the name of a checkpoint of this run"
+    if not (layout.checkpoints / tag / STATE_FILE).is_file():
+        return f"{layout.latest} names {tag}, which is not a complete checkpoint"
+    return None
+
+
+def latest_checkpoint(run_dir: Path, *, warn: bool = True) -> Path | None:
+    """The checkpoint the run's ``latest`` names; None before the first. A broken pointer
+    (module docstring) gives the newest complete checkpoint found by scanning instead, with
+    a warning that names the pointer (once per process; none with ``warn`` off: the ranks
+    but rank 0 of a job)."""
     layout = RunLayout(run_dir)
-    if not layout.latest.is_file():
+    try:
+        text = layout.latest.read_text(encoding="utf-8", errors="replace") if layout.latest.is_file() else None
+    except OSError:
+        text = ""
+    problem = _pointer_problem(layout, text)
+    if problem is None:
+        return layout.checkpoints / text.strip() if text is not None else None
+    found = _complete_tags(layout)
+    if warn and (str(layout.latest), text or "") not in _WARNED_POINTERS:
+        _WARNED_POINTERS.add((str(layout.latest), text or ""))
+        log.warning("%s; using %s instead, the newest complete checkpoint found in %s (the next checkpoint "
+                    "saved rewrites the pointer)", problem, found[0] if found else "none", layout.checkpoints)
+    return layout.checkpoints / found[0] if found else None
+
+
+def intact_checkpoint(run_dir: Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint at or before ``latest`` (``latest_checkpoint``) that verifies,
+    and why each newer one was passed over."""
+    layout = RunLayout(run_dir)
+    pointed = latest_checkpoint(run_dir)
+    if pointed is None:
         return None, []
-    newest = layout.latest.read_text().strip()
+    newest = pointed.name
     broken = []
     for tag in [t for t in _complete_tags(layout) if t <= newest] or [newest]:
         problem = verify_checkpoint(layout.checkpoints / tag)
@@ -228,16 +266,16 @@ def resolve_checkpoint(run_dir: Path, step: int | None = None) -> Path:
             have = sorted(int(TAG_PATTERN.match(t).group(1)) for t in _complete_tags(layout))
             raise UserError(f"{run_dir}: no complete checkpoint at step {step}; available: {have or 'none'}")
         return directory
-    if not layout.latest.is_file():
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
         raise UserError(f"{run_dir}: no checkpoint yet ({layout.latest} is missing); train first")
-    return layout.checkpoints / layout.latest.read_text().strip()
+    return latest
 
 
 def latest_step(run_dir: Path) -> int | None:
-    """The step of the run's latest checkpoint, or None before the first."""
-    latest = RunLayout(run_dir).latest
-    match = TAG_PATTERN.match(latest.read_text().strip()) if latest.is_file() else None
-    return int(match.group(1)) if match else None
+    """The step of the run's latest checkpoint (``latest_checkpoint``), or None before the first."""
+    latest = latest_checkpoint(run_dir)
+    return int(TAG_PATTERN.match(latest.name).group(1)) if latest is not None else None
 
 
 def set_latest(run_dir: Path, tag: str) -> None:
@@ -298,8 +336,7 @@ class CheckpointManager:
         self.dist, self.keep_last = dist, keep_last
 
     def latest(self) -> Path | None:
-        path = self.layout.latest
-        return self.root / path.read_text().strip() if path.is_file() else None
+        return latest_checkpoint(self.run_dir, warn=self.dist.is_main)
 
     def newest_intact(self) -> Path | None:
         """The checkpoint to resume from, decided by rank 0 (which verifies the files) and

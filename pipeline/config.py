@@ -35,7 +35,7 @@ from model.transformer import PRESETS
 
 __all__ = ["ModelSection", "DataSection", "OptimSection", "TrainSection", "EvalSection",
            "CheckpointSection", "LoggingSection", "Config", "load_config", "parse_overrides",
-           "config_differences", "legacy_values", "with_legacy_values"]
+           "config_differences", "legacy_values", "with_legacy_values", "yaml_problem"]
 
 RESUME_SAFE = {"resume_safe": True}
 # A config's key naming the config it builds on (see _read_layers), and where presets live.
@@ -76,12 +76,19 @@ class ModelSection:
 class DataSection:
     """Where the shards are and how they are streamed."""
 
-    # `unmask prep --out` directory. It may move between runs: the data's identity is
-    # checked by the manifest hash.
+    # `unmask prep --out` directory or its copy in object storage (s3://bucket/prefix, any
+    # pyarrow filesystem URI). It may move between runs: the data's identity is checked by
+    # the manifest hash.
     path: str | None = field(default=None, metadata=RESUME_SAFE)
     train_split: str = "train"                  # the split trained on
     val_split: str = "val"                      # the split validated on
     num_workers: int = field(default=1, metadata=RESUME_SAFE)   # DataLoader processes per rank
+    # Sequences shuffled together: each global batch draws from a window this long (MosaicML's
+    # 2^18; the whole split when smaller). A process holds about 2 windows / ranks of tokens.
+    shuffle_window: int = 1 << 18
+    # Chunks read from object storage are kept here (None: $XDG_CACHE_HOME/unmask, else ~/.cache/unmask).
+    cache_dir: str | None = field(default=None, metadata=RESUME_SAFE)
+    cache_gb: float = field(default=50.0, metadata=RESUME_SAFE)   # the cache's size limit; 0: no cache
 
 
 @dataclass(frozen=True)
@@ -155,12 +162,14 @@ class EvalSection:
 
 @dataclass(frozen=True)
 class CheckpointSection:
+    """When checkpoints are written, and how many are kept."""
     every: int = field(default=1000, metadata=RESUME_SAFE)   # steps; also at the end and on SIGTERM
     keep_last: int = field(default=3, metadata=RESUME_SAFE)   # older checkpoints are deleted
 
 
 @dataclass(frozen=True)
 class LoggingSection:
+    """Where and how often metrics go: the log, the progress bar, MLflow."""
     every: int = field(default=10, metadata=RESUME_SAFE)     # steps between metric logs
     mlflow_uri: str | None = field(default=None, metadata=RESUME_SAFE)  # None: $MLFLOW_TRACKING_URI or the shared store
     experiment: str = field(default="unmask", metadata=RESUME_SAFE)   # MLflow experiment name
@@ -174,6 +183,7 @@ class LoggingSection:
 
 @dataclass(frozen=True)
 class Config:
+    """The whole configuration of a run: one typed section per component."""
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     optim: OptimSection = field(default_factory=OptimSection)
@@ -188,6 +198,7 @@ class Config:
                          for k, v in vars(getattr(self, f.name)).items()} for f in fields(self)}
 
     def sha256(self) -> str:
+        """The hash of the resolved config, as checkpoints record it."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
 
     def validate(self) -> "Config":
@@ -247,13 +258,15 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
         ("train.block_mask_rate_search", not t.block_mask_rate_search or c.eval.every > 0,
          "runs at every validation: set eval.every > 0"),
         ("data.num_workers", c.data.num_workers >= 0, "must be >= 0"),
+        ("data.shuffle_window", c.data.shuffle_window >= 1, "must be >= 1 (sequences)"),
+        ("data.cache_gb", c.data.cache_gb >= 0, "must be >= 0"),
         ("optim.lr", o.lr > 0 and math.isfinite(o.lr), "must be a positive number"),
         ("optim.betas", all(0.0 <= b < 1.0 for b in o.betas), "both must lie in [0, 1)"),
         ("optim.eps", o.eps > 0, "must be > 0"),
         ("optim.weight_decay", o.weight_decay >= 0, "must be >= 0"),
         ("optim.warmup_steps", o.warmup_steps >= 0, "must be >= 0"),
         ("optim.min_lr_ratio", 0.0 <= o.min_lr_ratio <= 1.0, "must lie in [0, 1]"),
-        ("optim.grad_clip", o.grad_clip >= 0, "must be >= 0 (0 disables clipping)"),
+        ("optim.grad_clip", 0 <= o.grad_clip < math.inf, "must be a finite number >= 0 (0 disables clipping)"),
         ("train.max_steps", t.max_steps >= 1, positive),
         ("train.global_batch_size", t.global_batch_size >= 1, positive),
         ("model.vocab_multiple", m.vocab_multiple >= 1, f"{positive} (1: no padding)"),
@@ -363,7 +376,7 @@ def _read_yaml(path: Path) -> Any:
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
-        raise UserError(f"{path}{_yaml_problem(err)}; fix the YAML there") from None
+        raise UserError(f"{path}{yaml_problem(err)}; fix the YAML there") from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -389,7 +402,7 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
-def _yaml_problem(err: yaml.YAMLError) -> str:
+def yaml_problem(err: yaml.YAMLError) -> str:
     """" line L, column C: not valid YAML: PROBLEM (CONTEXT at line L', column C')", one line."""
     mark = getattr(err, "problem_mark", None)
     if mark is None:
@@ -421,7 +434,7 @@ def _warn_empty(path: Path) -> None:
     logging.getLogger("unmask.config").warning(
         "warning: %s holds no settings (empty, or only comments): every field keeps its default, "
         "including train.max_steps = %d, train.global_batch_size = %d and model.preset = %r; "
-        "write the fields to change into it (README: the config reference)",
+        "write the fields to change into it (docs/training.md: the config reference)",
         path, defaults.train.max_steps, defaults.train.global_batch_size, defaults.model.preset)
 
 
@@ -510,9 +523,12 @@ def _scalar(value: Any, hint: type, where: str) -> Any:
         try:
             if isinstance(value, bool):
                 raise ValueError
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise UserError(f"{where} = {value!r}: expected a number") from None
+        if not math.isfinite(number):  # YAML's .inf and .nan: no field means "no limit" by them
+            raise UserError(f"{where} = {value!r}: expected a finite number")
+        return number
     if hint is str:
         if isinstance(value, str):
             return value
@@ -522,7 +538,8 @@ def _scalar(value: Any, hint: type, where: str) -> Any:
 
 # --------------------------------------------------------------------------- CLI and resume
 def parse_overrides(args: list[str]) -> dict[str, str]:
-    """``["--optim.lr", "1e-4", "--train.seed=3"]`` -> ``{"optim.lr": "1e-4", "train.seed": "3"}``."""
+    """``["--optim.lr", "1e-4", "--train.seed=3"]`` -> ``{"optim.lr": "1e-4", "train.seed": "3"}``; a key
+    given twice is refused, as in a YAML file."""
     overrides: dict[str, str] = {}
     i = 0
     while i < len(args):
@@ -537,6 +554,9 @@ def parse_overrides(args: list[str]) -> dict[str, str]:
                 raise UserError(f"config override {arg} needs a value")
             key, value = arg[2:], args[i + 1]
             i += 2
+        if key in overrides:  # as a key given twice in a YAML mapping: refused, not the last one kept
+            raise UserError(f"config override --{key} is given twice ({overrides[key]!r}, then {value!r}); "
+                            f"give it once")
         overrides[key] = value
     return overrides
 

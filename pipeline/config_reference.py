@@ -1,8 +1,9 @@
-"""The configuration reference of the README, generated from the typed sections.
+"""The configuration reference of the manual (``docs/training.md``), generated from the typed sections.
 
 Each field's meaning is the comment written next to it (or just above it) in
-``pipeline/config.py``, so the reference cannot drift from the code: a test compares the
-README with ``reference_markdown()``. Regenerate with ``python -m pipeline.config_reference``.
+``pipeline/config.py``, so the reference cannot drift from the code: ``make docs`` and a test
+compare the page with ``reference_markdown()``. ``python -m pipeline.config_reference`` prints
+the table; ``--write`` rewrites it in the page, between its markers.
 """
 
 from __future__ import annotations
@@ -11,14 +12,18 @@ import dataclasses
 import inspect
 import json
 import re
+import sys
+from pathlib import Path
 from typing import Any
 
 from pipeline.config import RESUME_SAFE, Config
 
-__all__ = ["reference_markdown", "field_comments", "field_docs", "FieldDoc"]
+__all__ = ["reference_markdown", "write_reference", "field_comments", "field_docs", "FieldDoc"]
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:")
 _COMMENT_ONLY = re.compile(r"^\s*#\s?(.*)$")
+# The generated table in a page: between these two comments.
+_MARKED = re.compile(r"<!-- config-reference:[^\n]*-->\n(.*?)<!-- end config-reference -->", flags=re.S)
 
 
 def _trailing_comment(line: str) -> str:
@@ -91,5 +96,17 @@ def reference_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_reference(page: Path) -> None:
+    """Replace the table between the page's config-reference markers with the generated one."""
+    text = page.read_text(encoding="utf-8")
+    match = _MARKED.search(text)
+    if not match:
+        raise SystemExit(f"{page}: no <!-- config-reference: ... --> ... <!-- end config-reference --> markers")
+    page.write_text(text[:match.start(1)] + reference_markdown() + text[match.end(1):], encoding="utf-8")
+
+
 if __name__ == "__main__":
-    print(reference_markdown(), end="")
+    if sys.argv[1:] == ["--write"]:
+        write_reference(Path(__file__).resolve().parent.parent / "docs" / "training.md")
+    else:
+        print(reference_markdown(), end="")

@@ -17,6 +17,13 @@ file gets the mode the user's umask gives new files.
 An export directory appears whole (``common.outputs``): it is written beside its place and
 renamed there, and it replaces only an earlier export (``EXPORT_KIND``), never the run it
 comes from, its checkpoints or anything else.
+
+Integrity: the marker records the size and sha256 of every file, and ``load_export`` checks
+them before reading anything (``verify_export``): the sizes always, the digest of a file whose
+modification time is not the one recorded (a file copied, edited or replaced since it was
+written). Hashing every load would cost a third of loading a medium export (BENCHMARKS.md:
+"Export integrity"). A damaged export (an interrupted copy, a file of something else in its
+place, a config.json that is not JSON or of a newer format) is named in one line with the fix.
 """
 
 from __future__ import annotations
@@ -29,12 +36,23 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
-from common.outputs import InputPath, OutputKind, check_output_dir, entry_names, json_object, new_output_dir
-from data_prep.tokenizer import Tokenizer, load_tokenizer
+from common.file_records import changed_files
+from common.outputs import (
+    InputPath,
+    OutputKind,
+    check_output_dir,
+    holds_only,
+    json_object,
+    marked_files,
+    new_output_dir,
+    read_marker,
+)
+from data_prep.tokenizer import SAVED_TOKENIZER_FILES, Tokenizer, load_tokenizer
 from model.spec import ModelSpec, Process, build_network, build_process, build_trainable
 from model.trainable import NETWORK_PREFIX, split_state
 from model.transformer import Transformer, TransformerConfig, unpadded_state
@@ -53,9 +71,9 @@ from pipeline.objective import model_spec
 from pipeline.run_layout import RunLayout
 from pipeline.safe_load import deepspeed_loads_safely, find_unloadable, load_torch_file
 
-__all__ = ["export", "has_ema", "resolve_export", "training_run_of", "write_export", "load_export", "Exported",
-           "canonical_name", "export_to_hf", "export_files", "ExportFormat", "EXPORT_KIND", "WEIGHTS_FILE",
-           "CONFIG_FILE", "TOKENIZER_DIR"]
+__all__ = ["export", "checkpoint_tensors", "has_ema", "resolve_export", "training_run_of", "write_export",
+           "load_export", "Exported", "canonical_name", "export_to_hf", "export_directory", "export_files", "ExportFormat",
+           "EXPORT_KIND", "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_DIR", "damaged_export", "verify_export"]
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -73,12 +91,18 @@ _WRAPPER_PREFIX = "_checkpoint_wrapped_module."
 EXPORT_DRAWS = 1
 
 
+def _is_export_file(name: str) -> bool:
+    """Whether ``name`` (relative to an export) is a file an export holds."""
+    folder, _, file = name.rpartition("/")
+    return name in (CONFIG_FILE, WEIGHTS_FILE) or (folder == TOKENIZER_DIR and file in SAVED_TOKENIZER_FILES)
+
+
 def _is_unmarked_export(directory: Path) -> bool:
-    """An export written before the marker existed: its three entries and nothing else, with
-    the config.json only an export writes."""
+    """An export written before the marker existed: its files and nothing else, at every depth,
+    with the config.json only an export writes."""
     config = json_object(directory / CONFIG_FILE)
-    return (entry_names(directory) <= {CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_DIR}
-            and config is not None and {"format_version", "network"} <= config.keys())
+    return (config is not None and {"format_version", "network"} <= config.keys()
+            and holds_only(directory, _is_export_file))
 
 
 # What `unmask export` and `unmask import` write: a directory that appears whole.
@@ -144,11 +168,7 @@ def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["em
         raise UserError(f"--weights must be 'ema' or 'model', got {weights!r}")
     if format not in ("unmask", "hf"):
         raise UserError(f"--format must be 'unmask' or 'hf', got {format!r}")
-    raw = _ema_weights(checkpoint, state.world_size) if weights == "ema" else _model_weights(checkpoint)
-    spec = model_spec(ModelSection(**state.config["model"]), TransformerConfig(**state.network))
-    tensors = {canonical_name(name): t.float().contiguous() for name, t in raw.items()}
-    _check_complete(tensors, spec, checkpoint)
-    tensors, spec = _unpadded(tensors, spec)
+    tensors, spec = checkpoint_tensors(checkpoint, weights)
     tokenizer_src = layout.tokenizer
     if not tokenizer_src.is_dir():
         raise UserError(f"{run_dir}: no {tokenizer_src.name}/ directory (written when training starts)")
@@ -156,6 +176,19 @@ def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["em
     writer(out, tensors, _export_config(spec, state, checkpoint, weights), tokenizer_src)
     _track(run_dir, out)
     return out
+
+
+def checkpoint_tensors(checkpoint: Path, weights: Literal["ema", "model"]) -> tuple[dict[str, torch.Tensor],
+                                                                                   ModelSpec]:
+    """The float32 weights of ``checkpoint`` (its EMA, or its live weights through DeepSpeed's
+    ZeRO-to-fp32) by their export names, without vocabulary padding, and the spec they fit:
+    what an export holds (``--init-from`` also starts a run from them)."""
+    state = read_state(checkpoint)
+    raw = _ema_weights(checkpoint, state.world_size) if weights == "ema" else _model_weights(checkpoint)
+    spec = model_spec(ModelSection(**state.config["model"]), TransformerConfig(**state.network))
+    tensors = {canonical_name(name): t.float().contiguous() for name, t in raw.items()}
+    _check_complete(tensors, spec, checkpoint)
+    return _unpadded(tensors, spec)
 
 
 def write_export(out: Path, tensors: dict[str, torch.Tensor], config: dict, tokenizer_dir: Path) -> None:
@@ -167,11 +200,16 @@ def write_export(out: Path, tensors: dict[str, torch.Tensor], config: dict, toke
         atomic_write_bytes(staging / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True).encode())
 
 
-def export_files(path: str | Path) -> list[Path]:
-    """The files of the export that ``path`` names (an export, or a training run's
-    ``RUN/export``), for an output that must keep clear of them; nothing is read."""
+def export_directory(path: str | Path) -> Path:
+    """The export directory that ``path`` names (an export, or a training run's ``RUN/export``),
+    for an output that must keep clear of it; nothing is read."""
     layout = RunLayout(path)
-    directory = layout.export if layout.is_training_run() else Path(path)
+    return layout.export if layout.is_training_run() else Path(path)
+
+
+def export_files(path: str | Path) -> list[Path]:
+    """The files of the export that ``path`` names (``export_directory``); nothing is read."""
+    directory = export_directory(path)
     return [directory / WEIGHTS_FILE, directory / CONFIG_FILE, directory / TOKENIZER_DIR]
 
 
@@ -228,7 +266,8 @@ def _export_config(spec: ModelSpec, state: CheckpointMeta, checkpoint: Path, wei
             "ema_decay": state.config["train"]["ema_decay"], "step": state.step,
             "tokens_seen": state.state.tokens_seen, "checkpoint": str(checkpoint.resolve()),
             "tokenizer_sha256": state.tokenizer_sha256, "data_sha256": state.data_sha256,
-            "config_sha256": state.config_sha256}
+            "config_sha256": state.config_sha256,
+            **({"init_from": state.init_from} if state.init_from else {})}
 
 
 def resolve_export(path: str | Path) -> Path:
@@ -268,24 +307,87 @@ class Exported:
         return build_process(self.spec, validate=validate, draws=EXPORT_DRAWS, state=self.process_state)
 
 
+def verify_export(directory: Path) -> str | None:
+    """What in the export ``directory`` differs from what was written (module docstring:
+    Integrity), naming the file; None when nothing does, or when the export records no files
+    (one of an earlier version, or copied without its marker: only reading it checks it)."""
+    marker = read_marker(directory) or {}
+    records = marked_files(directory) if marker.get("kind") == EXPORT_KIND.name else None
+    if records is None:
+        return None
+    changed = changed_files(directory, records, trust_times=True)
+    if not changed:
+        return None
+    name, how = next(iter(changed.items()))
+    return f"{directory / name} {how}"
+
+
+def damaged_export(problem: str, directory: Path) -> UserError:
+    """The one line for a damaged export: ``problem`` (naming the file) and how to get a sound one."""
+    run = training_run_of(directory)
+    fix = (f"move {directory} away and export again: `unmask export {run}`" if run is not None else
+           "export it again from its training run (`unmask export RUN --out DIR`), or copy it again")
+    return UserError(f"{problem}; the export is damaged (an interrupted copy, or another file in its place): {fix}")
+
+
+def _read_config(directory: Path) -> dict:
+    """The export's config.json, of a format this version reads."""
+    path = directory / CONFIG_FILE
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise damaged_export(f"{path}: not JSON ({err})", directory) from None
+    if not isinstance(config, dict):
+        raise damaged_export(f"{path}: not a JSON object", directory)
+    version = config.get("format_version", EXPORT_FORMAT_VERSION)  # the fixtures of tests write none
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise damaged_export(f"{path}: format_version {version!r} is not a number", directory)
+    if version > EXPORT_FORMAT_VERSION:
+        raise UserError(f"{path}: format_version {version} is newer than this unmask reads ({EXPORT_FORMAT_VERSION}); "
+                        f"upgrade unmask, or export the model again with this version")
+    return config
+
+
+def _read_weights(directory: Path, map_location: str | torch.device) -> dict[str, torch.Tensor]:
+    path = directory / WEIGHTS_FILE
+    try:
+        return load_file(str(path), device=str(map_location))
+    except (SafetensorError, OSError) as err:
+        raise damaged_export(f"{path}: not a readable safetensors file ({err})", directory) from None
+
+
 def load_export(path: str | Path, *, map_location: str | torch.device = "cpu") -> Exported:
-    """Load ``RUN/export`` (or any export directory) without DeepSpeed."""
+    """Load ``RUN/export`` (or any export directory) without DeepSpeed; a damaged one is
+    refused in one line naming the file (module docstring: Integrity)."""
     path = Path(path)
     config_path = path / CONFIG_FILE
     if not config_path.is_file():
         raise UserError(f"{path}: not an unmask export (no {CONFIG_FILE}); run `unmask export RUN`")
-    config = json.loads(config_path.read_text())
+    problem = verify_export(path)
+    if problem is not None:
+        raise damaged_export(problem, path)
+    config = _read_config(path)
     try:
         spec = ModelSpec.from_dict(config)
     except ValueError as err:
         raise UserError(f"{config_path}: {err}") from None
+    except (KeyError, TypeError, AttributeError) as err:
+        raise damaged_export(f"{config_path}: not the config of an unmask export ({type(err).__name__}: {err})",
+                             path) from None
     network = build_network(spec)
-    network_state, process_state = split_state(load_file(str(path / WEIGHTS_FILE), device=str(map_location)))
-    network.load_state_dict(network_state)
+    network_state, process_state = split_state(_read_weights(path, map_location))
+    try:
+        network.load_state_dict(network_state)
+    except RuntimeError as err:  # names missing, unexpected or mis-shaped tensors
+        raise damaged_export(f"{path / WEIGHTS_FILE}: its tensors are not those of the network in {CONFIG_FILE} "
+                             f"({str(err).splitlines()[0]})", path) from None
     tokenizer = load_tokenizer(path / TOKENIZER_DIR)
-    if tokenizer.sha256 != config["tokenizer_sha256"]:
+    expected = config.get("tokenizer_sha256")
+    if not isinstance(expected, str):
+        raise damaged_export(f"{config_path}: no tokenizer_sha256 (the tokenizer the model was trained with)", path)
+    if tokenizer.sha256 != expected:
         raise UserError(f"{path / TOKENIZER_DIR}: tokenizer sha256 differs from the one the model was "
-                        f"trained with ({config['tokenizer_sha256'][:12]}...)")
+                        f"trained with ({expected[:12]}...)")
     exported = Exported(network.eval(), config, tokenizer, spec, process_state)
     try:
         exported.process(validate=False)  # its process's parameters are all there, in their shapes

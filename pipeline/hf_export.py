@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 from common.atomic_files import atomic_write_bytes
-from common.outputs import OutputKind, entry_names, json_object, new_output_dir
+from common.outputs import OutputKind, holds_only, json_object, new_output_dir
 from data_prep.gpt2_bpe import GPT2_ENCODER_FILE, GPT2_EOS_TOKEN, GPT2_MERGES_FILE
 from data_prep.hf_tokenizer import SPECIAL_TOKENS_MAP_FILE, TOKENIZER_JSON_FILE
 from data_prep.tokenizer import SP_MODEL_FILE, Tokenizer, load_tokenizer
@@ -54,7 +54,7 @@ def _is_unmarked_hf_export(directory: Path) -> bool:
     """A directory of this format written before the marker existed: its names only, with our
     modeling file and a config.json of our model type."""
     config = json_object(directory / HF_CONFIG_FILE)
-    return (entry_names(directory) <= _HF_ENTRIES and (directory / HF_MODELING_FILE).is_file()
+    return (holds_only(directory, _HF_ENTRIES.__contains__) and (directory / HF_MODELING_FILE).is_file()
             and config is not None and config.get("model_type") == HF_MODEL_TYPE)
 
 

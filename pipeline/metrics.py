@@ -9,6 +9,12 @@ N counts every parameter once (the tied output head included: its matmul is real
 The training loss computes logits only at masked positions, so the work actually done is
 a little less than the formula; MFU by convention credits the full model. Block diffusion's
 step does more work per token (a forward over 2L rows): ``block_diffusion_flops_per_token``.
+
+Inference (``forward_flops``) counts the work actually done: every token passed through the
+blocks costs 2 x (non-embedding parameters) + 4 x layers x d_model x seq_len (the forward third
+of the above), and only the rows whose logits are computed cost the head's 2 x d_model x V (the
+estimator's masked rows, a sampler's revealed positions). With every row's logits it is the
+forward convention 2 N + 4 x layers x d_model x seq_len.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ import torch
 
 from model.transformer import TransformerConfig, parameter_counts
 
-__all__ = ["block_diffusion_flops_per_token", "flops_per_token", "peak_flops", "mfu", "PEAK_BF16_FLOPS"]
+__all__ = ["block_diffusion_flops_per_token", "flops_per_token", "forward_flops", "peak_flops", "mfu",
+           "PEAK_BF16_FLOPS"]
 
 # Dense bf16 tensor-core peaks (no sparsity), FLOP/s, from the vendors' data sheets.
 PEAK_BF16_FLOPS = {
@@ -48,6 +55,14 @@ def block_diffusion_flops_per_token(config: TransformerConfig, seq_len: int, blo
     head = config.vocab_size * config.d_model
     attention = 12.0 * config.n_layers * config.d_model
     return 6.0 * n + 6.0 * (n - head) + attention * (seq_len + 2 * block_size)
+
+
+def forward_flops(config: TransformerConfig, seq_len: int, tokens: float, head_rows: float) -> float:
+    """Forward FLOPs of ``tokens`` tokens through the blocks in sequences of ``seq_len``, and of
+    the head at ``head_rows`` of them (module docstring), with the true vocabulary."""
+    true = replace(config, vocab_multiple=1)
+    body = 2.0 * parameter_counts(true).non_embedding + 4.0 * config.n_layers * config.d_model * seq_len
+    return tokens * body + head_rows * 2.0 * config.d_model * config.vocab_size
 
 
 def peak_flops(device: torch.device) -> float | None:

@@ -47,19 +47,29 @@ def find_tokenizer(manifest: Manifest, data_dir: Path) -> Tokenizer:
     directory.
     """
     recorded = manifest.tokenizer.get("path") or ""
+    expected = manifest.tokenizer["sha256"]
     candidates = list(dict.fromkeys([data_dir / TOKENIZER_DIR, *([Path(recorded), data_dir / recorded]
                                                                   if recorded else [])]))
+    found = []  # what is at each candidate that is not the tokenizer of the shards
     for path in candidates:
-        if path.exists():
-            try:
-                tokenizer = load_tokenizer(path)
-            except UserError:
-                continue
-            if tokenizer.sha256 == manifest.tokenizer["sha256"]:
-                _check_vocab_size(tokenizer, manifest, data_dir)
-                return tokenizer
-    raise UserError(f"{data_dir}/manifest.json: tokenizer {recorded!r} (sha256 "
-                    f"{manifest.tokenizer['sha256'][:12]}...) not found at any of "
+        if not path.exists():
+            continue
+        try:
+            tokenizer = load_tokenizer(path)
+        except UserError as err:
+            found.append(f"{path} cannot be loaded ({err})")
+            continue
+        if tokenizer.sha256 == expected:
+            _check_vocab_size(tokenizer, manifest, data_dir)
+            return tokenizer
+        found.append(f"{path} holds another tokenizer (sha256 {tokenizer.sha256[:12]}..., {tokenizer.vocab_size} "
+                     f"tokens; the manifest records {manifest.tokenizer.get('vocab_size')}): replaced since the prep")
+    shards = f"the shards were made with tokenizer {recorded!r} (sha256 {expected[:12]}...)"
+    if found:
+        raise UserError(f"{data_dir}/manifest.json: {shards}, but {'; '.join(found)}. Put the tokenizer of the "
+                        f"shards back in {data_dir / TOKENIZER_DIR}, or prep the corpus again with the one there "
+                        f"(into a new --out)")
+    raise UserError(f"{data_dir}/manifest.json: {shards}, not found at any of "
                     f"{[str(c) for c in candidates]}; rerun that `unmask prep --out {data_dir}` where its tokenizer "
                     f"is (nothing is redone): the prep then keeps a copy in {data_dir / TOKENIZER_DIR}")
 

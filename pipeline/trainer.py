@@ -37,17 +37,36 @@ from common.progress import bars_and_logs
 from common.provenance import git_commit
 from data_prep.loader import StreamingLoader
 from data_prep.shards import Manifest
+from data_prep.storage import ChunkCache, default_cache_dir, is_remote, localize_metadata
 from model.spec import ModelSpec, build_trainable
 from model.transformer import Transformer, TransformerConfig
 from pipeline.attention import attention_kernel
 from pipeline.background_tracking import FAILED_CLOSE_WAIT_S, BackgroundTracker
-from pipeline.checkpoint import CheckpointManager, CheckpointMeta, TrainState, read_state, write_failure
+from pipeline.checkpoint import (
+    CheckpointManager,
+    CheckpointMeta,
+    TrainState,
+    latest_checkpoint,
+    read_state,
+    write_failure,
+)
 from pipeline.config import Config, ModelSection, config_differences, with_legacy_values
 from pipeline.distributed import Distributed, init_distributed
 from pipeline.ema import EMA
 from pipeline.engine import TrainingPlan, build_engine, deepspeed_config, plan_training
 from pipeline.hooks import TrainHooks
 from pipeline.mask_rate_search import interval_variances, least_variance
+from pipeline.init_from import (
+    InitFrom,
+    InitRecord,
+    InitSource,
+    check_tokenizer,
+    init_inputs,
+    load_source,
+    read_source,
+    recorded_source,
+    with_source_architecture,
+)
 from pipeline.metrics import block_diffusion_flops_per_token, flops_per_token, mfu, peak_flops
 from pipeline.objective import NATS_PER_BIT, MicroBatchSlot, make_objective, model_spec
 from pipeline.run_layout import RUN_KIND, RunLayout, training_data
@@ -75,12 +94,15 @@ class TrainResult:
     validation: ValidationResult | None
     preempted: bool
     mlflow_run_id: str | None
+    init_from: InitRecord | None = None
 
     def summary(self) -> dict:
         """The JSON-able summary that ``unmask train`` prints and Ray Train reports."""
         summary = {"run_dir": str(self.run_dir), "step": self.step, "tokens_seen": self.tokens_seen,
                    "checkpoint": str(self.checkpoint), "preempted": self.preempted,
                    "mlflow_run_id": self.mlflow_run_id}
+        if self.init_from is not None:
+            summary["init_from"] = self.init_from.to_json()
         if self.validation is not None:
             summary.update(val_nelbo_per_token=self.validation.nelbo_per_token,
                            val_bits_per_byte=self.validation.bits_per_byte)
@@ -120,19 +142,33 @@ def _endless(loader: StreamingLoader) -> Iterator[torch.Tensor]:
 class Trainer:
     """One run's loop; built by ``train``."""
 
-    def __init__(self, config: Config, data_dir: Path, run_dir: Path, dist: Distributed,
-                 hooks: TrainHooks = TrainHooks()) -> None:
+    def __init__(self, config: Config, data_dir: str | Path, run_dir: Path, dist: Distributed,
+                 hooks: TrainHooks = TrainHooks(), start: InitRecord | InitSource | None = None) -> None:
+        """``start``: the source a run started with --init-from begins from (an ``InitSource``,
+        loaded into the new network), or the record of the one it began from (an
+        ``InitRecord``: a resumed run, whose network takes the source's architecture and
+        whose weights come from its own checkpoint)."""
         self.config, self.data_dir, self.run_dir, self.dist = config, data_dir, run_dir, dist
         self.layout = RunLayout(run_dir)
         self.hooks = hooks
-        self.manifest = Manifest.read(data_dir)
-        self.tokenizer = find_tokenizer(self.manifest, data_dir)
+        # From object storage, the manifest and the tokenizer are read from a local copy.
+        metadata = localize_metadata(str(data_dir), self._cache_root()) if is_remote(data_dir) else Path(data_dir)
+        self.manifest = Manifest.read(metadata)
+        self.tokenizer = find_tokenizer(self.manifest, metadata)
+        self.init_from = start.record if isinstance(start, InitSource) else start
         self.network_config = network_config(config.model, self.manifest)
+        if self.init_from is not None:
+            self.network_config = with_source_architecture(self.network_config, self.init_from)
+        if isinstance(start, InitSource):
+            check_tokenizer(start.record, self.tokenizer.sha256, data_dir)
         self.plan: TrainingPlan = plan_training(config, self.network_config, dist.world_size, dist.device)
         self.train_loader, self.val_loader = self._loaders()
         spec, validate = model_spec(config.model, self.network_config), dist.device.type == "cpu"
         torch.manual_seed(config.train.seed)  # the same initial weights on every rank
-        model = build_trainable(spec, validate=validate).to(dist.device)  # the network (and a learned schedule)
+        model = build_trainable(spec, validate=validate)  # the network (and a learned schedule)
+        if isinstance(start, InitSource):  # before DeepSpeed partitions it: every ZeRO stage gets these values
+            load_source(model, start, self.network_config)
+        model = model.to(dist.device)
         if isinstance(model, Transformer):
             model.block_attention = self.plan.block_attention  # block diffusion's mask (model.block_attention)
         self.engine = build_engine(model, self.plan, config.optim, config.train.max_steps, dist.device)
@@ -154,12 +190,19 @@ class Trainer:
                                 block_diffusion_flops_per_token(self.network_config, self.manifest.seq_len, block_size))
         self.peak = peak_flops(dist.device)
 
+    def _cache_root(self) -> Path:
+        return Path(self.config.data.cache_dir) if self.config.data.cache_dir else default_cache_dir()
+
     def _loaders(self) -> tuple[StreamingLoader, StreamingLoader]:
         c, d = self.config, self.dist
-        common = dict(rank=d.rank, world_size=d.world_size)
+        cache = None
+        if is_remote(self.data_dir) and c.data.cache_gb > 0:
+            cache = ChunkCache(self._cache_root() / "chunks", int(c.data.cache_gb * GIB))
+        common = dict(rank=d.rank, world_size=d.world_size, cache=cache)
         micro_batch = self.plan.batches.micro_batch
         train = StreamingLoader(self.data_dir, c.data.train_split, micro_batch, seed=c.train.seed,
                                 global_batch_size=self.plan.batches.global_batch, num_workers=c.data.num_workers,
+                                shuffle_window=c.data.shuffle_window,
                                 pin_memory=d.device.type == "cuda", **common)
         val = StreamingLoader(self.data_dir, c.data.val_split, c.eval.micro_batch_size or micro_batch,
                               seed=c.eval.seed, shuffle=False, **common)
@@ -172,7 +215,8 @@ class Trainer:
                               config_sha256=self.config.sha256(), data_sha256=self.manifest.sha256(),
                               tokenizer_sha256=self.tokenizer.sha256, network=asdict(self.network_config),
                               zero_stage=self.plan.zero_stage, precision=self.plan.precision,
-                              batch_plan=asdict(self.plan.batches), world_size=self.dist.world_size)
+                              batch_plan=asdict(self.plan.batches), world_size=self.dist.world_size,
+                              init_from=self.init_from.to_json() if self.init_from else None)
 
     def resume(self, mode: str, allow_config_change: bool) -> None:
         """``mode``: "auto" (latest if any), "never" (refuse a run dir with checkpoints)."""
@@ -265,7 +309,7 @@ class Trainer:
                    "network": asdict(self.network_config)}  # the shape the preset and overrides resolved to
         if self.config.model.block_size is not None:
             derived["block_attention"] = plan.block_attention
-        params = flatten_params({**self.config.to_dict(), "resolved": derived})
+        params = flatten_params({**self.config.to_dict(), "resolved": derived, **self._init_params()})
         if self.config_changes:
             # MLflow params are immutable: keep the values the run started with and record
             # the change, with the step it took effect, as a tag.
@@ -275,9 +319,17 @@ class Trainer:
         tracker.log_params(params)
         tracker.set_tags({"git_commit": git_commit(), "data_manifest_sha256": self.manifest.sha256(),
                                "tokenizer_sha256": self.tokenizer.sha256, "data_dir": str(self.data_dir)})
+        if self.init_from is not None:
+            tracker.set_tags({"init_from": self.init_from.source, "init_from_sha256": self.init_from.sha256})
         tracker.log_text(json.dumps(self.config.to_dict(), indent=2), self.layout.config.name)
         tracker.log_text(json.dumps(deepspeed_config(self.plan, self.config.optim), indent=2),
                          "deepspeed_config.json")
+
+    def _init_params(self) -> dict:
+        """The source of the first weights as params (``init_from.*``; its network is in ``resolved``)."""
+        if self.init_from is None:
+            return {}
+        return {"init_from": {k: v for k, v in self.init_from.to_json().items() if k != "network"}}
 
     def write_run_files(self) -> None:
         """The resolved config and the tokenizer, so that the run dir stands on its own."""
@@ -338,7 +390,7 @@ class Trainer:
             log.warning("stopped by a signal: checkpoint written at step %d; resume with --resume auto",
                         self.state.step)
         return TrainResult(self.run_dir, self.state.step, self.state.tokens_seen, self.checkpoints.latest(),
-                           validation, preempted, self.tracker.run_id if self.tracker else None)
+                           validation, preempted, self.tracker.run_id if self.tracker else None, self.init_from)
 
     def _between_steps(self, step: int, last: bool, interval: "_Interval", bar: tqdm,
                        preemption: _Preemption) -> ValidationResult | None:
@@ -512,16 +564,34 @@ def _with_checkpoint_legacy(config: Config, run_dir: Path, dist: Distributed) ->
     value they had then (``pipeline.config.with_legacy_values``; a run written before
     ``model.vocab_multiple`` resumes with 1, the shape of its weights). The checkpoint is not
     verified here: resuming does that, and refuses what it must."""
-    layout = RunLayout(run_dir)
+    latest = latest_checkpoint(run_dir, warn=dist.is_main)
     try:
-        saved = read_state(layout.checkpoints / layout.latest.read_text().strip()).config
-    except (OSError, UserError):  # no checkpoint yet, or one that resuming will name
+        saved = read_state(latest).config if latest is not None else None
+    except (OSError, UserError):  # one that resuming will name
+        saved = None
+    if saved is None:
         return config
     config, adopted = with_legacy_values(config, saved)
     if adopted and dist.is_main:
         log.info("resuming a checkpoint written before these fields existed: %s, as it was trained",
                  "; ".join(adopted))
     return config
+
+
+def _start(run_dir: Path, init_from: InitFrom | None, dist: Distributed) -> InitRecord | InitSource | None:
+    """What the run's network starts from: with checkpoints, the record of the source its
+    checkpoint names (its weights come from the checkpoint; ``recorded_source`` refuses another
+    source); without, ``init_from``'s source, read on every rank (each builds its own module)."""
+    recorded = recorded_source(run_dir, init_from)
+    if recorded is not None or init_from is None:
+        if recorded is not None and init_from is not None and dist.is_main:
+            log.info("%s has checkpoints: resuming from its own, not reloading --init-from %s", run_dir,
+                     recorded.source)
+        return recorded
+    source = read_source(init_from)
+    if dist.is_main:
+        log.info("starting from the %s; optimizer state fresh, EMA from these weights", source.record.summary())
+    return source
 
 
 def _first_tensor_mismatch(saved: CheckpointMeta, spec: ModelSpec) -> str | None:
@@ -556,8 +626,13 @@ def _grad_norm(engine) -> float:
 
 
 def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: str = "auto",
-          allow_config_change: bool = False, hooks: TrainHooks = TrainHooks()) -> TrainResult:
+          allow_config_change: bool = False, hooks: TrainHooks = TrainHooks(),
+          init_from: InitFrom | None = None) -> TrainResult:
     """Train (or continue training) the run in ``run_dir`` on the shards in ``data_dir``.
+
+    ``init_from`` starts a new run from another run's weights (``pipeline.init_from``): a run
+    that already has checkpoints resumes from its own instead, and one started from another
+    source is refused.
 
     ``hooks`` run on every rank: ``on_step`` after each step, ``on_checkpoint`` after each
     checkpoint is committed (the Ray Train launcher mirrors checkpoints to durable storage
@@ -571,29 +646,48 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
     joined_here = not torch.distributed.is_initialized()
     dist = init_distributed()
     lock = RunLock(run_dir)
-    refusal = None
+    refusal, claim = None, None
     if dist.is_main:
         try:
-            claim_output_dir(run_dir, RUN_KIND, "--run-dir", [training_data(data_dir)])
+            local_data = [] if is_remote(data_dir) else [training_data(data_dir)]
+            claim = claim_output_dir(run_dir, RUN_KIND, "--run-dir", [*local_data, *init_inputs(init_from)])
             lock.acquire()
         except UserError as err:
             refusal = err
     if dist.any(refusal is not None):
         raise refusal or UserError(f"{run_dir}: rank 0 could not lock the run directory; its message says why")
     try:
-        result = _train_locked(config, dist, Path(data_dir), Path(run_dir), resume, allow_config_change, hooks)
-    finally:
+        data = data_dir if is_remote(data_dir) else Path(data_dir)
+        result = _train_locked(config, dist, data, Path(run_dir), resume, allow_config_change, hooks, init_from)
+    except BaseException:
         lock.release()
+        if claim is not None and not _took_a_step(Path(run_dir)):  # a directory it created goes, with what it wrote
+            claim.abandon(written=[path.name for path in RunLayout(run_dir).before_first_step()])
+        raise
+    lock.release()
     if joined_here:  # the group this call made; a launcher's (Ray Train's) is the launcher's to end
         dist.shutdown()
     return result
 
 
-def _train_locked(config: Config, dist: Distributed, data_dir: Path, run_dir: Path, resume: str,
-                  allow_config_change: bool, hooks: TrainHooks) -> TrainResult:
+def _took_a_step(run_dir: Path) -> bool:
+    """Whether the run directory holds a training step's work: a checkpoint, or the records of
+    a step after the untrained validation at step 0 (a torn last line counts as one)."""
+    layout = RunLayout(run_dir)
+    if latest_checkpoint(run_dir, warn=False) is not None:
+        return True
+    try:
+        lines = layout.metrics.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return False
+    return any(_record_step(line) >= 1 for line in lines)
+
+
+def _train_locked(config: Config, dist: Distributed, data_dir: str | Path, run_dir: Path, resume: str,
+                  allow_config_change: bool, hooks: TrainHooks, init_from: InitFrom | None) -> TrainResult:
     if resume == "auto":
         config = _with_checkpoint_legacy(config, run_dir, dist)
-    trainer = Trainer(config, data_dir, run_dir, dist, hooks)
+    trainer = Trainer(config, data_dir, run_dir, dist, hooks, _start(run_dir, init_from, dist))
     trainer.resume(resume, allow_config_change)
     trainer.write_run_files()
     trainer.start_tracking()

@@ -1,5 +1,5 @@
 """Exports of untrained small networks, written by the exporter's own writer: what
-``unmask sample``, ``load_export`` and the README's examples read, without a training run."""
+``unmask sample``, ``load_export`` and the manual's examples read, without a training run."""
 
 from __future__ import annotations
 

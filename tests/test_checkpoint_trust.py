@@ -8,6 +8,7 @@ updated to match) or a bad disk (truncated or flipped bytes) would leave it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from common.errors import UserError
-from pipeline.checkpoint import STATE_FILE, _file_records, verify_checkpoint
+from pipeline.checkpoint import STATE_FILE, _file_records, intact_checkpoint, resolve_checkpoint, verify_checkpoint
 from pipeline.export import export
 from pipeline.safe_load import UnsafeOrCorruptFile, load_torch_file
 from tests.cli_runner import run_unmask
@@ -170,3 +171,29 @@ def test_export_of_a_truncated_checkpoint_names_the_file_and_the_intact_step(run
                                         rf"`unmask export {run_copy} --checkpoint 3`"):
         export(run_copy)
     assert export(run_copy, step=3).is_dir()
+
+
+# ----------------------------------------------------------------------------- a broken `latest` pointer
+@pytest.mark.slow
+def test_a_broken_latest_pointer_falls_back_to_the_newest_intact_checkpoint(run_copy, shards, tmp_path, caplog):
+    """Issue 33: `latest` pointing outside the run, empty or garbage is a broken pointer, not a
+    run without checkpoints: export and resume use the newest complete one, and say why."""
+    latest = run_copy / "checkpoints" / "latest"
+    for text in ("", "step-12\x00garbage", "step-00000099"):
+        latest.write_text(text)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="unmask.checkpoint"):
+            assert intact_checkpoint(run_copy) == (run_copy / "checkpoints" / LAST, [])
+        assert f"{latest} " in caplog.text and f"using {LAST} instead" in caplog.text, (text, caplog.text)
+    latest.unlink()  # missing beside complete checkpoints: lost, not "no checkpoint yet"
+    assert resolve_checkpoint(run_copy) == run_copy / "checkpoints" / LAST
+    latest.write_text("../../../../../tmp")
+    with caplog.at_level(logging.WARNING, logger="unmask.checkpoint"):
+        out = export(run_copy, out_dir=tmp_path / "export")
+    assert json.loads((out / "config.json").read_text())["step"] == 6
+    assert f"{latest} holds '../../../../../tmp', not the name of a checkpoint of this run" in caplog.text
+    latest.write_text("")
+    resumed = run_train(run_copy, shards, write_config(tmp_path / "c8.yaml", {"train": {"max_steps": 8}}))
+    assert f"{latest} is empty; using {LAST} instead" in resumed.output
+    assert f"resumed from {run_copy / 'checkpoints' / LAST}" in resumed.output
+    assert latest.read_text() == "step-00000008"

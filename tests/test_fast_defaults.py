@@ -9,7 +9,6 @@ AOT autograd's backward included, no inductor code generation), so the tests sta
 from __future__ import annotations
 
 import traceback
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from model.diffusion import MaskedDiffusion
 from model.schedules import make_schedule
 from model.spec import ModelSpec
 from model.transformer import ROW_MULTIPLE, Transformer, TransformerConfig, parameter_counts, preset, unpadded_state
-from pipeline.attention import attention_kernel, resolve_attention
+from pipeline.attention import attention_kernel, available_kernels, resolve_attention
 from pipeline.config import Config, config_differences, load_config, with_legacy_values
 from pipeline.ema import EMA, ema_decay
 from pipeline.engine import (
@@ -270,6 +269,19 @@ def test_attention_auto_picks_a_kernel_that_runs_and_a_named_one_that_does_not_i
         load_config(None, {"train.attention": "fast"})
 
 
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode, torch.enable_grad])
+def test_the_kernel_probe_answers_the_same_in_every_grad_mode_of_its_caller(grad_mode):
+    # evaluation, sampling and lm-eval probe inside no_grad/inference_mode (issue 30: every probe failed there).
+    cpu = torch.device("cpu")
+    with grad_mode():
+        before = torch.is_grad_enabled()
+        for backward in (True, False):
+            assert resolve_attention("auto", cpu, torch.float32, 64, backward=backward) == "flash"
+            assert resolve_attention("auto", cpu, torch.float32, 64, dropout=0.1, backward=backward) == "math"
+            assert available_kernels(cpu, torch.float32, 64, backward=backward) == ["flash", "math"]
+        assert torch.is_grad_enabled() == before   # the probe's own mode does not leak into the caller's
+
+
 @pytest.mark.filterwarnings("ignore:.*kernel not used because:UserWarning")  # SDPA says why it refuses
 def test_the_chosen_kernel_is_the_only_one_sdpa_may_use():
     q = torch.randn(1, 2, 8, 16)
@@ -348,3 +360,33 @@ def test_a_training_micro_step_reads_the_device_only_for_the_masked_count_before
         ("aten::nonzero", "model/diffusion.py:masked_token_nll"),
         ("aten::nonzero", "model/transformer.py:_selected_rows")]
     assert [matmuls for name, _, matmuls in reads.reads if name == "aten::nonzero"] == [0, 0]
+
+
+# ------------------------------------------------------------------ the device of every command
+@pytest.mark.parametrize("gpu", [True, False])
+def test_every_command_runs_on_the_gpu_when_there_is_one_unless_told_otherwise(monkeypatch, gpu):
+    from evaluation import lm_eval_model
+    from evaluation.inference import resolve_device
+    from orchestration.cli import build_parser
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    expected = torch.device("cuda" if gpu else "cpu")
+    assert resolve_device(None) == expected and lm_eval_model._device(None) == expected
+    assert resolve_device("cpu") == torch.device("cpu")
+    commands = build_parser()._subparsers._group_actions[0].choices
+    with_device = {name: action for name, command in commands.items() for action in command._actions
+                   if "--device" in action.option_strings}
+    assert {"sample", "eval", "lm-eval"} <= with_device.keys()
+    for name, action in with_device.items():   # unset, so that resolve_device decides
+        assert action.default is None and "cuda when there is one" in action.help, name
+
+
+def test_forward_flops_count_the_head_only_where_logits_are_computed():
+    from pipeline.metrics import flops_per_token, forward_flops
+
+    config = preset("small", 50257)
+    full = forward_flops(config, 1024, tokens=1000, head_rows=1000)   # every row: the forward convention,
+    # less the embedding's mask row, which N counts and the head never computes
+    assert full == pytest.approx(1000 * (flops_per_token(config, 1024) / 3 - 2 * 768), rel=1e-12)
+    half = forward_flops(config, 1024, tokens=1000, head_rows=500)
+    assert full - half == pytest.approx(500 * 2 * 768 * 50257)

@@ -1,14 +1,17 @@
 """Every flag a message, hint or help text names exists where it says (issue 26, item 8): the
-flags are collected from the source of every package and from the README's `unmask ...` spans,
-and checked against the real ``unmask`` parser and the config's fields."""
+flags are collected from the source of every package and from the `unmask ...` spans of README.md
+and the manual (docs/), and checked against the real ``unmask`` parser and the config's fields.
+Every command line of their ```bash blocks is parsed whole by that parser, as ``unmask`` would."""
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
+import io
 import re
+import shlex
 from dataclasses import fields
-from pathlib import Path
 
 import pytest
 
@@ -29,6 +32,7 @@ FOREIGN = {
     "experiment-id": "mlflow experiments restore",
     "model": "lm_eval", "model_args": "lm_eval", "metadata": "lm_eval", "include_path": "lm_eval",
     "gen_kwargs": "lm_eval",
+    "write": "python -m pipeline.config_reference",
 }
 # What a formatted value of an f-string becomes: no flag starts with it, so a flag computed in
 # the message (--{role}-token) is left to the table it comes from.
@@ -80,9 +84,55 @@ def _source_texts() -> list[tuple[str, str]]:
     return texts
 
 
+DOC_PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
 def _readme_texts() -> list[tuple[str, str]]:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    return [(f"README.md: `{span}`", span) for span in re.findall(r"`(unmask [^`]+)`", readme)]
+    """The `unmask ...` spans of README.md and of every page of the manual."""
+    texts = []
+    for page in DOC_PAGES:
+        text = page.read_text(encoding="utf-8")
+        texts += [(f"{page.relative_to(REPO)}: `{span}`", span) for span in re.findall(r"`(unmask [^`]+)`", text)]
+    return texts
+
+
+BASH_BLOCK = re.compile(r"^```bash\n(.*?)^```", flags=re.S | re.M)
+SEPARATORS = {";", "&&", "||", "|"}
+# How a command line runs unmask: the program, or the module under a launcher.
+PROGRAMS = {"unmask", ".venv/bin/unmask"}
+MODULE = "orchestration.cli"
+
+
+def _unmask_argvs(text: str) -> list[tuple[str, list[str]]]:
+    """The arguments of every unmask command in the ```bash blocks of ``text``: (the line, argv)."""
+    found = []
+    for block in BASH_BLOCK.findall(text):
+        for line in block.replace("\\\n", " ").splitlines():
+            words, segment = shlex.split(line, comments=True), []
+            for word in [*words, ";"]:
+                if word not in SEPARATORS:
+                    segment.append(word)
+                    continue
+                if segment and segment[0] in PROGRAMS:
+                    found.append((line.strip(), segment[1:]))
+                elif MODULE in segment:  # torchrun ... -m orchestration.cli train ...
+                    found.append((line.strip(), segment[segment.index(MODULE) + 1:]))
+                segment = []
+    return found
+
+
+def _parse_problem(argv: list[str]) -> str | None:
+    """Why ``unmask ARGV`` does not parse, as ``orchestration.cli.main`` parses it, or None."""
+    parser, stderr = build_parser(), io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            args, extra = parser.parse_known_args(argv)
+    except SystemExit as stop:
+        return None if stop.code == 0 and "--help" in argv else stderr.getvalue().strip().splitlines()[-1]
+    if extra and not getattr(args, "accepts_overrides", False):
+        return f"unrecognized arguments: {' '.join(extra)}"
+    unknown = [word for word in extra if word.startswith("--") and word[2:] not in CONFIG_FIELDS]
+    return f"no such config field: {' '.join(unknown)}" if unknown else None
 
 
 def _problems(where: str, text: str) -> list[str]:
@@ -109,12 +159,34 @@ def _problems(where: str, text: str) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("source", ["code", "README"])
+@pytest.mark.parametrize("source", ["code", "manual"])
 def test_every_flag_a_message_names_is_parsed_by_the_real_parser(source):
     texts = _source_texts() if source == "code" else _readme_texts()
     assert len(texts) > 50
     problems = [problem for where, text in texts for problem in _problems(where, text)]
     assert problems == []
+
+
+def test_every_command_line_of_the_manual_parses():
+    commands = [(page, line, argv) for page in DOC_PAGES for line, argv in _unmask_argvs(page.read_text("utf-8"))]
+    assert len(commands) > 40 and {page.name for page, _, _ in commands} >= {"README.md", "sampling.md", "cluster.md"}
+    problems = [f"{page.relative_to(REPO)}: {line}: {problem}" for page, line, argv in commands
+                if (problem := _parse_problem(argv))]
+    assert problems == []
+
+
+def test_the_command_line_check_catches_what_unmask_would_refuse():
+    block = "```bash\n{}\n```\n"
+    [(_, argv)] = _unmask_argvs(block.format("unmask sample runs/x --num 4 --nmu 4   # a typo"))
+    assert "unrecognized arguments: --nmu" in _parse_problem(argv)
+    [(_, argv)] = _unmask_argvs(block.format("torchrun --nproc-per-node 2 -m orchestration.cli train --data d \\\n"
+                                             "    --run-dir r --optim.learning_rate 1"))
+    assert "no such config field: --optim.learning_rate" in _parse_problem(argv)
+    two_commands = "unmask jobs status j ; unmask sample runs/x --num 1 --sampler best"
+    [(_, first), (_, argv)] = _unmask_argvs(block.format(two_commands))
+    assert _parse_problem(first) is None
+    assert "invalid choice" in _parse_problem(argv)
+    assert _parse_problem(["train", "--data", "d", "--run-dir", "r", "--optim.lr", "1"]) is None
 
 
 def test_the_checker_catches_a_flag_that_does_not_exist():

@@ -310,7 +310,8 @@ def test_gpu_bench_smoke_runs_on_cpu_and_reports_every_field(tmp_path):
     proc = subprocess.run(
         [sys.executable, "bench/train_gpu.py", "--device", "cpu", "--presets", "tiny", "--steps", "2",
          "--warmup", "1", "--micro-batches", "2", "--seq-len", "32", "--inputs", str(corpus), "--variants",
-         *variants, "--eval-blocks", "2", "--repeats", "1", "--sample-batch", "2", "--chunk-rows", "16"],
+         *variants, "--eval-blocks", "2", "--repeats", "1", "--sample-batch", "2", "--chunk-rows", "16",
+         "--lm-eval-requests", "4"],
         cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-4000:]
     # DeepSpeed prints to stdout too: the bench's lines are the JSON objects.
@@ -330,7 +331,11 @@ def test_gpu_bench_smoke_runs_on_cpu_and_reports_every_field(tmp_path):
     for evaluation in evaluations:
         assert evaluation["estimate_tokens_per_s_per_sample"] > 0 and evaluation["seq_len"] == 32
     samples = [row for row in rows if row["bench"] == "sample"]
-    assert [(row["tuned"], row["compiled"]) for row in samples] == [(False, False), (True, False)]  # no compile on CPU
-    for sample in samples:
+    assert [(row["sampler"], row["compiled"]) for row in samples] == [("ancestral", False), ("first-hitting", False)]
+    for sample in samples:   # no compile on CPU
         assert sample["steps"] == 1000 and sample["sequences_per_s"] > 0
-        assert sample["rows_evaluated"] <= 2 * 32  # cached: at most one evaluation per generated token
+        assert sample["rows_evaluated"] <= 2 * 32  # at most one evaluation per generated token
+        assert sample["utilization"] is None      # no peak on CPU
+    assert samples[1]["network_calls"] == 32     # exact first-hitting: one call per token
+    (lm_eval,) = [row for row in rows if row["bench"] == "lm-eval"]
+    assert lm_eval["requests"] == 4 and lm_eval["requests_per_s"] > 0

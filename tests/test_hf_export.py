@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from data_prep.tokenizer import load_tokenizer, train_sentencepiece
 from model.transformer import TransformerConfig
-from pipeline.export import WEIGHTS_FILE, export, export_to_hf, load_export
+from pipeline.export import WEIGHTS_FILE, export, export_to_hf, load_export, write_export
 from pipeline.hf_export import HF_MODELING_FILE
 from pipeline.mdlm_import import import_mdlm
 from pipeline.run_layout import RunLayout
@@ -64,13 +63,14 @@ def tokenizer_dir(tmp_path_factory) -> Path:
 def _random_export(out: Path, tokenizer_dir: Path, **network) -> Path:
     """An export of a network with random weights (no identity adaLN-zero start)."""
     tokenizer = load_tokenizer(tokenizer_dir)
-    write_untrained_export(out, tokenizer, tokenizer_dir, max_seq_len=MAX_SEQ_LEN, **network)
-    net = load_export(out).network
+    untrained = write_untrained_export(out.with_name(f"{out.name}-untrained"), tokenizer, tokenizer_dir,
+                                       max_seq_len=MAX_SEQ_LEN, **network)
+    exported = load_export(untrained)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for parameter in net.parameters():
+        for parameter in exported.network.parameters():
             parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
-    save_file(net.state_dict(), str(out / WEIGHTS_FILE))
+    write_export(out, exported.network.state_dict(), exported.config, tokenizer_dir)  # records what it holds
     return out
 
 

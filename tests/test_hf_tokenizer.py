@@ -124,7 +124,7 @@ def test_a_byte_level_bpe_round_trips_exactly(files):
 
 
 def test_where_a_tokenizer_json_does_not_round_trip(files):
-    """Lossy by its pipeline, as the README says: normalizers, whitespace-dropping
+    """Lossy by its pipeline, as the manual says (docs/data-preparation.md): normalizers, whitespace-dropping
     pre-tokenizers, unknown tokens, Metaspace's U+2581."""
     lower = load_tokenizer(files["nfkc-lower"])
     assert lower.decode(lower.encode("ＡＢＣ ﬁne Day")) == "abc fine day"

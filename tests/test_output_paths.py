@@ -58,7 +58,9 @@ def test_a_whole_output_replaces_only_its_own_kind_and_nothing_beside_it(tmp_pat
     target = tmp_path / "out"
     with new_output_dir(target, THING, "--out") as staging:
         (staging / "first").write_text("1")
-    assert read_marker(target) == {"kind": "thing", "what": "a test thing", "entries": ["first"]}
+    marker = read_marker(target)
+    assert (marker["kind"], marker["what"], sorted(marker["files"])) == ("thing", "a test thing", ["first"])
+    assert marker["files"]["first"]["bytes"] == 1
     with new_output_dir(target, THING, "--out") as staging:
         (staging / "second").write_text("2")
     assert entry_names(target) == {"second"}
@@ -116,6 +118,9 @@ def test_outputs_written_before_the_marker_are_recognized_conservatively(tmp_pat
     (report / "plots").mkdir(parents=True)
     for name in ("results.json", "report.md", "report.html"):
         (report / name).write_text("{}")
+    with pytest.raises(UserError, match="is not a report"):  # a file named results.json is not enough
+        check_output_dir(report, REPORT_KIND, "--out")
+    (report / "results.json").write_text(json.dumps({"model": {}, "datasets": {}}))
     check_output_dir(report, REPORT_KIND, "--out")  # an earlier version's report: replaced by the next
     (report / "notes.txt").write_text("mine")
     with pytest.raises(UserError, match="is not a report of `unmask eval`: it holds notes.txt, plots/"):
@@ -224,6 +229,11 @@ def test_a_failed_command_leaves_no_output_directory(run, mdlm_model, tmp_path, 
     for argv in failures:
         _cli(capsys, *argv)
         assert not (tmp_path / "new").exists(), argv
+    # `unmask run` failing in its prep stage (issue 33): RUN does not stay behind holding its marker alone.
+    assert unmask_in_process(["run", "--input", str(empty), "--run-dir", str(new), "--tokenizer",
+                              str(run / "tokenizer")]) == 2
+    assert "unmask run: error: stage prep failed" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
 
 
 @pytest.mark.slow
@@ -247,7 +257,7 @@ def test_sample_replaces_only_a_samples_file(run, capsys):
     base = ["sample", str(run), "--num", "1", "--steps", "2", "--seq-len", "8"]
     err = _cli(capsys, *base, "--out", run / "metrics.jsonl")
     assert "exists and is not a samples file of `unmask sample`" in err and (run / "metrics.jsonl").read_text() == metrics
-    assert "is the export it samples" in _cli(capsys, *base, "--out", run / "export" / "config.json")
+    assert "lies inside the export it samples" in _cli(capsys, *base, "--out", run / "export" / "config.json")
     samples = run / "samples" / "s.jsonl"
     assert unmask_in_process([*base, "--out", str(samples)]) == 0
     assert unmask_in_process([*base, "--out", str(samples), "--seed", "1"]) == 0  # its own kind: replaced
@@ -285,3 +295,104 @@ def test_outputs_of_an_earlier_version_are_replaced_by_a_rerun(tmp_path):
     again = prep(config, tokenizer, out, progress=False)
     assert again.nothing_to_do and read_marker(out)["kind"] == "prep"
     assert load_tokenizer(out / "tokenizer").sha256 == tokenizer.sha256
+
+
+# ---------------------------------------------------------------- issue 33: at every depth, and more than a name
+@pytest.fixture(scope="module")
+def small_tokenizer(tmp_path_factory) -> tuple[Tokenizer, Path]:
+    root = tmp_path_factory.mktemp("tok")
+    tokenizer = train_sentencepiece([f"the {w} sat on mat {i}" for i, w in enumerate(WORDS * 30)], root / "tok",
+                                    vocab_size=300)
+    saved = root / "saved"
+    tokenizer.save(saved)
+    return tokenizer, saved
+
+
+def test_a_report_is_replaced_only_while_it_holds_nothing_but_what_was_written_at_any_depth(tmp_path):
+    from evaluation.report import write_report
+    from tests.test_report import make_results
+
+    report = tmp_path / "report"
+    write_report(make_results(), report)
+    assert "plots/per_t_lambada.png" in read_marker(report)["files"]
+    figure = report / "plots" / "my_figure.png"
+    figure.write_bytes(b"the user's figure")
+    with pytest.raises(UserError, match=r"holds plots/my_figure.png beside a report of `unmask eval`, and replacing "
+                                        r"the directory would delete them"):
+        write_report(make_results(), report)
+    assert figure.read_bytes() == b"the user's figure"
+    # The same report as an earlier version marked it (top-level names only): recognized by its files.
+    marker = read_marker(report)
+    (report / MARKER).write_text(json.dumps({"kind": "report", "what": marker["what"], "entries": sorted(
+        entry_names(report))}))
+    with pytest.raises(UserError, match="of an earlier version, which did not record its files"):
+        write_report(make_results(), report)
+    figure.unlink()
+    write_report(make_results(), report)  # its own files only: replaced, and marked with them
+    edited = report / "report.md"
+    edited.write_text(edited.read_text() + "\nmy notes\n")
+    with pytest.raises(UserError, match=r"report.md has \d+ bytes, \d+ were written .* since a report of `unmask "
+                                        r"eval` was written, and replacing the directory would delete it"):
+        write_report(make_results(), report)
+    assert edited.read_text().endswith("my notes\n")
+
+
+def test_what_other_steps_add_to_a_report_is_carried_into_its_replacement(tmp_path):
+    from evaluation.report import write_report
+    from tests.test_report import make_results
+
+    report = tmp_path / "report"
+    write_report(make_results(), report)
+    (report / "mlflow_run.json").write_text('{"run_id": "r"}')  # tracking records the report's run after it
+    write_report(make_results(), report)
+    assert (report / "mlflow_run.json").read_text() == '{"run_id": "r"}'
+
+
+def test_an_export_keeps_a_file_the_user_put_in_its_tokenizer(tmp_path, small_tokenizer):
+    from tests.export_fixtures import write_untrained_export
+
+    tokenizer, saved = small_tokenizer
+    export = write_untrained_export(tmp_path / "export", tokenizer, saved)
+    notes = export / "tokenizer" / "NOTES.txt"
+    notes.write_text("where this tokenizer came from")
+    with pytest.raises(UserError, match=r"holds tokenizer/NOTES.txt beside an unmask export"):
+        write_untrained_export(export, tokenizer, saved)
+    assert notes.read_text() == "where this tokenizer came from"
+    (export / MARKER).unlink()  # as an export written before the marker: not recognized with the note
+    config = json.loads((export / "config.json").read_text())
+    (export / "config.json").write_text(json.dumps({**config, "format_version": 1}))
+    with pytest.raises(UserError, match="is not an unmask export"):
+        write_untrained_export(export, tokenizer, saved)
+    notes.unlink()
+    write_untrained_export(export, tokenizer, saved)
+    assert read_marker(export)["kind"] == "export"
+
+
+def test_a_directory_of_the_users_own_files_is_not_taken_for_a_run(tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text("{}")
+    config = {"model": {"preset": "tiny"}, "train": {"max_steps": 5}, "data": {"path": "x"}}
+    cases = {"metrics": {"notes.txt": "mine", "metrics.jsonl": '{"step": 1, "loss": 2.0}\n'},
+             "config": {"notes.txt": "mine", "config.json": json.dumps(config)},
+             "config-alone": {"config.json": json.dumps(config)},
+             "metrics-alone": {"metrics.jsonl": '{"step": 1, "loss": 2.0}\n'}}
+    for name, files in cases.items():
+        directory = tmp_path / name
+        directory.mkdir()
+        for file, text in files.items():
+            (directory / file).write_text(text)
+        err = _cli(capsys, "train", "--data", data, "--run-dir", directory)
+        assert f"--run-dir {directory}: is not an unmask training run: it holds" in err, name
+        assert {p.name: p.read_text() for p in directory.iterdir()} == files, name
+    # Two things only a run holds (its resolved config and its tokenizer), and nothing else: a run.
+    (tmp_path / "config-alone" / "tokenizer").mkdir()
+    check_output_dir(tmp_path / "config-alone", RUN_KIND, "--run-dir")
+    # A folder named data/ or corpus/ is not `unmask run`'s before its first step unless it holds what that writes.
+    own = tmp_path / "own"
+    (own / "corpus").mkdir(parents=True)
+    (own / "corpus" / "my-book.txt").write_text("mine")
+    with pytest.raises(UserError, match="is not an unmask training run: it holds corpus/"):
+        check_output_dir(own, RUN_KIND, "--run-dir")
+    (own / "corpus" / "my-book.txt").rename(own / "corpus" / "cpython-3.11.7-docs.jsonl")
+    check_output_dir(own, RUN_KIND, "--run-dir")

@@ -1,5 +1,6 @@
 """The shard format: reproducible tars, WebDataset-readable chunks, the manifest."""
 
+import hashlib
 import io
 import json
 import tarfile
@@ -9,7 +10,8 @@ import pytest
 import webdataset as wds
 
 from common.errors import UserError
-from data_prep.shards import CHUNK_BYTES, MANIFEST_NAME, Manifest, chunk_rows, iter_chunks, token_dtype, write_shard
+from data_prep.shards import (CHUNK_BYTES, MANIFEST_NAME, Manifest, chunk_rows, decode_chunk, iter_chunks, token_dtype,
+                             write_shard)
 from tests.shard_fixtures import write_numbered_split
 
 
@@ -85,3 +87,37 @@ def test_manifest_round_trip_and_errors(tmp_path):
     (tmp_path / MANIFEST_NAME).write_text("{not json")
     with pytest.raises(UserError, match="not a valid unmask manifest"):
         Manifest.read(tmp_path)
+
+
+def test_the_chunk_ranges_are_the_members_data_with_their_sha256(tmp_path):
+    """A reader fetches one chunk with one range request and checks it without reading the
+    rest of the shard: each ChunkInfo is exactly its member's bytes."""
+    seqs = _sequences(rows=11)
+    written = write_shard(tmp_path / "s.tar", seqs, 0, rows_per_chunk=4)
+    data = (tmp_path / "s.tar").read_bytes()
+    assert written.bytes == len(data) and written.sha256 == hashlib.sha256(data).hexdigest()
+    assert [c.rows for c in written.chunks] == [4, 4, 3]
+    with tarfile.open(tmp_path / "s.tar") as tar:
+        members = tar.getmembers()
+        for member, chunk in zip(members, written.chunks, strict=True):
+            assert (chunk.offset, chunk.bytes) == (member.offset_data, member.size)
+            assert tar.extractfile(member).read() == data[chunk.offset:chunk.offset + chunk.bytes]
+            assert hashlib.sha256(data[chunk.offset:chunk.offset + chunk.bytes]).hexdigest() == chunk.sha256
+    np.testing.assert_array_equal(
+        np.concatenate([decode_chunk(data[c.offset:c.offset + c.bytes], "s.tar") for c in written.chunks]), seqs)
+
+
+def test_a_prep_of_the_earlier_format_is_replaced_only_with_overwrite(tmp_path):
+    """The loader asks to rerun `unmask prep --overwrite` on format-1 data: prep itself must
+    then replace it (and without --overwrite say so), not fail on the old manifest."""
+    from data_prep.prep import _prepare_output
+
+    write_numbered_split(tmp_path, [4])
+    raw = json.loads((tmp_path / MANIFEST_NAME).read_text())
+    raw["format_version"] = 1
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(raw))
+    with pytest.raises(UserError, match=r"holds a prep in shard format 1 \(this unmask writes format 2\); pass "
+                                        r"--overwrite"):
+        _prepare_output(tmp_path, {"sha256": "new"}, overwrite=False)
+    assert _prepare_output(tmp_path, {"sha256": "new"}, overwrite=True) == (None, "")
+    assert not (tmp_path / MANIFEST_NAME).exists() and not (tmp_path / "train").exists()

@@ -36,6 +36,9 @@ from model.sampling.plan import (
     COMPILE_SETTINGS,
     CONFIDENCE_SCORES,
     GRIDS,
+    MAX_SAMPLE_LEN,
+    MAX_STEPS,
+    MAX_STEPS_PER_POSITION,
     REMASK_SCHEDULES,
     SAMPLERS,
     ConfidenceOptions,
@@ -43,12 +46,14 @@ from model.sampling.plan import (
     RemaskOptions,
     SamplerOptions,
     SamplingPlan,
+    check_budget,
     parse_sampler_options,
 )
 from model.sampling.remasking import remask_sample
 
-__all__ = ["COMPILE_SETTINGS", "CONFIDENCE_SCORES", "GRIDS", "REMASK_SCHEDULES", "SAMPLERS", "ConfidenceOptions",
-           "NetworkCalls", "PlanError", "RemaskOptions", "Sampler", "SamplerOptions", "SamplingPlan", "SamplingStats",
-           "ancestral_sample", "confidence_sample", "draw", "first_hitting_sample", "inverse_cdf",
+__all__ = ["COMPILE_SETTINGS", "CONFIDENCE_SCORES", "GRIDS", "MAX_SAMPLE_LEN", "MAX_STEPS", "MAX_STEPS_PER_POSITION",
+           "REMASK_SCHEDULES", "SAMPLERS", "ConfidenceOptions", "NetworkCalls", "PlanError", "RemaskOptions", "Sampler",
+           "SamplerOptions", "SamplingPlan", "SamplingStats",
+           "ancestral_sample", "check_budget", "confidence_sample", "draw", "first_hitting_sample", "inverse_cdf",
            "parse_sampler_options", "remask_sample", "reverse_sample", "row_uniforms", "sample_generators",
            "time_grid", "token_probs", "top_p_filter"]

@@ -96,11 +96,11 @@ class _RowCalls(NetworkCalls):
     """``NetworkCalls`` that tell the block's denoiser which rows a call passes (the cache is per row)."""
 
     def logits_at(self, z: Tensor, t: Tensor, rows: Tensor, selected: Tensor) -> Tensor:
-        self.denoiser.rows = rows
+        self.denoiser.rows = rows.to(z.device)   # indexes the cached keys and values, on the network's device
         return super().logits_at(z, t, rows, selected)
 
     def logits(self, z: Tensor, t: Tensor, rows: Tensor) -> Tensor:
-        self.denoiser.rows = rows
+        self.denoiser.rows = rows.to(z.device)
         return super().logits(z, t, rows)
 
 

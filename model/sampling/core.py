@@ -8,6 +8,17 @@ positions to generate: its sample then does not depend on which rows share its b
 the batch size. ``sample_generators(seed, indices)`` are the generators of the samples numbered
 ``indices``: sample i of a seed is the same in any batch.
 
+Host and device. The tokens ``z``, every mask derived from them and the network's outputs
+live on the device of ``z`` (the network's). On the host: the generators (CPU, one per sample:
+a sample must not depend on the device), the time grid and per-step probabilities (Python
+floats), the per-row bookkeeping of first-hitting and confidence (counts, event rates: [B]
+vectors read by the host to size the next call) and ``NetworkCalls``' counters. They cross
+in one direction at named places: uniforms are drawn on the host and moved to the device once
+per step (``row_uniforms``); the rows and times a call needs are moved to the device at the
+call (``NetworkCalls``), never indexed there with a device mask; host reads of device values
+(``bool(rows.any())``, counts) are the syncs a step needs to size its next call.
+``tests/test_host_device.py`` runs every sampler on a pretend device that enforces CUDA's rules.
+
 Network calls. ``NetworkCalls`` asks the denoiser for the rows that need it at this step
 (the others' outputs would be thrown away) and counts calls, rows passed and, per row, the
 calls that row needed. With ``static_shape`` every call passes every row at every position
@@ -180,27 +191,30 @@ class NetworkCalls:
     def logits_at(self, z: Tensor, t: Tensor, rows: Tensor, selected: Tensor) -> Tensor:
         """Logits [N, V] at the ``selected`` positions (bool [B, L], False outside ``rows``),
         row-major; ``t``: float64 [B] times; ``rows``: bool [B], the rows that need them."""
+        t, rows, selected = t.to(z.device), rows.to(z.device), selected.to(z.device)   # the crossing (docstring)
         count = int(selected.sum())
         if self.static_shape:
-            logits = self.denoiser.logits(z, t.to(z.device))[selected]
+            logits = self.denoiser.logits(z, t)[selected]
             self._count(rows, z.shape[0])
         else:
-            logits = self.denoiser.logits_at(z[rows], t[rows].to(z.device), selected[rows])
+            logits = self.denoiser.logits_at(z[rows], t[rows], selected[rows])
             self._count(rows, int(rows.sum()))
         check_logits(logits, (count, self.vocab_size), self.vocab_size)
         return logits
 
     def logits(self, z: Tensor, t: Tensor, rows: Tensor) -> Tensor:
         """Logits [R, L, V] of the R rows where ``rows`` is True (all positions)."""
+        t, rows = t.to(z.device), rows.to(z.device)   # the crossing (module docstring)
         if self.static_shape:
-            logits = self.denoiser.logits(z, t.to(z.device))[rows]
+            logits = self.denoiser.logits(z, t)[rows]
             self._count(rows, z.shape[0])
         else:
-            logits = self.denoiser.logits(z[rows], t[rows].to(z.device))
+            logits = self.denoiser.logits(z[rows], t[rows])
             self._count(rows, int(rows.sum()))
         check_logits(logits, (int(rows.sum()), z.shape[1], self.vocab_size), self.vocab_size)
         return logits
 
     def stats(self, steps: int | None) -> SamplingStats:
+        """The counts so far as ``SamplingStats`` of a run with ``steps`` steps."""
         return SamplingStats(steps=steps, network_calls=self.calls, rows_evaluated=self.rows_evaluated,
                              row_calls=tuple(self.row_calls.tolist()))

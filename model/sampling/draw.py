@@ -28,7 +28,7 @@ from model.checks import check_positive_int, check_token_ids
 from model.denoiser import DenoiserLike, as_denoiser
 from model.generators import Generators
 from model.sampling.core import NetworkCalls, SampledProcess, SamplingStats, sample_generators
-from model.sampling.plan import SamplingPlan
+from model.sampling.plan import SamplingPlan, check_budget
 
 __all__ = ["Sampler", "draw"]
 
@@ -78,6 +78,7 @@ def draw(process: SampledProcess, sampler: Sampler, denoiser: DenoiserLike, plan
         raise ValueError("until_eos stops a block diffusion model's generation (model.block_size); this model "
                          "samples the whole sequence at once")
     _check_window(plan, seq_len, window)
+    check_budget(plan, seq_len)  # before the time grid is built
     device = torch.device(device) if device is not None else (
         prompt.device if prompt is not None else torch.device("cpu"))
     z = _initial_tokens(process, num_samples, seq_len, prompt, device)

@@ -18,7 +18,25 @@ length and the sampler's own options. It is valid by construction: a bad field r
 - ``remdm``: reverse steps, at most one call each.
 
 ``steps=None`` (the default) is the sampler's default budget: exact first-hitting, and
-``DEFAULT_STEPS`` (1000) steps for the others.
+``DEFAULT_STEPS`` (1000) steps for the others. First-hitting has no time grid (its event
+times are exact): it takes only the default ``uniform``.
+
+Limits on the budget, each with its reason, checked before any work (a budget past them is a
+slip of the keyboard that would cost hours of host time, or memory, before the first sample):
+
+- ``MAX_STEPS`` (2^20): the step-based samplers build their time grid and per-step tables up
+  front and draw every row's uniforms at every step, network call or not, so the host work
+  grows with the steps whatever the sequence; checked when the plan is made;
+- ``MAX_STEPS_PER_POSITION`` (1024) per position to generate (of a sequence, or a block):
+  past it two of the n positions share an ancestral step with probability below n / T <=
+  1 / 1024, so the samples' law barely changes while every step still costs host work (the
+  exact limit of the absorbing process is first-hitting, at one call per token); ReMDM's
+  remasking does grow with the steps, but a thousand steps per token is far past the budgets
+  it is run at (a few per token);
+- ``MAX_SAMPLE_LEN`` (2^20 tokens) per sample: a sample is held whole ([batch, seq_len]
+  ids) and decoded and scored as one text.
+
+``check_budget(plan, seq_len)`` checks the two that need the sequence length.
 
 ``cache``, ``static_shape`` and ``compile`` say how to run, not what to draw: they never
 change the samples (``compile`` up to the compiled kernels' floating-point differences).
@@ -36,8 +54,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-__all__ = ["COMPILE_SETTINGS", "CONFIDENCE_SCORES", "GRIDS", "REMASK_SCHEDULES", "SAMPLERS", "ConfidenceOptions",
-           "PlanError", "RemaskOptions", "SamplerOptions", "SamplingPlan", "parse_sampler_options"]
+__all__ = ["COMPILE_SETTINGS", "CONFIDENCE_SCORES", "GRIDS", "MAX_SAMPLE_LEN", "MAX_STEPS", "MAX_STEPS_PER_POSITION",
+           "REMASK_SCHEDULES", "SAMPLERS", "ConfidenceOptions", "PlanError", "RemaskOptions", "SamplerOptions",
+           "SamplingPlan", "check_budget", "parse_sampler_options"]
 
 SAMPLERS = ("ancestral", "first-hitting", "confidence", "remdm")
 GRIDS = ("uniform", "cosine")
@@ -49,6 +68,12 @@ COMPILE_SETTINGS = ("auto", "on", "off")  # as ``unmask eval --compile`` and ``t
 REMASK_ETA = {"cap": 0.008, "rescale": 0.015, "loop": 0.02}
 LOOP_T_ON, LOOP_T_OFF, LOOP_ALPHA_ON = 0.55, 0.05, 0.9
 DEFAULT_STEPS = 1000
+# The budget's limits and their reasons: the module docstring.
+MAX_STEPS = 1 << 20
+MAX_STEPS_PER_POSITION = 1024
+MAX_SAMPLE_LEN = 1 << 20
+# The remask options only the loop schedule reads.
+LOOP_OPTIONS = ("t_on", "t_off", "alpha_on")
 
 
 class PlanError(ValueError):
@@ -145,8 +170,15 @@ class SamplingPlan:
         if self.steps is not None and (isinstance(self.steps, bool) or not isinstance(self.steps, int)
                                        or self.steps < 1):
             _fail("steps", f"steps must be an integer >= 1, got {self.steps!r}")
+        if self.steps is not None and self.steps > MAX_STEPS:
+            _fail("steps", f"steps {self.steps:,} is more than MAX_STEPS = {MAX_STEPS:,}: every step costs host work "
+                           f"whether or not it calls the network (model.sampling.plan); for the continuous-time "
+                           f"limit of the absorbing process use the first-hitting sampler")
         if self.grid not in GRIDS:
             _fail("grid", f"grid must be one of {', '.join(GRIDS)}, got {self.grid!r}")
+        if self.sampler == "first-hitting" and self.grid != "uniform":
+            _fail("grid", f"the first-hitting sampler has no time grid (its event times are exact): leave the grid "
+                          f"at uniform, got {self.grid!r}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             _fail("top_p", f"top_p must lie in (0, 1], got {self.top_p}")
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
@@ -192,6 +224,8 @@ class SamplingPlan:
         values = dict(record)
         sampler = values.get("sampler", "ancestral")
         options = values.pop("options", None)
+        if sampler == "first-hitting":  # records of earlier versions may name a grid, which it never read
+            values["grid"] = "uniform"
         if options is not None:
             values["options"] = _options_from_record(sampler, options)
         return cls(**values)
@@ -216,6 +250,23 @@ class SamplingPlan:
             parts.append(f"until EOS (id {self.until_eos})")
         parts.append(f"seed {self.seed}")
         return "; ".join(parts)
+
+
+def check_budget(plan: SamplingPlan, seq_len: int) -> None:
+    """PlanError (field ``seq_len`` or ``steps``) when sequences of ``seq_len`` tokens, sampled as
+    ``plan`` says, pass ``MAX_SAMPLE_LEN`` or ``MAX_STEPS_PER_POSITION`` (module docstring)."""
+    if seq_len > MAX_SAMPLE_LEN:
+        _fail("seq_len", f"a sample of {seq_len:,} tokens is longer than MAX_SAMPLE_LEN = {MAX_SAMPLE_LEN:,}: "
+                         f"a sample is held whole and decoded and scored as one text")
+    if plan.steps is None or plan.sampler == "first-hitting":  # no grid: calls are at most one per token
+        return
+    positions = min(seq_len, plan.block_len or seq_len)
+    limit = MAX_STEPS_PER_POSITION * positions
+    if plan.steps > limit:
+        where = "block" if plan.block_len is not None and plan.block_len < seq_len else "sequence"
+        _fail("steps", f"steps {plan.steps:,} is more than MAX_STEPS_PER_POSITION = {MAX_STEPS_PER_POSITION:,} per "
+                       f"position of a {where} of {positions:,} (at most {limit:,}): past it the samples barely "
+                       f"change while every step costs host work (model.sampling.plan)")
 
 
 def _options_from_record(sampler: str, record: dict[str, Any]) -> SamplerOptions:
@@ -246,7 +297,15 @@ def parse_sampler_options(sampler: str, pairs: list[str]) -> SamplerOptions | No
         if not sep or key not in kinds:
             _fail("options", f"sampler option {pair!r}: write KEY=VALUE with KEY one of "
                              f"{', '.join(sorted(kinds))} (the {sampler} sampler's options)")
+        if key in values:
+            _fail(f"options.{key}", f"sampler option {key} is given twice ({values[key]}, then {text.strip()}): "
+                                    f"give it once")
         values[key] = _typed(key, text.strip(), kinds[key])
+    unread = [key for key in LOOP_OPTIONS if key in values and values.get("schedule", "cap") != "loop"]
+    if sampler == "remdm" and unread:
+        _fail(f"options.{unread[0]}", f"sampler option {unread[0]} is the loop schedule's: the "
+                                      f"{values.get('schedule', 'cap')} schedule does not read it "
+                                      f"(add schedule=loop, or leave it out)")
     return _options_from_record(sampler, values)
 
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
 
 from data_prep.hf_tokenizer import ROLE_FLAGS, SpecialTokens
-from data_prep.prep import DEFAULT_SHARD_BYTES, DEFAULT_VAL_FRACTION, PrepConfig
+from data_prep.prep import DEFAULT_SHARD_BYTES, DEFAULT_VAL_FRACTION, WORK_DIR, PrepConfig
 from data_prep.prepare import PrepRequest, prepare
 from data_prep.readers import DEFAULT_UNIT_BYTES, ReadOptions
+from data_prep.storage import check_no_credentials, default_cache_dir, is_remote, upload_data
 from data_prep.tokenizer_training import TrainingRequest, train_tokenizer
 
 RAW = argparse.RawDescriptionHelpFormatter
@@ -66,18 +68,31 @@ def _cmd_tokenizer_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _local_out(out: str) -> Path:
+    """Where the prep writes: ``out``, or for a URI a local staging directory named by it
+    (a rerun resumes there, then uploads what the store lacks)."""
+    if not is_remote(out):
+        return Path(out)
+    check_no_credentials(out, "--out")
+    return default_cache_dir() / "prep-staging" / hashlib.sha256(out.encode()).hexdigest()[:24]
+
+
 def _cmd_prep(args: argparse.Namespace) -> int:
     config = PrepConfig(inputs=tuple(args.input), seq_len=args.seq_len, val_fraction=args.val_fraction,
                         seed=args.seed, read=_read_options(args), shard_bytes=args.shard_bytes,
                         unit_bytes=args.unit_bytes)
     special_tokens = SpecialTokens(eos=args.eos_token, bos=args.bos_token, pad=args.pad_token)
-    result = prepare(PrepRequest(config, Path(args.out), tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+    out = _local_out(args.out)
+    result = prepare(PrepRequest(config, out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                                  special_tokens=special_tokens, workers=args.workers,
                                  ray_address=args.ray_address, overwrite=args.overwrite,
                                  progress=not args.no_progress))
     _warn("prep", result.notes(), level="note")
     _warn("prep", result.warnings())
     print(result.summary())
+    if is_remote(args.out):
+        sent = upload_data(out, args.out, skip=(WORK_DIR,))
+        print(f"uploaded {sent} file(s) to {args.out} (the manifest last)")
     if args.json:
         print(json.dumps({"nothing_to_do": result.nothing_to_do, "units_run": result.units_run,
                           "units_resumed": result.units_resumed, "shards_written": result.shards_written,
@@ -113,7 +128,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "killed one finishes it without redoing finished work.",
         epilog=PREP_EPILOG, formatter_class=RAW)
     _add_read_arguments(parser)
-    parser.add_argument("--out", required=True, help="output directory: new or empty, or a prep's (resumed; "
+    parser.add_argument("--out", required=True, help="output directory (or s3://bucket/prefix: prepped locally, then "
+                        "uploaded, the manifest last): new or empty, or a prep's (resumed; "
                                                      "another prep's with --overwrite)")
     parser.add_argument("--seq-len", type=int, required=True, help="tokens per packed sequence")
     source = parser.add_mutually_exclusive_group(required=True)

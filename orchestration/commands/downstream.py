@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from common.logs import configure_logging
 from evaluation.downstream_results import DownstreamResults
+from evaluation.inference import DEVICE_HELP
 from model.sampling import SAMPLERS
 
 RAW = argparse.RawDescriptionHelpFormatter
@@ -36,12 +38,21 @@ examples:
   unmask lm-eval runs/tiny --tasks lambada_openai_local --data-dir ../shared/data --limit 500 --samples 64
   unmask lm-eval runs/m --tasks lambada_openai,hellaswag,piqa,arc_easy,winogrande --download
   unmask lm-eval runs/m/export --tasks my_task --include-path my_tasks/ --out reports/m
+  unmask lm-eval runs/m --tasks my_task --include-path my_tasks/ --allow-code   # its YAML has !function
 """
 
 
 def _limit(text: str) -> float | int:
-    value = float(text)
-    return int(value) if value.is_integer() and value >= 1 else value
+    """``--limit``: a whole number of documents N >= 1, or a fraction in (0, 1) of each task's.
+    lm-eval would cut 1.5 to 1 without a word: a number >= 1 must be whole."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0 or (value >= 1 and not value.is_integer()):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number of documents (>= 1) nor a fraction "
+                                         f"of them in (0, 1)")
+    return int(value) if value >= 1 else value
 
 
 def _cmd_lm_eval(args: argparse.Namespace) -> int:
@@ -53,7 +64,7 @@ def _cmd_lm_eval(args: argparse.Namespace) -> int:
         tasks=tuple(name.strip() for name in args.tasks.split(",") if name.strip()),
         include_path=tuple(args.include_path or ()), data_dir=args.data_dir, limit=args.limit,
         num_fewshot=args.num_fewshot, samples=args.samples, seed=args.seed, batch_size=args.batch_size,
-        gen_sampler=args.gen_sampler, gen_steps=args.gen_steps, download=args.download)
+        gen_sampler=args.gen_sampler, gen_steps=args.gen_steps, download=args.download, allow_code=args.allow_code)
     options = DownstreamOptions(out=Path(args.out) if args.out else None, mlflow_uri=args.mlflow_uri,
                                 device=args.device)
     report = run_downstream(Path(args.path), config, options)
@@ -82,6 +93,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="comma-separated lm-eval task, group or tag names (glob patterns too), or YAML paths")
     parser.add_argument("--include-path", action="append", metavar="DIR",
                         help="a directory of your own lm-eval task YAMLs (repeatable)")
+    parser.add_argument("--allow-code", action="store_true",
+                        help="let your task YAMLs (--include-path, --tasks paths) name Python with '!function "
+                             "module.fn', which lm-eval imports and runs from their directory (default: refused)")
     parser.add_argument("--data-dir", help="root of the local tasks' files (layout of ../shared/data)")
     parser.add_argument("--limit", type=_limit, metavar="N",
                         help="only the first N documents of each task (a fraction when < 1), as lm-eval's --limit")
@@ -101,5 +115,5 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="let lm-eval download the tasks' datasets from the Hugging Face Hub (default: offline)")
     parser.add_argument("--out", help="report directory (default RUN/report)")
     parser.add_argument("--mlflow-uri", help="log to this server in a new run (default: the training's run)")
-    parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
+    parser.add_argument("--device", help=DEVICE_HELP)
     parser.set_defaults(handler=_cmd_lm_eval)

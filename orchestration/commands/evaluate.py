@@ -10,13 +10,16 @@ from pathlib import Path
 from common.logs import configure_logging
 from evaluation.detokenizers import DETOKENIZERS
 from evaluation.evaluate import EvalConfig
-from evaluation.inference import COMPILE_SETTINGS
+from evaluation.inference import COMPILE_SETTINGS, DEVICE_HELP
 from evaluation.protocols import DEFAULT_PROTOCOL, PROTOCOLS
 from evaluation.results import EvalResults
 from orchestration.commands.sampling_flags import (
     REPORT_FLAGS,
     REPORT_SAMPLER_HELP,
     add_sampling_arguments,
+    check_flags_apply,
+    check_samples_drawn,
+    objective_of,
     plan_from_args,
 )
 
@@ -36,7 +39,7 @@ examples:
 """
 
 
-# --quick: 16 time samples x 64 random blocks per dataset, whatever its size (README: Evaluation).
+# --quick: 16 time samples x 64 random blocks per dataset, whatever its size (docs/evaluation.md).
 QUICK_BLOCKS_PER_REPLICATE = 64
 
 
@@ -57,7 +60,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from evaluation.zero_shot import ReportOptions, run_zero_shot
 
     configure_logging()
-    options = ReportOptions(num_samples=args.num_samples, sampling=plan_from_args(args, REPORT_FLAGS, args.seed),
+    sampling = plan_from_args(args, REPORT_FLAGS, args.seed)
+    check_samples_drawn(args, REPORT_FLAGS, args.num_samples)
+    check_flags_apply(args, REPORT_FLAGS, objective_of(Path(args.path)), args.path)
+    options = ReportOptions(num_samples=args.num_samples, sampling=sampling,
                             sample_sweep=args.sample_sweep, reference=Path(args.reference) if args.reference else None,
                             compare=Path(args.compare) if args.compare else None,
                             out=Path(args.out) if args.out is not None else None, mlflow_uri=args.mlflow_uri)
@@ -143,5 +149,5 @@ def register(commands: argparse._SubParsersAction) -> None:
                              "shows the gap on the datasets both scored")
     parser.add_argument("--out", help="report directory, new or empty or an earlier report (default RUN/report)")
     parser.add_argument("--mlflow-uri", help="log to this server in a new run (default: the training's run)")
-    parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: this rank's device)")
+    parser.add_argument("--device", help=f"{DEVICE_HELP}; under torchrun, this rank's GPU")
     parser.set_defaults(handler=_cmd_eval)

@@ -14,9 +14,11 @@ from orchestration.commands.sampling_flags import (
     REPORT_FLAGS,
     REPORT_SAMPLER_HELP,
     add_sampling_arguments,
+    check_flags_apply,
+    check_samples_drawn,
     plan_from_args,
 )
-from orchestration.commands.train import RAW, add_launcher_arguments, launch_of
+from orchestration.commands.train import RAW, add_init_arguments, add_launcher_arguments, init_from_args, launch_of
 from orchestration.exit_codes import OK, PREEMPTED
 from pipeline.config import config_yaml, load_config, parse_overrides
 
@@ -50,12 +52,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     read = ReadOptions(**{name: value for name, value in (("text_format", args.text_format),
                                                           ("text_field", args.text_field),
                                                           ("text_column", args.text_column)) if value})
+    check_samples_drawn(args, REPORT_FLAGS, args.num_samples)
+    check_flags_apply(args, REPORT_FLAGS, config.model.objective, f"the config ({config_path}: model.objective)")
     ray_launch = launch_of(args) if args.launcher == "ray" else None
     request = RunRequest(
         run_dir=Path(args.run_dir or Path("runs") / config_path.stem), config=config,
         inputs=tuple(args.input or ()), read=read, seq_len=args.seq_len, val_fraction=args.val_fraction,
         tokenizer=args.tokenizer, vocab_size=args.vocab_size, prep_workers=args.prep_workers,
-        ray_address=args.ray_address, launch=ray_launch,
+        ray_address=args.ray_address, launch=ray_launch, init_from=init_from_args(args),
         evaluation=EvalStage(datasets=tuple(name.strip() for name in args.datasets.split(",") if name.strip()),
                              data_dir=args.data_dir, samples_per_block=args.samples, num_samples=args.num_samples,
                              blocks_per_replicate=QUICK_BLOCKS_PER_REPLICATE if args.quick else None,
@@ -74,6 +78,9 @@ def _print_run_summary(summary: RunSummary) -> None:
     print(f"\nunmask run: finished in {summary.seconds:.0f} s: {summary.run_dir}")
     for stage, outcome in summary.stages.items():
         print(f"  {stage:>6}: {outcome}")
+    if summary.init_from:
+        print(f"  started from: {summary.init_from['kind']} {summary.init_from['source']} "
+              f"({summary.init_from['weights']} weights)")
     training = summary.training
     if training:
         print(f"  bound on the validation split: {training.untrained_val_nelbo_per_token:.3f} nats/token "
@@ -119,6 +126,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                                  "an honest but wider interval")
     evaluation.add_argument("--num-samples", type=int, default=2, help="generated samples in the report")
     add_sampling_arguments(evaluation, REPORT_FLAGS)
+    add_init_arguments(run)
     run.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
                                               "the shared store ~/.unmask/mlflow)")
     run.add_argument("--print-config", action="store_true",

@@ -10,9 +10,17 @@ from pathlib import Path
 
 from common.outputs import InputPath, check_output_file, write_output_file
 from evaluation.generation import DEFAULT_BATCH_SIZE, INFILL_SYNTAX, Sample, generate, until_eos_plan
+from evaluation.inference import DEVICE_HELP, resolve_device
 from evaluation.sample_quality import SampleQuality, check_reference, load_reference, score_samples
-from orchestration.commands.sampling_flags import SAMPLE_FLAGS, SAMPLER_HELP, add_sampling_arguments, plan_from_args
-from pipeline.export import export_files, load_export, resolve_export
+from orchestration.commands.sampling_flags import (
+    SAMPLE_FLAGS,
+    SAMPLER_HELP,
+    add_sampling_arguments,
+    check_flags_apply,
+    objective_of,
+    plan_from_args,
+)
+from pipeline.export import export_directory, load_export, resolve_export
 
 RAW = argparse.RawDescriptionHelpFormatter
 SAMPLE_SEPARATOR = "----- sample {index} (network calls: {calls}) -----"
@@ -64,19 +72,21 @@ def _is_samples_file(path: Path) -> bool:
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
-    if args.out is not None:  # before sampling, not after it
-        check_output_file(args.out, "--out", inputs=[InputPath(path, "the export it samples")
-                                                     for path in export_files(args.run_or_export)],
+    if args.out is not None:  # before sampling, not after it; never into the export (it appears whole)
+        check_output_file(args.out, "--out", inputs=[InputPath(export_directory(args.run_or_export),
+                                                               "the export it samples")],
                           ours=_is_samples_file, noun="a samples file of `unmask sample`")
     if args.reference is not None:
         check_reference(Path(args.reference))
     plan = plan_from_args(args, SAMPLE_FLAGS, args.seed)
+    check_flags_apply(args, SAMPLE_FLAGS, objective_of(Path(args.run_or_export)), args.run_or_export)
+    device = resolve_device(args.device)
     exported = load_export(resolve_export(Path(args.run_or_export)))
     if args.until_eos:
         plan = until_eos_plan(exported, plan)
     samples = generate(exported, plan, num=args.num, seq_len=args.seq_len, prompt=args.prompt, infill=args.infill,
-                       batch_size=args.batch_size, device=args.device)
-    reference = load_reference(Path(args.reference), device=args.device) if args.reference else None
+                       batch_size=args.batch_size, device=str(device))
+    reference = load_reference(Path(args.reference), device=device) if args.reference else None
     quality = score_samples(samples, exported.tokenizer, reference)
     if args.out is None:
         _print_samples(samples)
@@ -128,7 +138,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                         "the network's max_seq_len; longer needs --block-len)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, metavar="B",
                         help="samples drawn together (default: %(default)s); the samples do not depend on it")
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default: %(default)s)")
+    parser.add_argument("--device", help=DEVICE_HELP)
     parser.add_argument("--out", metavar="FILE.jsonl", help="write JSONL here instead of text to stdout")
     parser.add_argument("--reference", metavar="PATH",
                         help="an autoregressive model that scores the samples (generative perplexity): an unmask "

@@ -13,6 +13,8 @@ from common.logs import configure_logging
 from common.outputs import check_output_dir
 from orchestration.exit_codes import OK, PREEMPTED
 from pipeline.config import Config, config_yaml, load_config, parse_overrides
+from data_prep.storage import is_remote, read_manifest
+from pipeline.init_from import InitFrom, init_inputs
 from pipeline.run_layout import RUN_KIND, training_data
 
 if TYPE_CHECKING:
@@ -26,6 +28,7 @@ config overrides: any --SECTION.FIELD VALUE after the flags, e.g. --optim.lr 1e-
 examples:
   unmask train --config configs/tiny.yaml --data shards/ --run-dir runs/tiny
   unmask train --config configs/medium.yaml --data shards/ --run-dir runs/m --train.max_steps 20000
+  unmask train --config ft.yaml --data shards/ --run-dir runs/ft --init-from runs/tiny   # a new run from its weights
   torchrun --nproc-per-node 8 -m orchestration.cli train --config configs/medium.yaml --data shards/ --run-dir runs/m
   deepspeed --hostfile hostfile --module orchestration.cli train --config configs/medium.yaml --data shards/ --run-dir runs/m
   unmask train --launcher ray --num-workers 8 --gpus-per-worker 1 --max-failures 3 --ray-address auto \
@@ -66,6 +69,10 @@ def _check_paths(args: argparse.Namespace, config: Config) -> None:
         raise UserError("--run-dir is required: where the checkpoints, metrics and export go")
     if args.launcher == "ray" and args.ray_address is not None:
         return
+    if is_remote(config.data.path):  # object storage: its manifest says whether a prep finished there
+        read_manifest(config.data.path)
+        check_output_dir(args.run_dir, RUN_KIND, "--run-dir", [])
+        return
     data = Path(config.data.path)
     if not data.is_dir():
         raise UserError(f"--data {config.data.path} (data.path): {'is a file' if data.exists() else 'does not exist'}"
@@ -73,7 +80,8 @@ def _check_paths(args: argparse.Namespace, config: Config) -> None:
     if not (data / "manifest.json").is_file():
         raise UserError(f"--data {config.data.path} (data.path): no manifest.json, so not the output of a "
                         f"finished `unmask prep`; run (or rerun) `unmask prep --out {config.data.path}`")
-    check_output_dir(args.run_dir, RUN_KIND, "--run-dir", [training_data(config.data.path)])
+    check_output_dir(args.run_dir, RUN_KIND, "--run-dir", [training_data(config.data.path),
+                                                           *init_inputs(init_from_args(args))])
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -88,7 +96,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from pipeline.trainer import train
 
     result = train(config, data_dir=config.data.path, run_dir=args.run_dir, resume=args.resume,
-                   allow_config_change=args.allow_config_change, hooks=args.hooks)
+                   allow_config_change=args.allow_config_change, hooks=args.hooks, init_from=init_from_args(args))
     if os.environ.get("RANK", "0") == "0":  # one summary per job, not per process
         print(json.dumps(result.summary()))
     return PREEMPTED if result.preempted else OK
@@ -107,7 +115,8 @@ def _train_with_ray(args: argparse.Namespace, config: Config) -> int:
     from orchestration.ray_train import launch
 
     summary = launch(config, launch_of(args), data_dir=config.data.path, run_dir=args.run_dir, resume=args.resume,
-                     allow_config_change=args.allow_config_change, on_step=args.hooks.on_step)
+                     allow_config_change=args.allow_config_change, on_step=args.hooks.on_step,
+                     init_from=init_from_args(args))
     print(json.dumps(summary))
     return PREEMPTED if summary.get("preempted") else OK
 
@@ -142,13 +151,14 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "the run stopped.",
         epilog=TRAIN_EPILOG, formatter_class=RAW)
     train.add_argument("--config", help="YAML config (configs/tiny.yaml, small.yaml, medium.yaml)")
-    train.add_argument("--data", help="shard directory (overrides data.path)")
+    train.add_argument("--data", help="shard directory or its URI, s3://bucket/prefix (overrides data.path)")
     train.add_argument("--run-dir", help="checkpoints, metrics, export (required to train)")
     train.add_argument("--resume", choices=["auto", "never"], default="auto",
                        help="auto: continue from the latest checkpoint if any (default); never: refuse "
                             "a run dir that has checkpoints")
     train.add_argument("--allow-config-change", action="store_true",
                        help="resume even though the config or data differ from the checkpoint's")
+    add_init_arguments(train)
     train.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
                                               "the shared store ~/.unmask/mlflow)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -173,6 +183,25 @@ def register(commands: argparse._SubParsersAction) -> None:
     export.add_argument("--out", help="output directory, new or empty or an earlier export of the format, replaced "
                                       "whole (default: RUN/export, RUN/export-hf with --format hf)")
     export.set_defaults(handler=_cmd_export)
+
+
+def add_init_arguments(parser: argparse.ArgumentParser) -> None:
+    """--init-from and --init-weights (``pipeline.init_from``), for ``train`` and ``run``."""
+    parser.add_argument("--init-from", metavar="EXPORT_OR_RUN",
+                        help="start a new run from these weights: an export (unmask export / unmask import) or a run "
+                             "directory (its newest intact checkpoint); the config may differ, the network's shape "
+                             "must not. A run with checkpoints resumes from its own")
+    parser.add_argument("--init-weights", choices=["ema", "model"],
+                        help="of a run directory given to --init-from: its EMA (default) or live weights")
+
+
+def init_from_args(args: argparse.Namespace) -> InitFrom | None:
+    """The source that --init-from and --init-weights name, or None."""
+    if args.init_from is None:
+        if args.init_weights is not None:
+            raise UserError("--init-weights chooses the weights of --init-from's run directory; pass --init-from too")
+        return None
+    return InitFrom(args.init_from, args.init_weights)
 
 
 def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
