@@ -322,16 +322,19 @@ def check_plan(exported: Exported, plan: SamplingPlan, *, seq_len: int | None = 
     naming the flag (``steps_flag``: the command's budget flag): ``check_sampling`` for this export."""
     return check_sampling(plan, objective=exported.config.get("objective"), process=exported.spec.process,
                           max_seq_len=exported.network.config.max_seq_len, seq_len=seq_len, infill=infill,
-                          steps_flag=steps_flag)
+                          steps_flag=steps_flag, block_size=exported.spec.block_size)
 
 
 def check_sampling(plan: SamplingPlan, *, objective: str | None, process: str, max_seq_len: int,
-                   seq_len: int | None = None, infill: str | None = None, steps_flag: str = "--steps") -> str:
+                   seq_len: int | None = None, infill: str | None = None, steps_flag: str = "--steps",
+                   block_size: int | None = None) -> str:
     """``objective``, once ``plan`` fits a model of that objective, diffusion ``process`` kind and
     context ``max_seq_len`` (an export's, or a config's before its training); else a UserError
     naming the flag: a sampler the process does not take, a sequence or block longer than the
     network's context, a budget past its limits (``model.sampling.check_budget``), an
-    autoregressive model asked to infill or to use blocks. ``seq_len`` None: ``max_seq_len``."""
+    autoregressive model asked to infill or to use blocks. ``seq_len`` None: ``max_seq_len``.
+    ``block_size``: a block diffusion model's (``model.block_size``), which samples any length in
+    its own blocks."""
     if objective not in (DIFFUSION, AUTOREGRESSIVE):
         raise UserError(f"export objective {objective!r} is not one of {DIFFUSION}, {AUTOREGRESSIVE}")
     if seq_len is not None:
@@ -343,13 +346,12 @@ def check_sampling(plan: SamplingPlan, *, objective: str | None, process: str, m
         PROCESS_TYPES[process].sampler(plan.sampler)
     except ValueError as err:
         raise UserError(f"--sampler {plan.sampler}: {err}") from None
-    block_size = exported.spec.block_size
     if block_size is not None:  # block diffusion: its own blocks, any length (model.sampling.blocks)
         if plan.block_len is not None and plan.block_len != block_size:
             raise UserError(f"--block-len {plan.block_len}: this block diffusion export samples in its own blocks "
                             f"of {block_size} tokens; leave --block-len out")
-        return objective
-    if plan.block_len is not None and plan.block_len > max_seq_len:
+        plan = replace(plan, block_len=block_size)   # the budget is per block
+    elif plan.block_len is not None and plan.block_len > max_seq_len:
         raise UserError(f"--block-len {plan.block_len} exceeds the network's max_seq_len {max_seq_len}")
     if seq_len is not None and seq_len > max_seq_len and plan.block_len is None:
         raise UserError(f"--seq-len {seq_len} exceeds the network's max_seq_len {max_seq_len}: add --block-len "

@@ -113,7 +113,8 @@ class RunRequest:
         if evaluation.num_samples:  # the samples of the report, against the model the config describes
             model = self.config.model
             check_sampling(evaluation.sampling, objective=model.objective, process=model.process,
-                           max_seq_len=model.max_seq_len or _seq_len(self), steps_flag="--sample-steps")
+                           max_seq_len=model.max_seq_len or _seq_len(self), steps_flag="--sample-steps",
+                           block_size=model.block_size)
 
     def eval_config(self) -> EvalConfig:
         evaluation = self.evaluation
