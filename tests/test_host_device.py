@@ -1,5 +1,6 @@
 """Where host and device tensors meet, checked on CPU with a pretend device (``tests.fake_device``):
-every sampler, semi-autoregressive blocks and the bound estimator run with the tokens and the
+every sampler, semi-autoregressive blocks, block diffusion's KV-cache sampler and scoring, and the
+bound estimator run with the tokens and the
 network on the device, pass the network only device tensors, and give exactly the results of a
 CPU run (issue 30: on a GPU ``unmask sample`` crashed where a host tensor met a device mask)."""
 
@@ -153,6 +154,7 @@ def exports(tmp_path_factory) -> dict[str, Exported]:
     configs = {"masked": ("diffusion", {}, {}), "uniform": ("diffusion", {"process": "uniform"},
                                                             {"time_conditioning": True}),
                "learned": ("diffusion", {"process": "learned", "schedule": "learned"}, {}),
+               "block": ("diffusion", {"block_size": 8}, {}),   # block diffusion: KV cache, given_clean
                "ar": ("autoregressive", {}, {})}
     return {name: load_export(write_untrained_export(root / name, tokenizer, root / "tok", objective=objective,
                                                      config=config, max_seq_len=EXPORT_LENGTH, **network))
@@ -163,7 +165,10 @@ GENERATION_CASES = [("masked", SamplingPlan(steps=8)), ("masked", SamplingPlan(s
                     ("masked", SamplingPlan(sampler="confidence", steps=4)), ("masked", SamplingPlan(sampler="remdm",
                                                                                                    steps=8)),
                     ("masked", SamplingPlan(steps=4, block_len=8)), ("uniform", SamplingPlan(steps=4)),
-                    ("learned", SamplingPlan(steps=4)), ("ar", SamplingPlan())]
+                    ("learned", SamplingPlan(steps=4)), ("ar", SamplingPlan()),
+                    ("block", SamplingPlan(steps=4)), ("block", SamplingPlan(sampler="first-hitting")),
+                    ("block", SamplingPlan(sampler="confidence", steps=4)), ("block", SamplingPlan(sampler="remdm",
+                                                                                                 steps=8))]
 
 
 @pytest.mark.parametrize(("name", "plan"), GENERATION_CASES)
@@ -180,7 +185,7 @@ def test_unmask_sample_runs_on_the_device_and_draws_the_samples_of_the_host(expo
     assert [s.network_calls for s in on_device] == [s.network_calls for s in on_host]
 
 
-@pytest.mark.parametrize("name", ["masked", "uniform", "learned", "ar"])
+@pytest.mark.parametrize("name", ["masked", "uniform", "learned", "block", "ar"])
 def test_lm_eval_scoring_runs_on_the_device_and_gives_the_scores_of_the_host(exports, name):
     exported = exports[name]
     tokenizer = exported.tokenizer
