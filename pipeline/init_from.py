@@ -19,7 +19,6 @@ its checkpoint still shapes its network. Asking such a run for another source is
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -31,6 +30,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from common.errors import UserError
+from common.file_records import sha256_file
 from common.outputs import InputPath
 from model.spec import ModelSpec
 from model.transformer import TransformerConfig, unpadded_state
@@ -48,7 +48,6 @@ InitWeights = Literal["ema", "model"]
 SOURCE_ARCHITECTURE = ("mlp_ratio", "time_embed_dim", "tie_weights", "rope_base", "norm_eps", "init_std",
                        "mlp_bias", "head_bias", "head_mask_row", "adaptive_norm", "time_frequencies", "time_input",
                        "rope_angles")
-HASH_BLOCK = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -140,7 +139,7 @@ def _read_export(path: Path) -> InitSource:
     except (SafetensorError, OSError) as err:
         raise UserError(f"--init-from {weights_path}: not a readable safetensors file ({err})") from None
     record = InitRecord(source=str(path.resolve()), kind="export", weights=str(config.get("weights", "ema")),
-                        file=WEIGHTS_FILE, sha256=_sha256(weights_path), step=config.get("step"),
+                        file=WEIGHTS_FILE, sha256=sha256_file(weights_path), step=config.get("step"),
                         config_sha256=config.get("config_sha256"), tokenizer_sha256=tokenizer_sha256,
                         network=asdict(network))
     return InitSource(record, {name: t.float() for name, t in tensors.items()})
@@ -156,17 +155,10 @@ def _read_run(path: Path, weights: InitWeights) -> InitSource:
     tensors, spec = checkpoint_tensors(checkpoint, weights)
     record = InitRecord(source=str(path.resolve()), kind="run", weights=weights,
                         file=f"{RunLayout(path).checkpoints.name}/{checkpoint.name}/{STATE_FILE}",
-                        sha256=_sha256(checkpoint / STATE_FILE), step=state.step, config_sha256=state.config_sha256,
+                        sha256=sha256_file(checkpoint / STATE_FILE), step=state.step, config_sha256=state.config_sha256,
                         tokenizer_sha256=state.tokenizer_sha256, network=asdict(spec.network))
     return InitSource(record, tensors)
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def recorded_source(run_dir: Path, init: InitFrom | None) -> InitRecord | None:
