@@ -18,6 +18,7 @@ from typing import Iterator
 
 from common.ray_runtime import LOCAL_NODE_IP, LOOPBACK_ONLY_ENV
 from pipeline.distributed import free_port
+from tests.cli_runner import DISTRIBUTED_ENV
 
 RAY = Path(sys.executable).parent / "ray"
 START_TIMEOUT_S = 180
@@ -32,8 +33,10 @@ class RayHead:
 
 
 def head_env() -> dict[str, str]:
-    """The environment of the head: this venv first on PATH, so jobs run our Python."""
-    env = dict(os.environ)
+    """The environment of the head: this venv first on PATH, so jobs run our Python; without
+    torch.distributed's variables, which an in-process training of an earlier test left in this
+    process (its jobs would rendezvous on that test's port)."""
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault(*LOOPBACK_ONLY_ENV)
     return env
