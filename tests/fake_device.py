@@ -45,6 +45,11 @@ _COPIES = {_aten._to_copy.default, _aten.copy_.default}
 _TO_HOST_READS = {_aten._local_scalar_dense.default}
 
 
+class UnmodelledOperation(AssertionError):
+    """An operation whose device semantics this file does not model: the test that reached it
+    fails, rather than passing on a guess about what CUDA would do."""
+
+
 class DeviceTensor(torch.Tensor):
     """A tensor on the pretend device: ``device`` cuda:0, its data a CPU tensor ``elem``."""
 
@@ -143,7 +148,7 @@ class FakeDevice(TorchDispatchMode):
             self.syncs += 1
         if func.overloadpacket == _aten.to and target == DEVICE and wanted is None and not isinstance(
                 args[0], DeviceTensor):
-            raise NotImplementedError(f"{func}: a host tensor moved by an overload this file does not model")
+            raise UnmodelledOperation(f"{func}: a host tensor moved by an overload this file does not model")
         if wanted is not None and wanted.type == DEVICE.type:
             kwargs["device"] = _HOST
         wrappers = {id(x.elem): x for x in tree_flatten((args, kwargs))[0] if isinstance(x, DeviceTensor)}
@@ -160,7 +165,7 @@ class FakeDevice(TorchDispatchMode):
                     if isinstance(x, torch.Tensor)]
         if any(x.device == DEVICE and not isinstance(x, DeviceTensor) for x in operands):
             # torch.tensor(data, device=...) and list indices build their tensor with the modes off
-            raise NotImplementedError(f"{func}: a {DEVICE.type} tensor made outside the pretend device's mode")
+            raise UnmodelledOperation(f"{func}: a {DEVICE.type} tensor made outside the pretend device's mode")
         generator = kwargs.get("generator")
         if func in _COPIES or func.overloadpacket == _aten.to:
             if func == _aten.copy_.default:
