@@ -32,6 +32,7 @@ import numpy as np
 
 from common.atomic_files import atomic_write_bytes, temporary_path
 from common.errors import UserError
+from common.file_records import sha256_file
 
 # 2: each shard lists its chunks (byte range, rows, sha256), so a reader fetches only the
 # chunks it needs and checks each as it reads it (version 1 had one sha256 per shard).
@@ -47,7 +48,6 @@ UINT16_LIMIT = 1 << 16
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "SPLITS", "TOKENIZER_DIR", "ChunkInfo", "ShardInfo", "SplitInfo", "Manifest",
     "WrittenShard", "token_dtype", "chunk_rows", "shard_path", "write_shard", "iter_chunks", "decode_chunk",
-    "sha256_file",
 ]
 
 
@@ -64,14 +64,6 @@ def chunk_rows(seq_len: int, dtype: np.dtype) -> int:
 def shard_path(split: str, index: int) -> str:
     """Path of a shard relative to the data directory."""
     return f"{split}/shard-{index:06d}.tar"
-
-
-def sha256_file(path: str | Path, block: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while data := handle.read(block):
-            digest.update(data)
-    return digest.hexdigest()
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:

@@ -51,6 +51,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common.errors import UserError, json_problem
+from common.file_records import sha256_file
 from data_prep.readers.lines import is_blank_line
 from evaluation.detokenizers import DETOKENIZERS
 
@@ -62,7 +63,6 @@ FILE_SPLIT = "all"  # the split recorded for a generic file: all of it
 SOURCES_HINT = "../shared/data/SOURCES.md"  # relative to the repository root
 # A WikiText top-level heading: " = Title = " (section headings are " = = Title = = ").
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
-_HASH_BLOCK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class EvalDataset:
             "name": self.name,
             "split": self.split,
             "path": str(self.path),
-            "sha256": self.sha256 or _sha256_file(self.path),
+            "sha256": self.sha256 or sha256_file(self.path),
             "detokenizer": self.detokenizer,
             "unit": self.unit,
             "documents": len(self.documents),
@@ -390,9 +390,3 @@ def _build(name: str, split: str, path: Path, data: bytes, raw_units: Iterable[s
                        kept_empty=empty if keep_empty else 0)
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(_HASH_BLOCK_BYTES), b""):
-            digest.update(block)
-    return digest.hexdigest()

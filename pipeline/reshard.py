@@ -37,7 +37,7 @@ import torch
 
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
-from data_prep.shards import sha256_file
+from common.file_records import sha256_file
 from pipeline.ema import full_state
 from pipeline.safe_load import deepspeed_loads_safely, load_torch_file
 
