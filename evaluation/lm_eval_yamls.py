@@ -74,9 +74,9 @@ def _check_file(path: Path, seen: set[Path], allow_code: bool) -> None:
         raise UserError(f"task YAML {path}: cannot be read ({err})") from None
     for node in _nodes(root):
         if node.tag == FUNCTION_TAG and not allow_code:
-            raise UserError(f"task YAML {path} line {node.start_mark.line + 1}, column {node.start_mark.column + 1}: "
-                            f"'{FUNCTION_TAG} {node.value}' makes lm-eval import and run Python from "
-                            f"{path.parent}; rerun with --allow-code if you trust that code (docs/security.md)")
+            raise UserError(f"{_where(path, node)}: '{FUNCTION_TAG} {node.value}' makes lm-eval import and run "
+                            f"Python from {path.parent}; rerun with --allow-code if you trust that code "
+                            f"(docs/security.md)")
     if isinstance(root, yaml.MappingNode):
         for included in _includes(path, root):
             _check_file(included, seen, allow_code)
