@@ -108,8 +108,8 @@ def init_distributed(timeout_minutes: float = 30.0, *, deepspeed_backend: bool =
     """
     import datetime
 
-    lone = {} if "RANK" in os.environ else dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR=LOOPBACK,
-                                                  MASTER_PORT=str(free_port()))
+    lone = {} if "RANK" in os.environ else {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                                              "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(free_port())}
     os.environ.update(lone)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
