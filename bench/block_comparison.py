@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -33,6 +35,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = 0
+BOOTSTRAP_DRAWS = 2000  # resamples of the samples for the generative perplexity's interval
 
 
 AR = "ar"  # the autoregressive run's name, in place of a block size
@@ -70,6 +73,8 @@ def train(args: argparse.Namespace, block_size: int | None | str, root: Path) ->
     """Train one model; its run directory."""
     name = _name(block_size)
     config, run_dir = root / f"{name}.yaml", root / name
+    if args.reuse and (run_dir / "checkpoints").is_dir():
+        return run_dir
     config.write_text(yaml.safe_dump(_config(args, block_size)))
     _unmask(["train", "--config", str(config), "--data", args.data, "--run-dir", str(run_dir)])
     return run_dir
@@ -78,9 +83,10 @@ def train(args: argparse.Namespace, block_size: int | None | str, root: Path) ->
 def score(args: argparse.Namespace, block_size: int | None | str, run_dir: Path, reference: Path) -> dict:
     """The val bound of one trained model, and its samples' entropy and generative perplexity."""
     sampler = [] if block_size == AR else ["--sampler", "first-hitting"]  # an AR model samples left to right
-    _unmask(["eval", str(run_dir), "--datasets", "val", "--shards", args.data, "--samples", str(args.samples),
-             "--seed", str(SEED), "--num-samples", str(args.num_samples), *sampler, "--reference", str(reference),
-             "--mlflow-uri", f"sqlite:///{run_dir.parent / 'mlflow.db'}"])
+    if not (args.reuse and (run_dir / "report" / "results.json").is_file()):
+        _unmask(["eval", str(run_dir), "--datasets", "val", "--shards", args.data, "--samples", str(args.samples),
+                 "--seed", str(SEED), "--num-samples", str(args.num_samples), *sampler, "--reference",
+                 str(reference), "--mlflow-uri", f"sqlite:///{run_dir.parent / 'mlflow.db'}"])
     results = json.loads((run_dir / "report" / "results.json").read_text())
     val, sampling = results["datasets"]["val"], results["sampling"]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -92,7 +98,18 @@ def score(args: argparse.Namespace, block_size: int | None | str, run_dir: Path,
             "median_step_time_s": statistics.median(step_times) if step_times else None,
             "sample_unigram_entropy": sampling["mean_unigram_entropy"],
             "generative_perplexity": sampling["generative_perplexity"]["perplexity"],
+            "generative_perplexity_interval_95": bootstrap_interval(results["samples"]),
             "scored_tokens": sampling["generative_perplexity"]["tokens"]}
+
+
+def bootstrap_interval(samples: list[dict]) -> list[float]:
+    """A 95% percentile-bootstrap interval of the pooled generative perplexity, exp(sum NLL /
+    sum tokens), resampling whole samples (their lengths differ: a sample ends at its EOS)."""
+    rng = random.Random(SEED)
+    scored = [(s["reference_nll"], s["reference_tokens"]) for s in samples if s.get("reference_tokens")]
+    draws = sorted(math.exp(sum(n for n, _ in pick) / sum(t for _, t in pick))
+                   for pick in (rng.choices(scored, k=len(scored)) for _ in range(BOOTSTRAP_DRAWS)))
+    return [draws[int(0.025 * BOOTSTRAP_DRAWS)], draws[int(0.975 * BOOTSTRAP_DRAWS) - 1]]
 
 
 def main() -> None:
@@ -106,6 +123,8 @@ def main() -> None:
     parser.add_argument("--reference", type=Path,
                         help="the autoregressive model scoring the samples (default: the AR model trained here)")
     parser.add_argument("--out", help="keep the runs here (default: a temporary directory)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --out: read the runs already trained and scored there instead of redoing them")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
