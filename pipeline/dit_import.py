@@ -33,12 +33,13 @@ from safetensors.torch import load_file
 from common.errors import UserError
 from data_prep.tokenizer import Tokenizer
 from model.spec import ModelSpec, build_network
-from model.transformer import TransformerConfig
-from pipeline.export import write_export
+from model.transformer import LOGLINEAR_SIGMA_EPS, TransformerConfig
+from pipeline.export import EXPORT_FORMAT_VERSION, write_export
 
-__all__ = ["BACKBONE_PREFIX", "HF_CONFIG_FILE", "HF_WEIGHTS_FILE", "ROTARY_BUFFER", "DitHyperParameters",
-           "backbone_tensors", "block_count", "check_declared", "config_int", "dit_network", "dit_parameter_names",
-           "dit_state", "named_tensor", "read_hugging_face_files", "write_import"]
+__all__ = ["BACKBONE_PREFIX", "DIT_SCHEDULE", "HF_CONFIG_FILE", "HF_WEIGHTS_FILE", "ROTARY_BUFFER",
+           "DitHyperParameters", "DitRelease", "backbone_tensors", "block_count", "check_declared", "config_int",
+           "dit_network", "dit_parameter_names", "dit_state", "named_tensor", "read_hugging_face_files",
+           "write_dit_export"]
 
 HF_CONFIG_FILE = "config.json"
 HF_WEIGHTS_FILE = "model.safetensors"
@@ -48,6 +49,8 @@ ROTARY_BUFFER = "rotary_emb.inv_freq"
 # Constants of the DiT (models/dit.py of MDLM and BD3-LM), written in no config.
 DIT_ROTARY_BASE = 10_000.0
 DIT_NORM_EPS = 1e-5
+# The noise both codebases train with: LogLinearNoise, whose eps their configs never change.
+DIT_SCHEDULE = "loglinear"
 _BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.")
 _ADALN_TENSORS = ("sigma_map.", "adaLN_modulation.")
 
@@ -60,6 +63,18 @@ class DitHyperParameters:
     max_seq_len: int
     time_conditioning: bool
     adaln: bool = True       # adaLN modulation (BD3-LM's ``adaln``; MDLM's DiT always has it)
+
+
+@dataclass(frozen=True)
+class DitRelease:
+    """A DiT read from a release: its tensors (names without ``backbone.``), what they do not say,
+    the export's provenance keys (``weights``, ``step``, ``imported_from``, ...) and, for BD3-LM,
+    its block size."""
+
+    tensors: Mapping[str, torch.Tensor]
+    hyper: DitHyperParameters
+    provenance: dict[str, Any]
+    block_size: int | None = None  # block diffusion's L'; None: MDLM (one block)
 
 
 def dit_parameter_names(n_blocks: int, adaln: bool = True) -> list[tuple[str, str]]:
@@ -232,8 +247,17 @@ def named_tensor(tensors: Mapping[str, Any], name: str, *, dims: int) -> Any:
     return tensors[name]
 
 
-def write_import(out: Path, tensors: dict[str, torch.Tensor], config: dict, tokenizer: Tokenizer) -> None:
-    """The export, with the tokenizer's own files only (not whatever else its directory holds)."""
+def write_dit_export(out: Path, release: DitRelease, tokenizer: Tokenizer, codebase: str) -> None:
+    """The unmask export of ``release`` over ``tokenizer``: our network with the DiT's weights, under
+    the log-linear schedule both codebases train with (eps ``LOGLINEAR_SIGMA_EPS``, at which our t is
+    theirs), block diffusion at the release's block size if it has one."""
+    spec = ModelSpec(network=dit_network(release.tensors, release.hyper, tokenizer.vocab_size, codebase),
+                     objective="diffusion", process="absorbing", schedule=DIT_SCHEDULE,
+                     schedule_args={"eps": LOGLINEAR_SIGMA_EPS}, block_size=release.block_size)
+    tensors = dit_state(release.tensors, spec, codebase)
+    config = {"format_version": EXPORT_FORMAT_VERSION, **spec.to_dict(), "tokenizer_sha256": tokenizer.sha256,
+              "tokens_seen": None, **release.provenance}
+    # The tokenizer's own files only (not whatever else its directory holds).
     with tempfile.TemporaryDirectory() as scratch:
         tokenizer_dir = Path(scratch) / "tokenizer"
         tokenizer.save(tokenizer_dir)

@@ -18,8 +18,7 @@ always on, fed by the 256-frequency embedding of the log-linear total noise sigm
 (sigma = 0 when MDLM's time conditioning is off), MDLM's rounding of the rotary angles. The
 export's spec takes MDLM's schedule (``loglinear``, eps 1e-3), under which our t is MDLM's
 t. Anything that does not fit, a vocabulary other than the tokenizer's, a shape, a missing
-or unknown tensor, is refused
-with a ``UserError`` naming the tensor or field.
+or unknown tensor, is refused with a ``UserError`` naming the tensor or field.
 """
 
 from __future__ import annotations
@@ -33,32 +32,29 @@ import torch
 from common.errors import UserError
 from common.outputs import InputPath, check_output_dir
 from data_prep.tokenizer import load_tokenizer
-from model.spec import ModelSpec
-from model.transformer import LOGLINEAR_SIGMA_EPS
 from pipeline.dit_import import (
     BACKBONE_PREFIX,
+    DIT_SCHEDULE,
     HF_CONFIG_FILE,
     HF_WEIGHTS_FILE,
     DitHyperParameters,
+    DitRelease,
     backbone_tensors,
     block_count,
     check_declared,
     config_int,
-    dit_network,
     dit_parameter_names,
-    dit_state,
     read_hugging_face_files,
-    write_import,
+    write_dit_export,
 )
-from pipeline.export import EXPORT_FORMAT_VERSION, EXPORT_KIND
+from pipeline.export import EXPORT_KIND
 from pipeline.inert_pickle import InertArchive, InertObject, TensorRef
 
 __all__ = ["import_mdlm"]
 
 CODEBASE = "MDLM"
 MDLM_MODEL_TYPE = "mdlm"
-# MDLM's training: the log-linear noise (LogLinearNoise's eps) and the SUBS parameterization.
-MDLM_SCHEDULE = "loglinear"
+# MDLM's training parameterization: SUBS.
 MDLM_PARAMETERIZATION = "subs"
 # Nested OmegaConf or dict-like records deeper than this are not configuration.
 _MAX_CONFIG_DEPTH = 32
@@ -88,12 +84,7 @@ def import_mdlm(source: str | Path, tokenizer_dir: str | Path, out: str | Path, 
         tensors, hyper, provenance = _read_lightning(source, weights or "ema")
     else:
         raise UserError(f"{source}: does not exist; give MDLM's Hugging Face directory or a .ckpt file")
-    spec = ModelSpec(network=dit_network(tensors, hyper, tokenizer.vocab_size, CODEBASE), objective="diffusion",
-                     process="absorbing", schedule=MDLM_SCHEDULE, schedule_args={"eps": LOGLINEAR_SIGMA_EPS})
-    ours = dit_state(tensors, spec, CODEBASE)
-    config = {"format_version": EXPORT_FORMAT_VERSION, **spec.to_dict(), "tokenizer_sha256": tokenizer.sha256,
-              "tokens_seen": None, **provenance}
-    write_import(out, ours, config, tokenizer)
+    write_dit_export(out, DitRelease(tensors, hyper, provenance), tokenizer, CODEBASE)
     return out
 
 
@@ -178,8 +169,8 @@ def _hyper_parameters(record: Any, path: Path) -> DitHyperParameters:
         raise UserError(f"{where}.backbone is {config['backbone']!r}: unmask imports the DiT backbone only")
     time_conditioning = bool(config.get("time_conditioning", False))
     noise = config.get("noise")
-    noise_type = noise.get("type", MDLM_SCHEDULE) if isinstance(noise, dict) else MDLM_SCHEDULE
-    if time_conditioning and noise_type != MDLM_SCHEDULE:
+    noise_type = noise.get("type", DIT_SCHEDULE) if isinstance(noise, dict) else DIT_SCHEDULE
+    if time_conditioning and noise_type != DIT_SCHEDULE:
         raise UserError(f"{where}.noise.type is {noise_type!r}: a time-conditioned model is imported under the "
                         f"log-linear noise only (it sees sigma(t) of that schedule)")
     for field in ("n_heads", "length"):
