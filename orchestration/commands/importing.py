@@ -48,6 +48,16 @@ def _cmd_import_bd3lm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _common_arguments(parser: argparse.ArgumentParser, codebase: str, source_help: str) -> None:
+    """SOURCE, --tokenizer and --out, which every codebase's import takes."""
+    parser.add_argument("source", metavar="SOURCE", help=source_help)
+    parser.add_argument("--tokenizer", required=True, metavar="DIR",
+                        help=f"the model's tokenizer: GPT-2's BPE (encoder.json + vocab.bpe) for {codebase}'s "
+                             "OpenWebText models")
+    parser.add_argument("--out", required=True, help="the export directory to write: new or empty, or an earlier "
+                                                     "export")
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``import`` to the ``unmask`` command."""
     parser = commands.add_parser("import", help="turn another codebase's released model into an unmask export",
@@ -64,10 +74,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "rounding) and the export MDLM's log-linear schedule. A vocabulary, shape or tensor "
                     "that does not fit is refused, naming it.",
         epilog=MDLM_EPILOG, formatter_class=RAW)
-    mdlm.add_argument("source", metavar="SOURCE", help="MDLM's Hugging Face directory, or a .ckpt file")
-    mdlm.add_argument("--tokenizer", required=True, metavar="DIR",
-                      help="the model's tokenizer: GPT-2's BPE (encoder.json + vocab.bpe) for MDLM's OpenWebText model")
-    mdlm.add_argument("--out", required=True, help="the export directory to write: new or empty, or an earlier export")
+    _common_arguments(mdlm, "MDLM", "MDLM's Hugging Face directory, or a .ckpt file")
     mdlm.add_argument("--weights", choices=["ema", "model"],
                       help="of a .ckpt: ema (default) or model (the live weights)")
     mdlm.set_defaults(handler=_cmd_import_mdlm)
@@ -79,10 +86,5 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "cannot compute exactly (cross_attn false, causal, time conditioning), a vocabulary, shape "
                     "or tensor that does not fit is refused, naming it.",
         epilog=BD3LM_EPILOG, formatter_class=RAW)
-    bd3lm.add_argument("source", metavar="SOURCE", help="BD3-LM's Hugging Face directory")
-    bd3lm.add_argument("--tokenizer", required=True, metavar="DIR",
-                       help="the model's tokenizer: GPT-2's BPE (encoder.json + vocab.bpe) for BD3-LM's OpenWebText "
-                            "models")
-    bd3lm.add_argument("--out", required=True, help="the export directory to write: new or empty, or an earlier "
-                                                    "export")
+    _common_arguments(bd3lm, "BD3-LM", "BD3-LM's Hugging Face directory")
     bd3lm.set_defaults(handler=_cmd_import_bd3lm)
