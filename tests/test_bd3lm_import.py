@@ -178,3 +178,10 @@ def test_a_source_that_is_not_a_directory_is_refused(tokenizer_dir, tmp_path):
         import_bd3lm(tmp_path / "missing", tokenizer_dir, tmp_path / "export")
     assert unmask_in_process(["import", "bd3lm", str(tmp_path / "missing"), "--tokenizer", str(tokenizer_dir),
                               "--out", str(tmp_path / "export")]) != 0
+
+
+def test_the_export_never_replaces_its_source(tokenizer_dir, tmp_path):
+    source = _source(tmp_path, "released")
+    with pytest.raises(UserError, match=rf"--out {source}: is SOURCE"):
+        import_bd3lm(source, tokenizer_dir, source)
+    assert sorted(path.name for path in source.iterdir()) == ["config.json", "model.safetensors"]
