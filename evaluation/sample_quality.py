@@ -50,6 +50,7 @@ from evaluation.generation import Sample
 from evaluation.results import GenerativePerplexity
 from model.autoregressive import Autoregressive
 from pipeline.export import CONFIG_FILE, WEIGHTS_FILE, Exported, load_export, resolve_export
+from pipeline.run_layout import RunLayout
 
 if TYPE_CHECKING:  # transformers is optional: imported only to load a Hugging Face reference
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -212,6 +213,8 @@ def check_reference(path: Path) -> None:
                             f"(only safetensors are loaded: docs/security.md); give {_REFERENCES}")
         _check_huggingface_class(path)
         return
+    if RunLayout(path).is_training_run() and not (RunLayout(path).export / WEIGHTS_FILE).is_file():
+        raise UserError(f"--reference {path}: a training run without an export; run `unmask export {path}` first")
     try:
         export_dir = resolve_export(path)
     except UserError:

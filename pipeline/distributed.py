@@ -41,6 +41,10 @@ class Distributed:
     # moves only device tensors, and reading one back would wait for the device's queue, a
     # host sync the training loop would pay at every step boundary. None: the default group.
     host_group: Any = None
+    # The launcher variables init_distributed set for a process no launcher started; shutdown
+    # removes them, so a Ray head or a child started later by this process does not inherit a
+    # rendezvous port nobody listens on (or one still held).
+    variables_set: tuple[str, ...] = ()
 
     @property
     def is_main(self) -> bool:
@@ -80,6 +84,14 @@ class Distributed:
         if self.world_size > 1 and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
+        self.unset_variables()
+
+    def unset_variables(self) -> None:
+        """Remove the launcher variables this process set for itself (``variables_set``: the
+        engine reads them while it lives); a launcher's stay. Alone, without leaving the group:
+        for a failed run, or a group made before (which a world of one keeps)."""
+        for name in self.variables_set:
+            os.environ.pop(name, None)
 
     @property
     def _host_device(self) -> torch.device:
@@ -96,9 +108,9 @@ def init_distributed(timeout_minutes: float = 30.0, *, deepspeed_backend: bool =
     """
     import datetime
 
-    if "RANK" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR=LOOPBACK,
-                          MASTER_PORT=str(free_port()))
+    lone = {} if "RANK" in os.environ else {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                                              "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(free_port())}
+    os.environ.update(lone)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
@@ -126,4 +138,4 @@ def init_distributed(timeout_minutes: float = 30.0, *, deepspeed_backend: bool =
     # Every rank creates it, in the same order (new_group is collective).
     host_group = dist.new_group(backend="gloo") if backend == "nccl" and world_size > 1 else None
     return Distributed(rank=rank, world_size=world_size, local_rank=local_rank, device=device,
-                       backend=backend, host_group=host_group)
+                       backend=backend, host_group=host_group, variables_set=tuple(lone))

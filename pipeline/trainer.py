@@ -655,18 +655,22 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
         except UserError as err:
             refusal = err
     if dist.any(refusal is not None):
+        dist.unset_variables()
         raise refusal or UserError(f"{run_dir}: rank 0 could not lock the run directory; its message says why")
     try:
         data = data_dir if is_remote(data_dir) else Path(data_dir)
         result = _train_locked(config, dist, data, Path(run_dir), resume, allow_config_change, hooks, init_from)
     except BaseException:
         lock.release()
+        dist.unset_variables()
         if claim is not None and not _took_a_step(Path(run_dir)):  # a directory it created goes, with what it wrote
             claim.abandon(written=[path.name for path in RunLayout(run_dir).before_first_step()])
         raise
     lock.release()
     if joined_here:  # the group this call made; a launcher's (Ray Train's) is the launcher's to end
         dist.shutdown()
+    else:
+        dist.unset_variables()
     return result
 
 

@@ -34,8 +34,9 @@ class RayHead:
 
 def head_env() -> dict[str, str]:
     """The environment of the head: this venv first on PATH, so jobs run our Python; without
-    torch.distributed's variables, which an in-process training of an earlier test left in this
-    process (its jobs would rendezvous on that test's port)."""
+    torch.distributed's variables: a training in this process removes what it set
+    (``Distributed.unset_variables``, asserted by test_init_from), but a test that sets them
+    itself must not hand its port to the head's jobs."""
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault(*LOOPBACK_ONLY_ENV)

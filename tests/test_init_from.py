@@ -8,8 +8,10 @@ loss at the source's weights cannot be met by chance.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from pipeline.hooks import TrainHooks
 from pipeline.init_from import InitFrom, read_source, recorded_source
 from pipeline.objective import MicroBatchSlot, make_objective, model_spec
 from pipeline.trainer import train
+from tests.cli_runner import DISTRIBUTED_ENV
 from tests.train_helpers import MICRO_CONFIG, write_config
 
 # The new run: one micro-batch per step, another seed (its own initialization differs from the
@@ -60,7 +63,19 @@ def _train(config, data: Path, run_dir: Path, init_from: InitFrom | None) -> tup
     """Train in this process; the result and each step's (single) micro-batch."""
     batches: dict[int, torch.Tensor] = {}
     hooks = TrainHooks(on_batch=lambda step, first, x0: batches.setdefault(step, x0.clone()))
-    return train(config, data_dir=data, run_dir=run_dir, init_from=init_from, hooks=hooks), batches
+    with _launcher_variables_kept():
+        return train(config, data_dir=data, run_dir=run_dir, init_from=init_from, hooks=hooks), batches
+
+
+@contextlib.contextmanager
+def _launcher_variables_kept():
+    """The block leaves RANK, MASTER_PORT, ... as it found them, whether it raises or not: a
+    training in this process must not hand its rendezvous to what the process starts later."""
+    before = {name: os.environ.get(name) for name in DISTRIBUTED_ENV}
+    try:
+        yield
+    finally:
+        assert {name: os.environ.get(name) for name in DISTRIBUTED_ENV} == before
 
 
 def _loss_at(tensors: dict[str, torch.Tensor], export_dir: Path, config, x0: torch.Tensor, step: int) -> float:
@@ -153,7 +168,8 @@ def test_provenance_reaches_mlflow_and_the_export_and_a_resume_does_not_reload(
 def test_a_network_of_another_shape_is_refused_naming_the_tensor_and_both_shapes(
         source_export, tinyshakespeare_shards, tmp_path):
     config = _config(tmp_path, model={**MICRO_CONFIG["model"], "d_model": 32})
-    with pytest.raises(UserError, match=r"embed\.weight is \[385, 64\] in the source and \[385, 32\] here"):
+    with _launcher_variables_kept(), pytest.raises(UserError, match=r"embed\.weight is \[385, 64\] in the source "
+                                                                  r"and \[385, 32\] here"):
         train(config, data_dir=tinyshakespeare_shards, run_dir=tmp_path / "new", init_from=InitFrom(source_export))
     time_conditioned = _config(tmp_path, model={"time_conditioning": True})
     with pytest.raises(UserError, match=r"time_embed\.mlp\.0\.weight is absent in the source and \[128, 128\] here"):

@@ -15,7 +15,7 @@ import torch
 from common.errors import UserError
 from data_prep.tokenizer import load_tokenizer, train_sentencepiece
 from evaluation.generation import generate
-from evaluation.sample_quality import HF_KIND, UNMASK_KIND, load_reference, score_samples, unigram_entropy
+from evaluation.sample_quality import HF_KIND, UNMASK_KIND, check_reference, load_reference, score_samples, unigram_entropy
 from evaluation.evaluate import EvalConfig
 from evaluation.zero_shot import ReportOptions, is_up_to_date
 from model.sampling import ConfidenceOptions, SamplingPlan
@@ -155,6 +155,14 @@ def test_reference_errors_name_the_flag(exports, tmp_path):
         load_reference(tmp_path / "nowhere")
     with pytest.raises(UserError, match=r"a diffusion export; generative perplexity needs an autoregressive one"):
         load_reference(exports["diffusion"])
+
+
+def test_a_reference_run_without_an_export_says_to_export_it(tmp_path):
+    run = tmp_path / "ar-run"
+    (run / "checkpoints" / "step-00000004").mkdir(parents=True)
+    with pytest.raises(UserError, match=rf"--reference {run}: a training run without an export; "
+                                        rf"run `unmask export {run}` first"):
+        check_reference(run)
 
 
 # ------------------------------------------------------------------ the command lines

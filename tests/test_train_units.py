@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -11,6 +13,7 @@ from model.diffusion import low_discrepancy_times
 from model.spec import build_trainable
 from model.transformer import Transformer, preset
 from pipeline.config import Config, OptimSection, config_differences, load_config, parse_overrides
+from pipeline.distributed import init_distributed
 from pipeline.ema import EMA, ema_decay, full_state
 from pipeline.engine import (
     activation_memory_bytes,
@@ -31,7 +34,7 @@ from pipeline.objective import (
     row_generators,
     step_generator,
 )
-from tests.cli_runner import run_unmask
+from tests.cli_runner import DISTRIBUTED_ENV, run_unmask
 from tests.paths import REPO
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -346,3 +349,22 @@ def test_the_engine_denoiser_calls_the_engine_and_keeps_the_network_time_indepen
                                engine.module(z, t, output_mask=selected, targets=targets, chunk_rows=3))
             assert torch.equal(denoiser.logits(z, t), engine.module(z, t))
         assert engine.calls == [["output_mask"], ["chunk_rows", "output_mask", "targets"], []]
+
+
+def test_a_lone_process_leaves_no_launcher_variables_behind(monkeypatch):
+    """A world of one sets RANK, MASTER_PORT, ... for itself and removes them at shutdown: a Ray
+    head or a child started later by the same process would rendezvous on that port."""
+    for name in DISTRIBUTED_ENV:
+        monkeypatch.delenv(name, raising=False)
+    group = init_distributed(deepspeed_backend=False)
+    assert (group.rank, group.world_size, os.environ["MASTER_ADDR"]) == (0, 1, "127.0.0.1")
+    group.shutdown()
+    assert [name for name in DISTRIBUTED_ENV if name in os.environ] == []
+
+
+def test_a_launchers_variables_stay_after_shutdown(monkeypatch):
+    launcher = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
+    for name, value in launcher.items():
+        monkeypatch.setenv(name, value)
+    init_distributed(deepspeed_backend=False).shutdown()
+    assert {name: os.environ.get(name) for name in launcher} == launcher
