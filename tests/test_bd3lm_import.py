@@ -6,62 +6,39 @@ what our block model cannot compute exactly is refused, naming it."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, models
 
 from common.errors import UserError
 from model.block_attention import AttentionLayout, KVCache
 from model.spec import build_process
 from pipeline.bd3lm_import import import_bd3lm
 from pipeline.export import load_export
+from tests.bd3lm_fixtures import CASES, EOS, VOCAB_SIZE, WORDS, source_copy, their_outputs, write_tokenizer
 from tests.cli_runner import unmask_in_process
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-FIXTURES = Path(__file__).parent / "fixtures" / "bd3lm"
-VOCAB_SIZE = 32  # the fixtures' V (their config's vocab_size, 33, counts the mask)
-EOS = "</s>"
-WORDS = [EOS, "<unk>"] + [f"w{i}" for i in range(VOCAB_SIZE - 2)]
 TOLERANCE = 1e-5  # float32 logits of O(1): the two computations differ in rounding only
-# fixture: (block size, adaLN) as make_fixtures.py wrote them
-CASES = {"released": (4, True), "plain": (8, False)}
 
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory) -> Path:
-    """A word-level tokenizer of the fixtures' V tokens (one word per id; EOS for the documents' ends)."""
-    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(WORDS)}, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.add_special_tokens([AddedToken(EOS, special=True)])
-    directory = tmp_path_factory.mktemp("bd3lm-tokenizer")
-    tokenizer.save(str(directory / "tokenizer.json"))
-    return directory
-
-
-def _source(tmp_path: Path, name: str) -> Path:
-    """A copy of a fixture directory (config.json, model.safetensors), free to edit."""
-    source = tmp_path / name
-    shutil.copytree(FIXTURES / name, source, ignore=shutil.ignore_patterns("reference.safetensors"))
-    return source
-
-
-def _reference(name: str) -> dict[str, torch.Tensor]:
-    return load_file(str(FIXTURES / name / "reference.safetensors"))
+    return write_tokenizer(tmp_path_factory.mktemp("bd3lm-tokenizer"))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_export_computes_bd3lm_s_logits_over_x_t_and_x_0(tokenizer_dir, tmp_path, name):
     block_size, adaln = CASES[name]
-    exported = load_export(import_bd3lm(_source(tmp_path, name), tokenizer_dir, tmp_path / "export"))
+    exported = load_export(import_bd3lm(source_copy(tmp_path, name), tokenizer_dir, tmp_path / "export"))
     assert exported.spec.block_size == block_size
     assert (exported.spec.schedule, exported.spec.schedule_args) == ("loglinear", {"eps": 1e-3})
     assert exported.network.config.adaptive_norm is adaln and exported.network.time_independent
-    reference = _reference(name)
+    reference = their_outputs(name)
     input_ids = reference["input_ids"]  # [x_t ; x_0], [B, 2L]
     length = input_ids.shape[1] // 2
     with torch.no_grad():  # our training / evaluation forward over [z ; x], as BD3-LM's
@@ -79,8 +56,8 @@ def test_the_kv_cached_block_forward_gives_bd3lm_s_sampling_logits(tokenizer_dir
     """Our sampler's calls (finished blocks through the KV cache, then the noisy block) equal BD3-LM's
     sample_mode forward, block-causal over the same tokens, at every position."""
     block_size, _ = CASES[name]
-    network = load_export(import_bd3lm(_source(tmp_path, name), tokenizer_dir, tmp_path / "export")).network
-    reference = _reference(name)
+    network = load_export(import_bd3lm(source_copy(tmp_path, name), tokenizer_dir, tmp_path / "export")).network
+    reference = their_outputs(name)
     ids, their = reference["sample_ids"], reference["sample_logits"]
     cache = KVCache(append=True)
     outputs = []
@@ -93,7 +70,7 @@ def test_the_kv_cached_block_forward_gives_bd3lm_s_sampling_logits(tokenizer_dir
 
 def test_unmask_import_bd3lm_then_sample_and_eval_run_on_the_export(tokenizer_dir, tmp_path, capsys):
     out = tmp_path / "export"
-    assert unmask_in_process(["import", "bd3lm", str(_source(tmp_path, "released")), "--tokenizer",
+    assert unmask_in_process(["import", "bd3lm", str(source_copy(tmp_path, "released")), "--tokenizer",
                               str(tokenizer_dir), "--out", str(out)]) == 0
     assert "imported BD3-LM's model" in capsys.readouterr().out
     assert unmask_in_process(["sample", str(out), "--num", "1", "--steps", "4", "--seq-len", "16"]) == 0
@@ -155,7 +132,7 @@ REFUSALS = {
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))
 def test_what_does_not_fit_is_refused_naming_it(tokenizer_dir, tmp_path, case):
-    source = _source(tmp_path, "released")
+    source = source_copy(tmp_path, "released")
     edit, message = REFUSALS[case]
     edit(source)
     with pytest.raises(UserError, match=message):
@@ -170,7 +147,7 @@ def test_a_tokenizer_of_another_vocabulary_is_refused(tmp_path):
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     with pytest.raises(UserError, match=r"backbone\.vocab_embed\.embedding has 33 rows, a vocabulary of 32 tokens "
                                         r"plus the mask, but the tokenizer has 30 tokens"):
-        import_bd3lm(_source(tmp_path, "plain"), tmp_path / "tokenizer.json", tmp_path / "export")
+        import_bd3lm(source_copy(tmp_path, "plain"), tmp_path / "tokenizer.json", tmp_path / "export")
 
 
 def test_a_source_that_is_not_a_directory_is_refused(tokenizer_dir, tmp_path):
@@ -181,7 +158,7 @@ def test_a_source_that_is_not_a_directory_is_refused(tokenizer_dir, tmp_path):
 
 
 def test_the_export_never_replaces_its_source(tokenizer_dir, tmp_path):
-    source = _source(tmp_path, "released")
+    source = source_copy(tmp_path, "released")
     with pytest.raises(UserError, match=rf"--out {source}: is SOURCE"):
         import_bd3lm(source, tokenizer_dir, source)
     assert sorted(path.name for path in source.iterdir()) == ["config.json", "model.safetensors"]

@@ -6,7 +6,8 @@ under bf16 against float32 on the same weights; and the defaults of issue 24: co
 (blocks, head and loss, a bounded number of graphs), the attention kernels SDPA offers here
 (cuDNN, flash) and "auto"'s choice, the padded vocabulary under bf16, the host syncs of a
 training micro-step, sampling under bf16, the weights of ``--init-from`` loaded before the device;
-block diffusion's FlexAttention training step and its KV-cache sampler. ``make gpu-check`` runs
+block diffusion's FlexAttention training step and its KV-cache sampler, and an imported BD3-LM
+model's logits against BD3-LM's own. ``make gpu-check`` runs
 these and the GPU benchmark in one command; ``bench/gpu_check.sh`` runs them on a lent device
 (docs/performance.md).
 """
@@ -456,3 +457,43 @@ def test_the_loader_pins_the_batches_it_joins_from_its_workers(tmp_path):
     pinned = list(make(pin_memory=True, num_workers=2))
     assert pinned and all(batch.is_pinned() for batch in pinned)
     assert all(torch.equal(a, b) for a, b in zip(pinned, make(), strict=True))
+
+
+# float32 on the GPU against BD3-LM's float32 logits on the CPU: kernels reorder the sums.
+IMPORTED_LOGITS_ATOL = 1e-4
+
+
+@pytest.mark.parametrize("name", ["released", "plain"])
+def test_an_imported_bd3lm_model_gives_bd3lm_s_logits_on_the_gpu_and_samples(tmp_path, name):
+    """`unmask import bd3lm`'s network on CUDA (adaLN at sigma = 0 in "released"): the training
+    forward under FlexAttention and the dense mask, and the KV-cached sampling forward, give the
+    logits BD3-LM's code computed (tests/fixtures/bd3lm); its sampler runs under bf16."""
+    from model.block_attention import AttentionLayout, KVCache
+    from pipeline.bd3lm_import import import_bd3lm
+    from pipeline.export import load_export
+    from tests.bd3lm_fixtures import CASES, VOCAB_SIZE, source_copy, their_outputs, write_tokenizer
+
+    block_size, _ = CASES[name]
+    exported = load_export(import_bd3lm(source_copy(tmp_path, name), write_tokenizer(tmp_path / "tok"),
+                                        tmp_path / "export"))
+    network, theirs = exported.network.cuda(), their_outputs(name)
+    ids = theirs["input_ids"].cuda()
+    length = ids.shape[1] // 2
+    for kind in ("flex", "dense"):
+        network.block_attention = kind
+        with torch.no_grad():
+            ours = network(ids[:, :length], None, clean=ids[:, length:], block_size=block_size)
+        torch.testing.assert_close(ours.cpu(), theirs["logits"][..., :VOCAB_SIZE], rtol=0, atol=IMPORTED_LOGITS_ATOL)
+    sample_ids, cache, outputs = theirs["sample_ids"].cuda(), KVCache(append=True), []
+    with torch.no_grad():
+        for start in range(0, sample_ids.shape[1], block_size):
+            cache.append = start + block_size < sample_ids.shape[1]  # the last block is the noisy one
+            outputs.append(network(sample_ids[:, start:start + block_size], None,
+                                   layout=AttentionLayout(None, None, cache)))
+    torch.testing.assert_close(torch.cat(outputs, dim=1).cpu(), theirs["sample_logits"][..., :VOCAB_SIZE], rtol=0,
+                               atol=IMPORTED_LOGITS_ATOL)
+    process, plan, device = exported.process(), SamplingPlan(sampler="first-hitting", seed=0), torch.device("cuda")
+    with torch.inference_mode(), inference_mode(network, device):
+        tokens, _ = process.sample(network, plan, num_samples=2, seq_len=3 * length, window=length,
+                                   generator=sample_generators(plan.seed, range(2)), device=device)
+    assert tokens.shape == (2, 3 * length) and int(tokens.max()) < VOCAB_SIZE
