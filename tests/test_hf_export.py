@@ -196,6 +196,11 @@ def test_a_block_model_misused_is_refused(transformers, block_hf, tokenizer_dir,
     (edited / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"block_size None differs from the export's \(unmask\.block_size 4\)"):
         _load(transformers, edited)
+    config_class, network = type(model.config), model.config.network
+    with pytest.raises(ValueError, match=r"block_size must be a positive integer, got 0"):
+        config_class(network=network, block_size=0)
+    with pytest.raises(ValueError, match=r"bidirectional network without time conditioning"):
+        config_class(network={**network, "causal": True}, block_size=4)
 
 
 def _modes(directory: Path) -> dict[str, int]:
