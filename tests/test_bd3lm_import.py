@@ -17,7 +17,7 @@ from common.errors import UserError
 from model.block_attention import AttentionLayout, KVCache
 from model.spec import build_process
 from pipeline.bd3lm_import import import_bd3lm
-from pipeline.export import load_export
+from pipeline.export import export_to_hf, load_export
 from tests.bd3lm_fixtures import CASES, EOS, VOCAB_SIZE, WORDS, source_copy, their_outputs, write_tokenizer
 from tests.cli_runner import unmask_in_process
 
@@ -66,6 +66,25 @@ def test_the_kv_cached_block_forward_gives_bd3lm_s_sampling_logits(tokenizer_dir
             cache.append = start + block_size < ids.shape[1]  # the last block is the noisy one
             outputs.append(network(ids[:, start:start + block_size], None, layout=AttentionLayout(None, None, cache)))
     torch.testing.assert_close(torch.cat(outputs, dim=1), their[..., :VOCAB_SIZE], rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_its_hugging_face_format_gives_bd3lm_s_logits_in_transformers(tokenizer_dir, tmp_path, monkeypatch, name):
+    """The imported export, written as a transformers directory (``export_to_hf``): our modeling
+    file's block forward over [x_t ; x_0] computes what BD3-LM's own code did."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
+    import transformers
+
+    directory = export_to_hf(import_bd3lm(source_copy(tmp_path, name), tokenizer_dir, tmp_path / "export"), tmp_path / "hf")
+    model = transformers.AutoModelForMaskedLM.from_pretrained(str(directory), trust_remote_code=True).eval()
+    assert model.config.block_size == CASES[name][0]
+    reference = their_outputs(name)
+    input_ids = reference["input_ids"]  # [x_t ; x_0], [B, 2L]
+    length = input_ids.shape[1] // 2
+    with torch.no_grad():
+        logits = model(input_ids=input_ids[:, :length], clean_ids=input_ids[:, length:]).logits
+    torch.testing.assert_close(logits, reference["logits"][..., :VOCAB_SIZE], rtol=0, atol=TOLERANCE)
 
 
 def test_unmask_import_bd3lm_then_sample_and_eval_run_on_the_export(tokenizer_dir, tmp_path, capsys):

@@ -314,11 +314,13 @@ GPU_PLANS = {"ancestral": SamplingPlan(steps=16), "ancestral-static": SamplingPl
              "blocks": SamplingPlan(sampler="first-hitting", block_len=16),
              "blocks-ancestral": SamplingPlan(steps=8, block_len=16)}
 TINY_EXPORT_LENGTH, TINY_VOCAB = 32, 300
+TINY_BLOCK_SIZE = 8  # four blocks of the tiny context: the block mask over [x_t ; x_0] is not trivial
 
 
 @pytest.fixture(scope="module")
 def tiny_exports(tmp_path_factory):
-    """Untrained one-layer exports (absorbing, uniform, autoregressive) and the first's HF directory."""
+    """Untrained one-layer exports (absorbing, uniform, autoregressive, a block model of
+    ``TINY_BLOCK_SIZE``) and the HF directories of the first and of the block model."""
     from data_prep.tokenizer import train_sentencepiece
     from pipeline.export import export_to_hf
     from tests.export_fixtures import write_untrained_export
@@ -333,6 +335,9 @@ def tiny_exports(tmp_path_factory):
                                                                                  {"process": "uniform"}),
                                              ("ar", "autoregressive", {}))}
     paths["hf"] = export_to_hf(paths["absorbing"], root / "hf")
+    paths["block"] = write_untrained_export(root / "block", tokenizer, root / "tok",
+                                            config={"block_size": TINY_BLOCK_SIZE}, max_seq_len=TINY_EXPORT_LENGTH)
+    paths["block-hf"] = export_to_hf(paths["block"], root / "block-hf")
     return paths
 
 
@@ -414,6 +419,25 @@ def test_transformers_loads_the_hf_export_on_the_gpu_and_gives_its_logits(tiny_e
     with torch.no_grad():
         theirs, ours = model(input_ids=z).logits, network(z)
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+
+
+def test_transformers_runs_a_block_model_s_hf_export_on_the_gpu_with_the_cpu_s_logits(tiny_exports):
+    """A block diffusion model's HF directory on cuda: the forward over [x_t ; x_0] under the dense
+    block mask (SDPA's GPU kernels) gives the unmask export's block forward on the CPU."""
+    transformers = pytest.importorskip("transformers")
+    from pipeline.export import load_export
+
+    model = transformers.AutoModelForMaskedLM.from_pretrained(str(tiny_exports["block-hf"]),
+                                                              trust_remote_code=True).cuda().eval()
+    network = load_export(tiny_exports["block"]).network.eval()
+    generator = torch.Generator().manual_seed(0)
+    x0 = torch.randint(0, TINY_VOCAB, (2, TINY_EXPORT_LENGTH), generator=generator)
+    z = torch.where(torch.rand(x0.shape, generator=generator) < 0.5, TINY_VOCAB, x0)
+    with torch.no_grad():
+        theirs = model(input_ids=z.cuda(), clean_ids=x0.cuda()).logits
+        ours = network(z, None, clean=x0, block_size=TINY_BLOCK_SIZE)
+    assert theirs.device.type == "cuda"
+    torch.testing.assert_close(theirs.cpu(), ours, rtol=1e-4, atol=1e-4)
 
 
 def test_an_export_is_checked_then_loaded_onto_the_gpu_and_a_truncated_one_is_refused(tmp_path):
