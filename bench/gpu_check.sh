@@ -8,7 +8,7 @@
 #                `medium` run (train.json: tokens/s, MFU, peak memory) with validation and one
 #                checkpoint, a new run from its weights (--init-from), `unmask export` in both
 #                formats, `unmask eval --quick` with samples, `unmask sample` once per sampler and
-#                once in blocks, `unmask lm-eval --limit` on the local PTB task, and transformers loading the HF export on the device; each
+#                once in blocks, an imported BD3-LM fixture sampled, `unmask lm-eval --limit` on the local PTB task, and transformers loading the HF export on the device; each
 #                command is its own line of steps.jsonl (e2e-train, e2e-export, ...)
 #   2. inference bench/train_gpu.py's inference rows (bench.jsonl): evaluation as before and
 #                now with its FLOP utilization, sampling 64 x 1024 from all-mask by cached
@@ -161,6 +161,14 @@ if wanted e2e; then
             "$run/export/config.json" 2>/dev/null || echo 64)
   step e2e-sample-blocks "$limit_e2e_command" "${unmask[@]}" sample "$run" --num 2 \
     --seq-len $(( context + context / 4 )) --block-len $(( context / 4 )) --steps 8 --device "$device"
+  # BD3-LM's checkpoint format: its committed fixture (adaLN at sigma = 0, blocks of 4) imported,
+  # then sampled block by block through the KV cache on the device, past its 16-token context.
+  step e2e-bd3lm-tokenizer "$limit_e2e_command" "$python" -c "import sys; from pathlib import Path; \
+from tests.bd3lm_fixtures import write_tokenizer; write_tokenizer(Path(sys.argv[1]))" "$scratch/bd3lm-tokenizer"
+  step e2e-import-bd3lm "$limit_e2e_command" "${unmask[@]}" import bd3lm tests/fixtures/bd3lm/released \
+    --tokenizer "$scratch/bd3lm-tokenizer" --out "$scratch/bd3lm"
+  step e2e-sample-bd3lm "$limit_e2e_command" "${unmask[@]}" sample "$scratch/bd3lm" --num 2 --seq-len 32 \
+    --device "$device"
   step e2e-lm-eval "$limit_e2e_eval" "${unmask[@]}" lm-eval "$run" --tasks ptb_word_order --limit "$lm_eval_limit" \
     --data-dir "$eval_data" --samples 2 --device "$device" --out "$scratch/lm-eval-report"
   step e2e-hf-load "$limit_e2e_command" "$python" - "$scratch/hf" "$run/export" "$device" <<'PY'

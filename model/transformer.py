@@ -12,8 +12,8 @@ mask is never predicted (SUBS). Norms, rotary embeddings and the time embedding 
 float32 under bf16 autocast or bf16 weights.
 
 A few options exist to reproduce another codebase's network exactly, so that its released
-weights can be imported (``pipeline.mdlm_import``: MDLM's DiT); their defaults are unmask's
-own network, whose parameters and outputs they leave unchanged:
+weights can be imported (``pipeline.dit_import``: the DiT of MDLM and BD3-LM); their defaults
+are unmask's own network, whose parameters and outputs they leave unchanged:
 
 - ``mlp_bias``, ``head_bias``: biases on the MLP's two layers and on the untied head;
 - ``head_mask_row``: the untied head has V + 1 rows, the last one the mask's; its logit is

@@ -219,12 +219,6 @@ def export_to_hf(export_dir: str | Path, out: str | Path) -> Path:
     export_dir, out = Path(export_dir), Path(out)
     check_output_dir(out, HF_EXPORT_KIND, "--out", [InputPath(export_dir, "the export it converts")])
     exported = load_export(export_dir)  # checks the config, the weights and the tokenizer
-    if exported.spec.block_size is not None:
-        # The transformers modeling file runs one bidirectional pass; a block model's network
-        # sees each block beside a clean copy of the blocks before it (model.block_attention).
-        raise UserError(f"{export_dir}: a block diffusion export (model.block_size {exported.spec.block_size}) has "
-                        f"no Hugging Face format yet: its modeling file would give the network another attention "
-                        f"than it was trained with; use the unmask export (unmask sample, eval, lm-eval)")
     write_hf_export(out, load_file(str(export_dir / WEIGHTS_FILE)), exported.config, export_dir / TOKENIZER_DIR)
     return out
 

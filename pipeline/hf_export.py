@@ -1,7 +1,8 @@
 """The Hugging Face format: a model as a directory that transformers loads.
 
     OUT/config.json           model_type "unmask", auto_map to the modeling file, the network's
-                              fields (``network``) and the unmask export's config (``unmask``)
+                              fields (``network``), the unmask export's config (``unmask``) and,
+                              for a block diffusion model, its ``block_size``
     OUT/model.safetensors     the network's float32 weights, under the names of unmask's Transformer
     OUT/modeling_unmask.py    the network for transformers (``pipeline/hf_modeling``): torch only
     OUT/<tokenizer files>     the tokenizer's own files, and transformers' files where they
@@ -9,7 +10,9 @@
 
 The directory appears whole and replaces only an earlier one of its kind (``HF_EXPORT_KIND``,
 ``common.outputs``). ``AutoModelForMaskedLM.from_pretrained(OUT, trust_remote_code=True)`` gives the logits of
-``pipeline.export.load_export`` on the same input. A sentencepiece tokenizer is shipped as
+``pipeline.export.load_export`` on the same input; for a block diffusion model (``block_size`` in
+config.json), ``model(x_t, clean_ids=x_0)`` gives its training and evaluation forward over
+[x_t ; x_0] (``model.block_attention``). A sentencepiece tokenizer is shipped as
 its ``tokenizer.model`` only: transformers' sentencepiece tokenizers normalize and split
 differently from unmask's, so ``AutoTokenizer`` is not offered ids that would differ.
 """
@@ -75,6 +78,8 @@ def write_hf_export(out: Path, tensors: Mapping[str, torch.Tensor], config: dict
         hf_config = {"model_type": HF_MODEL_TYPE, "architectures": ["UnmaskForMaskedLM"], "auto_map": AUTO_MAP,
                      "network": asdict(spec.network), "unmask": config, "dtype": "float32",
                      "tie_word_embeddings": False}
+        if spec.block_size is not None:  # its forward then takes the clean copy too (the modeling file's docstring)
+            hf_config["block_size"] = spec.block_size
         atomic_write_bytes(staging / HF_CONFIG_FILE, json.dumps(hf_config, indent=2, sort_keys=True).encode())
         _write_tokenizer(staging, load_tokenizer(tokenizer_dir), spec.network.max_seq_len)
 

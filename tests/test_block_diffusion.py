@@ -399,12 +399,17 @@ def test_unmask_sample_generates_past_the_context_and_stops_at_eos(block_export,
     assert unmask_in_process(["sample", str(block_export), "--num", "1", "--block-len", "4"]) == 2
 
 
-def test_a_block_export_is_refused_the_hugging_face_format_in_one_line(block_export, tmp_path):
+def test_unmask_export_format_hf_writes_a_block_export_with_its_block_size(block_export, tmp_path):
+    """The transformers directory records the block size its modeling file runs the block forward at
+    (its logits: tests/test_hf_export.py)."""
+    import json
+
     from tests.cli_runner import unmask_in_process
 
     out = tmp_path / "hf"
-    assert unmask_in_process(["export", str(block_export), "--format", "hf", "--out", str(out)]) == 2
-    assert not out.exists()
+    assert unmask_in_process(["export", str(block_export), "--format", "hf", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["block_size"] == config["unmask"]["block_size"] == 8
 
 
 def test_complete_continues_prompts_of_any_length_with_the_block_sampler(block_export):

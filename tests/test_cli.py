@@ -28,7 +28,8 @@ def test_unknown_commands_and_flags_fail_with_usage(args):
 
 
 @pytest.mark.parametrize("command", [["tokenizer", "train"], ["prep"], ["train"], ["export"], ["import", "mdlm"],
-                                     ["eval"], ["sample"], ["run"], ["submit"], ["jobs", "list"], ["jobs", "logs"]])
+                                     ["import", "bd3lm"], ["eval"], ["sample"], ["run"], ["submit"], ["jobs", "list"],
+                                     ["jobs", "logs"]])
 def test_every_command_explains_itself_with_an_example(command, capsys):
     with pytest.raises(SystemExit) as exit_:
         unmask_in_process([*command, "--help"])

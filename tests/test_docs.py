@@ -42,7 +42,8 @@ def _hooks():
 # What the examples of a page must have computed, beyond running: name -> check.
 CHECKS = {
     "data-preparation.md": lambda ns: ns["batch"].shape == (8, 16),
-    "import-export.md": lambda ns: ns["logits"].shape == (1, 16, 320) and ns["exported"].tokenizer.vocab_size == 320,
+    "import-export.md": lambda ns: ns["logits"].shape == (1, 16, 320) and ns["exported"].tokenizer.vocab_size == 320
+    and ns["block_logits"].shape == (1, 16, 320) and ns["bd3"].config.block_size == 4,
     "sampling.md": lambda ns: len(ns["samples"]) == 4 and len(ns["continuations"]) == 2
     and all(sample.network_calls > 0 for sample in ns["samples"]),
     "downstream.md": lambda ns: 0 <= ns["results"]["results"]["my_choice"]["acc,none"] <= 1,
@@ -67,7 +68,7 @@ def test_python_examples_run(page, tmp_path, monkeypatch):
     # lm-eval's example: torch's collect_env report costs ~8 s of subprocesses and is not checked.
     monkeypatch.setattr("lm_eval.evaluator.add_env_info", lambda results: None)
     write_numbered_split(tmp_path / "shards", [20, 12], seq_len=16)  # what the loader example reads
-    _write_an_export(tmp_path / "runs" / "tiny" / "export")          # what the export examples load
+    _write_exports(tmp_path / "runs")                               # what the export examples load
     namespace: dict = {}
     for block in _blocks(page):
         exec(compile(block, str(page), "exec"), namespace)
@@ -75,11 +76,13 @@ def test_python_examples_run(page, tmp_path, monkeypatch):
     assert check is None or check(namespace), f"{page.name}: an example computed something else"
 
 
-def _write_an_export(out: Path) -> None:
-    """An export of an untrained tiny network over a tokenizer of a few hundred lines."""
+def _write_exports(runs: Path) -> None:
+    """Exports of untrained tiny networks over a tokenizer of a few hundred lines: runs/tiny/export,
+    and a block diffusion model of block size 4 at runs/bd3/export."""
     text = [f"the quick brown fox {i} jumps over the lazy dog number {i * 7}" for i in range(400)]
-    tokenizer = train_sentencepiece(text, out.parent / "tok", vocab_size=320)
-    write_untrained_export(out, tokenizer, out.parent / "tok")
+    tokenizer = train_sentencepiece(text, runs / "tiny" / "tok", vocab_size=320)
+    write_untrained_export(runs / "tiny" / "export", tokenizer, runs / "tiny" / "tok")
+    write_untrained_export(runs / "bd3" / "export", tokenizer, runs / "tiny" / "tok", config={"block_size": 4})
 
 
 def test_the_config_reference_is_the_generated_one():

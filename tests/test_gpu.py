@@ -6,7 +6,8 @@ under bf16 against float32 on the same weights; and the defaults of issue 24: co
 (blocks, head and loss, a bounded number of graphs), the attention kernels SDPA offers here
 (cuDNN, flash) and "auto"'s choice, the padded vocabulary under bf16, the host syncs of a
 training micro-step, sampling under bf16, the weights of ``--init-from`` loaded before the device;
-block diffusion's FlexAttention training step and its KV-cache sampler. ``make gpu-check`` runs
+block diffusion's FlexAttention training step and its KV-cache sampler, and an imported BD3-LM
+model's logits against BD3-LM's own. ``make gpu-check`` runs
 these and the GPU benchmark in one command; ``bench/gpu_check.sh`` runs them on a lent device
 (docs/performance.md).
 """
@@ -313,11 +314,13 @@ GPU_PLANS = {"ancestral": SamplingPlan(steps=16), "ancestral-static": SamplingPl
              "blocks": SamplingPlan(sampler="first-hitting", block_len=16),
              "blocks-ancestral": SamplingPlan(steps=8, block_len=16)}
 TINY_EXPORT_LENGTH, TINY_VOCAB = 32, 300
+TINY_BLOCK_SIZE = 8  # four blocks of the tiny context: the block mask over [x_t ; x_0] is not trivial
 
 
 @pytest.fixture(scope="module")
 def tiny_exports(tmp_path_factory):
-    """Untrained one-layer exports (absorbing, uniform, autoregressive) and the first's HF directory."""
+    """Untrained one-layer exports (absorbing, uniform, autoregressive, a block model of
+    ``TINY_BLOCK_SIZE``) and the HF directories of the first and of the block model."""
     from data_prep.tokenizer import train_sentencepiece
     from pipeline.export import export_to_hf
     from tests.export_fixtures import write_untrained_export
@@ -332,6 +335,9 @@ def tiny_exports(tmp_path_factory):
                                                                                  {"process": "uniform"}),
                                              ("ar", "autoregressive", {}))}
     paths["hf"] = export_to_hf(paths["absorbing"], root / "hf")
+    paths["block"] = write_untrained_export(root / "block", tokenizer, root / "tok",
+                                            config={"block_size": TINY_BLOCK_SIZE}, max_seq_len=TINY_EXPORT_LENGTH)
+    paths["block-hf"] = export_to_hf(paths["block"], root / "block-hf")
     return paths
 
 
@@ -415,6 +421,25 @@ def test_transformers_loads_the_hf_export_on_the_gpu_and_gives_its_logits(tiny_e
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
 
 
+def test_transformers_runs_a_block_model_s_hf_export_on_the_gpu_with_the_cpu_s_logits(tiny_exports):
+    """A block diffusion model's HF directory on cuda: the forward over [x_t ; x_0] under the dense
+    block mask (SDPA's GPU kernels) gives the unmask export's block forward on the CPU."""
+    transformers = pytest.importorskip("transformers")
+    from pipeline.export import load_export
+
+    model = transformers.AutoModelForMaskedLM.from_pretrained(str(tiny_exports["block-hf"]),
+                                                              trust_remote_code=True).cuda().eval()
+    network = load_export(tiny_exports["block"]).network.eval()
+    generator = torch.Generator().manual_seed(0)
+    x0 = torch.randint(0, TINY_VOCAB, (2, TINY_EXPORT_LENGTH), generator=generator)
+    z = torch.where(torch.rand(x0.shape, generator=generator) < 0.5, TINY_VOCAB, x0)
+    with torch.no_grad():
+        theirs = model(input_ids=z.cuda(), clean_ids=x0.cuda()).logits
+        ours = network(z, None, clean=x0, block_size=TINY_BLOCK_SIZE)
+    assert theirs.device.type == "cuda"
+    torch.testing.assert_close(theirs.cpu(), ours, rtol=1e-4, atol=1e-4)
+
+
 def test_an_export_is_checked_then_loaded_onto_the_gpu_and_a_truncated_one_is_refused(tmp_path):
     """``load_export(map_location="cuda")``, as sampling and evaluation call it on a GPU: the
     export's recorded files are checked on the host first (issue 33)."""
@@ -456,3 +481,43 @@ def test_the_loader_pins_the_batches_it_joins_from_its_workers(tmp_path):
     pinned = list(make(pin_memory=True, num_workers=2))
     assert pinned and all(batch.is_pinned() for batch in pinned)
     assert all(torch.equal(a, b) for a, b in zip(pinned, make(), strict=True))
+
+
+# float32 on the GPU against BD3-LM's float32 logits on the CPU: kernels reorder the sums.
+IMPORTED_LOGITS_ATOL = 1e-4
+
+
+@pytest.mark.parametrize("name", ["released", "plain"])
+def test_an_imported_bd3lm_model_gives_bd3lm_s_logits_on_the_gpu_and_samples(tmp_path, name):
+    """`unmask import bd3lm`'s network on CUDA (adaLN at sigma = 0 in "released"): the training
+    forward under FlexAttention and the dense mask, and the KV-cached sampling forward, give the
+    logits BD3-LM's code computed (tests/fixtures/bd3lm); its sampler runs under bf16."""
+    from model.block_attention import AttentionLayout, KVCache
+    from pipeline.bd3lm_import import import_bd3lm
+    from pipeline.export import load_export
+    from tests.bd3lm_fixtures import CASES, VOCAB_SIZE, source_copy, their_outputs, write_tokenizer
+
+    block_size, _ = CASES[name]
+    exported = load_export(import_bd3lm(source_copy(tmp_path, name), write_tokenizer(tmp_path / "tok"),
+                                        tmp_path / "export"))
+    network, theirs = exported.network.cuda(), their_outputs(name)
+    ids = theirs["input_ids"].cuda()
+    length = ids.shape[1] // 2
+    for kind in ("flex", "dense"):
+        network.block_attention = kind
+        with torch.no_grad():
+            ours = network(ids[:, :length], None, clean=ids[:, length:], block_size=block_size)
+        torch.testing.assert_close(ours.cpu(), theirs["logits"][..., :VOCAB_SIZE], rtol=0, atol=IMPORTED_LOGITS_ATOL)
+    sample_ids, cache, outputs = theirs["sample_ids"].cuda(), KVCache(append=True), []
+    with torch.no_grad():
+        for start in range(0, sample_ids.shape[1], block_size):
+            cache.append = start + block_size < sample_ids.shape[1]  # the last block is the noisy one
+            outputs.append(network(sample_ids[:, start:start + block_size], None,
+                                   layout=AttentionLayout(None, None, cache)))
+    torch.testing.assert_close(torch.cat(outputs, dim=1).cpu(), theirs["sample_logits"][..., :VOCAB_SIZE], rtol=0,
+                               atol=IMPORTED_LOGITS_ATOL)
+    process, plan, device = exported.process(), SamplingPlan(sampler="first-hitting", seed=0), torch.device("cuda")
+    with torch.inference_mode(), inference_mode(network, device):
+        tokens, _ = process.sample(network, plan, num_samples=2, seq_len=3 * length, window=length,
+                                   generator=sample_generators(plan.seed, range(2)), device=device)
+    assert tokens.shape == (2, 3 * length) and int(tokens.max()) < VOCAB_SIZE

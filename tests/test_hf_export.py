@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import shutil
 import stat
@@ -60,11 +61,12 @@ def tokenizer_dir(tmp_path_factory) -> Path:
     return root / "tok"
 
 
-def _random_export(out: Path, tokenizer_dir: Path, **network) -> Path:
-    """An export of a network with random weights (no identity adaLN-zero start)."""
+def _random_export(out: Path, tokenizer_dir: Path, config: dict | None = None, **network) -> Path:
+    """An export of a network with random weights (no identity adaLN-zero start); ``config``
+    adds to its spec (a block size)."""
     tokenizer = load_tokenizer(tokenizer_dir)
     untrained = write_untrained_export(out.with_name(f"{out.name}-untrained"), tokenizer, tokenizer_dir,
-                                       max_seq_len=MAX_SEQ_LEN, **network)
+                                       config=config, max_seq_len=MAX_SEQ_LEN, **network)
     exported = load_export(untrained)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -114,6 +116,91 @@ def test_the_modeling_file_implements_every_network_field(transformers):
     assert set(module.NETWORK_FIELDS) == {field.name for field in dataclasses.fields(TransformerConfig)}
     with pytest.raises(ValueError, match="does not know the network fields"):
         module.UnmaskConfig(network={"vocab_size": 5, "a_field_of_the_future": 1})
+
+
+# ----------------------------------------------------------------------------- block diffusion (BD3-LM)
+BLOCK_LENGTH = 16  # a shorter multiple of the block size than max_seq_len, as the forward allows
+# block size, network: the autoregressive extreme, BD3-LM's released layout (adaLN fed time 0), an untied head
+BLOCK_CASES = {"L'=1": (1, {}), "L'=4, adaLN": (4, {"adaptive_norm": True}),
+               "L'=8, untied": (8, {"tie_weights": False})}
+
+
+def _block_batch(batch: int = 2, length: int = BLOCK_LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_t, x_0) [B, L]: clean tokens and their copy with about half the positions masked."""
+    generator = torch.Generator().manual_seed(5)
+    x0 = torch.randint(0, VOCAB_SIZE, (batch, length), generator=generator)
+    return torch.where(torch.rand(batch, length, generator=generator) < 0.5, VOCAB_SIZE, x0), x0
+
+
+def _load(transformers, directory: Path):
+    return transformers.AutoModelForMaskedLM.from_pretrained(str(directory), trust_remote_code=True).eval()
+
+
+@pytest.fixture(scope="module")
+def block_hf(transformers, tokenizer_dir, tmp_path_factory) -> Path:
+    """The transformers directory of a random-weight block model, L' = 4."""
+    root = tmp_path_factory.mktemp("block-hf")
+    return export_to_hf(_random_export(root / "export", tokenizer_dir, config={"block_size": 4}), root / "hf")
+
+
+@pytest.mark.parametrize("name", sorted(BLOCK_CASES))
+def test_a_block_model_s_directory_gives_the_export_s_forward_over_x_t_and_x_0(transformers, tokenizer_dir,
+                                                                              tmp_path, name):
+    block_size, network = BLOCK_CASES[name]
+    source = _random_export(tmp_path / "export", tokenizer_dir, config={"block_size": block_size}, **network)
+    directory = export_to_hf(source, tmp_path / "hf")
+    model, exported = _load(transformers, directory), load_export(source)
+    assert model.config.block_size == block_size
+    z, x0 = _block_batch()
+    with torch.no_grad():
+        theirs = model(input_ids=z, clean_ids=x0).logits
+        ours = exported.network(z, None, clean=x0, block_size=block_size)
+        bidirectional = exported.network(z)
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-6)
+    assert float((theirs - bidirectional).abs().max()) > 1e-3, "the block mask changed nothing"
+
+
+def test_a_block_s_logits_read_only_its_noisy_tokens_and_the_clean_blocks_before_it(transformers, block_hf):
+    """What the docstring promises for denoising block b after a prefix: input_ids' other blocks
+    and clean_ids' blocks from b on are not read; clean_ids' earlier blocks are."""
+    model, block = _load(transformers, block_hf), slice(8, 12)  # block b = 2 of L' = 4
+    z, x0 = _block_batch()
+    other_z, later_x0, earlier_x0 = z.clone(), x0.clone(), x0.clone()
+    other_z[:, :8], other_z[:, 12:] = VOCAB_SIZE, 7
+    later_x0[:, 8:] = 11
+    earlier_x0[:, 4:8] = 13
+    with torch.no_grad():
+        logits = {name: model(input_ids=noisy, clean_ids=clean).logits[:, block] for name, noisy, clean in
+                  (("given", z, x0), ("other z", other_z, x0), ("later x0", z, later_x0),
+                   ("earlier x0", z, earlier_x0))}
+    torch.testing.assert_close(logits["other z"], logits["given"], rtol=0, atol=1e-6)
+    torch.testing.assert_close(logits["later x0"], logits["given"], rtol=0, atol=1e-6)
+    assert float((logits["earlier x0"] - logits["given"]).abs().max()) > 1e-3
+
+
+def test_a_block_model_misused_is_refused(transformers, block_hf, tokenizer_dir, tmp_path):
+    model = _load(transformers, block_hf)
+    z, x0 = _block_batch()
+    with pytest.raises(ValueError, match=r"block diffusion model \(block_size 4\): pass clean_ids"):
+        model(input_ids=z)
+    with pytest.raises(ValueError, match=r"sequence length 10 is not a multiple of block_size 4"):
+        model(input_ids=z[:, :10], clean_ids=x0[:, :10])
+    with pytest.raises(ValueError, match=r"clean_ids must have input_ids' shape \(2, 16\), got \(2, 12\)"):
+        model(input_ids=z, clean_ids=x0[:, :12])
+    plain = _load(transformers, export_to_hf(_random_export(tmp_path / "export", tokenizer_dir), tmp_path / "hf"))
+    with pytest.raises(ValueError, match=r"clean_ids is for block diffusion models"):
+        plain(input_ids=z, clean_ids=x0)
+    edited = shutil.copytree(block_hf, tmp_path / "edited")  # a lost block_size would run one bidirectional pass
+    config = json.loads((edited / "config.json").read_text())
+    del config["block_size"]
+    (edited / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"block_size None differs from the export's \(unmask\.block_size 4\)"):
+        _load(transformers, edited)
+    config_class, network = type(model.config), model.config.network
+    with pytest.raises(ValueError, match=r"block_size must be a positive integer, got 0"):
+        config_class(network=network, block_size=0)
+    with pytest.raises(ValueError, match=r"bidirectional network without time conditioning"):
+        config_class(network={**network, "causal": True}, block_size=4)
 
 
 def _modes(directory: Path) -> dict[str, int]:

@@ -12,6 +12,20 @@ otherwise. The logits never include the mask (SUBS): softmax over them is the mo
 prediction of the clean token at each position. The network is unmask's
 ``model.transformer.Transformer`` for inference (no dropout), with the same parameter names;
 ``config.unmask`` holds the export's spec (process, schedule) and provenance.
+
+A block diffusion model (BD3-LM; ``config.block_size`` L' set, None otherwise) predicts each
+block of L' tokens given the clean blocks before it, and takes that clean copy too:
+
+    logits = model(input_ids, clean_ids=x0).logits  # [B, L, V]: input_ids is x_t, clean_ids x_0
+
+It is unmask's training and evaluation forward: one pass over [x_t ; x_0] (2L rows) in which
+noisy block b attends to itself and to clean blocks < b, clean block b to clean blocks <= b,
+both halves at rotary positions 0..L-1; the logits are the noisy half's. So the logits of
+block b depend only on ``input_ids``' block b and ``clean_ids``' blocks before it: to denoise
+block b after a generated prefix, put the prefix in ``clean_ids`` (its later blocks are not
+read) and block b's noisy tokens in ``input_ids``. L must be a multiple of L'; the network is
+time-free (``t`` is ignored). A block model called without ``clean_ids``, or another model
+with it, is refused (ValueError).
 """
 
 from __future__ import annotations
@@ -41,9 +55,12 @@ class UnmaskConfig(PretrainedConfig):
 
     model_type = "unmask"
 
-    def __init__(self, network: dict | None = None, unmask: dict | None = None, **kwargs) -> None:
+    def __init__(self, network: dict | None = None, unmask: dict | None = None, block_size: int | None = None,
+                 **kwargs) -> None:
         self.network = dict(network or {})
         self.unmask = dict(unmask or {})
+        self.block_size = block_size
+        _check_block_size(block_size, self.network, self.unmask)
         unknown = sorted(set(self.network) - set(NETWORK_FIELDS))
         if unknown:
             raise ValueError(f"this modeling file does not know the network fields {unknown}: export again "
@@ -58,6 +75,32 @@ class UnmaskConfig(PretrainedConfig):
     def mask_id(self) -> int:
         """The mask's id: one past the V clean tokens."""
         return self.network["vocab_size"]
+
+
+def _check_block_size(block_size: int | None, network: dict, spec: dict) -> None:
+    """A block model's L': the export's own (``spec``, when there is one), a positive int, of a
+    bidirectional time-free network."""
+    if spec and block_size != spec.get("block_size"):  # a lost block_size would run one bidirectional pass
+        raise ValueError(f"block_size {block_size} differs from the export's (unmask.block_size "
+                         f"{spec.get('block_size')}): export again with unmask export --format hf")
+    if block_size is None:
+        return
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    if network.get("causal") or network.get("time_conditioning"):
+        raise ValueError("block diffusion runs a bidirectional network without time conditioning: "
+                         "this config's network is causal or time-conditioned")
+
+
+def block_diffusion_mask(length: int, block_size: int, device: torch.device) -> Tensor:
+    """bool [2L, 2L] over the rows [x_t ; x_0], True where the query row attends the key row:
+    noisy block b sees itself and clean blocks < b, clean block b clean blocks <= b."""
+    row = torch.arange(2 * length, device=device)
+    noisy, block = row < length, (row % length) // block_size  # [2L] each
+    q_noisy, k_noisy, q_block, k_block = noisy[:, None], noisy[None, :], block[:, None], block[None, :]
+    noisy_rows = q_noisy & ((k_noisy & (k_block == q_block)) | (~k_noisy & (k_block < q_block)))
+    clean_rows = ~q_noisy & ~k_noisy & (k_block <= q_block)
+    return noisy_rows | clean_rows
 
 
 class LayerNorm(nn.Module):
@@ -96,10 +139,16 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(net["d_model"], 3 * net["d_model"], bias=False)
         self.out = nn.Linear(net["d_model"], net["d_model"], bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
+        """x [B, rows, d]; ``mask`` (bool [rows, rows]) replaces the network's own full or causal attention."""
         batch, length, width = x.shape
+        # [B, rows, 3 d] -> [3, B, heads, rows, head_dim]
         q, k, v = self.qkv(x).view(batch, length, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, is_causal=self.causal)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.out(y.transpose(1, 2).reshape(batch, length, width))
 
 
@@ -131,12 +180,12 @@ class Block(nn.Module):
         self.mlp = MLP(net)
         self.modulation = nn.Linear(net["time_embed_dim"], 6 * net["d_model"]) if modulated(net) else None
 
-    def forward(self, x: Tensor, cond: Tensor | None, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cond: Tensor | None, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
         if self.modulation is None:
-            x = x + self.attn(self.attn_norm(x), cos, sin)
+            x = x + self.attn(self.attn_norm(x), cos, sin, mask)
             return x + self.mlp(self.mlp_norm(x))
         shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(cond)[:, None].chunk(6, dim=-1)
-        x = x + gate1 * self.attn(modulate(self.attn_norm(x), shift1, scale1), cos, sin)
+        x = x + gate1 * self.attn(modulate(self.attn_norm(x), shift1, scale1), cos, sin, mask)
         return x + gate2 * self.mlp(modulate(self.mlp_norm(x), shift2, scale2))
 
 
@@ -177,7 +226,8 @@ class UnmaskPreTrainedModel(PreTrainedModel):
 
 
 class UnmaskForMaskedLM(UnmaskPreTrainedModel):
-    """The denoiser: ``(input_ids [B, L], t [B]) -> logits [B, L, V]``; see the module docstring."""
+    """The denoiser: ``(input_ids [B, L], t [B]) -> logits [B, L, V]``, a block model's with
+    ``clean_ids`` [B, L] too; see the module docstring."""
 
     def __init__(self, config: UnmaskConfig) -> None:
         super().__init__(config)
@@ -191,24 +241,28 @@ class UnmaskForMaskedLM(UnmaskPreTrainedModel):
         self.head = None if net["tie_weights"] else nn.Linear(d, v + int(net["head_mask_row"]), bias=net["head_bias"])
         self.post_init()
 
-    def forward(self, input_ids: Tensor, t: Tensor | None = None, return_dict: bool | None = None,
-                **_unused) -> MaskedLMOutput | tuple[Tensor]:
+    def forward(self, input_ids: Tensor, t: Tensor | None = None, clean_ids: Tensor | None = None,
+                return_dict: bool | None = None, **_unused) -> MaskedLMOutput | tuple[Tensor]:
         net = self.net
         length = input_ids.shape[1]
         if length > net["max_seq_len"]:
             raise ValueError(f"sequence length {length} exceeds max_seq_len {net['max_seq_len']}")
         if net["time_conditioning"] and t is None:
             raise ValueError("this model is time-conditioned: pass t (the diffusion time of each sequence, in [0, 1])")
+        mask = self._block_mask(input_ids, clean_ids)
         cond = None
         if self.time_embed is not None:
             time = t if net["time_conditioning"] else torch.zeros(input_ids.shape[0], device=input_ids.device)
             cond = self.time_embed(time.to(input_ids.device))
         cos, sin = rotary_tables(length, net["d_model"] // net["n_heads"], net["rope_base"], net["rope_angles"],
                                  input_ids.device)
+        if mask is not None:  # block diffusion's one pass over [x_t ; x_0]: both halves at positions 0..L-1
+            input_ids = torch.cat([input_ids, clean_ids.to(input_ids.device)], dim=1)  # [B, L] + [B, L] -> [B, 2L]
+            cos, sin = cos.repeat(2, 1), sin.repeat(2, 1)  # [L, head_dim / 2] -> [2L, head_dim / 2]
         x = self.embed(input_ids)
         for block in self.blocks:
-            x = block(x, cond, cos, sin)
-        x = self.final_norm(x)
+            x = block(x, cond, cos, sin, mask)
+        x = self.final_norm(x[:, :length])  # the noisy half (every row without a clean copy)
         if self.final_modulation is not None:
             shift, scale = self.final_modulation(cond)[:, None].chunk(2, dim=-1)
             x = modulate(x, shift, scale)
@@ -216,6 +270,26 @@ class UnmaskForMaskedLM(UnmaskPreTrainedModel):
         if return_dict is False:
             return (logits,)
         return MaskedLMOutput(logits=logits)
+
+    def _block_mask(self, input_ids: Tensor, clean_ids: Tensor | None) -> Tensor | None:
+        """The attention mask of a block model's call (None for any other model), its misuse refused."""
+        block_size = self.config.block_size
+        if block_size is None:
+            if clean_ids is not None:
+                raise ValueError("clean_ids is for block diffusion models (config.block_size set); this model is "
+                                 "called with input_ids (and t) only")
+            return None
+        if clean_ids is None:
+            raise ValueError(f"this is a block diffusion model (block_size {block_size}): pass clean_ids, the clean "
+                             "sequence x_0 [B, L] (each block of input_ids is predicted given clean_ids' blocks "
+                             "before it)")
+        if clean_ids.shape != input_ids.shape:
+            raise ValueError(f"clean_ids must have input_ids' shape {tuple(input_ids.shape)}, got "
+                             f"{tuple(clean_ids.shape)}")
+        if input_ids.shape[1] % block_size:
+            raise ValueError(f"sequence length {input_ids.shape[1]} is not a multiple of block_size {block_size}: "
+                             "pad or cut it to whole blocks")
+        return block_diffusion_mask(input_ids.shape[1], block_size, input_ids.device)
 
     def _logits(self, hidden: Tensor) -> Tensor:
         v = self.net["vocab_size"]
