@@ -37,7 +37,7 @@ from pipeline.config import load_config
 from pipeline.ema import EMA
 from pipeline.engine import plan_training, prepare_model
 from pipeline.objective import MicroBatchSlot, make_objective
-from tests.cli_runner import cli_env
+from tests.cli_runner import DISTRIBUTED_ENV, cli_env
 from tests.paths import REPO
 
 pytestmark = [pytest.mark.gpu,
@@ -86,14 +86,16 @@ def test_flash_attention_runs_and_matches_the_default_kernel():
 
 
 def test_nccl_initializes_a_world_of_one():
-    """What `unmask train` does alone: DeepSpeed joins a world of one on NCCL."""
-    script = ("import torch, torch.distributed as d; from pipeline.distributed import init_distributed;"
-              "g = init_distributed(); t = torch.ones(1, device=g.device); d.all_reduce(t);"
-              "print(g.backend, d.get_backend(), int(t.item()))")
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=cli_env(), capture_output=True, text=True,
+    """What `unmask train` does alone: DeepSpeed joins a world of one on NCCL; at shutdown the
+    process keeps none of the launcher variables it set for itself."""
+    script = ("import os, torch, torch.distributed as d; from pipeline.distributed import init_distributed;"
+              "g = init_distributed(); t = torch.ones(1, device=g.device); d.all_reduce(t); g.shutdown();"
+              "print(g.backend, d.get_backend(), int(t.item()), 'MASTER_PORT' in os.environ)")
+    env = {name: value for name, value in cli_env().items() if name not in DISTRIBUTED_ENV}
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-3:] == ["nccl", "nccl", "1"]
+    assert done.stdout.split()[-4:] == ["nccl", "nccl", "1", "False"]
 
 
 def test_compile_auto_is_on_and_the_compiled_blocks_head_and_loss_give_the_eager_loss_and_gradients():
