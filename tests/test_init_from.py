@@ -28,7 +28,7 @@ from pipeline.hooks import TrainHooks
 from pipeline.init_from import InitFrom, read_source, recorded_source
 from pipeline.objective import MicroBatchSlot, make_objective, model_spec
 from pipeline.trainer import train
-from tests.cli_runner import DISTRIBUTED_ENV
+from tests.cli_runner import DISTRIBUTED_ENV, unmask_in_process
 from tests.train_helpers import MICRO_CONFIG, write_config
 
 # The new run: one micro-batch per step, another seed (its own initialization differs from the
@@ -245,6 +245,29 @@ def test_an_mdlm_import_trains_with_its_own_network_under_a_new_schedule(tinysha
     longer = _config(tmp_path, model={**MICRO_CONFIG["model"], "n_heads": 4, "schedule": "linear"},
                      train={"max_steps": 2})
     assert _train(longer, tinyshakespeare_shards, tmp_path / "new", None)[0].step == 2
+
+
+def test_a_bd3lm_import_fine_tunes_as_a_block_model_from_its_weights(tmp_path):
+    """BD3-LM's released network (adaLN at sigma = 0, biases, the mask's head row; tests/fixtures/bd3lm,
+    written by its own code) fine-tunes at its block size: the run takes the import's network
+    options, and its first loss is the imported weights' block-diffusion loss."""
+    from pipeline.bd3lm_import import import_bd3lm
+    from tests.bd3lm_fixtures import EOS, WORDS, source_copy, write_tokenizer
+
+    tokenizer = write_tokenizer(tmp_path / "tokenizer")
+    imported = import_bd3lm(source_copy(tmp_path, "released"), tokenizer, tmp_path / "import")
+    words = torch.randint(2, len(WORDS), (200, 40), generator=torch.Generator().manual_seed(0)).tolist()
+    (tmp_path / "corpus.txt").write_text("\n\n".join(" ".join(WORDS[i] for i in doc) for doc in words))
+    assert unmask_in_process(["prep", "--input", str(tmp_path / "corpus.txt"), "--tokenizer", str(tokenizer),
+                              "--eos-token", EOS, "--out", str(tmp_path / "shards"), "--seq-len", "16",
+                              "--val-fraction", "0.1"]) == 0
+    config = _config(tmp_path, model={"preset": "tiny", "n_layers": 2, "d_model": 16, "n_heads": 2, "max_seq_len": 16,
+                                      "block_size": 4, "schedule": "loglinear"})
+    _, batches = _train(config, tmp_path / "shards", tmp_path / "new", InitFrom(imported))
+    expected = load_file(str(imported / WEIGHTS_FILE))
+    assert _step_losses(tmp_path / "new")[1] == pytest.approx(_loss_at(expected, imported, config, batches[1], 0),
+                                                              rel=1e-6)
+    assert read_state(resolve_checkpoint(tmp_path / "new")).network["adaptive_norm"] is True
 
 
 @pytest.mark.slow
