@@ -51,6 +51,24 @@ def test_the_export_computes_bd3lm_s_logits_over_x_t_and_x_0(tokenizer_dir, tmp_
                                                                                             [0.001, 0.999])
 
 
+def test_a_config_as_published_imports_with_the_same_network(tokenizer_dir, tmp_path):
+    """The released config.json (kuleshov-group/bd3lm-owt-block_size4, as the Hub shows it) has no
+    adaln or causal field (their config's defaults: true, false) and carries the Hub's own
+    fields (auto_map, _name_or_path, torch_dtype): it imports as the fixture that spells them out."""
+    source = source_copy(tmp_path, "released")
+    config = json.loads((source / "config.json").read_text())
+    published = {key: value for key, value in config.items() if key not in ("adaln", "causal", "dtype")}
+    published.update({"_name_or_path": "kuleshov-group/bd3lm-owt-block_size4", "attn_backend": "sdpa",
+                      "auto_map": {"AutoConfig": "configuration_bd3lm.BD3LMConfig",
+                                   "AutoModelForMaskedLM": "modeling_bd3lm.BD3LM"},
+                      "torch_dtype": "float32", "transformers_version": "4.49.0"})
+    (source / "config.json").write_text(json.dumps(published))
+    ours = load_export(import_bd3lm(source, tokenizer_dir, tmp_path / "export"))
+    spelled_out = load_export(import_bd3lm(source_copy(tmp_path / "fixture", "released"), tokenizer_dir,
+                                           tmp_path / "fixture-export"))
+    assert ours.network.config == spelled_out.network.config and ours.spec == spelled_out.spec
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_kv_cached_block_forward_gives_bd3lm_s_sampling_logits(tokenizer_dir, tmp_path, name):
     """Our sampler's calls (finished blocks through the KV cache, then the noisy block) equal BD3-LM's
