@@ -167,10 +167,12 @@ class DiffusionObjective:
         self.mask_rate = tuple(mask_rate)
 
     def loss_sum(self, network: nn.Module, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
-        t, masks = _times_and_masks(x0, slot)
         if isinstance(self.diffusion, BlockMaskedDiffusion):
             # DeepSpeed's engine.eval() leaves the engine's own flag set: ask the network it holds.
             t = self._block_times(x0, slot, clip=getattr(network, "module", network).training).to(x0.device)
+            masks = row_generators(x0.device, slot, x0.shape[0])
+        else:
+            t, masks = _times_and_masks(x0, slot)
         return self.diffusion.nelbo(_denoiser_of(network), x0, t, masks, reconstruction="uniform").sum()
 
     def _block_times(self, x0: Tensor, slot: MicroBatchSlot, *, clip: bool) -> Tensor:
