@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
-from common.outputs import claim_output_dir
+from common.outputs import OutputClaim, claim_output_dir
 from common.progress import bar as progress_bar
 from common.progress import bars_and_logs
 from common.provenance import git_commit
@@ -55,7 +55,6 @@ from pipeline.distributed import Distributed, init_distributed
 from pipeline.ema import EMA
 from pipeline.engine import TrainingPlan, build_engine, deepspeed_config, plan_training
 from pipeline.hooks import TrainHooks
-from pipeline.mask_rate_search import interval_variances, least_variance
 from pipeline.init_from import (
     InitFrom,
     InitRecord,
@@ -67,6 +66,7 @@ from pipeline.init_from import (
     recorded_source,
     with_source_architecture,
 )
+from pipeline.mask_rate_search import interval_variances, least_variance
 from pipeline.metrics import block_diffusion_flops_per_token, flops_per_token, mfu, peak_flops
 from pipeline.objective import NATS_PER_BIT, MicroBatchSlot, make_objective, model_spec
 from pipeline.run_layout import RUN_KIND, RunLayout, training_data
@@ -645,6 +645,27 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
         raise UserError(f"--resume must be 'auto' or 'never', got {resume!r}")
     joined_here = not torch.distributed.is_initialized()
     dist = init_distributed()
+    try:
+        lock, claim = _claim_run_dir(dist, data_dir, run_dir, init_from)
+        try:
+            data = data_dir if is_remote(data_dir) else Path(data_dir)
+            result = _train_locked(config, dist, data, Path(run_dir), resume, allow_config_change, hooks, init_from)
+        except BaseException:
+            lock.release()
+            if claim is not None and not _took_a_step(Path(run_dir)):  # a directory it created goes, with what it wrote
+                claim.abandon(written=[path.name for path in RunLayout(run_dir).before_first_step()])
+            raise
+        lock.release()
+    finally:  # a lone process's RANK, MASTER_PORT, ...: nothing it starts later may rendezvous on that port
+        dist.unset_variables()
+    if joined_here:  # the group this call made; a launcher's (Ray Train's) is the launcher's to end
+        dist.shutdown()
+    return result
+
+
+def _claim_run_dir(dist: Distributed, data_dir: str | Path, run_dir: str | Path,
+                   init_from: InitFrom | None) -> tuple[RunLock, OutputClaim | None]:
+    """Rank 0 claims ``run_dir`` as a run's and takes its lock; every rank raises its refusal."""
     lock = RunLock(run_dir)
     refusal, claim = None, None
     if dist.is_main:
@@ -655,23 +676,8 @@ def train(config: Config, *, data_dir: str | Path, run_dir: str | Path, resume: 
         except UserError as err:
             refusal = err
     if dist.any(refusal is not None):
-        dist.unset_variables()
         raise refusal or UserError(f"{run_dir}: rank 0 could not lock the run directory; its message says why")
-    try:
-        data = data_dir if is_remote(data_dir) else Path(data_dir)
-        result = _train_locked(config, dist, data, Path(run_dir), resume, allow_config_change, hooks, init_from)
-    except BaseException:
-        lock.release()
-        dist.unset_variables()
-        if claim is not None and not _took_a_step(Path(run_dir)):  # a directory it created goes, with what it wrote
-            claim.abandon(written=[path.name for path in RunLayout(run_dir).before_first_step()])
-        raise
-    lock.release()
-    if joined_here:  # the group this call made; a launcher's (Ray Train's) is the launcher's to end
-        dist.shutdown()
-    else:
-        dist.unset_variables()
-    return result
+    return lock, claim
 
 
 def _took_a_step(run_dir: Path) -> bool:
