@@ -26,14 +26,16 @@ import math
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.pipeline_runs import run_unmask, tiny_recipe  # noqa: E402
+
 SEED = 0
 BOOTSTRAP_DRAWS = 2000  # resamples of the samples for the generative perplexity's interval
 
@@ -42,27 +44,14 @@ AR = "ar"  # the autoregressive run's name, in place of a block size
 
 
 def _config(args: argparse.Namespace, block_size: int | None | str) -> dict:
-    """The `tiny` recipe (configs/tiny.yaml), ``args.steps`` long; only the block size (or the objective) differs."""
-    model = {"block_size": block_size} if block_size != AR else {}
-    return {
-        "base": "tiny-ar" if block_size == AR else "tiny",
-        "model": model,
-        "train": {"max_steps": args.steps, "global_batch_size": args.global_batch, "seed": SEED, "zero_stage": 1},
-        "optim": {"warmup_steps": max(1, args.steps // 10)},
-        "eval": {"every": args.steps, "batches": 8},
-        "checkpoint": {"every": args.steps},
-        "logging": {"every": 10, "progress": False, "mlflow": False},
-        "data": {"num_workers": 1},
-    }
+    """The `tiny` recipe; only the block size (or the objective: `tiny-ar`) differs."""
+    if block_size == AR:
+        return tiny_recipe(args.steps, args.global_batch, SEED, base="tiny-ar")
+    return tiny_recipe(args.steps, args.global_batch, SEED, model={"block_size": block_size})
 
 
 def _unmask(args: list[str]) -> str:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    proc = subprocess.run([sys.executable, "-m", "orchestration.cli", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, check=False)
-    if proc.returncode:
-        raise SystemExit(f"unmask {' '.join(args[:2])} failed:\n{proc.stderr[-3000:]}")
-    return proc.stdout
+    return run_unmask(args, threads=int(os.environ.get("OMP_NUM_THREADS", "1")))
 
 
 def _name(block_size: int | None | str) -> str:

@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
+from bench.pipeline_runs import run_unmask, tiny_recipe  # noqa: E402
 from data_prep.loader import StreamingLoader  # noqa: E402
 from data_prep.shards import Manifest  # noqa: E402
 from model.spec import build_trainable  # noqa: E402
@@ -55,26 +55,14 @@ SEED = 0
 
 
 def _config(args: argparse.Namespace, process: str) -> dict:
-    """The `tiny` recipe (configs/tiny.yaml), ``args.steps`` long; only the process differs."""
-    return {
-        "base": "tiny",
-        # t for every process: uniform's and learned's best denoisers depend on it (config check)
-        "model": {"process": process, "schedule": "linear", "time_conditioning": True},
-        "train": {"max_steps": args.steps, "global_batch_size": args.global_batch, "seed": SEED, "zero_stage": 1},
-        "optim": {"warmup_steps": max(1, args.steps // 10)},
-        "eval": {"every": args.steps, "batches": 8},
-        "checkpoint": {"every": args.steps},
-        "logging": {"every": 10, "progress": False, "mlflow": False},
-        "data": {"num_workers": 1},
-    }
+    """The `tiny` recipe; only the process differs (t for every process: uniform's and learned's
+    best denoisers depend on it, the config check says)."""
+    return tiny_recipe(args.steps, args.global_batch, SEED,
+                       model={"process": process, "schedule": "linear", "time_conditioning": True})
 
 
 def _unmask(args: list[str]) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(os.cpu_count() or 1)}
-    proc = subprocess.run([sys.executable, "-m", "orchestration.cli", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, check=False)
-    if proc.returncode:
-        raise SystemExit(f"unmask {' '.join(args[:2])} failed:\n{proc.stderr[-3000:]}")
+    run_unmask(args, threads=os.cpu_count() or 1)
 
 
 def quality(args: argparse.Namespace, process: str, root: Path) -> dict:
