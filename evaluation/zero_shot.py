@@ -384,6 +384,19 @@ def run_zero_shot(target: Path, config: EvalConfig, options: ReportOptions, *,
     requested_device = resolve_device(str(device)) if device is not None else None
     _check_report_dir(target, config, options)
     group = dist or init_distributed(deepspeed_backend=False)
+    try:
+        report = _score_and_report(group, target, config, options, comparison, requested_device)
+    finally:  # a lone process's RANK, MASTER_PORT, ...: nothing it starts later may rendezvous on that port
+        if dist is None:
+            group.unset_variables()
+    if dist is None:
+        group.shutdown()
+    return report
+
+
+def _score_and_report(group: Distributed, target: Path, config: EvalConfig, options: ReportOptions,
+                      comparison: Comparison | None, requested_device: torch.device | None) -> ZeroShotReport | None:
+    """``run_zero_shot``'s work in the process group: export if needed, score, write the report (rank 0)."""
     if group.is_main:
         export_if_missing(target)
     group.barrier()
@@ -396,7 +409,4 @@ def run_zero_shot(target: Path, config: EvalConfig, options: ReportOptions, *,
     device = requested_device or group.device
     scores = evaluate(exported, config, device=device, rank=group.rank, world_size=group.world_size,
                       all_reduce=group.sum, progress=lambda message: log.info(message) if group.is_main else None)
-    report = _report(scores, exported, export_dir, comparison, config, options, device) if group.is_main else None
-    if dist is None:
-        group.shutdown()
-    return report
+    return _report(scores, exported, export_dir, comparison, config, options, device) if group.is_main else None

@@ -8,6 +8,7 @@ untrained tiny networks; every refusal is one line naming the flag, file or fiel
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from model.sampling import PlanError, RemaskOptions, SamplingPlan, parse_sampler
 from model.schedules import make_schedule
 from pipeline.config import load_config, parse_overrides
 from pipeline.run_layout import RunLayout
-from tests.cli_runner import unmask_in_process
+from tests.cli_runner import DISTRIBUTED_ENV, unmask_in_process
 from tests.export_fixtures import write_untrained_export
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -123,8 +124,11 @@ def test_an_evaluation_whose_samples_fail_still_writes_the_report_of_its_bounds(
     monkeypatch.setattr("evaluation.zero_shot.generate", out_of_memory)
     out = tmp_path / "report"
     config = EvalConfig(datasets=(str(text_file),), samples_per_block=2)
+    launcher = {name: os.environ.get(name) for name in DISTRIBUTED_ENV}
     with pytest.raises(RuntimeError, match="CUDA out of memory"):
         run_zero_shot(exports["diffusion"], config, ReportOptions(num_samples=1, out=out), device="cpu")
+    assert {name: os.environ.get(name) for name in DISTRIBUTED_ENV} == launcher, "the failed evaluation left its " \
+        "rendezvous variables behind"
     results = json.loads((out / "results.json").read_text())
     assert results["datasets"][str(text_file)]["perplexity_bound"] > 1 and not results.get("samples")
     assert (out / "report.md").is_file()
