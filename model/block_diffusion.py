@@ -30,14 +30,12 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from model.checks import check_nll, check_positions, check_reconstruction
+from model.checks import check_positions, check_reconstruction
 from model.denoiser import Denoiser, DenoiserLike, as_denoiser
 from model.diffusion import MaskedDiffusion, NelboTerms, Reconstruction, low_discrepancy_times
 from model.generators import Generators, batch_generator, uniforms
-from model.positions import sum_by_row
 from model.sampling import SamplingPlan, SamplingStats
 from model.sampling.blocks import draw_blocks
 from model.schedules import Schedule
@@ -180,19 +178,9 @@ class BlockMaskedDiffusion(MaskedDiffusion):
 
     def block_token_nll(self, denoiser: DenoiserLike, z_t: Tensor, x0: Tensor, masked: Tensor) -> Tensor:
         """Sum over block b's masked positions of -log p(x0 | z^b, x0^<b), float64 [B, blocks]."""
-        batch, length = x0.shape
-        flat = masked.flatten().nonzero().squeeze(1)  # one host sync, as MaskedDiffusion's
-        slots = torch.div(flat, self.block_size, rounding_mode="floor")  # (row, block) in row-major order
-        targets = x0.flatten().index_select(0, flat)
-        network = self._given_clean(denoiser, x0)
-        if self.cross_entropy_chunk_rows or network.fused_nll:
-            nll = network.nll_at(z_t, None, masked, targets, self.cross_entropy_chunk_rows or None)
-            check_nll(nll, flat.numel())
-        else:
-            nll = F.cross_entropy(self._logits_at(network, z_t, None, masked, flat.numel()).float(), targets,
-                                  reduction="none")
-        blocks = length // self.block_size
-        return sum_by_row(nll, slots, batch * blocks).view(batch, blocks)  # [B * blocks] -> [B, blocks]
+        # Runs of L' positions are the blocks, (row, block) in row-major order.
+        nll = self.masked_nll_by_group(self._given_clean(denoiser, x0), z_t, None, x0, masked, self.block_size)
+        return nll.view(x0.shape[0], -1)  # [B * blocks] -> [B, blocks]
 
     def _given_clean(self, denoiser: DenoiserLike, x0: Tensor) -> Denoiser:
         if not isinstance(denoiser, BlockDenoiser):

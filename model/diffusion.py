@@ -58,7 +58,7 @@ from model.checks import (
     check_token_ids,
     check_vocab_size,
 )
-from model.denoiser import DenoiserLike, as_denoiser
+from model.denoiser import Denoiser, DenoiserLike, as_denoiser
 from model.generators import Generators, batch_generator, uniforms
 from model.positions import count_scored, sum_by_row
 from model.sampling import (
@@ -349,17 +349,22 @@ class MaskedDiffusion(DiffusionProcess):
 
         The log-softmax runs in float32 even when the network returns bf16 logits.
         """
-        # One read of the masked positions (a host sync on a GPU); rows and targets follow on the device.
+        return self.masked_nll_by_group(as_denoiser(denoiser), z_t, t, x0, masked, x0.shape[1])
+
+    def masked_nll_by_group(self, denoiser: Denoiser, z_t: Tensor, t: Tensor | None, x0: Tensor, masked: Tensor,
+                            group_len: int) -> Tensor:
+        """Sum of -log softmax(f(z_t, t))[x0] over the masked positions of each run of
+        ``group_len`` consecutive positions (a sequence: L; a block: L'), float64 [B * L / group_len]."""
+        # One read of the masked positions (a host sync on a GPU); groups and targets follow on the device.
         flat = masked.flatten().nonzero().squeeze(1)
-        rows, targets = torch.div(flat, x0.shape[1], rounding_mode="floor"), x0.flatten().index_select(0, flat)
-        denoiser = as_denoiser(denoiser)
+        groups, targets = torch.div(flat, group_len, rounding_mode="floor"), x0.flatten().index_select(0, flat)
         if self.cross_entropy_chunk_rows or denoiser.fused_nll:
             nll = denoiser.nll_at(z_t, t, masked, targets, self.cross_entropy_chunk_rows or None)
             check_nll(nll, flat.numel())
         else:
             nll = F.cross_entropy(self._logits_at(denoiser, z_t, t, masked, flat.numel()).float(), targets,
                                   reduction="none")
-        return sum_by_row(nll, rows, x0.shape[0])
+        return sum_by_row(nll, groups, x0.numel() // group_len)
 
     def _reconstruction(self, denoiser: DenoiserLike, x0: Tensor, generator: Generators,
                         kind: Reconstruction, positions: Tensor | None = None) -> Tensor:
