@@ -1,7 +1,7 @@
 """Block diffusion (BD3-LM) on CPU: its training step against MDLM's at equal tokens, and its
 KV-cache sampling against MDLM's semi-autoregressive sampling at the same block size.
 
-Training: forward + backward of the training objective (``pipeline.objective``) on the same
+Training: forward + backward of the training objective (``pipeline.training.objective``) on the same
 batch of B sequences of L tokens, MDLM (``model.block_size`` null) and BD3 at each
 ``--block-sizes`` L' (one forward over [z ; x], 2L rows, under the dense block mask: SDPA,
 what a CPU trains with). The ratio BD3 / MDLM of the median step time is the figure.
@@ -32,13 +32,13 @@ import time
 
 import torch
 
-from model.block_diffusion import BlockMaskedDiffusion
-from model.diffusion import MaskedDiffusion
+from model.absorbing import AbsorbingDiffusion
+from model.block_diffusion import BlockDiffusion
 from model.sampling import SamplingPlan
 from model.schedules import make_schedule
 from model.spec import ModelSpec
 from model.transformer import Transformer, preset
-from pipeline.objective import MicroBatchSlot, make_objective
+from pipeline.training.objective import MicroBatchSlot, make_objective
 
 VOCAB_SIZE = 4096   # a small tokenizer's vocabulary, as bench/model_cpu.py's tiny shape
 
@@ -82,9 +82,9 @@ def bench_training(args: argparse.Namespace) -> list[dict]:
 def _sample_seconds(network: Transformer, block_size: int, bd3: bool, args: argparse.Namespace) -> tuple[float, int]:
     schedule = make_schedule("linear")
     if bd3:
-        process, plan = BlockMaskedDiffusion(schedule, VOCAB_SIZE, block_size), SamplingPlan(sampler="first-hitting")
+        process, plan = BlockDiffusion(schedule, VOCAB_SIZE, block_size), SamplingPlan(sampler="first-hitting")
     else:
-        process = MaskedDiffusion(schedule, VOCAB_SIZE)
+        process = AbsorbingDiffusion(schedule, VOCAB_SIZE)
         plan = SamplingPlan(sampler="first-hitting", block_len=block_size)
     start = time.perf_counter()
     with torch.inference_mode():

@@ -39,14 +39,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from data_prep.gpt2_bpe import GPT2BPETokenizer  # noqa: E402
-from data_prep.loader import StreamingLoader  # noqa: E402
 from data_prep.prep import PrepConfig, prep  # noqa: E402
-from data_prep.shards import chunk_rows  # noqa: E402
-from data_prep.storage import READ_STATS, ChunkCache  # noqa: E402
-from tests.mlflow_server import free_port  # noqa: E402
-from tests.s3_server import CREDENTIALS  # noqa: E402
-from tests.shard_fixtures import write_numbered_split  # noqa: E402
+from data_prep.shards.format import chunk_rows  # noqa: E402
+from data_prep.shards.loader import StreamingLoader  # noqa: E402
+from data_prep.shards.storage import READ_STATS, ChunkCache  # noqa: E402
+from data_prep.tokenizer.gpt2_bpe import GPT2BPETokenizer  # noqa: E402
+from tests.support.mlflow_server import free_port  # noqa: E402
+from tests.support.s3_server import CREDENTIALS  # noqa: E402
+from tests.support.shard_fixtures import write_numbered_split  # noqa: E402
 
 SHARED_DATA = REPO.parent / "shared" / "data"
 PTB_TRAIN = SHARED_DATA / "ptb" / "ptb.train.txt"

@@ -27,10 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evaluation.estimator import Blocks, estimate_bound  # noqa: E402
-from evaluation.evaluate import default_batch_size  # noqa: E402
+from evaluation.bounds.estimator import Blocks, estimate_bound  # noqa: E402
+from evaluation.bounds.scoring import default_batch_size  # noqa: E402
 from evaluation.inference import inference_mode  # noqa: E402
-from model.diffusion import MaskedDiffusion  # noqa: E402
+from model.absorbing import AbsorbingDiffusion  # noqa: E402
 from model.schedules import make_schedule  # noqa: E402
 from model.transformer import Transformer, preset  # noqa: E402
 
@@ -71,13 +71,13 @@ def measure(name: str, seq_len: int, samples: int, batch_size: int | None, repea
     device_ = torch.device(device)
     torch.manual_seed(0)
     network = Transformer(preset(name, vocab_size, max_seq_len=seq_len)).to(device_).eval()  # an export's
-    diffusion = MaskedDiffusion(make_schedule("linear"), vocab_size, validate=False)
+    diffusion = AbsorbingDiffusion(make_schedule("linear"), vocab_size, validate=False)
     count = blocks or BLOCKS[name]
     tokens = torch.randint(0, vocab_size, (count, seq_len))
     scored_blocks = Blocks(tokens, torch.ones_like(tokens, dtype=torch.bool))
     on_device = tokens.to(device_)
     batch_size = batch_size or default_batch_size(network.config, seq_len, device_)
-    if tuned and device_.type == "cuda":  # unmask eval compiles on GPU only (evaluation.evaluate.should_compile)
+    if tuned and device_.type == "cuda":  # unmask eval compiles on GPU only (evaluation.bounds.scoring.should_compile)
         network.compile_parts()
     running = (lambda: inference_mode(network, device_)) if tuned else (lambda: inference_precision(device_))
 

@@ -29,7 +29,7 @@
 #                                                  --data SHARDS --eval-data PTB_ROOT --out DIR
 #
 # The dry run takes the tiny preset and configs/tiny.yaml on any `unmask prep` output, with
-# a step or two per stage: it proves the script, not the speed (tests/test_gpu_check.py).
+# a step or two per stage: it proves the script, not the speed (tests/end_to_end/test_gpu_check.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -124,7 +124,7 @@ PY
 
 "$python" - "$device" > "$out/environment.json" <<'PY'
 import json, sys, torch
-from pipeline.attention import available_kernels
+from pipeline.training.attention import available_kernels
 device = torch.device(sys.argv[1])
 dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
 print(json.dumps({"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
@@ -164,7 +164,7 @@ if wanted e2e; then
   # BD3-LM's checkpoint format: its committed fixture (adaLN at sigma = 0, blocks of 4) imported,
   # then sampled block by block through the KV cache on the device, past its 16-token context.
   step e2e-bd3lm-tokenizer "$limit_e2e_command" "$python" -c "import sys; from pathlib import Path; \
-from tests.bd3lm_fixtures import write_tokenizer; write_tokenizer(Path(sys.argv[1]))" "$scratch/bd3lm-tokenizer"
+from tests.support.bd3lm_fixtures import write_tokenizer; write_tokenizer(Path(sys.argv[1]))" "$scratch/bd3lm-tokenizer"
   step e2e-import-bd3lm "$limit_e2e_command" "${unmask[@]}" import bd3lm tests/fixtures/bd3lm/released \
     --tokenizer "$scratch/bd3lm-tokenizer" --out "$scratch/bd3lm"
   step e2e-sample-bd3lm "$limit_e2e_command" "${unmask[@]}" sample "$scratch/bd3lm" --num 2 --seq-len 32 \
@@ -174,7 +174,7 @@ from tests.bd3lm_fixtures import write_tokenizer; write_tokenizer(Path(sys.argv[
   step e2e-hf-load "$limit_e2e_command" "$python" - "$scratch/hf" "$run/export" "$device" <<'PY'
 # transformers loads the HF export on the device and gives the unmask export's logits there.
 import json, sys, torch, transformers
-from pipeline.export import load_export
+from pipeline.interchange.export import load_export
 hf_dir, export_dir, device = sys.argv[1], sys.argv[2], torch.device(sys.argv[3])
 model = transformers.AutoModelForMaskedLM.from_pretrained(hf_dir, trust_remote_code=True).to(device).eval()
 network = load_export(export_dir).network.to(device).eval()

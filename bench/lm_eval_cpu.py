@@ -1,4 +1,4 @@
-"""lm-eval's ``loglikelihood`` on CPU: continuation tokens scored per second (``evaluation.likelihoods``).
+"""lm-eval's ``loglikelihood`` on CPU: continuation tokens scored per second (``evaluation.downstream.likelihoods``).
 
 LAMBADA-shaped requests of random tokens (the cost does not depend on the token values): a
 context of ``--context`` tokens and a continuation of ``--continuation`` (LAMBADA's last word is
@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eval_throughput import GPT2_VOCAB, _timed  # noqa: E402
 
-from evaluation.estimator import Blocks, estimate_bound  # noqa: E402
-from evaluation.likelihoods import ScoringModel, ScoringSettings, score_continuations  # noqa: E402
+from evaluation.bounds.estimator import Blocks, estimate_bound  # noqa: E402
+from evaluation.downstream.likelihoods import ScoringModel, ScoringSettings, score_continuations  # noqa: E402
+from model.absorbing import AbsorbingDiffusion  # noqa: E402
 from model.autoregressive import Autoregressive  # noqa: E402
-from model.diffusion import MaskedDiffusion  # noqa: E402
 from model.schedules import make_schedule  # noqa: E402
 from model.transformer import Transformer, preset  # noqa: E402
 
@@ -43,7 +43,7 @@ def measure(name: str, requests: int, context: int, continuation: int, samples: 
     rows = torch.randint(0, vocab_size, (requests, length))
     pairs = [(row[:context].tolist(), row[context:].tolist()) for row in rows]
     settings = ScoringSettings(samples=samples, seed=0, batch_rows=batch_rows)
-    diffusion = MaskedDiffusion(make_schedule("linear"), vocab_size, validate=False)
+    diffusion = AbsorbingDiffusion(make_schedule("linear"), vocab_size, validate=False)
     bidirectional = Transformer(preset(name, vocab_size, max_seq_len=length)).eval()
     causal = Transformer(preset(name, vocab_size, max_seq_len=length, causal=True)).eval()
     models = {"diffusion": ScoringModel(diffusion, bidirectional, length),

@@ -3,7 +3,7 @@
 For each preset it times one training step's forward and backward (no optimizer) of:
   reference    nn.TransformerEncoder (pre-norm, GELU, no bias) + tied head, CE at every position
   unmask_full  model.transformer.Transformer, CE at every position (same work + rotary)
-  unmask_nelbo MaskedDiffusion.nelbo (the training loss): logits only at masked positions
+  unmask_nelbo AbsorbingDiffusion.nelbo (the training loss): logits only at masked positions
 The variants run interleaved, repeated, and the median is reported, because this machine
 is noisy; ratios to the reference measured in the same run are the figures to compare.
 
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.diffusion import MaskedDiffusion
+from model.absorbing import AbsorbingDiffusion
 from model.schedules import make_schedule
 from model.transformer import Transformer, parameter_counts, preset
 
@@ -82,7 +82,7 @@ def bench_preset(name: str, repeats: int) -> list[dict]:
     ours = Transformer(config)
     reference = ReferenceEncoder(shape.vocab_size, config.n_layers, config.d_model, config.n_heads,
                                  shape.seq_len)
-    diffusion = MaskedDiffusion(make_schedule("linear"), shape.vocab_size)
+    diffusion = AbsorbingDiffusion(make_schedule("linear"), shape.vocab_size)
     generator = torch.Generator().manual_seed(0)
     x0 = torch.randint(0, shape.vocab_size, (shape.batch, shape.seq_len), generator=generator)
     z = diffusion.corrupt(x0, torch.full((shape.batch,), 0.5, dtype=torch.float64), generator)

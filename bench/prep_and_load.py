@@ -56,12 +56,13 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests/ holds the reference GPT-2 BPE
 
-from data_prep.gpt2_bpe import GPT2BPETokenizer  # noqa: E402
-from data_prep.loader import StreamingLoader  # noqa: E402
 from data_prep.prep import PrepConfig, prep  # noqa: E402
 from data_prep.readers import ReadCounters, ReadOptions, plan_units, read_unit, resolve_inputs  # noqa: E402
-from data_prep.tokenizer import SentencePieceTokenizer, load_tokenizer, train_sentencepiece  # noqa: E402
-from tests.tokenizer_fixtures import reference_gpt2  # noqa: E402
+from data_prep.shards.loader import StreamingLoader  # noqa: E402
+from data_prep.tokenizer.gpt2_bpe import GPT2BPETokenizer  # noqa: E402
+from data_prep.tokenizer.load import load_tokenizer  # noqa: E402
+from data_prep.tokenizer.sentencepiece_model import SentencePieceTokenizer, train_sentencepiece  # noqa: E402
+from tests.support.tokenizer_fixtures import reference_gpt2  # noqa: E402
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 SOURCES = [SHARED_DATA / "corpora" / "tinyshakespeare" / "input.txt", SHARED_DATA / "ptb" / "ptb.train.txt"]

@@ -12,7 +12,7 @@ uniform (MD4 / GenMD4 tables, seed 002).
 
 ``--part timing``: the cost of one training step of each process, measured in this process
 and interleaved (the machine is noisy): the trainer's objective and trained module
-(``pipeline.objective``, ``model.spec.build_trainable``), forward, backward and an AdamW
+(``pipeline.training.objective``, ``model.spec.build_trainable``), forward, backward and an AdamW
 step on the same real batch and the same times, median over ``--repeats``; reported as a
 ratio to absorbing. Run it on a quiet machine.
 
@@ -41,13 +41,13 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from bench.pipeline_runs import run_unmask, tiny_recipe  # noqa: E402
-from data_prep.loader import StreamingLoader  # noqa: E402
-from data_prep.shards import Manifest  # noqa: E402
+from data_prep.shards.format import Manifest  # noqa: E402
+from data_prep.shards.loader import StreamingLoader  # noqa: E402
 from model.spec import build_trainable  # noqa: E402
 from pipeline.config import ModelSection, OptimSection  # noqa: E402
-from pipeline.engine import build_optimizer  # noqa: E402
-from pipeline.objective import MicroBatchSlot, make_objective, model_spec  # noqa: E402
-from pipeline.run_setup import network_config  # noqa: E402
+from pipeline.training.engine import build_optimizer  # noqa: E402
+from pipeline.training.objective import MicroBatchSlot, make_objective, model_spec  # noqa: E402
+from pipeline.training.run_setup import network_config  # noqa: E402
 
 PROCESSES = ("absorbing", "learned", "uniform")
 BASELINE = "absorbing"

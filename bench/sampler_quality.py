@@ -1,6 +1,6 @@
 """Sample quality against network calls, per sampler: generative perplexity under a reference
 autoregressive model and mean unigram entropy, for every sampler the diffusion export's process
-takes, at budgets of 16 to 1024 network calls (``evaluation.sampler_sweep``, what ``unmask eval
+takes, at budgets of 16 to 1024 network calls (``evaluation.generation.sampler_sweep``, what ``unmask eval
 --sample-sweep`` puts in the report).
 
 Quality figures do not depend on the machine's load: record them in BENCHMARKS.md. Each
@@ -26,12 +26,12 @@ from pathlib import Path
 
 import torch
 
-from evaluation.generation import generate
+from evaluation.generation.generate import generate
+from evaluation.generation.sample_quality import load_reference, score_samples
+from evaluation.generation.sampler_sweep import SWEEP_BUDGETS, sampler_sweep, sweep_samplers
 from evaluation.results import SweepRow
-from evaluation.sample_quality import load_reference, score_samples
-from evaluation.sampler_sweep import SWEEP_BUDGETS, sampler_sweep, sweep_samplers
 from model.sampling import SamplingPlan
-from pipeline.export import load_export, resolve_export
+from pipeline.interchange.export import load_export, resolve_export
 
 
 def _reference_row(reference_path: Path, plan: SamplingPlan, num: int, batch_size: int, reference) -> SweepRow:

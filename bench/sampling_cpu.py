@@ -2,7 +2,7 @@
 budgets, against the ancestral sampler measured in the same run.
 
 For each budget (``--steps``: the plan's budget of network calls per sequence) it draws one
-batch from all-mask with ``MaskedDiffusion.sample`` per variant:
+batch from all-mask with ``AbsorbingDiffusion.sample`` per variant:
   ancestral-no-cache  the network at every step (the reference of the cache; same samples)
   ancestral           calls only for rows where the step reveals a token (MDLM's caching)
   first-hitting       exact at budget >= seq_len: one call per token; below, k tokens per call
@@ -32,7 +32,7 @@ from dataclasses import replace
 
 import torch
 
-from model.diffusion import MaskedDiffusion
+from model.absorbing import AbsorbingDiffusion
 from model.sampling import SamplingPlan, SamplingStats
 from model.schedules import make_schedule
 from model.transformer import Transformer, parameter_counts, preset
@@ -44,7 +44,7 @@ VARIANTS = {"ancestral-no-cache": SamplingPlan(cache=False), "ancestral": Sampli
             "remdm": SamplingPlan(sampler="remdm")}
 
 
-def _draw(diffusion: MaskedDiffusion, network: Transformer, plan: SamplingPlan, batch: int,
+def _draw(diffusion: AbsorbingDiffusion, network: Transformer, plan: SamplingPlan, batch: int,
           seq_len: int) -> tuple[float, SamplingStats]:
     """Seconds for one batch, and what it cost (the plan's seed: the same samples every draw)."""
     start = time.perf_counter()
@@ -53,7 +53,7 @@ def _draw(diffusion: MaskedDiffusion, network: Transformer, plan: SamplingPlan, 
     return time.perf_counter() - start, stats
 
 
-def bench_steps(diffusion: MaskedDiffusion, network: Transformer, plans: dict[str, SamplingPlan], batch: int,
+def bench_steps(diffusion: AbsorbingDiffusion, network: Transformer, plans: dict[str, SamplingPlan], batch: int,
                 seq_len: int, repeats: int) -> list[dict]:
     """One row per variant at one budget, with its speed relative to ``BASELINE``."""
     warm = next(iter(plans.values()))
@@ -90,7 +90,7 @@ def main() -> None:
     torch.manual_seed(0)
     config = preset(args.preset, VOCAB_SIZE, max_seq_len=max(args.seq_len, 256))
     network = Transformer(config).eval()
-    diffusion = MaskedDiffusion(make_schedule("linear"), VOCAB_SIZE, validate=False)
+    diffusion = AbsorbingDiffusion(make_schedule("linear"), VOCAB_SIZE, validate=False)
     print(json.dumps({"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                       "threads": torch.get_num_threads(), "torch": torch.__version__,
                       "python": platform.python_version(), "preset": args.preset, "vocab_size": VOCAB_SIZE,

@@ -37,7 +37,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.mlflow_server import free_port, running_mlflow_server  # noqa: E402
+from tests.support.mlflow_server import free_port, running_mlflow_server  # noqa: E402
 
 CALLS = 200  # per-call timing of the logging calls themselves
 
@@ -98,8 +98,8 @@ def run(args: argparse.Namespace, root: Path, name: str, uri: str | None, *, sto
 
 def logging_call_cost(uri: str, root: Path) -> dict:
     """Seconds per call: a synchronous log_batch round trip vs putting a record on the queue."""
-    from pipeline.background_tracking import BackgroundTracker
-    from pipeline.tracking import Tracker
+    from pipeline.tracking.background import BackgroundTracker
+    from pipeline.tracking.tracker import Tracker
 
     tracker = Tracker.open(root / "calls", tracking_uri=uri, experiment="bench-calls")
     metrics = {f"train/m{i}": float(i) for i in range(9)}  # what the loop logs per step

@@ -3,13 +3,13 @@
 Training. For every (preset, micro-batch, variant) it builds a fresh model, runs --warmup
 steps (compilation, allocator, optimizer state), then times --steps steps between two
 device synchronizations and prints one JSON line: mean step time, tokens/s, MFU (tokens/s x
-pipeline.metrics.flops_per_token over the device's bf16 peak, PEAK_BF16_FLOPS), peak memory
+pipeline.training.throughput.flops_per_token over the device's bf16 peak, PEAK_BF16_FLOPS), peak memory
 (torch.cuda.max_memory_allocated from the model's creation on; CUDA only) and the share of
 the timed wall time the host spent blocked on the data loader (an upper bound on the GPU's
 stall, which may still run queued work meanwhile). A variant that runs out of memory gets
 an ``error`` instead. Variants, named BASE[+OPTION...]:
 
-  pipeline-zero1, pipeline-zero2   the training pipeline's parts: pipeline.engine.build_engine
+  pipeline-zero1, pipeline-zero2   the training pipeline's parts: pipeline.training.engine.build_engine
                                    (DeepSpeed ZeRO-1 or 2; bf16 weights with fp32 master copies
                                    on GPU), the training objective and EMA, fed by the real
                                    StreamingLoader over shards of the real prep
@@ -32,7 +32,7 @@ an ``error`` instead. Variants, named BASE[+OPTION...]:
                                    naive loop logs); the pipeline syncs only every logging.every steps
   +bd3-4, +bd3-8, +bd3-16          block diffusion (model.block_size = 4, 8, 16): the forward over
                                    [z ; x] under FlexAttention's block mask; the same tokens per step,
-                                   MFU on the work it does (pipeline.metrics.block_diffusion_flops_per_token):
+                                   MFU on the work it does (pipeline.training.throughput.block_diffusion_flops_per_token):
                                    compare its step time with the same variant without it
   pipeline-zero1+eager+unpadded+flash is the pipeline as it ran before these defaults (issue 24).
 
@@ -40,7 +40,7 @@ Every variant trains with one micro-batch per optimizer step. Evaluation: per pr
 bench/eval_throughput.py's measure (estimate_bound, tokens/s per time sample, next to a
 plain forward), as it ran before (eager, --eval-batch) and as `unmask eval` runs now
 (compiled, its batch sized to the device), with its FLOP utilization: the forward FLOPs of
-the tokens actually passed (pipeline.metrics.forward_flops: blocks for every token, the head
+the tokens actually passed (pipeline.training.throughput.forward_flops: blocks for every token, the head
 at the masked rows) per second over the peak, and in the 2N + 4·L·d·T convention. Sampling:
 per preset, --sample-batch (64) sequences from all-mask as `unmask sample` runs them, by
 cached ancestral and by first-hitting with a budget of --sample-steps calls (1000; the GPU
@@ -83,29 +83,35 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 # Siblings in bench/ (the script's own directory is on sys.path).
-from eval_throughput import synchronize  # noqa: E402
 from eval_throughput import measure as measure_evaluation
+from eval_throughput import synchronize  # noqa: E402
 from prep_and_load import SHARED_DATA, SOURCES  # noqa: E402
 
-from data_prep.loader import StreamingLoader  # noqa: E402
 from data_prep.prep import PrepConfig, prep  # noqa: E402
-from data_prep.shards import Manifest  # noqa: E402
-from data_prep.tokenizer import load_tokenizer  # noqa: E402
+from data_prep.shards.format import Manifest  # noqa: E402
+from data_prep.shards.loader import StreamingLoader  # noqa: E402
+from data_prep.tokenizer.load import load_tokenizer  # noqa: E402
+from evaluation.downstream.likelihoods import ScoringModel, ScoringSettings, score_continuations  # noqa: E402
 from evaluation.inference import inference_mode  # noqa: E402
+from model.absorbing import AbsorbingDiffusion  # noqa: E402
 from model.denoiser import FunctionDenoiser  # noqa: E402
-from model.diffusion import MaskedDiffusion  # noqa: E402
 from model.sampling import SamplingPlan, sample_generators  # noqa: E402
 from model.schedules import make_schedule  # noqa: E402
 from model.transformer import PRESETS, Transformer, TransformerConfig  # noqa: E402
 from pipeline.config import Config, ModelSection, load_config  # noqa: E402
 from pipeline.distributed import Distributed, init_distributed  # noqa: E402
-from pipeline.ema import EMA  # noqa: E402
-from pipeline.attention import attention_kernel  # noqa: E402
-from pipeline.engine import TrainingPlan, build_engine, build_optimizer, plan_training, prepare_model  # noqa: E402
-from evaluation.likelihoods import ScoringModel, ScoringSettings, score_continuations  # noqa: E402
-from pipeline.metrics import block_diffusion_flops_per_token, flops_per_token, forward_flops, mfu, peak_flops  # noqa: E402
-from pipeline.objective import MicroBatchSlot, make_objective, model_spec  # noqa: E402
-from pipeline.run_setup import network_config  # noqa: E402
+from pipeline.training.attention import attention_kernel  # noqa: E402
+from pipeline.training.ema import EMA  # noqa: E402
+from pipeline.training.engine import TrainingPlan, build_engine, build_optimizer, plan_training, prepare_model  # noqa: E402
+from pipeline.training.objective import MicroBatchSlot, make_objective, model_spec  # noqa: E402
+from pipeline.training.run_setup import network_config  # noqa: E402
+from pipeline.training.throughput import (  # noqa: E402
+    block_diffusion_flops_per_token,
+    flops_per_token,
+    forward_flops,
+    mfu,
+    peak_flops,
+)
 
 GPT2_BPE = SHARED_DATA / "gpt2-bpe"
 BASES = {"pipeline-zero1": 1, "pipeline-zero2": 2, "torch": None}
@@ -354,7 +360,7 @@ def measure_training(args: argparse.Namespace, preset: str, micro_batch: int, va
 # ------------------------------------------------------------------ evaluation and sampling
 def _utilization(network: TransformerConfig, tokens: float, head_rows: float, seconds: float,
                  peak: float | None) -> float | None:
-    """Forward FLOPs of the tokens actually passed (pipeline.metrics.forward_flops) / time / peak."""
+    """Forward FLOPs of the tokens actually passed (pipeline.training.throughput.forward_flops) / time / peak."""
     if peak is None:
         return None
     return forward_flops(network, network.max_seq_len, tokens, head_rows) / seconds / peak
@@ -372,7 +378,7 @@ def evaluation_row(network: TransformerConfig, evaluation: dict, peak: float | N
 def measure_sampling(network: TransformerConfig, num_samples: int, steps: int, device: torch.device, *,
                      sampler: str, compiled: bool, peak: float | None) -> dict:
     """Sampling ``num_samples`` sequences from all-mask as ``unmask sample`` runs them
-    (``evaluation.generation``: inference mode, evaluation's precision and attention kernel,
+    (``evaluation.generation.generate``: inference mode, evaluation's precision and attention kernel,
     one generator per sample; a fresh network: the cost does not depend on the weights), by
     ``sampler`` with a budget of ``steps`` calls (cached ancestral: at most one per step;
     first-hitting: ceil(seq_len / steps) tokens per call), its blocks compiled when
@@ -382,7 +388,7 @@ def measure_sampling(network: TransformerConfig, num_samples: int, steps: int, d
     model = Transformer(network).to(device).eval()
     if compiled:
         model.compile_parts()
-    diffusion = MaskedDiffusion(make_schedule("linear"), network.vocab_size, validate=False)
+    diffusion = AbsorbingDiffusion(make_schedule("linear"), network.vocab_size, validate=False)
     plan = SamplingPlan(sampler=sampler, steps=steps)
 
     def sample(sample_steps: int):
@@ -408,13 +414,13 @@ def measure_sampling(network: TransformerConfig, num_samples: int, steps: int, d
 
 
 def measure_lm_eval(network: TransformerConfig, requests: int, device: torch.device) -> dict:
-    """lm-eval's loglikelihood as ``unmask lm-eval`` scores it (evaluation.likelihoods:
+    """lm-eval's loglikelihood as ``unmask lm-eval`` scores it (evaluation.downstream.likelihoods:
     LM_EVAL_SAMPLES time samples and the greedy pass per request, rows sized to the device):
     ``requests`` (context, continuation) pairs of random tokens, contexts of a quarter to a half
     of the window, continuations of 1 to 4 tokens (LAMBADA-like), requests/s."""
     torch.manual_seed(0)
     model = Transformer(network).to(device).eval()
-    scoring = ScoringModel(MaskedDiffusion(make_schedule("linear"), network.vocab_size, validate=False), model,
+    scoring = ScoringModel(AbsorbingDiffusion(make_schedule("linear"), network.vocab_size, validate=False), model,
                            network.max_seq_len, device, network)
     generator = torch.Generator().manual_seed(1)
     window = network.max_seq_len
@@ -486,7 +492,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--sample-steps", type=int, default=SAMPLE_STEPS, help="each sampler's budget of calls")
     parser.add_argument("--lm-eval-requests", type=int, default=LM_EVAL_REQUESTS,
                         help="loglikelihood requests scored for the lm-eval row")
-    parser.add_argument("--peak-tflops", type=float, help="the device's bf16 peak when pipeline.metrics does not "
+    parser.add_argument("--peak-tflops", type=float, help="the device's bf16 peak when pipeline.training.throughput does not "
                         "know it (a CPU dry run passes a nominal one)")
     parser.add_argument("--skip-inference", action="store_true", help="training rows only")
     parser.add_argument("--skip-training", action="store_true", help="evaluation and sampling rows only")

@@ -3,7 +3,7 @@ the tree still holds those bytes.
 
 An output that appears whole records its files in its marker (``common.outputs``): a later
 command replaces it only while it holds nothing but those files, unchanged, at any depth, and
-a reader (``pipeline.export.load_export``) finds a truncated, replaced or altered file before
+a reader (``pipeline.interchange.export.load_export``) finds a truncated, replaced or altered file before
 loading it. A record also keeps the file's modification time: a file whose size and time
 are those recorded is the file written (a rename, a ``cp -p`` keeps both), and only a file
 whose time differs is hashed again to tell a copy from a change.

@@ -58,7 +58,7 @@ from data_prep.readers import (
     resolve_inputs,
 )
 from data_prep.shard_stage import SplitLayout, plan_shards, shard_key, write_one_shard
-from data_prep.shards import (
+from data_prep.shards.format import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     SPLITS,
@@ -70,7 +70,8 @@ from data_prep.shards import (
     token_dtype,
 )
 from data_prep.tokenize_stage import UnitTokenizer, unit_key
-from data_prep.tokenizer import Tokenizer, load_tokenizer
+from data_prep.tokenizer.base import Tokenizer
+from data_prep.tokenizer.load import load_tokenizer
 
 WORK_DIR = ".prep-work"
 IDENTITY_NAME = "identity.json"

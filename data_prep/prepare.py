@@ -15,11 +15,11 @@ from pathlib import Path
 
 from common.errors import UserError
 from common.outputs import InputPath, check_output_dir, claim_output_dir
-from data_prep.hf_tokenizer import NO_SPECIAL_TOKENS, ROLE_FLAGS, SpecialTokens
 from data_prep.prep import PREP_KIND, PrepConfig, PrepResult, prep
 from data_prep.readers import local_roots
-from data_prep.tokenizer import load_tokenizer
-from data_prep.tokenizer_training import TrainingRequest, prep_tokenizer
+from data_prep.tokenizer.hugging_face import NO_SPECIAL_TOKENS, ROLE_FLAGS, SpecialTokens
+from data_prep.tokenizer.load import load_tokenizer
+from data_prep.tokenizer.training import TrainingRequest, prep_tokenizer
 
 __all__ = ["PrepRequest", "prepare"]
 

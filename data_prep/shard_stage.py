@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from data_prep.ledger import Ledger
-from data_prep.shards import ShardInfo, shard_path, write_shard
+from data_prep.shards.format import ShardInfo, shard_path, write_shard
 
 __all__ = ["SplitLayout", "plan_shards", "shard_key", "write_one_shard"]
 

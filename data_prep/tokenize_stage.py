@@ -29,8 +29,8 @@ from data_prep.readers import (
     binary_reason,
     read_batches,
 )
-from data_prep.shards import SPLITS, token_dtype
-from data_prep.tokenizer import Tokenizer
+from data_prep.shards.format import SPLITS, token_dtype
+from data_prep.tokenizer.base import Tokenizer
 
 __all__ = ["SplitRule", "UnitTokenizer", "tokenize_unit", "unit_key"]
 

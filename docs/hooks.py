@@ -8,7 +8,7 @@
 - ``BENCHMARKS.md`` lives beside README.md, where GitHub shows it; the site takes it in as
   ``benchmarks.md``, and the pages' links to ``../BENCHMARKS.md`` point there.
 
-``tests/test_docs.py`` runs the same two checks, so ``make test`` catches them too.
+``tests/end_to_end/test_docs.py`` runs the same two checks, so ``make test`` catches them too.
 """
 
 from __future__ import annotations

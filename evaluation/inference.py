@@ -2,7 +2,7 @@
 attention kernel on a GPU, and compiled when the work repays the compile.
 
 ``inference_mode`` is the precision and kernel: on a GPU bf16 autocast (float32 norms and
-log-softmax; the callers sum in float64) with the kernel ``pipeline.attention`` finds fastest
+log-softmax; the callers sum in float64) with the kernel ``pipeline.training.attention`` finds fastest
 there; on CPU float32 with SDPA's own choice. ``should_compile`` decides a ``--compile``
 setting (``COMPILE_SETTINGS``: ``unmask eval --compile``, ``unmask sample --compile``, a
 ``SamplingPlan``'s ``compile``) from the tokens a run passes through the network.
@@ -19,7 +19,7 @@ import torch
 from common.errors import UserError
 from model.sampling import COMPILE_SETTINGS
 from model.transformer import Transformer
-from pipeline.attention import attention_kernel, resolve_attention
+from pipeline.training.attention import attention_kernel, resolve_attention
 
 __all__ = ["COMPILE_MIN_TOKENS", "COMPILE_SETTINGS", "DEVICE_HELP", "default_device", "inference_mode",
            "resolve_device", "should_compile"]

@@ -170,7 +170,7 @@ class ModelRecord:
 class Protocol:
     """How the numbers were made: every setting needed to reproduce them."""
 
-    name: str | Absent = ABSENT           # the protocol (evaluation.protocols); absent in older results: unmask
+    name: str | Absent = ABSENT           # the protocol (evaluation.bounds.protocols); absent in older results: unmask
     seq_len: int
     samples_per_block: int
     seed: int
@@ -267,7 +267,7 @@ class DatasetResult:
 
 @dataclass(frozen=True, kw_only=True)
 class SampleRecord:
-    """One generated sample, as the report shows it, with its quality (evaluation.sample_quality)."""
+    """One generated sample, as the report shows it, with its quality (evaluation.generation.sample_quality)."""
 
     text: str
     network_calls: int                          # the network evaluations it needed
@@ -308,7 +308,7 @@ class GenerativePerplexity:
 
 @dataclass(frozen=True, kw_only=True)
 class SweepRow:
-    """The samples of one sampler at one budget of network calls (``evaluation.sampler_sweep``)."""
+    """The samples of one sampler at one budget of network calls (``evaluation.generation.sampler_sweep``)."""
 
     sampler: str
     budget: int                          # the plan's steps: the most network calls per sample
@@ -475,7 +475,7 @@ def _datasets_missing(data: Any, where: str) -> list[str]:
 
 @dataclass(frozen=True, kw_only=True)
 class EvalScores:
-    """What ``evaluation.evaluate.evaluate`` measures: the bounds and the protocol."""
+    """What ``evaluation.bounds.scoring.evaluate`` measures: the bounds and the protocol."""
 
     datasets: dict[str, DatasetResult]
     protocol: Protocol

@@ -13,14 +13,14 @@ In order:
    evaluation reads; nothing is created until the report is written);
 2. a training run without an export is exported first: its latest checkpoint's EMA weights,
    or its live weights (with a warning) when the checkpoint has no EMA;
-3. every rank scores every dataset (``evaluation.evaluate``: the blocks are split over the
+3. every rank scores every dataset (``evaluation.bounds.scoring``: the blocks are split over the
    process group and the totals summed, so the numbers do not depend on the world size);
 4. rank 0 adds the model and training records, the comparison, samples drawn by
    ``ReportOptions.sampling`` (one ``SamplingPlan``) with their quality (unigram entropy, and
-   the generative perplexity under ``ReportOptions.reference``: ``evaluation.sample_quality``),
+   the generative perplexity under ``ReportOptions.reference``: ``evaluation.generation.sample_quality``),
    with ``sample_sweep`` the quality of every sampler at every budget of network calls
-   (``evaluation.sampler_sweep``), and provenance, logs the metrics to MLflow (best effort,
-   ``evaluation.tracking``) and writes the report (``evaluation.report``) into ``report_dir``.
+   (``evaluation.generation.sampler_sweep``), and provenance, logs the metrics to MLflow (best effort,
+   ``evaluation.report.results_tracking``) and writes the report (``evaluation.report.write``) into ``report_dir``.
    When the samples fail, the report of the bounds is written without them before the error
    is raised: the scoring is never lost to them.
 
@@ -46,13 +46,16 @@ import torch
 from common.errors import UserError
 from common.outputs import InputPath, check_output_dir, json_object
 from common.provenance import git_commit, package_version
-from data_prep.shards import MANIFEST_NAME
-from evaluation.downstream_results import DOWNSTREAM_JSON, DownstreamResults
-from evaluation.evaluate import VAL_DATASET, EvalConfig, evaluate
-from evaluation.generation import check_plan, generate
+from data_prep.shards.format import MANIFEST_NAME
+from evaluation.bounds.protocols import DEFAULT_PROTOCOL
+from evaluation.bounds.scoring import VAL_DATASET, EvalConfig, evaluate
+from evaluation.downstream.task_results import DOWNSTREAM_JSON, DownstreamResults
+from evaluation.generation.generate import check_plan, generate
+from evaluation.generation.sample_quality import ReferenceModel, check_reference, load_reference, score_samples
+from evaluation.generation.sampler_sweep import sampler_sweep, sweep_samplers
 from evaluation.inference import resolve_device
-from evaluation.protocols import DEFAULT_PROTOCOL
-from evaluation.report import JSON_NAME, REPORT_KIND, ReportFiles, read_record, write_report
+from evaluation.report.results_tracking import VAL_METRIC, track_results
+from evaluation.report.write import JSON_NAME, REPORT_KIND, ReportFiles, read_record, write_report
 from evaluation.results import (
     ABSENT,
     Absent,
@@ -69,14 +72,10 @@ from evaluation.results import (
     TokenizerRecord,
     TrainingRecord,
 )
-from evaluation.sample_quality import ReferenceModel, check_reference, load_reference, score_samples
-from evaluation.sampler_sweep import sampler_sweep, sweep_samplers
-from evaluation.tracking import VAL_METRIC, track_results
+from model.learned import LearnedDiffusion, exponent_spread
 from model.sampling import SamplingPlan
-from model.state_dependent import LearnedMaskedDiffusion, exponent_spread
-from pipeline.checkpoint import resolve_checkpoint
 from pipeline.distributed import Distributed, init_distributed
-from pipeline.export import (
+from pipeline.interchange.export import (
     CONFIG_FILE,
     Exported,
     damaged_export,
@@ -88,7 +87,8 @@ from pipeline.export import (
     training_run_of,
     verify_export,
 )
-from pipeline.run_layout import RunLayout
+from pipeline.run_dir.checkpoint import resolve_checkpoint
+from pipeline.run_dir.layout import RunLayout
 
 __all__ = ["ReportOptions", "ZeroShotReport", "check_report_dir", "export_if_missing", "is_up_to_date", "model_record",
            "report_dir", "run_zero_shot"]
@@ -105,7 +105,7 @@ class ReportOptions:
 
     num_samples: int = 0            # samples generated for the report
     sampling: SamplingPlan = SamplingPlan()  # how they are drawn
-    sample_sweep: bool = False      # also every sampler at every budget (evaluation.sampler_sweep)
+    sample_sweep: bool = False      # also every sampler at every budget (evaluation.generation.sampler_sweep)
     reference: Path | None = None   # an AR model that scores them (generative perplexity)
     compare: Path | None = None     # another evaluation's results.json: the report shows the gap
     out: Path | None = None         # None: RUN/report, or EXPORT/report for a standalone export
@@ -303,7 +303,7 @@ def _schedule_record(exported: Exported) -> ScheduleRecord | Absent:
     """A learned schedule's exponents (the export's EMA theta): their spread and the
     ``SCHEDULE_TOKENS`` token values that unmask first and last, decoded; absent otherwise."""
     process = exported.process(validate=False)
-    if not isinstance(process, LearnedMaskedDiffusion):
+    if not isinstance(process, LearnedDiffusion):
         return ABSENT
     spread = exponent_spread(process.schedule.exponents(), SCHEDULE_TOKENS)
 

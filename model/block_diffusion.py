@@ -10,7 +10,7 @@ with one time per block. Block size L is MDLM (one block); block size 1 is an au
 model: E_t of the one-token term is exactly -log p(x_b | x_<b) (up to the endpoint guard).
 
 Times. ``t`` is [B, blocks] (one per block; training draws them stratified over the global
-batch's blocks, ``pipeline.objective``), or [B] as every other process takes them: row i's
+batch's blocks, ``pipeline.training.objective``), or [B] as every other process takes them: row i's
 blocks then get ``(t_i + b / blocks) mod 1``, each marginally U[0, 1), so the estimate stays
 unbiased and the blocks of a row cover [0, 1) evenly (with one block it is t_i itself, which
 makes block size L today's MDLM estimate, draw for draw). The masks are drawn exactly as
@@ -22,7 +22,7 @@ denoiser says so through ``given_clean(x0, block_size)``, which returns an ordin
 vectorized forward over [z ; x] (``model.block_attention``); ``model.oracle`` gives the
 exact conditionals. Training-only variance reduction (clipping each block's masking rate to
 [beta, omega]) lives with the training objective; every bound here is the full one over
-t in (0, 1], with the endpoint terms of ``MaskedDiffusion``.
+t in (0, 1], with the endpoint terms of ``AbsorbingDiffusion``.
 """
 
 from __future__ import annotations
@@ -32,15 +32,16 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from model.absorbing import AbsorbingDiffusion
 from model.checks import check_positions, check_reconstruction
 from model.denoiser import Denoiser, DenoiserLike, as_denoiser
-from model.diffusion import MaskedDiffusion, NelboTerms, Reconstruction, low_discrepancy_times
 from model.generators import Generators, batch_generator, uniforms
+from model.process import NelboTerms, Reconstruction, low_discrepancy_times
 from model.sampling import SamplingPlan, SamplingStats
 from model.sampling.blocks import draw_blocks
 from model.schedules import Schedule
 
-__all__ = ["BlockDenoiser", "BlockMaskedDiffusion", "block_times", "spread_over_blocks"]
+__all__ = ["BlockDenoiser", "BlockDiffusion", "block_times", "spread_over_blocks"]
 
 
 @runtime_checkable
@@ -68,12 +69,12 @@ def block_times(batch: int, blocks: int, generator: torch.Generator | None, *, o
     return flat.view(batch, blocks)  # [batch * blocks] -> [batch, blocks], row-major like the slots
 
 
-class BlockMaskedDiffusion(MaskedDiffusion):
+class BlockDiffusion(AbsorbingDiffusion):
     """The absorbing process over blocks of ``block_size`` tokens; see the module docstring.
 
     Sequence lengths must be multiples of ``block_size``. The denoiser must be a
     ``BlockDenoiser``. Everything else (schedules, endpoint terms, ``positions``, per-row
-    generators, ``cross_entropy_chunk_rows``) is ``MaskedDiffusion``'s.
+    generators, ``cross_entropy_chunk_rows``) is ``AbsorbingDiffusion``'s.
     """
 
     process_name = "absorbing (block diffusion)"
@@ -122,7 +123,7 @@ class BlockMaskedDiffusion(MaskedDiffusion):
         times = t.to(torch.float64)
         times = times[:, None].expand(-1, self.num_blocks(x0.shape[1])) if times.dim() == 1 else times
         rates = self.schedule.masking_rate(times)
-        u = uniforms(x0.shape, generator, x0.device)  # the draws MaskedDiffusion makes
+        u = uniforms(x0.shape, generator, x0.device)  # the draws AbsorbingDiffusion makes
         masked = u < self._position_rates(rates.to(x0.device))
         if positions is not None:
             masked &= positions

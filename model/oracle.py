@@ -43,8 +43,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from model.absorbing import AbsorbingDiffusion
 from model.denoiser import Denoiser, DenoiserFunction, DenoiserLike, FunctionDenoiser, as_denoiser
-from model.diffusion import DiffusionProcess, MaskedDiffusion
+from model.process import DiffusionProcess
 from model.sampling import time_grid
 from model.schedules import Schedule
 from model.uniform import UniformDiffusion
@@ -76,7 +77,7 @@ def _dyadic_gauss_legendre(levels: int = QUADRATURE_LEVELS, points: int = QUADRA
 class _Channel:
     """One position's forward process as explicit matrices over its K states, from the schedule.
 
-    Absorbing (``MaskedDiffusion``, and per token value its subclass ``LearnedMaskedDiffusion``):
+    Absorbing (``AbsorbingDiffusion``, and per token value its subclass ``LearnedDiffusion``):
     states are the V tokens and the mask (K = V + 1), q(z_t | v) = alpha_{t,v} e_v + (1 - alpha_{t,v}) e_m,
     Q-bar(s, t) = diag(alpha_t / alpha_s) + (I - diag(alpha_t / alpha_s)) 1 e_m^T, a token v
     jumps to the mask at rate -alpha'_{t,v} / alpha_{t,v}; prior (1 - alpha_1) e_m + alpha_1 / V.
@@ -86,7 +87,7 @@ class _Channel:
     """
 
     def __init__(self, process: DiffusionProcess) -> None:
-        if not isinstance(process, (MaskedDiffusion, UniformDiffusion)):
+        if not isinstance(process, (AbsorbingDiffusion, UniformDiffusion)):
             raise ValueError(f"no forward matrices for {type(process).__name__}")
         self.uniform = isinstance(process, UniformDiffusion)
         self.vocab_size = process.vocab_size
@@ -190,7 +191,7 @@ class EnumerableDistribution(Denoiser):
 
     ``probs[i]`` is the probability of the i-th sequence in lexicographic order
     (``itertools.product(range(V), repeat=L)``). Meant for V^L up to a few thousand.
-    As a ``Denoiser`` it is the optimal one of ``MaskedDiffusion``: its exact conditionals.
+    As a ``Denoiser`` it is the optimal one of ``AbsorbingDiffusion``: its exact conditionals.
     """
 
     def __init__(self, probs: Tensor, vocab_size: int, seq_len: int) -> None:
@@ -245,7 +246,7 @@ class EnumerableDistribution(Denoiser):
         return joint.log() - weights.sum(-1).log()[:, None, None]
 
     def logits(self, z_t: Tensor, t: Tensor) -> Tensor:
-        """The optimal denoiser of ``MaskedDiffusion``: the exact conditionals, whatever t."""
+        """The optimal denoiser of ``AbsorbingDiffusion``: the exact conditionals, whatever t."""
         return self.conditional_logits(z_t).to(z_t.device)
 
     @property
@@ -288,7 +289,7 @@ class EnumerableDistribution(Denoiser):
         return reconstruction + length * alpha1 * math.log(self.vocab_size)
 
     def exact_nelbo(self, x: Tensor, schedule: Schedule, positions: Tensor | None = None) -> Tensor:
-        """The expectation of ``MaskedDiffusion.nelbo`` with this denoiser, per sequence.
+        """The expectation of ``AbsorbingDiffusion.nelbo`` with this denoiser, per sequence.
 
         ``positions`` (bool [L], the same for every sequence) scores only its True positions and
         keeps the others visible, as ``nelbo(..., positions=)`` does: the conditional bound on
@@ -303,7 +304,7 @@ class EnumerableDistribution(Denoiser):
         return (coefficient[:, None] * nll).sum(0) + self._endpoint_terms(nll, num_masked, schedule, length)
 
     def exact_nelbo_discrete(self, x: Tensor, schedule: Schedule, steps: int) -> Tensor:
-        """The expectation of ``MaskedDiffusion.nelbo_discrete`` with this denoiser."""
+        """The expectation of ``AbsorbingDiffusion.nelbo_discrete`` with this denoiser."""
         nll, num_masked = self._masked_nll_by_pattern(x)
         grid = torch.arange(steps + 1, dtype=torch.float64) / steps
         alpha = schedule.alpha(grid)
@@ -445,7 +446,7 @@ class EnumerableDistribution(Denoiser):
         clean = (states < self.vocab_size).all(-1)
         return law[clean]
 
-    def first_hitting_law(self, process: MaskedDiffusion, denoiser: DenoiserLike,
+    def first_hitting_law(self, process: AbsorbingDiffusion, denoiser: DenoiserLike,
                           prompt: Tensor | None = None) -> Tensor:
         """The exact distribution [V^L] of ``model.sampling.first_hitting_sample`` (one token per
         call, no top_p) with a time-independent ``denoiser`` mu(z), over clean sequences.

@@ -10,7 +10,7 @@ so alpha(0) = 1 - endpoint_eps and alpha(1) <= endpoint_eps. The guard keeps eve
 w(t) = -alpha'(t) / (1 - alpha(t)) finite on the closed interval [0, 1]. The price is two
 endpoint terms the bound must then include: a reconstruction term at t = 0 (a token is
 still masked with probability 1 - alpha(0)) and a prior term at t = 1 (a token is still
-clean with probability alpha(1)). ``model.diffusion`` adds both, so the reported NELBO is a
+clean with probability alpha(1)). ``model.absorbing`` adds both, so the reported NELBO is a
 valid upper bound, not the slightly optimistic number that clamping t gives.
 
 Both ``alpha`` and ``weight`` are computed from ``m(t)`` and ``m'(t)`` in closed form

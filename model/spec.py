@@ -6,8 +6,8 @@ build from it, so a model is always scored and sampled under the process it was 
 with:
 
 - ``objective="diffusion"``: a diffusion process over the network's V clean tokens, of kind
-  ``process``: ``"absorbing"`` (``MaskedDiffusion``, MATH.md), ``"uniform"``
-  (``UniformDiffusion``, D3PM) or ``"learned"`` (``LearnedMaskedDiffusion``, GenMD4).
+  ``process``: ``"absorbing"`` (``AbsorbingDiffusion``, MATH.md), ``"uniform"``
+  (``UniformDiffusion``, D3PM) or ``"learned"`` (``LearnedDiffusion``, GenMD4).
   ``schedule`` and ``schedule_args`` name a ``model.schedules.make_schedule`` schedule;
   the learned process has its own per-token schedule, named ``"learned"``, whose arguments
   are those of ``LearnedSchedule`` (``initial_exponent``, ``endpoint_eps``).
@@ -28,11 +28,12 @@ from typing import Any, Literal, get_args
 
 from torch import Tensor
 
+from model.absorbing import AbsorbingDiffusion
 from model.autoregressive import Autoregressive
-from model.block_diffusion import BlockMaskedDiffusion
-from model.diffusion import DiffusionProcess, MaskedDiffusion
+from model.block_diffusion import BlockDiffusion
+from model.learned import DEFAULT_DRAWS, LearnedDiffusion, LearnedSchedule
+from model.process import DiffusionProcess
 from model.schedules import check_schedule_arguments, make_schedule
-from model.state_dependent import DEFAULT_DRAWS, LearnedMaskedDiffusion, LearnedSchedule
 from model.trainable import DiffusionModel
 from model.transformer import Transformer, TransformerConfig
 from model.uniform import UniformDiffusion
@@ -47,8 +48,8 @@ Process = DiffusionProcess | Autoregressive
 # The schedule name of the learned process (GenMD4's per-token schedule, not a make_schedule one).
 LEARNED_SCHEDULE = "learned"
 # The class of each diffusion process: what a config's process kind samples with, before any process is built.
-PROCESS_TYPES: dict[str, type[DiffusionProcess]] = {"absorbing": MaskedDiffusion, "uniform": UniformDiffusion,
-                                                    "learned": LearnedMaskedDiffusion}
+PROCESS_TYPES: dict[str, type[DiffusionProcess]] = {"absorbing": AbsorbingDiffusion, "uniform": UniformDiffusion,
+                                                    "learned": LearnedDiffusion}
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,9 @@ def build_process(spec: ModelSpec, *, validate: bool = True, cross_entropy_chunk
 
     ``validate`` (default True) checks token ids and times on every call, which synchronizes
     a GPU with the host: a trainer or evaluator fed by validated shards turns it off.
-    ``cross_entropy_chunk_rows`` > 0 is the absorbing process's alone (``MaskedDiffusion``):
+    ``cross_entropy_chunk_rows`` > 0 is the absorbing process's alone (``AbsorbingDiffusion``):
     the others score the full [N, V] prediction, so they refuse it. ``draws`` (K) and
-    ``state`` are the learned process's: K draws of z_t per sequence (``LearnedMaskedDiffusion``;
+    ``state`` are the learned process's: K draws of z_t per sequence (``LearnedDiffusion``;
     1 to score without a gradient), and the trained parameters of its schedule
     (``LearnedSchedule.state_dict()``, e.g. an export's; None: the initial ones).
     """
@@ -133,14 +134,14 @@ def build_process(spec: ModelSpec, *, validate: bool = True, cross_entropy_chunk
                 schedule.load_state_dict(state)
             except RuntimeError as err:  # names missing, unexpected or mis-shaped tensors
                 raise ValueError(f"bad state for schedule {LEARNED_SCHEDULE!r}: {err}") from None
-        return LearnedMaskedDiffusion(schedule, vocab_size, draws=draws, validate=validate)
+        return LearnedDiffusion(schedule, vocab_size, draws=draws, validate=validate)
     if spec.process == "uniform":
         return UniformDiffusion(make_schedule(spec.schedule, **spec.schedule_args), vocab_size, validate=validate)
     schedule = make_schedule(spec.schedule, **spec.schedule_args)
     if spec.block_size is not None:
-        return BlockMaskedDiffusion(schedule, vocab_size, spec.block_size, validate=validate,
+        return BlockDiffusion(schedule, vocab_size, spec.block_size, validate=validate,
                                     cross_entropy_chunk_rows=cross_entropy_chunk_rows)
-    return MaskedDiffusion(schedule, vocab_size, validate=validate, cross_entropy_chunk_rows=cross_entropy_chunk_rows)
+    return AbsorbingDiffusion(schedule, vocab_size, validate=validate, cross_entropy_chunk_rows=cross_entropy_chunk_rows)
 
 
 def build_trainable(spec: ModelSpec, *, validate: bool = True) -> Transformer | DiffusionModel:

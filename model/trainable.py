@@ -1,6 +1,6 @@
 """The module a trainer optimizes when the process has parameters of its own (GenMD4's theta).
 
-``LearnedMaskedDiffusion`` trains its schedule, theta [V] in ``LearnedSchedule``, with the
+``LearnedDiffusion`` trains its schedule, theta [V] in ``LearnedSchedule``, with the
 network. A trainer hands ONE module to its optimizer, its data-parallel wrapper, its EMA and
 its checkpoints; ``DiffusionModel`` is that module, with two children:
 
@@ -17,7 +17,7 @@ forward. A wrapper that materializes parameters only for the forward of the modu
 them (DeepSpeed's ZeRO-3) must be told that theta is read here, in the forward of its parent,
 (``deepspeed.zero.register_external_parameter``); outside this forward it may not exist.
 
-A process without parameters (``MaskedDiffusion``, ``UniformDiffusion``) needs none of this:
+A process without parameters (``AbsorbingDiffusion``, ``UniformDiffusion``) needs none of this:
 its trainer optimizes the network alone. ``split_state`` splits a trained module's tensors
 (or an export's, whose network tensors carry no prefix) into the network's and the schedule's.
 """
@@ -28,9 +28,9 @@ from collections.abc import Mapping
 
 from torch import Tensor, nn
 
-from model.diffusion import Reconstruction
 from model.generators import Generators
-from model.state_dependent import LearnedMaskedDiffusion
+from model.learned import LearnedDiffusion
+from model.process import Reconstruction
 from model.transformer import Transformer
 
 __all__ = ["NETWORK_PREFIX", "SCHEDULE_PREFIX", "DiffusionModel", "split_state"]
@@ -47,7 +47,7 @@ class DiffusionModel(nn.Module):
     the optimizer's updates of theta are the process's.
     """
 
-    def __init__(self, network: Transformer, process: LearnedMaskedDiffusion) -> None:
+    def __init__(self, network: Transformer, process: LearnedDiffusion) -> None:
         super().__init__()
         if process.vocab_size != network.config.vocab_size:
             raise ValueError(f"the process has vocab_size={process.vocab_size}, the network "

@@ -12,7 +12,7 @@ mask is never predicted (SUBS). Norms, rotary embeddings and the time embedding 
 float32 under bf16 autocast or bf16 weights.
 
 A few options exist to reproduce another codebase's network exactly, so that its released
-weights can be imported (``pipeline.dit_import``: the DiT of MDLM and BD3-LM); their defaults
+weights can be imported (``pipeline.interchange.dit_import``: the DiT of MDLM and BD3-LM); their defaults
 are unmask's own network, whose parameters and outputs they leave unchanged:
 
 - ``mlp_bias``, ``head_bias``: biases on the MLP's two layers and on the untied head;

@@ -63,9 +63,9 @@ from torch import Tensor
 
 from model.checks import check_positions, check_reconstruction, check_row_times
 from model.denoiser import DenoiserLike
-from model.diffusion import DiffusionProcess, NelboTerms, Reconstruction
 from model.generators import Generators, uniforms
 from model.positions import count_scored, scored_positions, sum_by_row
+from model.process import DiffusionProcess, NelboTerms, Reconstruction
 from model.sampling import reverse_sample
 from model.schedules import Schedule
 
@@ -75,7 +75,7 @@ __all__ = ["UniformDiffusion"]
 class UniformDiffusion(DiffusionProcess):
     """D3PM's uniform diffusion over ``vocab_size`` tokens with the guarded ``schedule``.
 
-    The same interface as ``MaskedDiffusion``. z_t holds ids in [0, V): there is no mask
+    The same interface as ``AbsorbingDiffusion``. z_t holds ids in [0, V): there is no mask
     token, so ``num_masked`` in ``NelboTerms`` counts the positions whose token the noise
     changed, and a sampling ``prompt`` marks the positions to generate with ``generate_id``
     (= V, one past the vocabulary, as the mask id in the absorbing processes); they start
@@ -133,7 +133,7 @@ class UniformDiffusion(DiffusionProcess):
                     generator: Generators = None, *,
                     reconstruction: Reconstruction = "model",
                     positions: Tensor | None = None) -> NelboTerms:
-        """``MaskedDiffusion.nelbo_terms`` for the uniform process (module docstring);
+        """``AbsorbingDiffusion.nelbo_terms`` for the uniform process (module docstring);
         ``num_masked`` counts the positions the noise changed."""
         self._check_tokens(x0, "x0", allow_mask=False)
         check_positions(positions, x0)
@@ -152,7 +152,7 @@ class UniformDiffusion(DiffusionProcess):
                        generator: Generators = None, *, u: Tensor | None = None,
                        positions: Tensor | None = None) -> Tensor:
         """One-sample unbiased estimate of D3PM's T-step NELBO per sequence [B]: step i drawn
-        as in ``MaskedDiffusion.nelbo_discrete``, T times its KL summed over the scored
+        as in ``AbsorbingDiffusion.nelbo_discrete``, T times its KL summed over the scored
         positions, plus the endpoint terms (reconstruction by the model)."""
         self._check_tokens(x0, "x0", allow_mask=False)
         check_positions(positions, x0)

@@ -13,7 +13,7 @@ from common.provenance import package_version
 from orchestration.commands import config, data, downstream, evaluate, importing, jobs, run, sample, train
 from orchestration.exit_codes import PREEMPTED, USER_ERROR
 from orchestration.preemption import StoppedDuringStartup, preemptible_startup
-from pipeline.hooks import TrainHooks
+from pipeline.training.hooks import TrainHooks
 
 DESCRIPTION = """\
 unmask: pretrain and evaluate masked diffusion language models (MDLM / MD4).

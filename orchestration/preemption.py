@@ -2,11 +2,11 @@
 
 Schedulers stop a job with SIGTERM and read its exit status: 75 (``exit_codes.PREEMPTED``)
 is retried, 143 (killed by the signal) counts as a failure. The training loop turns SIGTERM
-into a checkpoint and 75 (``pipeline.trainer``); before it takes the signal over, while the
+into a checkpoint and 75 (``pipeline.training.trainer``); before it takes the signal over, while the
 command starts up (its imports take seconds, then the data and the engine), and between the
 stages of `unmask run`, SIGTERM raises ``StoppedDuringStartup`` here, which ``cli.main``
 turns into 75: nothing finished is lost, and a run directory the training had just created is
-given back (``pipeline.trainer.train``).
+given back (``pipeline.training.trainer.train``).
 
 The handler is installed as early as the process allows: when this module is imported, first
 of all by ``orchestration.cli``, if the process is the ``unmask`` command itself (the console

@@ -1,7 +1,7 @@
 """``unmask run``: prep -> train -> export -> eval (with its report), in one run directory.
 
-Each stage calls its library (``data_prep.prepare``, ``pipeline.trainer.train`` or
-``orchestration.ray_train.launch``, ``pipeline.export.export``, ``evaluation.zero_shot``)
+Each stage calls its library (``data_prep.prepare``, ``pipeline.training.trainer.train`` or
+``orchestration.cluster.ray_train.launch``, ``pipeline.interchange.export.export``, ``evaluation.zero_shot``)
 in this process with the typed request below, and each is skipped when its output is
 already up to date, so rerunning a finished run does nothing and rerunning a failed or
 killed one continues where it stopped:
@@ -35,20 +35,20 @@ from data_prep.builtin_corpus import write_cpython_corpus
 from data_prep.prep import DEFAULT_VAL_FRACTION, MAX_SEQ_LEN, PrepConfig
 from data_prep.prepare import PrepRequest, prepare
 from data_prep.readers import ReadOptions, local_roots
-from evaluation.evaluate import EvalConfig
-from evaluation.generation import check_sampling
+from evaluation.bounds.scoring import EvalConfig
+from evaluation.generation.generate import check_sampling
 from evaluation.results import EvalResults, TrainingRecord
 from evaluation.zero_shot import ReportOptions, is_up_to_date, run_zero_shot
 from model.sampling import SamplingPlan
 from model.transformer import PRESETS
-from orchestration.ray_train import RayLaunch, launch
-from pipeline.checkpoint import latest_step
+from orchestration.cluster.ray_train import RayLaunch, launch
 from pipeline.config import Config
-from pipeline.export import CONFIG_FILE, damaged_export, export, verify_export
-from pipeline.hooks import TrainHooks
-from pipeline.init_from import InitFrom, init_inputs, recorded_source
-from pipeline.run_layout import RUN_KIND, RunLayout
-from pipeline.trainer import train
+from pipeline.interchange.export import CONFIG_FILE, damaged_export, export, verify_export
+from pipeline.run_dir.checkpoint import latest_step
+from pipeline.run_dir.layout import RUN_KIND, RunLayout
+from pipeline.training.hooks import TrainHooks
+from pipeline.training.init_from import InitFrom, init_inputs, recorded_source
+from pipeline.training.trainer import train
 
 __all__ = ["RunRequest", "EvalStage", "RunSummary", "Preempted", "run_pipeline", "DEMO_CONFIG"]
 
@@ -86,7 +86,7 @@ class RunRequest:
     prep_workers: int = 1
     ray_address: str | None = None           # the cluster of prep (and of the Ray launcher)
     launch: RayLaunch | None = None          # None: train in this process
-    init_from: InitFrom | None = None        # the weights a new run starts from (pipeline.init_from)
+    init_from: InitFrom | None = None        # the weights a new run starts from (pipeline.training.init_from)
     evaluation: EvalStage = EvalStage()
 
     @property
@@ -118,7 +118,7 @@ class RunRequest:
 
     def eval_config(self) -> EvalConfig:
         evaluation = self.evaluation
-        return EvalConfig(datasets=evaluation.datasets, data_dir=evaluation.data_dir, shards=str(self.layout.data),
+        return EvalConfig(datasets=evaluation.bounds.datasets, data_dir=evaluation.data_dir, shards=str(self.layout.data),
                           samples_per_block=evaluation.samples_per_block,
                           blocks_per_replicate=evaluation.blocks_per_replicate)
 
@@ -163,7 +163,7 @@ class RunSummary:
     datasets: dict[str, dict[str, float]]    # name -> SUMMARY_METRICS
     report: str
     mlflow: dict | None                      # tracking_uri and run_id; None when MLflow did not answer
-    init_from: dict | None = None            # the source of the first weights (pipeline.init_from.InitRecord)
+    init_from: dict | None = None            # the source of the first weights (pipeline.training.init_from.InitRecord)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"

@@ -29,8 +29,8 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 
 from common.errors import UserError
+from model.learned import learned_schedule_arguments
 from model.schedules import make_schedule
-from model.state_dependent import learned_schedule_arguments
 from model.transformer import PRESETS
 
 __all__ = ["ModelSection", "DataSection", "OptimSection", "TrainSection", "EvalSection",
@@ -113,15 +113,15 @@ class TrainSection:
     global_batch_size: int = 512                # sequences per optimizer step, all ranks together
     # Sequences per rank per forward; gradient accumulation makes up the global batch (the
     # sequence of batches does not depend on it). "auto": on GPU the largest that the memory
-    # estimate fits in the device (pipeline.engine.choose_micro_batch); on CPU, and None,
+    # estimate fits in the device (pipeline.training.engine.choose_micro_batch); on CPU, and None,
     # global / world size (no accumulation).
     micro_batch_size: int | Literal["auto"] | None = field(default="auto", metadata=RESUME_SAFE)
     seed: int = 0                               # initial weights, data order, times and masks
     precision: Literal["auto", "fp32", "bf16"] = "auto"   # auto: bf16 on GPU, fp32 on CPU
-    zero_stage: Literal["auto", 1, 2, 3] = "auto"         # auto: pipeline.engine.choose_zero_stage
+    zero_stage: Literal["auto", 1, 2, 3] = "auto"         # auto: pipeline.training.engine.choose_zero_stage
     # Recompute each block in the backward instead of keeping its activations. "auto": only
     # when the micro-batch's activations would not fit next to the model states
-    # (pipeline.engine.activation_memory_bytes); decided per run, from the device's memory.
+    # (pipeline.training.engine.activation_memory_bytes); decided per run, from the device's memory.
     activation_checkpointing: bool | Literal["auto"] = False
     # torch.compile each block and the head with its loss (fused kernels; the first steps
     # compile). "auto": on for CUDA (under ZeRO 1 and 2), off for CPU.
@@ -139,7 +139,7 @@ class TrainSection:
     # full t in (0, 1]. [0, 1]: no clipping.
     block_mask_rate: tuple[float, float] = (0.0, 1.0)
     # Block diffusion: at every validation, train on the [beta, omega] of least clipped-loss
-    # variance on the validation batches (pipeline.mask_rate_search; block_mask_rate is the
+    # variance on the validation batches (pipeline.training.mask_rate_search; block_mask_rate is the
     # first interval). Costs 25 validations' forwards per validation.
     block_mask_rate_search: bool = False
     # Rows per chunk of the output head + cross-entropy (model.cross_entropy): bounds the loss's

@@ -6,7 +6,7 @@ from common.ray_runtime import pin_local_ray_to_loopback
 
 pin_local_ray_to_loopback()  # before anything imports ray: tests talk to 127.0.0.1 only
 
-pytest_plugins = ["tests.mlflow_server"]
+pytest_plugins = ["tests.support.mlflow_server"]
 
 import math  # noqa: E402
 
@@ -71,7 +71,7 @@ def oracle(request) -> EnumerableDistribution:
 @pytest.fixture(scope="session")
 def tinyshakespeare_shards(tmp_path_factory):
     """Tokenizer and shards of the start of tinyshakespeare (seq_len 64), by the real prep."""
-    from tests.train_helpers import make_tinyshakespeare_shards
+    from tests.support.train_helpers import make_tinyshakespeare_shards
 
     return make_tinyshakespeare_shards(tmp_path_factory.mktemp("tinyshakespeare"))
 
@@ -80,7 +80,7 @@ def tinyshakespeare_shards(tmp_path_factory):
 def micro_run(tmp_path_factory, tinyshakespeare_shards):
     """A finished 2-step run of `unmask train` on ``tinyshakespeare_shards`` (a checkpoint at
     each step, validation at steps 0 and 2, no export). Tests copy it before changing it."""
-    from tests.train_helpers import MICRO_RUN, run_train, write_config
+    from tests.support.train_helpers import MICRO_RUN, run_train, write_config
 
     root = tmp_path_factory.mktemp("micro-run")
     return run_train(root / "run", tinyshakespeare_shards, write_config(root / "micro.yaml", MICRO_RUN)).run_dir

@@ -16,29 +16,28 @@ from __future__ import annotations
 
 import math
 import subprocess
-from pathlib import Path
 import sys
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import warnings
-
-from evaluation.estimator import estimate_bound, wrap_blocks
+from evaluation.bounds.estimator import estimate_bound, wrap_blocks
 from evaluation.inference import inference_mode
-from model.diffusion import MaskedDiffusion
+from model.absorbing import AbsorbingDiffusion
 from model.sampling import MAX_STEPS_PER_POSITION, PlanError, SamplingPlan, sample_generators
 from model.schedules import make_schedule
 from model.spec import ModelSpec
 from model.transformer import Transformer, preset
-from pipeline.attention import AUTO_ORDER, attention_kernel, kernel_runs, resolve_attention
 from pipeline.config import load_config
-from pipeline.ema import EMA
-from pipeline.engine import plan_training, prepare_model
-from pipeline.objective import MicroBatchSlot, make_objective
-from tests.cli_runner import DISTRIBUTED_ENV, cli_env
-from tests.paths import REPO
+from pipeline.training.attention import AUTO_ORDER, attention_kernel, kernel_runs, resolve_attention
+from pipeline.training.ema import EMA
+from pipeline.training.engine import plan_training, prepare_model
+from pipeline.training.objective import MicroBatchSlot, make_objective
+from tests.support.cli_runner import DISTRIBUTED_ENV, cli_env
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-check)")]
@@ -61,7 +60,7 @@ def _batch() -> torch.Tensor:
 
 
 def _loss(network: torch.nn.Module, x0: torch.Tensor, *, bf16: bool) -> torch.Tensor:
-    diffusion = MaskedDiffusion(make_schedule("linear"), VOCAB, validate=False)
+    diffusion = AbsorbingDiffusion(make_schedule("linear"), VOCAB, validate=False)
     t = torch.linspace(0.05, 0.95, BATCH, dtype=torch.float64)
     generator = torch.Generator(device="cuda").manual_seed(2)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
@@ -122,7 +121,7 @@ def test_compile_auto_is_on_and_the_compiled_blocks_head_and_loss_give_the_eager
     # SMs). The H200 showed 3 graphs on 2026-11-27 where CPU inductor and aot_eager show 2: blocks,
     # head with loss, and one recompile for another count. The promise is that it stops there: no
     # compile per step, whatever the count. On failure, dynamo's recompile reasons say which guard.
-    diffusion = MaskedDiffusion(make_schedule("linear"), VOCAB, validate=False)
+    diffusion = AbsorbingDiffusion(make_schedule("linear"), VOCAB, validate=False)
 
     def step(t_value: float, seed: int) -> None:
         t = torch.full((BATCH,), t_value, dtype=torch.float64)
@@ -178,7 +177,7 @@ def test_a_training_micro_step_syncs_the_host_only_before_its_first_matmul():
     """Every synchronizing CUDA call of the objective's loss, its backward and the EMA update
     (as torch.cuda.set_sync_debug_mode reports them) comes before the forward's first matmul:
     the times' copy to the device, their range check, the masked count and the selected rows
-    (``pipeline/objective.py``, ``model/checks.py``, ``model/diffusion.py``,
+    (``pipeline/training/objective.py``, ``model/checks.py``, ``model/absorbing.py``,
     ``model/transformer.py``); the device never drains in the middle of a step.
 
     How the order is read: torch turns the sync warning into a Python warning when the Python
@@ -226,7 +225,7 @@ def test_the_evaluation_bound_under_bf16_is_the_fp32_bound_within_its_standard_e
     generator = torch.Generator().manual_seed(3)
     documents = [torch.randint(0, VOCAB, (300,), generator=generator).tolist() for _ in range(16)]
     blocks = wrap_blocks(documents, LENGTH, eos_id=VOCAB - 1, pad_id=0)
-    diffusion = MaskedDiffusion(make_schedule("linear"), VOCAB, validate=False)
+    diffusion = AbsorbingDiffusion(make_schedule("linear"), VOCAB, validate=False)
     estimates = {}
     for bf16 in (False, True):
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
@@ -237,11 +236,11 @@ def test_the_evaluation_bound_under_bf16_is_the_fp32_bound_within_its_standard_e
 
 
 def test_first_hitting_sampling_runs_under_bf16_one_call_per_token():
-    """As ``unmask sample`` runs on a GPU (``evaluation.generation``): inference mode, bf16
+    """As ``unmask sample`` runs on a GPU (``evaluation.generation.generate``): inference mode, bf16
     autocast and the attention kernel of evaluation (compiled sampling is tested on CPU; a
     compile here would cost the GPU check's time limit)."""
     network, device, samples, length = _network().eval(), torch.device("cuda"), 4, 64
-    diffusion = MaskedDiffusion(make_schedule("linear"), VOCAB, validate=False)
+    diffusion = AbsorbingDiffusion(make_schedule("linear"), VOCAB, validate=False)
     plan = SamplingPlan(sampler="first-hitting", seed=0)
     with torch.inference_mode(), inference_mode(network, device):
         tokens, stats = diffusion.sample(network, plan, num_samples=samples, seq_len=length, window=LENGTH,
@@ -253,12 +252,12 @@ def test_first_hitting_sampling_runs_under_bf16_one_call_per_token():
 def test_block_diffusion_trains_with_flexattention_and_matches_the_dense_mask():
     """BD3-LM's training step on GPU (``train.block_attention`` auto): FlexAttention with the
     compiled BlockMask, loss and gradients those of the dense SDPA mask (bf16 rounding)."""
-    from model.block_diffusion import BlockMaskedDiffusion
-    from pipeline.attention import resolve_block_attention
+    from model.block_diffusion import BlockDiffusion
+    from pipeline.training.attention import resolve_block_attention
 
     assert resolve_block_attention("auto", torch.device("cuda"), 0.0) == "flex"
     x0 = _batch()
-    process = BlockMaskedDiffusion(make_schedule("linear"), VOCAB, 16, validate=False)
+    process = BlockDiffusion(make_schedule("linear"), VOCAB, 16, validate=False)
     t = torch.rand(BATCH, LENGTH // 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     losses, grads = {}, {}
     for kind in ("dense", "flex"):
@@ -276,10 +275,10 @@ def test_block_diffusion_trains_with_flexattention_and_matches_the_dense_mask():
 def test_block_diffusion_samples_with_its_kv_cache_under_bf16():
     """BD3-LM's sampler as `unmask sample` runs it on a GPU: inference mode, bf16, the KV cache of
     finished blocks; first-hitting makes one call per token, past the network's context too."""
-    from model.block_diffusion import BlockMaskedDiffusion
+    from model.block_diffusion import BlockDiffusion
 
     network, device, samples, length = _network().eval(), torch.device("cuda"), 4, LENGTH + 64
-    process = BlockMaskedDiffusion(make_schedule("linear"), VOCAB, 16, validate=False)
+    process = BlockDiffusion(make_schedule("linear"), VOCAB, 16, validate=False)
     plan = SamplingPlan(sampler="first-hitting", seed=0)
     with torch.inference_mode(), inference_mode(network, device):
         tokens, stats = process.sample(network, plan, num_samples=samples, seq_len=length, window=LENGTH,
@@ -293,7 +292,7 @@ def test_init_from_weights_loaded_on_the_host_give_the_sources_loss_on_the_devic
     module moves to the device: there it gives the source network's bf16 loss."""
     from dataclasses import asdict, replace
 
-    from pipeline.init_from import InitRecord, InitSource, load_source
+    from pipeline.training.init_from import InitRecord, InitSource, load_source
 
     source = _network()
     record = InitRecord(source="source", kind="export", weights="ema", file="model.safetensors", sha256="0" * 64,
@@ -323,9 +322,9 @@ TINY_BLOCK_SIZE = 8  # four blocks of the tiny context: the block mask over [x_t
 def tiny_exports(tmp_path_factory):
     """Untrained one-layer exports (absorbing, uniform, autoregressive, a block model of
     ``TINY_BLOCK_SIZE``) and the HF directories of the first and of the block model."""
-    from data_prep.tokenizer import train_sentencepiece
-    from pipeline.export import export_to_hf
-    from tests.export_fixtures import write_untrained_export
+    from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
+    from pipeline.interchange.export import export_to_hf
+    from tests.support.export_fixtures import write_untrained_export
 
     root = tmp_path_factory.mktemp("gpu_exports")
     animals, places = ("cat", "dog", "fox", "owl"), ("mat", "log", "hill", "roof")
@@ -347,8 +346,8 @@ def tiny_exports(tmp_path_factory):
 def test_unmask_sample_runs_every_sampler_and_blocks_on_the_gpu(tiny_exports, name):
     """``unmask sample``'s library on cuda (bf16, the attention kernel, inference mode): kept
     tokens stay, tokens are valid, and a sample does not depend on its batch."""
-    from evaluation.generation import generate
-    from pipeline.export import load_export
+    from evaluation.generation.generate import generate
+    from pipeline.interchange.export import load_export
 
     exported, plan = load_export(tiny_exports["absorbing"]), GPU_PLANS[name]
     seq_len = 2 * TINY_EXPORT_LENGTH if plan.block_len else TINY_EXPORT_LENGTH
@@ -364,8 +363,8 @@ def test_unmask_sample_runs_every_sampler_and_blocks_on_the_gpu(tiny_exports, na
 
 @pytest.mark.parametrize("name", ["uniform", "ar"])
 def test_the_other_processes_sample_on_the_gpu(tiny_exports, name):
-    from evaluation.generation import generate
-    from pipeline.export import load_export
+    from evaluation.generation.generate import generate
+    from pipeline.interchange.export import load_export
 
     exported = load_export(tiny_exports[name])
     samples = generate(exported, SamplingPlan(steps=8) if name == "uniform" else SamplingPlan(), num=3, seq_len=16,
@@ -375,11 +374,11 @@ def test_the_other_processes_sample_on_the_gpu(tiny_exports, name):
 
 @pytest.mark.parametrize("name", ["absorbing", "uniform", "ar"])
 def test_lm_eval_loglikelihood_and_generate_until_run_on_the_gpu_and_agree_with_the_cpu(tiny_exports, name):
-    """What lm-eval's ``loglikelihood`` and ``generate_until`` call (``evaluation.likelihoods``,
+    """What lm-eval's ``loglikelihood`` and ``generate_until`` call (``evaluation.downstream.likelihoods``,
     ``sample_continuation``), on cuda under bf16: finite scores within bf16 rounding of the CPU's."""
-    from evaluation.likelihoods import ScoringModel, ScoringSettings, score_continuations
-    from evaluation.lm_eval_model import sample_continuation
-    from pipeline.export import load_export
+    from evaluation.downstream.likelihoods import ScoringModel, ScoringSettings, score_continuations
+    from evaluation.downstream.lm_eval_model import sample_continuation
+    from pipeline.interchange.export import load_export
 
     exported = load_export(tiny_exports[name])
     encode = exported.tokenizer.encode
@@ -412,7 +411,7 @@ def test_the_estimator_of_the_uniform_process_runs_on_the_gpu():
 
 def test_transformers_loads_the_hf_export_on_the_gpu_and_gives_its_logits(tiny_exports):
     transformers = pytest.importorskip("transformers")
-    from pipeline.export import load_export
+    from pipeline.interchange.export import load_export
 
     model = transformers.AutoModelForMaskedLM.from_pretrained(str(tiny_exports["hf"]),
                                                               trust_remote_code=True).cuda().eval()
@@ -427,7 +426,7 @@ def test_transformers_runs_a_block_model_s_hf_export_on_the_gpu_with_the_cpu_s_l
     """A block diffusion model's HF directory on cuda: the forward over [x_t ; x_0] under the dense
     block mask (SDPA's GPU kernels) gives the unmask export's block forward on the CPU."""
     transformers = pytest.importorskip("transformers")
-    from pipeline.export import load_export
+    from pipeline.interchange.export import load_export
 
     model = transformers.AutoModelForMaskedLM.from_pretrained(str(tiny_exports["block-hf"]),
                                                               trust_remote_code=True).cuda().eval()
@@ -446,9 +445,9 @@ def test_an_export_is_checked_then_loaded_onto_the_gpu_and_a_truncated_one_is_re
     """``load_export(map_location="cuda")``, as sampling and evaluation call it on a GPU: the
     export's recorded files are checked on the host first (issue 33)."""
     from common.errors import UserError
-    from data_prep.tokenizer import train_sentencepiece
-    from pipeline.export import load_export
-    from tests.export_fixtures import write_untrained_export
+    from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
+    from pipeline.interchange.export import load_export
+    from tests.support.export_fixtures import write_untrained_export
 
     tokenizer = train_sentencepiece([f"the cat {i} sat on the mat {i % 7}" for i in range(300)], tmp_path / "tok",
                                     vocab_size=300)
@@ -464,7 +463,7 @@ def test_an_export_is_checked_then_loaded_onto_the_gpu_and_a_truncated_one_is_re
 def test_a_budget_past_its_limit_is_refused_before_the_gpu_holds_anything():
     """The budget limits (``model.sampling.plan``) are checked before the tokens or the time grid
     reach the device (issue 33): nothing is allocated on it, the network is never called."""
-    diffusion = MaskedDiffusion(make_schedule("linear"), VOCAB, validate=False)
+    diffusion = AbsorbingDiffusion(make_schedule("linear"), VOCAB, validate=False)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     with pytest.raises(PlanError, match="MAX_STEPS_PER_POSITION"):
@@ -475,8 +474,8 @@ def test_a_budget_past_its_limit_is_refused_before_the_gpu_holds_anything():
 def test_the_loader_pins_the_batches_it_joins_from_its_workers(tmp_path):
     """On a GPU the trainer asks for pinned batches; the loader pins each micro-batch after
     joining its workers' parts (issue 32), and the batches are those of an unpinned loader."""
-    from data_prep.loader import StreamingLoader
-    from tests.shard_fixtures import write_numbered_split
+    from data_prep.shards.loader import StreamingLoader
+    from tests.support.shard_fixtures import write_numbered_split
 
     write_numbered_split(tmp_path, [40, 40], rows_per_chunk=4)
     make = lambda **kw: StreamingLoader(tmp_path, "train", 4, rank=1, world_size=2, seed=3, shuffle_window=16, **kw)
@@ -495,9 +494,9 @@ def test_an_imported_bd3lm_model_gives_bd3lm_s_logits_on_the_gpu_and_samples(tmp
     forward under FlexAttention and the dense mask, and the KV-cached sampling forward, give the
     logits BD3-LM's code computed (tests/fixtures/bd3lm); its sampler runs under bf16."""
     from model.block_attention import AttentionLayout, KVCache
-    from pipeline.bd3lm_import import import_bd3lm
-    from pipeline.export import load_export
-    from tests.bd3lm_fixtures import CASES, VOCAB_SIZE, source_copy, their_outputs, write_tokenizer
+    from pipeline.interchange.bd3lm_import import import_bd3lm
+    from pipeline.interchange.export import load_export
+    from tests.support.bd3lm_fixtures import CASES, VOCAB_SIZE, source_copy, their_outputs, write_tokenizer
 
     block_size, _ = CASES[name]
     exported = load_export(import_bd3lm(source_copy(tmp_path, name), write_tokenizer(tmp_path / "tok"),

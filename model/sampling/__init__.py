@@ -15,7 +15,7 @@
 - ``remasking``: ReMDM (Wang et al. 2025);
 - ``core``: what they share (token distribution, float64 draws, per-row uniforms, network calls).
 
-Which sampler applies to which process is each process's ``samplers`` (``model.diffusion``).
+Which sampler applies to which process is each process's ``samplers`` (``model.absorbing``).
 """
 
 from model.sampling.ancestral import ancestral_sample, reverse_sample

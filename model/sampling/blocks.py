@@ -119,7 +119,7 @@ def draw_blocks(process, sampler: Sampler, network, plan: SamplingPlan, *, num_s
                 prompt: Tensor | None = None, generator: Generators = None, window: int | None = None,
                 device: torch.device | str | None = None, cache: bool = True) -> tuple[Tensor, SamplingStats]:
     """Sample ``num_samples`` sequences of ``seq_len`` tokens (any: a last partial block is
-    sampled whole and cut) block by block (module docstring). ``process``: a ``BlockMaskedDiffusion``; ``network``:
+    sampled whole and cut) block by block (module docstring). ``process``: a ``BlockDiffusion``; ``network``:
     a ``Transformer`` (its forward takes a ``layout``); the rest as ``model.sampling.draw``.
     ``cache`` False recomputes the finished blocks at every call."""
     block_size = process.block_size

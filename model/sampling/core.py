@@ -17,7 +17,7 @@ in one direction at named places: uniforms are drawn on the host and moved to th
 per step (``row_uniforms``); the rows and times a call needs are moved to the device at the
 call (``NetworkCalls``), never indexed there with a device mask; host reads of device values
 (``bool(rows.any())``, counts) are the syncs a step needs to size its next call.
-``tests/test_host_device.py`` runs every sampler on a pretend device that enforces CUDA's rules.
+``tests/model/test_host_device.py`` runs every sampler on a pretend device that enforces CUDA's rules.
 
 Network calls. ``NetworkCalls`` asks the denoiser for the rows that need it at this step
 (the others' outputs would be thrown away) and counts calls, rows passed and, per row, the
@@ -59,7 +59,7 @@ class SampledProcess(Protocol):
 
 
 class AbsorbingProcess(SampledProcess, Protocol):
-    """What the absorbing samplers read of a process (``MaskedDiffusion``)."""
+    """What the absorbing samplers read of a process (``AbsorbingDiffusion``)."""
 
     schedule: Schedule
 

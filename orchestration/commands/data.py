@@ -8,12 +8,12 @@ import json
 import sys
 from pathlib import Path
 
-from data_prep.hf_tokenizer import ROLE_FLAGS, SpecialTokens
 from data_prep.prep import DEFAULT_SHARD_BYTES, DEFAULT_VAL_FRACTION, WORK_DIR, PrepConfig
 from data_prep.prepare import PrepRequest, prepare
 from data_prep.readers import DEFAULT_UNIT_BYTES, ReadOptions
-from data_prep.storage import check_no_credentials, default_cache_dir, is_remote, upload_data
-from data_prep.tokenizer_training import TrainingRequest, train_tokenizer
+from data_prep.shards.storage import check_no_credentials, default_cache_dir, is_remote, upload_data
+from data_prep.tokenizer.hugging_face import ROLE_FLAGS, SpecialTokens
+from data_prep.tokenizer.training import TrainingRequest, train_tokenizer
 
 RAW = argparse.RawDescriptionHelpFormatter
 

@@ -1,4 +1,4 @@
-"""The ``unmask lm-eval`` command: its flags, and the summary it prints (``evaluation.downstream``
+"""The ``unmask lm-eval`` command: its flags, and the summary it prints (``evaluation.lm_eval``
 does the work)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from common.logs import configure_logging
-from evaluation.downstream_results import DownstreamResults
+from evaluation.downstream.task_results import DownstreamResults
 from evaluation.inference import DEVICE_HELP
 from model.sampling import SAMPLERS
 
@@ -24,7 +24,7 @@ and downstream.json into the report directory, adds a "Downstream tasks" table t
 report.html, and logs the metrics to the MLflow run of the perplexity bounds.
 
 Runs offline unless --download: datasets must be local (the tasks shipped in
-evaluation/lm_eval_tasks read --data-dir) or in the Hugging Face cache.
+evaluation/downstream/tasks read --data-dir) or in the Hugging Face cache.
 """
 
 EPILOG = """\
@@ -57,7 +57,7 @@ def _limit(text: str) -> float | int:
 
 def _cmd_lm_eval(args: argparse.Namespace) -> int:
     # Imported when the command runs: lm-eval, datasets and MLflow would slow every other command.
-    from evaluation.downstream import DownstreamConfig, DownstreamOptions, run_downstream
+    from evaluation.lm_eval import DownstreamConfig, DownstreamOptions, run_downstream
 
     configure_logging()
     config = DownstreamConfig(

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 from common.logs import configure_logging
-from evaluation.detokenizers import DETOKENIZERS
-from evaluation.evaluate import EvalConfig
+from evaluation.bounds.detokenizers import DETOKENIZERS
+from evaluation.bounds.protocols import DEFAULT_PROTOCOL, PROTOCOLS
+from evaluation.bounds.scoring import EvalConfig
 from evaluation.inference import COMPILE_SETTINGS, DEVICE_HELP
-from evaluation.protocols import DEFAULT_PROTOCOL, PROTOCOLS
 from evaluation.results import EvalResults
 from orchestration.commands.sampling_flags import (
     REPORT_FLAGS,

@@ -1,5 +1,5 @@
-"""``unmask import``: models released by other codebases, as unmask exports (``pipeline.mdlm_import``,
-``pipeline.bd3lm_import``)."""
+"""``unmask import``: models released by other codebases, as unmask exports (``pipeline.interchange.mdlm_import``,
+``pipeline.interchange.bd3lm_import``)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ examples:
 
 
 def _cmd_import_mdlm(args: argparse.Namespace) -> int:
-    from pipeline.mdlm_import import import_mdlm
+    from pipeline.interchange.mdlm_import import import_mdlm
 
     out = import_mdlm(args.source, args.tokenizer, args.out, weights=args.weights)
     print(f"imported MDLM's model from {args.source} to {out}")
@@ -41,7 +41,7 @@ def _cmd_import_mdlm(args: argparse.Namespace) -> int:
 
 
 def _cmd_import_bd3lm(args: argparse.Namespace) -> int:
-    from pipeline.bd3lm_import import import_bd3lm
+    from pipeline.interchange.bd3lm_import import import_bd3lm
 
     out = import_bd3lm(args.source, args.tokenizer, args.out)
     print(f"imported BD3-LM's model from {args.source} to {out}")

@@ -51,7 +51,7 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
-    from orchestration.jobs import JobRequest, connect, follow_logs, submit, wait
+    from orchestration.cluster.jobs import JobRequest, connect, follow_logs, submit, wait
 
     command = args.unmask_args[1:] if args.unmask_args[:1] == ["--"] else args.unmask_args
     if args.max_upload_mb is not None and args.max_upload_mb <= 0:
@@ -98,7 +98,7 @@ def _started(millis: int | None) -> str:
 
 
 def _cmd_jobs(args: argparse.Namespace) -> int:
-    from orchestration.jobs import connect, follow_logs, status, wait
+    from orchestration.cluster.jobs import connect, follow_logs, status, wait
 
     client = connect(args.address)
     if args.jobs_command == "list":
@@ -132,7 +132,7 @@ def _add_address(parser: argparse.ArgumentParser) -> None:
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``submit`` and ``jobs`` to the ``unmask`` command."""
-    from orchestration.upload import MAX_UPLOAD_MB
+    from orchestration.cluster.upload import MAX_UPLOAD_MB
 
     submit = commands.add_parser(
         "submit", help="run an unmask command on a Ray cluster (Ray Jobs API)",

@@ -1,4 +1,4 @@
-"""``unmask sample``: generate text from an export (``evaluation.generation``)."""
+"""``unmask sample``: generate text from an export (``evaluation.generation.generate``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from common.outputs import InputPath, check_output_file, write_output_file
-from evaluation.generation import DEFAULT_BATCH_SIZE, INFILL_SYNTAX, Sample, generate, until_eos_plan
+from evaluation.generation.generate import DEFAULT_BATCH_SIZE, INFILL_SYNTAX, Sample, generate, until_eos_plan
+from evaluation.generation.sample_quality import SampleQuality, check_reference, load_reference, score_samples
 from evaluation.inference import DEVICE_HELP, resolve_device
-from evaluation.sample_quality import SampleQuality, check_reference, load_reference, score_samples
 from orchestration.commands.sampling_flags import (
     SAMPLE_FLAGS,
     SAMPLER_HELP,
@@ -20,7 +20,7 @@ from orchestration.commands.sampling_flags import (
     objective_of,
     plan_from_args,
 )
-from pipeline.export import export_directory, load_export, resolve_export
+from pipeline.interchange.export import export_directory, load_export, resolve_export
 
 RAW = argparse.RawDescriptionHelpFormatter
 SAMPLE_SEPARATOR = "----- sample {index} (network calls: {calls}) -----"

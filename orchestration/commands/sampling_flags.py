@@ -28,8 +28,8 @@ from model.sampling import (
     SamplingPlan,
     parse_sampler_options,
 )
-from pipeline.export import CONFIG_FILE, resolve_export
-from pipeline.run_layout import RunLayout
+from pipeline.interchange.export import CONFIG_FILE, resolve_export
+from pipeline.run_dir.layout import RunLayout
 
 __all__ = ["REPORT_FLAGS", "REPORT_SAMPLER_HELP", "SAMPLE_FLAGS", "SAMPLER_HELP", "SamplingFlags",
            "add_sampling_arguments", "check_flags_apply", "check_samples_drawn", "given_flags", "objective_of",

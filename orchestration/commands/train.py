@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING
 from common.errors import UserError
 from common.logs import configure_logging
 from common.outputs import check_output_dir
+from data_prep.shards.storage import is_remote, read_manifest
 from orchestration.exit_codes import OK, PREEMPTED
 from pipeline.config import Config, config_yaml, load_config, parse_overrides
-from data_prep.storage import is_remote, read_manifest
-from pipeline.init_from import InitFrom, init_inputs
-from pipeline.run_layout import RUN_KIND, training_data
+from pipeline.run_dir.layout import RUN_KIND, training_data
+from pipeline.training.init_from import InitFrom, init_inputs
 
 if TYPE_CHECKING:
-    from orchestration.ray_train import RayLaunch
+    from orchestration.cluster.ray_train import RayLaunch
 
 RAW = argparse.RawDescriptionHelpFormatter
 
@@ -93,7 +93,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     configure_logging()
     if args.launcher == "ray":
         return _train_with_ray(args, config)
-    from pipeline.trainer import train
+    from pipeline.training.trainer import train
 
     result = train(config, data_dir=config.data.path, run_dir=args.run_dir, resume=args.resume,
                    allow_config_change=args.allow_config_change, hooks=args.hooks, init_from=init_from_args(args))
@@ -104,7 +104,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def launch_of(args: argparse.Namespace) -> RayLaunch:
     """The Ray Train launch that the launcher flags (``add_launcher_arguments``) ask for."""
-    from orchestration.ray_train import RayLaunch
+    from orchestration.cluster.ray_train import RayLaunch
 
     return RayLaunch(num_workers=args.num_workers, gpus_per_worker=args.gpus_per_worker,
                      cpus_per_worker=args.cpus_per_worker, max_failures=args.max_failures,
@@ -112,7 +112,7 @@ def launch_of(args: argparse.Namespace) -> RayLaunch:
 
 
 def _train_with_ray(args: argparse.Namespace, config: Config) -> int:
-    from orchestration.ray_train import launch
+    from orchestration.cluster.ray_train import launch
 
     summary = launch(config, launch_of(args), data_dir=config.data.path, run_dir=args.run_dir, resume=args.resume,
                      allow_config_change=args.allow_config_change, on_step=args.hooks.on_step,
@@ -122,8 +122,8 @@ def _train_with_ray(args: argparse.Namespace, config: Config) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from pipeline.export import export, export_to_hf
-    from pipeline.run_layout import RunLayout
+    from pipeline.interchange.export import export, export_to_hf
+    from pipeline.run_dir.layout import RunLayout
 
     source = Path(args.run_dir)
     if not source.is_dir():
@@ -186,7 +186,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def add_init_arguments(parser: argparse.ArgumentParser) -> None:
-    """--init-from and --init-weights (``pipeline.init_from``), for ``train`` and ``run``."""
+    """--init-from and --init-weights (``pipeline.training.init_from``), for ``train`` and ``run``."""
     parser.add_argument("--init-from", metavar="EXPORT_OR_RUN",
                         help="start a new run from these weights: an export (unmask export / unmask import) or a run "
                              "directory (its newest intact checkpoint); the config may differ, the network's shape "
@@ -205,7 +205,7 @@ def init_from_args(args: argparse.Namespace) -> InitFrom | None:
 
 
 def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("launching on Ray (orchestration.ray_train)")
+    group = parser.add_argument_group("launching on Ray (orchestration.cluster.ray_train)")
     group.add_argument("--launcher", choices=["local", "ray"], default="local",
                        help="local: this process (or each process torchrun/deepspeed started); ray: "
                             "Ray Train workers, restarted from the latest checkpoint on failure")

@@ -1,0 +1,397 @@
+"""Export: a checkpoint's EMA weights as one ``model.safetensors``, loadable without DeepSpeed.
+
+    RUN/export/model.safetensors   float32 EMA weights, gathered from any ZeRO stage: the network's,
+                                   and a learned schedule's as ``schedule.theta``
+    RUN/export/config.json         the model's spec (network shape, objective, process, schedule), provenance
+    RUN/export/tokenizer/          the tokenizer the model was trained with
+
+The EMA lives in our own per-rank files (``rank-NNNNN.pt``), so export reads them off line:
+under ZeRO-3 each holds one flat slice per parameter and the slices are concatenated;
+under ZeRO-1/2 every rank holds the whole EMA and rank 0's is used. ``weights="model"``
+exports the live weights instead, through DeepSpeed's own ZeRO-to-fp32 conversion.
+
+``format="hf"`` (default ``RUN/export-hf``) and ``export_to_hf`` (of an existing export) write
+the same model as a transformers directory instead (``pipeline.interchange.hf_export``). Every exported
+file gets the mode the user's umask gives new files.
+
+An export directory appears whole (``common.outputs``): it is written beside its place and
+renamed there, and it replaces only an earlier export (``EXPORT_KIND``), never the run it
+comes from, its checkpoints or anything else.
+
+Integrity: the marker records the size and sha256 of every file, and ``load_export`` checks
+them before reading anything (``verify_export``): the sizes always, the digest of a file whose
+modification time is not the one recorded (a file copied, edited or replaced since it was
+written). Hashing every load would cost a third of loading a medium export (BENCHMARKS.md:
+"Export integrity"). A damaged export (an interrupted copy, a file of something else in its
+place, a config.json that is not JSON or of a newer format) is named in one line with the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from common.atomic_files import atomic_write_bytes
+from common.errors import UserError
+from common.file_records import changed_files
+from common.outputs import (
+    InputPath,
+    OutputKind,
+    check_output_dir,
+    holds_only,
+    json_object,
+    marked_files,
+    new_output_dir,
+    read_marker,
+)
+from data_prep.tokenizer.base import Tokenizer
+from data_prep.tokenizer.load import SAVED_TOKENIZER_FILES, load_tokenizer
+from model.spec import ModelSpec, Process, build_network, build_process, build_trainable
+from model.trainable import NETWORK_PREFIX, split_state
+from model.transformer import Transformer, TransformerConfig, unpadded_state
+from pipeline.config import ModelSection
+from pipeline.interchange.hf_export import HF_EXPORT_KIND, write_hf_export
+from pipeline.run_dir.checkpoint import (
+    CheckpointMeta,
+    intact_checkpoint,
+    rank_file,
+    read_state,
+    resolve_checkpoint,
+    verify_checkpoint,
+)
+from pipeline.run_dir.layout import RunLayout
+from pipeline.run_dir.safe_load import deepspeed_loads_safely, find_unloadable, load_torch_file
+from pipeline.training.ema import full_state
+from pipeline.training.objective import model_spec
+
+__all__ = ["export", "checkpoint_tensors", "has_ema", "resolve_export", "training_run_of", "write_export",
+           "load_export", "Exported", "canonical_name", "export_to_hf", "export_directory", "export_files", "ExportFormat",
+           "EXPORT_KIND", "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_DIR", "damaged_export", "verify_export"]
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+TOKENIZER_DIR = "tokenizer"  # inside an export: the tokenizer the model was trained with
+EXPORT_FORMAT_VERSION = 1
+# unmask's own directory (load_export), or transformers' (pipeline.interchange.hf_export).
+ExportFormat = Literal["unmask", "hf"]
+# How long export waits for a tracking server that does not answer (it only adds an artifact).
+TRACKING_WAIT_S = 5.0
+log = logging.getLogger("unmask.export")
+# Activation checkpointing wraps blocks; their parameter names gain this component.
+_WRAPPER_PREFIX = "_checkpoint_wrapped_module."
+# Draws of z_t per sequence of a learned process built from an export: scoring takes no
+# gradient, and the second draw of training only serves the gradient's baseline.
+EXPORT_DRAWS = 1
+
+
+def _is_export_file(name: str) -> bool:
+    """Whether ``name`` (relative to an export) is a file an export holds."""
+    folder, _, file = name.rpartition("/")
+    return name in (CONFIG_FILE, WEIGHTS_FILE) or (folder == TOKENIZER_DIR and file in SAVED_TOKENIZER_FILES)
+
+
+def _is_unmarked_export(directory: Path) -> bool:
+    """An export written before the marker existed: its files and nothing else, at every depth,
+    with the config.json only an export writes."""
+    config = json_object(directory / CONFIG_FILE)
+    return (config is not None and {"format_version", "network"} <= config.keys()
+            and holds_only(directory, _is_export_file))
+
+
+# What `unmask export` and `unmask import` write: a directory that appears whole.
+EXPORT_KIND = OutputKind("export", "an unmask export", whole=True, unmarked=_is_unmarked_export)
+
+
+def canonical_name(name: str) -> str:
+    """A parameter's name in the export: in the plain ``Transformer`` (without DeepSpeed,
+    wrapper or ``DiffusionModel`` prefixes), or ``schedule.*`` for a learned schedule's."""
+    return name.replace(_WRAPPER_PREFIX, "").removeprefix(NETWORK_PREFIX)
+
+
+def has_ema(checkpoint: Path) -> bool:
+    """Whether a checkpoint holds the EMA (every rank's file is there)."""
+    state = read_state(checkpoint)
+    return all(rank_file(checkpoint, rank).is_file() for rank in range(state.world_size))
+
+
+def _ema_weights(checkpoint: Path, world_size: int) -> dict[str, torch.Tensor]:
+    paths = [rank_file(checkpoint, rank) for rank in range(world_size)]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise UserError(f"{checkpoint}: EMA files missing: {missing}; the checkpoint is incomplete")
+    first = load_torch_file(paths[0])["ema"]
+    states = [first] + [load_torch_file(p)["ema"] for p in paths[1:]] if first["partitioned"] else [first]
+    return full_state(states)
+
+
+def _model_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    try:
+        with deepspeed_loads_safely():
+            return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.parent), tag=checkpoint.name)
+    except Exception as err:  # DeepSpeed does not say which file it was reading
+        culprit = find_unloadable(checkpoint)
+        if culprit is not None:
+            raise culprit from None
+        raise UserError(f"{checkpoint}: DeepSpeed could not read its ZeRO files ({type(err).__name__}: {err})") \
+            from err
+
+
+def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["ema", "model"] = "ema",
+           out_dir: str | Path | None = None, format: ExportFormat = "unmask") -> Path:
+    """Write the export of checkpoint ``step`` (latest: None); returns the export directory.
+    ``format="hf"`` writes the transformers directory of ``pipeline.interchange.hf_export`` instead
+    (default ``RUN/export-hf``)."""
+    run_dir = Path(run_dir)
+    layout = RunLayout(run_dir)
+    out = Path(out_dir) if out_dir is not None else layout.hf_export if format == "hf" else layout.export
+    check_output_dir(out, HF_EXPORT_KIND if format == "hf" else EXPORT_KIND, "--out",
+                     [InputPath(layout.checkpoints, "the checkpoints it exports"),
+                      InputPath(layout.tokenizer, "the run's tokenizer")])
+    checkpoint = resolve_checkpoint(run_dir, step)
+    problem = verify_checkpoint(checkpoint)
+    if problem is not None:
+        intact, _ = intact_checkpoint(run_dir)
+        fix = (f"export the newest intact one: `unmask export {run_dir} --checkpoint {read_state(intact).step}`"
+               if intact else "no intact checkpoint is left")
+        raise UserError(f"cannot export {checkpoint.name}: {problem}; {fix}")
+    state = read_state(checkpoint)
+    if weights not in ("ema", "model"):
+        raise UserError(f"--weights must be 'ema' or 'model', got {weights!r}")
+    if format not in ("unmask", "hf"):
+        raise UserError(f"--format must be 'unmask' or 'hf', got {format!r}")
+    tensors, spec = checkpoint_tensors(checkpoint, weights)
+    tokenizer_src = layout.tokenizer
+    if not tokenizer_src.is_dir():
+        raise UserError(f"{run_dir}: no {tokenizer_src.name}/ directory (written when training starts)")
+    writer = write_hf_export if format == "hf" else write_export
+    writer(out, tensors, _export_config(spec, state, checkpoint, weights), tokenizer_src)
+    _track(run_dir, out)
+    return out
+
+
+def checkpoint_tensors(checkpoint: Path, weights: Literal["ema", "model"]) -> tuple[dict[str, torch.Tensor],
+                                                                                   ModelSpec]:
+    """The float32 weights of ``checkpoint`` (its EMA, or its live weights through DeepSpeed's
+    ZeRO-to-fp32) by their export names, without vocabulary padding, and the spec they fit:
+    what an export holds (``--init-from`` also starts a run from them)."""
+    state = read_state(checkpoint)
+    raw = _ema_weights(checkpoint, state.world_size) if weights == "ema" else _model_weights(checkpoint)
+    spec = model_spec(ModelSection(**state.config["model"]), TransformerConfig(**state.network))
+    tensors = {canonical_name(name): t.float().contiguous() for name, t in raw.items()}
+    _check_complete(tensors, spec, checkpoint)
+    return _unpadded(tensors, spec)
+
+
+def write_export(out: Path, tensors: dict[str, torch.Tensor], config: dict, tokenizer_dir: Path) -> None:
+    """Write the export directory ``out``; it appears whole or not at all, and replaces only
+    an earlier export (``common.outputs.new_output_dir``)."""
+    with new_output_dir(out, EXPORT_KIND, "--out") as staging:
+        save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt", "weights": config["weights"]})
+        shutil.copytree(tokenizer_dir, staging / TOKENIZER_DIR)
+        atomic_write_bytes(staging / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True).encode())
+
+
+def export_directory(path: str | Path) -> Path:
+    """The export directory that ``path`` names (an export, or a training run's ``RUN/export``),
+    for an output that must keep clear of it; nothing is read."""
+    layout = RunLayout(path)
+    return layout.export if layout.is_training_run() else Path(path)
+
+
+def export_files(path: str | Path) -> list[Path]:
+    """The files of the export that ``path`` names (``export_directory``); nothing is read."""
+    directory = export_directory(path)
+    return [directory / WEIGHTS_FILE, directory / CONFIG_FILE, directory / TOKENIZER_DIR]
+
+
+def export_to_hf(export_dir: str | Path, out: str | Path) -> Path:
+    """Write the transformers directory ``out`` of the unmask export ``export_dir`` (one
+    written by ``export`` or by an import); returns ``out``."""
+    export_dir, out = Path(export_dir), Path(out)
+    check_output_dir(out, HF_EXPORT_KIND, "--out", [InputPath(export_dir, "the export it converts")])
+    exported = load_export(export_dir)  # checks the config, the weights and the tokenizer
+    write_hf_export(out, load_file(str(export_dir / WEIGHTS_FILE)), exported.config, export_dir / TOKENIZER_DIR)
+    return out
+
+
+def _track(run_dir: Path, out: Path) -> None:
+    """Attach the export's config to the training's MLflow run, when it has one. The export
+    is written already: a tracking server that is down costs a warning, not the export."""
+    # Imported here, not at the top: MLflow takes a second to import, and load_export's
+    # users (sampling, evaluation) never track through this module.
+    from mlflow.exceptions import MlflowException
+
+    from pipeline.tracking.tracker import Tracker, TrackingUnreachable
+
+    try:
+        tracker = Tracker.attach(run_dir, wait_s=TRACKING_WAIT_S)
+        if tracker is not None:
+            tracker.log_artifact(out / CONFIG_FILE, artifact_path=out.name)
+    except (TrackingUnreachable, MlflowException, OSError) as err:
+        log.warning("%s: exported, but its config was not attached to the MLflow run (%s)", out,
+                    str(err).split("; ")[0])
+
+
+def _check_complete(tensors: dict[str, torch.Tensor], spec: ModelSpec, checkpoint: Path) -> None:
+    trained = build_trainable(spec, validate=False)
+    expected = {canonical_name(name): tuple(p.shape) for name, p in trained.state_dict().items()}
+    got = {name: tuple(t.shape) for name, t in tensors.items()}
+    if expected != got:
+        missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+        raise UserError(f"{checkpoint}: weights do not match the network in unmask_state.json "
+                        f"(missing {missing[:5]}, unexpected {extra[:5]}, or shapes differ)")
+
+
+def _unpadded(tensors: dict[str, torch.Tensor], spec: ModelSpec) -> tuple[dict[str, torch.Tensor], ModelSpec]:
+    """The weights and spec without the padded vocabulary rows (``model.vocab_multiple``): an
+    export holds the true vocabulary, so what reads it (load_export, transformers, other
+    codebases) never meets a padded row."""
+    unpadded = {name: tensor if tensor.shape == tensors[name].shape else tensor.clone()  # a slice: its own storage
+                for name, tensor in unpadded_state(tensors, spec.network).items()}
+    return unpadded, replace(spec, network=replace(spec.network, vocab_multiple=1))
+
+
+def _export_config(spec: ModelSpec, state: CheckpointMeta, checkpoint: Path, weights: str) -> dict:
+    """config.json: the spec's keys (``ModelSpec.to_dict``) and the export's provenance."""
+    return {"format_version": EXPORT_FORMAT_VERSION, **spec.to_dict(), "weights": weights,
+            "ema_decay": state.config["train"]["ema_decay"], "step": state.step,
+            "tokens_seen": state.state.tokens_seen, "checkpoint": str(checkpoint.resolve()),
+            "tokenizer_sha256": state.tokenizer_sha256, "data_sha256": state.data_sha256,
+            "config_sha256": state.config_sha256,
+            **({"init_from": state.init_from} if state.init_from else {})}
+
+
+def resolve_export(path: str | Path) -> Path:
+    """The export directory of ``path``: an export itself, or a training run's ``RUN/export``."""
+    path = Path(path)
+    if (path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file():
+        return path
+    layout = RunLayout(path)
+    if (layout.export / WEIGHTS_FILE).is_file():
+        return layout.export
+    if layout.is_training_run():
+        raise UserError(f"{path}: a training run without an export; run `unmask export {path}` first")
+    raise UserError(f"{path}: neither an export (no {WEIGHTS_FILE}) nor a training run "
+                    f"(no {layout.checkpoints.name}/); give RUN or RUN/{layout.export.name}")
+
+
+def training_run_of(export_dir: Path) -> Path | None:
+    """The training run an export directory belongs to, or None for a standalone export."""
+    return export_dir.parent if RunLayout(export_dir.parent).is_training_run() else None
+
+
+@dataclass
+class Exported:
+    """A loaded export: the network (eval mode, float32, CPU), its config.json, the model's
+    spec read from it, its tokenizer, and the trained parameters of its process (a learned
+    schedule's ``theta``; empty for the other processes): ``process()`` builds the process."""
+
+    network: Transformer
+    config: dict
+    tokenizer: Tokenizer
+    spec: ModelSpec
+    process_state: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def process(self, *, validate: bool = True) -> Process:
+        """The process the model was trained under, with its trained parameters, to score and
+        sample with (a learned process draws ``EXPORT_DRAWS`` z_t per sequence)."""
+        return build_process(self.spec, validate=validate, draws=EXPORT_DRAWS, state=self.process_state)
+
+
+def verify_export(directory: Path) -> str | None:
+    """What in the export ``directory`` differs from what was written (module docstring:
+    Integrity), naming the file; None when nothing does, or when the export records no files
+    (one of an earlier version, or copied without its marker: only reading it checks it)."""
+    marker = read_marker(directory) or {}
+    records = marked_files(directory) if marker.get("kind") == EXPORT_KIND.name else None
+    if records is None:
+        return None
+    changed = changed_files(directory, records, trust_times=True)
+    if not changed:
+        return None
+    name, how = next(iter(changed.items()))
+    return f"{directory / name} {how}"
+
+
+def damaged_export(problem: str, directory: Path) -> UserError:
+    """The one line for a damaged export: ``problem`` (naming the file) and how to get a sound one."""
+    run = training_run_of(directory)
+    fix = (f"move {directory} away and export again: `unmask export {run}`" if run is not None else
+           "export it again from its training run (`unmask export RUN --out DIR`), or copy it again")
+    return UserError(f"{problem}; the export is damaged (an interrupted copy, or another file in its place): {fix}")
+
+
+def _read_config(directory: Path) -> dict:
+    """The export's config.json, of a format this version reads."""
+    path = directory / CONFIG_FILE
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise damaged_export(f"{path}: not JSON ({err})", directory) from None
+    if not isinstance(config, dict):
+        raise damaged_export(f"{path}: not a JSON object", directory)
+    version = config.get("format_version", EXPORT_FORMAT_VERSION)  # the fixtures of tests write none
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise damaged_export(f"{path}: format_version {version!r} is not a number", directory)
+    if version > EXPORT_FORMAT_VERSION:
+        raise UserError(f"{path}: format_version {version} is newer than this unmask reads ({EXPORT_FORMAT_VERSION}); "
+                        f"upgrade unmask, or export the model again with this version")
+    return config
+
+
+def _read_weights(directory: Path, map_location: str | torch.device) -> dict[str, torch.Tensor]:
+    path = directory / WEIGHTS_FILE
+    try:
+        return load_file(str(path), device=str(map_location))
+    except (SafetensorError, OSError) as err:
+        raise damaged_export(f"{path}: not a readable safetensors file ({err})", directory) from None
+
+
+def load_export(path: str | Path, *, map_location: str | torch.device = "cpu") -> Exported:
+    """Load ``RUN/export`` (or any export directory) without DeepSpeed; a damaged one is
+    refused in one line naming the file (module docstring: Integrity)."""
+    path = Path(path)
+    config_path = path / CONFIG_FILE
+    if not config_path.is_file():
+        raise UserError(f"{path}: not an unmask export (no {CONFIG_FILE}); run `unmask export RUN`")
+    problem = verify_export(path)
+    if problem is not None:
+        raise damaged_export(problem, path)
+    config = _read_config(path)
+    try:
+        spec = ModelSpec.from_dict(config)
+    except ValueError as err:
+        raise UserError(f"{config_path}: {err}") from None
+    except (KeyError, TypeError, AttributeError) as err:
+        raise damaged_export(f"{config_path}: not the config of an unmask export ({type(err).__name__}: {err})",
+                             path) from None
+    network = build_network(spec)
+    network_state, process_state = split_state(_read_weights(path, map_location))
+    try:
+        network.load_state_dict(network_state)
+    except RuntimeError as err:  # names missing, unexpected or mis-shaped tensors
+        raise damaged_export(f"{path / WEIGHTS_FILE}: its tensors are not those of the network in {CONFIG_FILE} "
+                             f"({str(err).splitlines()[0]})", path) from None
+    tokenizer = load_tokenizer(path / TOKENIZER_DIR)
+    expected = config.get("tokenizer_sha256")
+    if not isinstance(expected, str):
+        raise damaged_export(f"{config_path}: no tokenizer_sha256 (the tokenizer the model was trained with)", path)
+    if tokenizer.sha256 != expected:
+        raise UserError(f"{path / TOKENIZER_DIR}: tokenizer sha256 differs from the one the model was "
+                        f"trained with ({expected[:12]}...)")
+    exported = Exported(network.eval(), config, tokenizer, spec, process_state)
+    try:
+        exported.process(validate=False)  # its process's parameters are all there, in their shapes
+    except ValueError as err:
+        raise UserError(f"{path / WEIGHTS_FILE}: {err}") from None
+    return exported

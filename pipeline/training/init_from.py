@@ -1,0 +1,234 @@
+"""Starting a new run from another run's weights (``unmask train --init-from SOURCE``).
+
+SOURCE is an export (``unmask export``'s, or ``unmask import mdlm``'s) or a training run
+directory, whose newest intact checkpoint gives its EMA weights (``weights="model"``: the live
+ones). The new run has a config of its own (another schedule, learning rate, process, context
+length); only its network must have the source's tensors, name for name and shape for shape.
+What the config cannot say about the network, the options of an exact import (MDLM's biases,
+its time input, untied head...: ``SOURCE_ARCHITECTURE``), is the source's.
+
+The weights are loaded into the module before DeepSpeed wraps it, so every ZeRO stage
+partitions the loaded values; the optimizer starts fresh and the EMA starts from them. The
+source is recorded (``InitRecord``: path, kind, weights, step, sha256 of the weights file or of
+the checkpoint's state file, config hash, tokenizer hash, network) in every checkpoint's
+``unmask_state.json``, and from there in MLflow, the export and ``run_summary.json``.
+
+A run that has checkpoints resumes from its own and never reloads the source; the record of
+its checkpoint still shapes its network. Asking such a run for another source is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import nn
+
+from common.errors import UserError
+from common.file_records import sha256_file
+from common.outputs import InputPath
+from model.spec import ModelSpec
+from model.transformer import TransformerConfig, unpadded_state
+from pipeline.interchange.export import CONFIG_FILE, TOKENIZER_DIR, WEIGHTS_FILE, canonical_name, checkpoint_tensors
+from pipeline.run_dir.checkpoint import STATE_FILE, CheckpointMeta, intact_checkpoint, read_state
+from pipeline.run_dir.layout import TAG_PATTERN, RunLayout
+
+__all__ = ["InitFrom", "InitRecord", "InitSource", "InitWeights", "SOURCE_ARCHITECTURE", "read_source",
+           "recorded_source", "with_source_architecture", "check_tokenizer", "load_source", "init_inputs"]
+
+
+InitWeights = Literal["ema", "model"]
+# TransformerConfig fields that no config field sets (model.transformer's options for exact
+# imports, and the widths a preset fixes): a run started from a source takes the source's.
+SOURCE_ARCHITECTURE = ("mlp_ratio", "time_embed_dim", "tie_weights", "rope_base", "norm_eps", "init_std",
+                       "mlp_bias", "head_bias", "head_mask_row", "adaptive_norm", "time_frequencies", "time_input",
+                       "rope_angles")
+
+
+@dataclass(frozen=True)
+class InitFrom:
+    """The weights a new run starts from: ``path`` is an export directory or a training run
+    directory; ``weights`` chooses a run's EMA (None: the default) or live weights ("model");
+    an export holds one set and takes None."""
+
+    path: str | Path
+    weights: InitWeights | None = None
+
+
+@dataclass(frozen=True)
+class InitRecord:
+    """The provenance of a run's first weights, as checkpoints record it."""
+
+    source: str                  # the export or run directory, absolute
+    kind: Literal["export", "run"]
+    weights: str                 # "ema", "model", or an import's "published"
+    file: str                    # the file ``sha256`` is of: the export's weights, or the checkpoint's state file
+    sha256: str
+    step: int | None             # the source's training step (None: not known, an import's)
+    config_sha256: str | None    # of the source run's config (None: an import)
+    tokenizer_sha256: str
+    network: dict                # the source's TransformerConfig fields, without vocabulary padding
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, record: dict) -> InitRecord:
+        return cls(**{f.name: record.get(f.name) for f in fields(cls)})
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        """Where the source keeps its tokenizer (an export's, or the run's)."""
+        return Path(self.source) / (TOKENIZER_DIR if self.kind == "export" else RunLayout(self.source).tokenizer.name)
+
+    def summary(self) -> str:
+        step = f" step {self.step}" if self.step is not None else ""
+        return f"{self.kind} {self.source} ({self.weights} weights{step}, sha256 {self.sha256[:12]}...)"
+
+
+@dataclass(frozen=True)
+class InitSource:
+    """A source read for loading: its record and its tensors (export names, no padding)."""
+
+    record: InitRecord
+    tensors: dict[str, torch.Tensor]
+
+
+def init_inputs(init: InitFrom | None) -> list[InputPath]:
+    """The source as an input the new run directory keeps clear of (``common.outputs``)."""
+    return [] if init is None else [InputPath(init.path, "--init-from")]
+
+
+def read_source(init: InitFrom) -> InitSource:
+    """The record and weights of ``init``'s source; one-line errors for a path that does not
+    exist or is neither an export nor a run with an intact checkpoint."""
+    path = Path(init.path)
+    if init.weights not in (None, "ema", "model"):
+        raise UserError(f"--init-weights must be 'ema' or 'model', got {init.weights!r}")
+    if not path.exists():
+        raise UserError(f"--init-from {path}: does not exist; give an export (`unmask export`, `unmask import`) "
+                        f"or a training run directory")
+    if RunLayout(path).is_training_run():
+        return _read_run(path, init.weights or "ema")
+    if (path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file():
+        if init.weights is not None:
+            raise UserError(f"--init-from {path}: an export holds one set of weights; --init-weights chooses "
+                            f"between the EMA and the live weights of a run directory")
+        return _read_export(path)
+    raise UserError(f"--init-from {path}: neither an export (no {WEIGHTS_FILE} and {CONFIG_FILE}) nor a training "
+                    f"run (no {RunLayout(path).checkpoints.name}/); give RUN, RUN/export or an `unmask import` --out")
+
+
+def _read_export(path: Path) -> InitSource:
+    config_path = path / CONFIG_FILE
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        network = ModelSpec.from_dict(config).network
+        tokenizer_sha256 = config["tokenizer_sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"--init-from {config_path}: not an unmask export's config ({type(err).__name__}: "
+                        f"{err}); export the run again") from None
+    weights_path = path / WEIGHTS_FILE
+    try:
+        tensors = load_file(str(weights_path))
+    except (SafetensorError, OSError) as err:
+        raise UserError(f"--init-from {weights_path}: not a readable safetensors file ({err})") from None
+    record = InitRecord(source=str(path.resolve()), kind="export", weights=str(config.get("weights", "ema")),
+                        file=WEIGHTS_FILE, sha256=sha256_file(weights_path), step=config.get("step"),
+                        config_sha256=config.get("config_sha256"), tokenizer_sha256=tokenizer_sha256,
+                        network=asdict(network))
+    return InitSource(record, {name: t.float() for name, t in tensors.items()})
+
+
+def _read_run(path: Path, weights: InitWeights) -> InitSource:
+    checkpoint, broken = intact_checkpoint(path)
+    if checkpoint is None:
+        why = f"no intact checkpoint ({'; '.join(broken)})" if broken else "no checkpoint yet"
+        raise UserError(f"--init-from {path}: a training run with {why}; train it (or restore its checkpoints) "
+                        f"first, or give its export")
+    state = read_state(checkpoint)
+    tensors, spec = checkpoint_tensors(checkpoint, weights)
+    record = InitRecord(source=str(path.resolve()), kind="run", weights=weights,
+                        file=f"{RunLayout(path).checkpoints.name}/{checkpoint.name}/{STATE_FILE}",
+                        sha256=sha256_file(checkpoint / STATE_FILE), step=state.step, config_sha256=state.config_sha256,
+                        tokenizer_sha256=state.tokenizer_sha256, network=asdict(spec.network))
+    return InitSource(record, tensors)
+
+
+
+def recorded_source(run_dir: Path, init: InitFrom | None) -> InitRecord | None:
+    """The source recorded in ``run_dir``'s latest checkpoint (None: no checkpoint, or a run
+    from scratch). ``init`` (this call's --init-from) must name that source: a run with
+    checkpoints resumes from its own, and another source (or one for a run from scratch) is
+    refused."""
+    saved = _newest_state(RunLayout(run_dir))
+    if saved is None:
+        return None
+    record = InitRecord.from_json(saved.init_from) if saved.init_from else None
+    if init is None:
+        return record
+    asked = str(Path(init.path).resolve())
+    if record is None:
+        raise UserError(f"--init-from {init.path}: {run_dir} already has checkpoints of a run started from scratch "
+                        f"(latest step {saved.step}); --init-from starts a new run: choose a new --run-dir")
+    if asked != record.source or init.weights not in (None, record.weights):
+        raise UserError(f"--init-from {init.path}: {run_dir} was started from {record.summary()} and has "
+                        f"checkpoints (latest step {saved.step}); resume it with that --init-from (or none), or "
+                        f"start the new source in a new --run-dir")
+    return record
+
+
+def _newest_state(layout: RunLayout) -> CheckpointMeta | None:
+    """The state of the newest checkpoint whose state file reads (every checkpoint of a run
+    records the same source; resuming verifies the one it takes)."""
+    if not layout.checkpoints.is_dir():
+        return None
+    for directory in sorted((d for d in layout.checkpoints.iterdir() if TAG_PATTERN.match(d.name)), reverse=True):
+        try:
+            return read_state(directory)
+        except UserError:  # half-written or corrupt: an older one says the same
+            continue
+    return None
+
+
+def with_source_architecture(network: TransformerConfig, record: InitRecord) -> TransformerConfig:
+    """``network`` (the config's) with the source's ``SOURCE_ARCHITECTURE`` options."""
+    source = record.network
+    return replace(network, **{name: source[name] for name in SOURCE_ARCHITECTURE if name in source})
+
+
+def check_tokenizer(record: InitRecord, tokenizer_sha256: str, data_dir: Path) -> None:
+    """The new run's data must be tokenized as the source's (its embedding rows are token ids)."""
+    if record.tokenizer_sha256 != tokenizer_sha256:
+        raise UserError(f"--init-from {record.source}: its tokenizer (sha256 {record.tokenizer_sha256[:12]}...) is "
+                        f"not the one {data_dir} was prepared with ({tokenizer_sha256[:12]}...); prepare the data "
+                        f"with the source's: `unmask prep --tokenizer {record.tokenizer_dir} ...` (`unmask run "
+                        f"--tokenizer {record.tokenizer_dir}`)")
+
+
+def load_source(model: nn.Module, source: InitSource, network: TransformerConfig) -> None:
+    """Copy the source's tensors into ``model`` (a network of ``network``, or a
+    ``DiffusionModel`` with a learned schedule), in place; each must exist in both with one
+    shape (a learned schedule's ``schedule.theta`` too). Vocabulary padding rows stay zero."""
+    targets = {canonical_name(name): tensor for name, tensor in model.state_dict().items()}
+    ours, theirs = unpadded_state(targets, network), source.tensors  # ours: views of each tensor's true rows
+    for name in [*ours, *(name for name in theirs if name not in ours)]:
+        mine, other = ours.get(name), theirs.get(name)
+        if mine is None or other is None or mine.shape != other.shape:
+            raise UserError(f"--init-from {source.record.source}: the network differs from this config's: {name} is "
+                            f"{_shape(other)} in the source and {_shape(mine)} here; set model.n_layers, d_model, "
+                            f"n_heads, time_conditioning and objective as the source has them")
+    with torch.no_grad():
+        for name, mine in ours.items():
+            if name in theirs:
+                targets[name].zero_()  # padding rows past the true ones
+                mine.copy_(theirs[name])
+
+
+def _shape(tensor: torch.Tensor | None) -> str:
+    return "absent" if tensor is None else str(list(tensor.shape))

@@ -1,0 +1,254 @@
+"""The training objective of a micro-batch: the NELBO per token (or the AR baseline's NLL).
+
+For the diffusion model the loss of an optimizer step is
+
+    loss = sum over the global batch of NELBO(x) / (global batch x L)     (nats per token)
+
+estimated with one (t, z_t) per sequence. The times are low-discrepancy over the GLOBAL
+batch: one uniform u per step, shared by every rank (its generator is seeded by
+(seed, step)), and micro-batch m of rank r takes the slots ((m * W + r) * b, ...) of the
+stratified grid. The masks of each sequence come from its own generator, seeded by (seed,
+step, its place in the global batch). Neither depends on how ranks and micro-batches split
+the global batch (the loader makes global batches the same for any split too), so a step is
+a pure function of the weights, the global batch and these seeds: resuming from a
+checkpoint repeats it bit for bit, and on another number of ranks up to float rounding.
+Every micro-batch makes the same network calls on every rank (``reconstruction="uniform"``),
+which ZeRO-3's collective gathers require.
+
+The process comes from the model's ``ModelSpec`` (``model_spec``), the one export writes.
+A process without parameters (absorbing, uniform) is driven from here, the network as its
+denoiser (``DiffusionObjective``). The learned process's schedule is trained with the
+network, inside the trained module (``model.trainable.DiffusionModel``), whose forward is
+the bound (``LearnedScheduleObjective``); ``state_metrics`` reports its exponents.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from model.autoregressive import Autoregressive
+from model.block_attention import CleanBlocksDenoiser
+from model.block_diffusion import BlockDiffusion, block_times
+from model.denoiser import Denoiser
+from model.learned import ExponentSpread, exponent_spread, learned_schedule_arguments
+from model.process import DiffusionProcess, low_discrepancy_times
+from model.schedules import make_schedule
+from model.spec import LEARNED_SCHEDULE, ModelSpec, build_process
+from model.trainable import DiffusionModel
+from model.transformer import Transformer, TransformerConfig
+from pipeline.config import ModelSection
+
+__all__ = ["AutoregressiveObjective", "DiffusionObjective", "EngineDenoiser", "LearnedScheduleObjective",
+           "MicroBatchSlot", "Objective", "make_objective", "model_spec", "row_generators", "schedule_metrics",
+           "step_generator"]
+
+
+# [beta, omega] of block diffusion's training-only clipping that clips nothing.
+FULL_MASK_RATE = (0.0, 1.0)
+
+# The masks' seeds hash (seed, step, MASK_STREAM): a third key keeps them apart from the
+# times' generator, seeded by (seed, step).
+MASK_STREAM = 1
+
+
+def step_generator(device: torch.device, *keys: int) -> torch.Generator:
+    """A generator on ``device`` whose seed is a hash of ``keys`` (seed, step, rank, ...)."""
+    seed = int(np.random.SeedSequence(list(keys)).generate_state(1, dtype=np.uint64)[0] >> 1)
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+@dataclass(frozen=True)
+class MicroBatchSlot:
+    """Where a micro-batch sits in its optimizer step's global batch."""
+
+    seed: int
+    step: int
+    rank: int
+    world_size: int
+    micro: int          # index of the micro-batch within this rank's accumulation
+    micro_batches: int  # micro-batches per rank per step
+
+    def offset(self, batch: int) -> int:
+        return (self.micro * self.world_size + self.rank) * batch
+
+    def global_batch(self, batch: int) -> int:
+        return self.micro_batches * self.world_size * batch
+
+
+class Objective(Protocol):
+    def loss_sum(self, network: nn.Module, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
+        """Sum over the micro-batch of the per-sequence bound (float64 scalar, differentiable).
+        ``network``: the trained module (``model.spec.build_trainable``), or DeepSpeed's engine around it."""
+
+    def state_metrics(self, network: nn.Module) -> dict[str, float]:
+        """Metrics of the process's own parameters in ``network`` ({} for a process without
+        any). Every rank calls it: under ZeRO-3 it gathers them."""
+
+
+class EngineDenoiser(Denoiser):
+    """A ``Transformer`` inside DeepSpeed's engine, as a denoiser.
+
+    Every method calls the engine with the arguments the network's own method gives its
+    ``forward``: the engine's forward is where ZeRO-3 gathers the parameters and DeepSpeed's
+    autocast applies, so the network must not be called past it. ``time_independent`` is
+    the network's, so samplers through the engine keep their caching.
+    """
+
+    def __init__(self, engine: nn.Module) -> None:
+        self.engine = engine
+        self.network: Transformer = engine.module  # where DeepSpeed keeps the wrapped network
+
+    def logits(self, z_t: Tensor, t: Tensor) -> Tensor:
+        return self.engine(z_t, t)
+
+    def logits_at(self, z_t: Tensor, t: Tensor, selected: Tensor) -> Tensor:
+        return self.engine(z_t, t, output_mask=selected)
+
+    def nll_at(self, z_t: Tensor, t: Tensor, selected: Tensor, targets: Tensor,
+               chunk_rows: int | None = None) -> Tensor:
+        return self.engine(z_t, t, output_mask=selected, targets=targets, chunk_rows=chunk_rows)
+
+    def given_clean(self, x0: Tensor, block_size: int) -> Denoiser:
+        """Block diffusion's forward over [z ; x] through the engine (``Transformer.given_clean``)."""
+        return CleanBlocksDenoiser(self.engine, x0, block_size)
+
+    @property
+    def fused_nll(self) -> bool:
+        return self.network.fused_nll
+
+    @property
+    def time_independent(self) -> bool:
+        return self.network.time_independent
+
+
+def _denoiser_of(network: nn.Module) -> Denoiser:
+    """The network a trainer hands an objective, as a denoiser: a ``Denoiser`` itself (a
+    bare ``Transformer``), or DeepSpeed's engine around one."""
+    return network if isinstance(network, Denoiser) else EngineDenoiser(network)
+
+
+def row_generators(device: torch.device, slot: MicroBatchSlot, batch: int) -> list[torch.Generator]:
+    """One generator on ``device`` per sequence of the micro-batch, seeded by (seed, step,
+    its place in the global batch): the seeds of places 0, 1, ... are the words of one
+    SeedSequence of (seed, step, ``MASK_STREAM``): one hash per micro-batch."""
+    offset = slot.offset(batch)
+    words = np.random.SeedSequence([slot.seed, slot.step, MASK_STREAM]).generate_state(offset + batch, np.uint64)
+    return [torch.Generator(device=device).manual_seed(int(word >> 1)) for word in words[offset:]]
+
+
+def _times_and_masks(x0: Tensor, slot: MicroBatchSlot) -> tuple[Tensor, list[torch.Generator]]:
+    """The micro-batch's slice of the step's global low-discrepancy times (on x0's device),
+    and the generators of its masks, one per sequence (module docstring)."""
+    batch = x0.shape[0]
+    time_gen = step_generator(torch.device("cpu"), slot.seed, slot.step)
+    t = low_discrepancy_times(batch, time_gen, offset=slot.offset(batch), global_batch_size=slot.global_batch(batch))
+    return t.to(x0.device), row_generators(x0.device, slot, batch)
+
+
+class DiffusionObjective:
+    """The continuous-time NELBO with both endpoint terms (a strict bound, see MATH.md).
+
+    Block diffusion (``BlockDiffusion``) takes one time per block, low-discrepancy over
+    the global batch's blocks (``block_times``, the same seeds and slots), and may clip each
+    block's masking rate to ``mask_rate`` = [beta, omega] while the network trains (the
+    paper's variance reduction): the rate is then beta + (omega - beta) u for the stratified
+    u, with the weight w(t) at the time that rate is reached. That is not a bound; validation
+    (the network in eval mode) always gets the full one.
+    """
+
+    def __init__(self, diffusion: DiffusionProcess, mask_rate: tuple[float, float] = FULL_MASK_RATE) -> None:
+        self.diffusion = diffusion
+        self.mask_rate = tuple(mask_rate)
+
+    def loss_sum(self, network: nn.Module, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
+        if isinstance(self.diffusion, BlockDiffusion):
+            # DeepSpeed's engine.eval() leaves the engine's own flag set: ask the network it holds.
+            t = self._block_times(x0, slot, clip=getattr(network, "module", network).training).to(x0.device)
+            masks = row_generators(x0.device, slot, x0.shape[0])
+        else:
+            t, masks = _times_and_masks(x0, slot)
+        return self.diffusion.nelbo(_denoiser_of(network), x0, t, masks, reconstruction="uniform").sum()
+
+    def _block_times(self, x0: Tensor, slot: MicroBatchSlot, *, clip: bool) -> Tensor:
+        batch, blocks = x0.shape[0], self.diffusion.num_blocks(x0.shape[1])
+        time_gen = step_generator(torch.device("cpu"), slot.seed, slot.step)
+        u = block_times(batch, blocks, time_gen, offset=slot.offset(batch), global_batch_size=slot.global_batch(batch))
+        if not clip or self.mask_rate == FULL_MASK_RATE:
+            return u
+        low, high = self.mask_rate
+        return self.diffusion.schedule.time_at_masking_rate(low + (high - low) * u)
+
+    def state_metrics(self, network: nn.Module) -> dict[str, float]:
+        return {}
+
+
+class LearnedScheduleObjective:
+    """GenMD4's bound, computed by the forward of the trained ``DiffusionModel`` (the network
+    and the schedule, whose theta ZeRO-3 gathers for that forward only): the same times and
+    masks as ``DiffusionObjective``, K draws of z_t per sequence inside the call."""
+
+    def loss_sum(self, network: nn.Module, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
+        t, masks = _times_and_masks(x0, slot)
+        return network(x0, t, masks).sum()
+
+    def state_metrics(self, network: nn.Module) -> dict[str, float]:
+        """The spread of the live exponents w_v (below 1/2 the estimator's variance is infinite)."""
+        import deepspeed  # imported when needed: evaluation and tests use this module without it
+
+        model: DiffusionModel = getattr(network, "module", network)  # DeepSpeed keeps it in .module
+        with torch.no_grad(), deepspeed.zero.GatheredParameters(list(model.schedule.parameters())):
+            return schedule_metrics(exponent_spread(model.schedule.exponents(), count=1))
+
+
+def schedule_metrics(spread: ExponentSpread, prefix: str = "schedule") -> dict[str, float]:
+    """``PREFIX/exponent_min``, ``_median`` and ``_max`` of a learned schedule's exponents."""
+    return {f"{prefix}/exponent_min": spread.minimum, f"{prefix}/exponent_median": spread.median,
+            f"{prefix}/exponent_max": spread.maximum}
+
+
+class AutoregressiveObjective:
+    """Exact next-token NLL of the causal baseline (every token scored)."""
+
+    def __init__(self, autoregressive: Autoregressive) -> None:
+        self.autoregressive = autoregressive
+
+    def loss_sum(self, network: nn.Module, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
+        return self.autoregressive.nll(network, x0).sum()
+
+    def state_metrics(self, network: nn.Module) -> dict[str, float]:
+        return {}
+
+
+def model_spec(model: ModelSection, network: TransformerConfig) -> ModelSpec:
+    """The spec of the model that the config section ``model`` trains on ``network``. For the
+    learned process ``model.schedule`` names where the exponents start: the spec's schedule is
+    GenMD4's, with the arguments of ``learned_schedule_arguments``."""
+    schedule, arguments = model.schedule, dict(model.schedule_args)
+    if model.process == "learned":
+        schedule, arguments = LEARNED_SCHEDULE, learned_schedule_arguments(make_schedule(schedule, **arguments))
+    return ModelSpec(network=network, objective=model.objective, process=model.process, schedule=schedule,
+                     schedule_args=arguments, block_size=model.block_size)
+
+
+def make_objective(spec: ModelSpec, *, validate: bool, chunk_rows: int = 0,
+                   block_mask_rate: tuple[float, float] = FULL_MASK_RATE) -> Objective:
+    """The objective of ``spec``; ``validate`` checks token ids (a host sync);
+    ``chunk_rows`` > 0 computes the absorbing loss's cross-entropy in chunks of that many
+    rows (``train.chunked_cross_entropy``; see ``model.cross_entropy``). The learned
+    process's objective reads its process from the trained module (``build_trainable``).
+    ``block_mask_rate``: block diffusion's training-only clipping (``DiffusionObjective``)."""
+    if spec.objective == "diffusion" and spec.process == "learned":
+        return LearnedScheduleObjective()
+    process = build_process(spec, validate=validate, cross_entropy_chunk_rows=chunk_rows)
+    if isinstance(process, Autoregressive):
+        return AutoregressiveObjective(process)
+    return DiffusionObjective(process, block_mask_rate)
+
+
+NATS_PER_BIT = math.log(2.0)

@@ -1,0 +1,1 @@
+"""Tests of Ray Jobs, the upload and the Ray Train launcher (``orchestration/cluster/``)."""

@@ -1,0 +1,400 @@
+"""Output paths (``common.outputs``): no command deletes finished work, writes where it reads, or
+leaves a trace when it fails (issue 26, items 1, 2 and 14). The rule is tested once on its
+owner, then through every command that writes a directory, on a real training run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.atomic_files import is_temporary
+from common.errors import UserError
+from common.outputs import (
+    MARKER,
+    InputPath,
+    OutputKind,
+    check_output_dir,
+    entry_names,
+    new_output_dir,
+    read_marker,
+)
+from data_prep.prep import PrepConfig, prep
+from data_prep.shards.format import Manifest
+from data_prep.tokenizer.base import Tokenizer
+from data_prep.tokenizer.load import load_tokenizer
+from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
+from evaluation.report.write import REPORT_KIND
+from pipeline.interchange.export import EXPORT_KIND
+from pipeline.run_dir.layout import RUN_KIND
+from tests.support.cli_runner import unmask_in_process
+from tests.support.mdlm_reference import DiTShape, random_weights, write_hugging_face
+from tests.support.shard_fixtures import tree_bytes
+
+THING = OutputKind("thing", "a test thing", whole=True)
+OTHER = OutputKind("other", "another thing", whole=True)
+WORDS = ["cat", "dog", "fox", "owl", "sat", "ran", "mat", "log"]
+
+
+def _cli(capsys, *argv: str) -> str:
+    """Run ``unmask ARGV`` in this process; it must fail with one line: its message."""
+    assert unmask_in_process([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"unmask {argv[0]}: error: " in err, err
+    return err
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+# ---------------------------------------------------------------- the owner
+def test_a_whole_output_replaces_only_its_own_kind_and_nothing_beside_it(tmp_path):
+    target = tmp_path / "out"
+    with new_output_dir(target, THING, "--out") as staging:
+        (staging / "first").write_text("1")
+    marker = read_marker(target)
+    assert (marker["kind"], marker["what"], sorted(marker["files"])) == ("thing", "a test thing", ["first"])
+    assert marker["files"]["first"]["bytes"] == 1
+    with new_output_dir(target, THING, "--out") as staging:
+        (staging / "second").write_text("2")
+    assert entry_names(target) == {"second"}
+    (target / "mine.txt").write_text("keep")
+    with pytest.raises(UserError, match=r"--out .*/out: holds mine.txt beside a test thing, and replacing the "
+                                        r"directory would delete them; move them out, or choose another --out"):
+        with new_output_dir(target, THING, "--out"):
+            pass
+    assert (target / "mine.txt").read_text() == "keep"
+    with pytest.raises(UserError, match=r"holds a test thing \(its .unmask-output.json says so\), not another thing"):
+        check_output_dir(target, OTHER, "--out")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match=r"is not a test thing: it holds notes.txt; choose a new or empty directory"):
+        check_output_dir(foreign, THING, "--out")
+
+
+def test_a_failed_whole_output_leaves_the_old_one_and_no_trace(tmp_path):
+    target = tmp_path / "a" / "b" / "out"
+    with pytest.raises(RuntimeError):
+        with new_output_dir(target, THING, "--out") as staging:
+            (staging / "half").write_text("x")
+            raise RuntimeError("the work failed")
+    assert not (tmp_path / "a").exists(), "the parents it created stay behind"
+    with new_output_dir(target, THING, "--out") as staging:
+        (staging / "v1").write_text("1")
+    with pytest.raises(RuntimeError):
+        with new_output_dir(target, THING, "--out") as staging:
+            (staging / "v2").write_text("2")
+            raise RuntimeError("the work failed")
+    assert entry_names(target) == {"v1"} and [p.name for p in target.parent.iterdir()] == ["out"]
+    # A replacement killed between its two renames left the old directory aside: it comes back.
+    os.rename(target, target.with_name(f".out.unmask-old-{_dead_pid()}"))
+    with pytest.raises(RuntimeError):
+        with new_output_dir(target, THING, "--out"):
+            raise RuntimeError("the work failed")
+    assert entry_names(target) == {"v1"} and [p.name for p in target.parent.iterdir()] == ["out"]
+
+
+def test_outputs_keep_clear_of_what_they_read(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("text\n")
+    reads = [InputPath(corpus, "--input")]
+    for out, relation in [(corpus, "is --input"), (tmp_path, "contains --input"), (corpus / "shards", "lies inside --input")]:
+        with pytest.raises(UserError, match=rf"--out {out}: {relation} \({corpus}\), which the command reads"):
+            check_output_dir(out, THING, "--out", reads)
+    run = tmp_path / "run"
+    check_output_dir(run, RUN_KIND, "--run-dir", [InputPath(run / "data", "--data", may_lie_inside=True)])
+
+
+def test_outputs_written_before_the_marker_are_recognized_conservatively(tmp_path):
+    report = tmp_path / "report"
+    (report / "plots").mkdir(parents=True)
+    for name in ("results.json", "report.md", "report.html"):
+        (report / name).write_text("{}")
+    with pytest.raises(UserError, match="is not a report"):  # a file named results.json is not enough
+        check_output_dir(report, REPORT_KIND, "--out")
+    (report / "results.json").write_text(json.dumps({"model": {}, "datasets": {}}))
+    check_output_dir(report, REPORT_KIND, "--out")  # an earlier version's report: replaced by the next
+    (report / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="is not a report of `unmask eval`: it holds notes.txt, plots/"):
+        check_output_dir(report, REPORT_KIND, "--out")
+    export = tmp_path / "export"
+    (export / "tokenizer").mkdir(parents=True)
+    (export / "model.safetensors").write_bytes(b"")
+    (export / "config.json").write_text(json.dumps({"format_version": 1, "network": {}}))
+    check_output_dir(export, EXPORT_KIND, "--out")
+    (export / "config.json").write_text(json.dumps({"model_type": "bert"}))  # someone else's model
+    with pytest.raises(UserError, match="is not an unmask export"):
+        check_output_dir(export, EXPORT_KIND, "--out")
+
+
+# ---------------------------------------------------------------- through the commands
+@pytest.fixture
+def run(micro_run, tmp_path) -> Path:
+    """A finished training run of its own (conftest's micro_run)."""
+    copy = tmp_path / "run"
+    shutil.copytree(micro_run, copy)
+    return copy
+
+
+@pytest.mark.slow
+def test_export_never_writes_over_the_run_or_a_directory_of_other_files(run, tmp_path, capsys):
+    finished = tree_bytes(run)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "config.json").write_text("{}")
+    (mixed / "notes.txt").write_text("mine")
+    for fmt, kind in (("unmask", "an unmask export"), ("hf", "a transformers directory")):
+        err = _cli(capsys, "export", run, "--out", run, "--format", fmt)
+        assert f"--out {run}: contains the checkpoints it exports" in err
+        err = _cli(capsys, "export", run, "--out", mixed, "--format", fmt)
+        assert f"--out {mixed}: is not {kind}" in err and "it holds config.json, notes.txt;" in err
+    assert tree_bytes(run) == finished and (mixed / "notes.txt").read_text() == "mine"
+    assert unmask_in_process(["export", str(run)]) == 0
+    (run / "export" / MARKER).unlink()  # as an export written before the marker existed
+    assert unmask_in_process(["export", str(run)]) == 0
+    assert read_marker(run / "export")["kind"] == "export"  # an export replaces an export, and marks it
+    (run / MARKER).unlink()  # a run of an earlier version: recognized by its own files
+    check_output_dir(run, RUN_KIND, "--run-dir")
+    err = _cli(capsys, "export", run / "export", "--format", "hf", "--out", run / "export")
+    assert "is the export it converts" in err
+    assert "holds an unmask export (its .unmask-output.json says so), not a transformers directory" in _cli(
+        capsys, "export", run, "--format", "hf", "--out", run / "export")
+
+
+@pytest.fixture(scope="module")
+def mdlm_model(tmp_path_factory) -> tuple[Path, Path]:
+    """A small MDLM Hugging Face directory and its tokenizer."""
+    root = tmp_path_factory.mktemp("mdlm")
+    lines = [f"the {WORDS[i % 8]} {WORDS[i * 3 % 8]} on mat {i}" for i in range(200)]
+    tokenizer = train_sentencepiece(lines, root / "tok", vocab_size=300)
+    shape = DiTShape(vocab_size=tokenizer.vocab_size)
+    return write_hugging_face(root / "mdlm", random_weights(shape, seed=0), shape), root / "tok"
+
+
+@pytest.mark.slow
+def test_import_never_replaces_its_source_its_tokenizer_or_a_run(mdlm_model, run, capsys):
+    source, tokenizer = mdlm_model
+    kept = tree_bytes(source)
+    assert f"--out {source}: is SOURCE" in _cli(capsys, "import", "mdlm", source, "--tokenizer", tokenizer,
+                                                 "--out", source)
+    assert f"--out {tokenizer}: is --tokenizer" in _cli(capsys, "import", "mdlm", source, "--tokenizer", tokenizer,
+                                                        "--out", tokenizer)
+    finished = tree_bytes(run)
+    assert "holds an unmask training run" in _cli(capsys, "import", "mdlm", source, "--tokenizer", tokenizer,
+                                                  "--out", run)
+    assert tree_bytes(source) == kept and tree_bytes(run) == finished
+
+
+@pytest.mark.slow
+def test_prep_refuses_a_run_dir_and_its_own_input_and_train_its_data(run, tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("\n\n".join(f"the {w} sat on the mat" for w in WORDS * 20))
+    finished = tree_bytes(run)
+    err = _cli(capsys, "prep", "--input", corpus, "--out", run, "--seq-len", "16", "--vocab-size", "300")
+    assert f"--out {run}: holds an unmask training run" in err and tree_bytes(run) == finished
+    assert f"--out {corpus}: is --input" in _cli(capsys, "prep", "--input", corpus, "--out", corpus, "--seq-len", "16",
+                                                 "--vocab-size", "300")
+    assert list(corpus.iterdir()) == [corpus / "a.txt"]
+    data = json.loads((run / "config.json").read_text())["data"]["path"]
+    assert f"--run-dir {data}: is --data" in _cli(capsys, "train", "--data", data, "--run-dir", data)
+    inside = Path(data) / "run"
+    assert "lies inside --data" in _cli(capsys, "train", "--data", data, "--run-dir", inside)
+    assert not inside.exists()
+
+
+@pytest.mark.slow
+def test_a_failed_command_leaves_no_output_directory(run, mdlm_model, tmp_path, capsys):
+    source, tokenizer = mdlm_model
+    new = tmp_path / "new" / "dir"
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n  \n")
+    own = tmp_path / "own.txt"
+    own.write_text("a paragraph\n")
+    failures = [
+        ["eval", tmp_path / "no-run", "--datasets", own, "--out", new],
+        ["import", "mdlm", tmp_path / "no-model", "--tokenizer", tokenizer, "--out", new],
+        ["prep", "--input", empty, "--out", new, "--seq-len", "16", "--tokenizer", run / "tokenizer", "--no-progress"],
+        ["prep", "--input", own, "--out", new, "--seq-len", "16", "--tokenizer", tmp_path / "no-tokenizer"],
+        ["tokenizer", "train", "--input", empty, "--out", new, "--vocab-size", "300"],
+    ]
+    for argv in failures:
+        _cli(capsys, *argv)
+        assert not (tmp_path / "new").exists(), argv
+    # `unmask run` failing in its prep stage (issue 33): RUN does not stay behind holding its marker alone.
+    assert unmask_in_process(["run", "--input", str(empty), "--run-dir", str(new), "--tokenizer",
+                              str(run / "tokenizer")]) == 2
+    assert "unmask run: error: stage prep failed" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.slow
+def test_eval_checks_the_reference_before_any_work(run, tmp_path, capsys):
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "weights.bin").write_bytes(b"\0" * 64)
+    own = tmp_path / "own.txt"
+    own.write_text("a paragraph\n")
+    err = _cli(capsys, "eval", run, "--datasets", own, "--num-samples", "1", "--reference", garbage)
+    assert f"--reference {garbage}: neither an unmask export" in err
+    assert not (run / "export").exists() and not (run / "report").exists(), "work was done before the refusal"
+    assert f"--out {run}: contains the export it evaluates" in _cli(capsys, "eval", run, "--datasets", own,
+                                                                    "--out", run)
+
+
+@pytest.mark.slow
+def test_sample_replaces_only_a_samples_file(run, capsys):
+    metrics = (run / "metrics.jsonl").read_text()
+    assert unmask_in_process(["export", str(run)]) == 0
+    base = ["sample", str(run), "--num", "1", "--steps", "2", "--seq-len", "8"]
+    err = _cli(capsys, *base, "--out", run / "metrics.jsonl")
+    assert "exists and is not a samples file of `unmask sample`" in err and (run / "metrics.jsonl").read_text() == metrics
+    assert "lies inside the export it samples" in _cli(capsys, *base, "--out", run / "export" / "config.json")
+    samples = run / "samples" / "s.jsonl"
+    assert unmask_in_process([*base, "--out", str(samples)]) == 0
+    assert unmask_in_process([*base, "--out", str(samples), "--seed", "1"]) == 0  # its own kind: replaced
+
+
+def _small_prep(root: Path) -> tuple[PrepConfig, Tokenizer, Path]:
+    """A finished prep of a small corpus into ROOT/data: its config, tokenizer and directory."""
+    corpus = root / "c.txt"
+    corpus.write_text("\n\n".join(f"the {w} sat on mat {i}" for i, w in enumerate(WORDS * 30)))
+    tokenizer = train_sentencepiece([corpus.read_text()], root / "tok", vocab_size=300)
+    config = PrepConfig(inputs=(str(corpus),), seq_len=16, val_fraction=0.1)
+    prep(config, tokenizer, root / "data", progress=False)
+    return config, tokenizer, root / "data"
+
+
+def test_a_prep_clears_what_killed_shard_writers_left(tmp_path):
+    config, tokenizer, out = _small_prep(tmp_path)
+    shard = out / Manifest.read(out).splits["train"].shards[0].path
+    left = shard.with_name(f".{shard.name}.tmp-{_dead_pid()}")  # what a writer killed before its rename leaves
+    assert is_temporary(left.name)
+    left.write_bytes(shard.read_bytes()[:100])
+    (out / "manifest.json").unlink()  # the prep did not finish
+    prep(config, tokenizer, out, progress=False)
+    assert not left.exists()
+    assert sorted(p.name for p in shard.parent.iterdir()) == sorted(
+        Path(s.path).name for s in Manifest.read(out).splits["train"].shards)
+
+
+def test_outputs_of_an_earlier_version_are_replaced_by_a_rerun(tmp_path):
+    """A prep written before the marker (and before it kept its tokenizer) is recognized: its rerun
+    does nothing but mark it and keep the tokenizer; an export of then is replaced by a new one."""
+    config, tokenizer, out = _small_prep(tmp_path)
+    (out / MARKER).unlink()
+    shutil.rmtree(out / "tokenizer")
+    again = prep(config, tokenizer, out, progress=False)
+    assert again.nothing_to_do and read_marker(out)["kind"] == "prep"
+    assert load_tokenizer(out / "tokenizer").sha256 == tokenizer.sha256
+
+
+# ---------------------------------------------------------------- issue 33: at every depth, and more than a name
+@pytest.fixture(scope="module")
+def small_tokenizer(tmp_path_factory) -> tuple[Tokenizer, Path]:
+    root = tmp_path_factory.mktemp("tok")
+    tokenizer = train_sentencepiece([f"the {w} sat on mat {i}" for i, w in enumerate(WORDS * 30)], root / "tok",
+                                    vocab_size=300)
+    saved = root / "saved"
+    tokenizer.save(saved)
+    return tokenizer, saved
+
+
+def test_a_report_is_replaced_only_while_it_holds_nothing_but_what_was_written_at_any_depth(tmp_path):
+    from evaluation.report.write import write_report
+    from tests.evaluation.report.test_write import make_results
+
+    report = tmp_path / "report"
+    write_report(make_results(), report)
+    assert "plots/per_t_lambada.png" in read_marker(report)["files"]
+    figure = report / "plots" / "my_figure.png"
+    figure.write_bytes(b"the user's figure")
+    with pytest.raises(UserError, match=r"holds plots/my_figure.png beside a report of `unmask eval`, and replacing "
+                                        r"the directory would delete them"):
+        write_report(make_results(), report)
+    assert figure.read_bytes() == b"the user's figure"
+    # The same report as an earlier version marked it (top-level names only): recognized by its files.
+    marker = read_marker(report)
+    (report / MARKER).write_text(json.dumps({"kind": "report", "what": marker["what"], "entries": sorted(
+        entry_names(report))}))
+    with pytest.raises(UserError, match="of an earlier version, which did not record its files"):
+        write_report(make_results(), report)
+    figure.unlink()
+    write_report(make_results(), report)  # its own files only: replaced, and marked with them
+    edited = report / "report.md"
+    edited.write_text(edited.read_text() + "\nmy notes\n")
+    with pytest.raises(UserError, match=r"report.md has \d+ bytes, \d+ were written .* since a report of `unmask "
+                                        r"eval` was written, and replacing the directory would delete it"):
+        write_report(make_results(), report)
+    assert edited.read_text().endswith("my notes\n")
+
+
+def test_what_other_steps_add_to_a_report_is_carried_into_its_replacement(tmp_path):
+    from evaluation.report.write import write_report
+    from tests.evaluation.report.test_write import make_results
+
+    report = tmp_path / "report"
+    write_report(make_results(), report)
+    (report / "mlflow_run.json").write_text('{"run_id": "r"}')  # tracking records the report's run after it
+    write_report(make_results(), report)
+    assert (report / "mlflow_run.json").read_text() == '{"run_id": "r"}'
+
+
+def test_an_export_keeps_a_file_the_user_put_in_its_tokenizer(tmp_path, small_tokenizer):
+    from tests.support.export_fixtures import write_untrained_export
+
+    tokenizer, saved = small_tokenizer
+    export = write_untrained_export(tmp_path / "export", tokenizer, saved)
+    notes = export / "tokenizer" / "NOTES.txt"
+    notes.write_text("where this tokenizer came from")
+    with pytest.raises(UserError, match=r"holds tokenizer/NOTES.txt beside an unmask export"):
+        write_untrained_export(export, tokenizer, saved)
+    assert notes.read_text() == "where this tokenizer came from"
+    (export / MARKER).unlink()  # as an export written before the marker: not recognized with the note
+    config = json.loads((export / "config.json").read_text())
+    (export / "config.json").write_text(json.dumps({**config, "format_version": 1}))
+    with pytest.raises(UserError, match="is not an unmask export"):
+        write_untrained_export(export, tokenizer, saved)
+    notes.unlink()
+    write_untrained_export(export, tokenizer, saved)
+    assert read_marker(export)["kind"] == "export"
+
+
+def test_a_directory_of_the_users_own_files_is_not_taken_for_a_run(tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text("{}")
+    config = {"model": {"preset": "tiny"}, "train": {"max_steps": 5}, "data": {"path": "x"}}
+    cases = {"metrics": {"notes.txt": "mine", "metrics.jsonl": '{"step": 1, "loss": 2.0}\n'},
+             "config": {"notes.txt": "mine", "config.json": json.dumps(config)},
+             "config-alone": {"config.json": json.dumps(config)},
+             "metrics-alone": {"metrics.jsonl": '{"step": 1, "loss": 2.0}\n'}}
+    for name, files in cases.items():
+        directory = tmp_path / name
+        directory.mkdir()
+        for file, text in files.items():
+            (directory / file).write_text(text)
+        err = _cli(capsys, "train", "--data", data, "--run-dir", directory)
+        assert f"--run-dir {directory}: is not an unmask training run: it holds" in err, name
+        assert {p.name: p.read_text() for p in directory.iterdir()} == files, name
+    # Two things only a run holds (its resolved config and its tokenizer), and nothing else: a run.
+    (tmp_path / "config-alone" / "tokenizer").mkdir()
+    check_output_dir(tmp_path / "config-alone", RUN_KIND, "--run-dir")
+    # A folder named data/ or corpus/ is not `unmask run`'s before its first step unless it holds what that writes.
+    own = tmp_path / "own"
+    (own / "corpus").mkdir(parents=True)
+    (own / "corpus" / "my-book.txt").write_text("mine")
+    with pytest.raises(UserError, match="is not an unmask training run: it holds corpus/"):
+        check_output_dir(own, RUN_KIND, "--run-dir")
+    (own / "corpus" / "my-book.txt").rename(own / "corpus" / "cpython-3.11.7-docs.jsonl")
+    check_output_dir(own, RUN_KIND, "--run-dir")

@@ -1,0 +1,1 @@
+"""Tests of ``data_prep/shards/``: the format, the loader, object storage."""

@@ -1,0 +1,89 @@
+"""What `unmask prep` tells the user about the input it was given (issue 26, items 9, 10, 11):
+documents repaired or skipped are counted with the flag that changes it, and loudly when they
+are many; a sequence length beyond any model, a split that is mostly padding, and an input
+without a document are not passed over in silence."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from common.errors import UserError
+from data_prep.prep import LOUD_SHARE, MAX_SEQ_LEN, PrepConfig
+from data_prep.shards.format import Manifest
+from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
+from tests.support.cli_runner import unmask_in_process
+
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "ran", "far", "away", "caf\u00e9", "na\u00efve"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tok")
+    train_sentencepiece([" ".join(WORDS)] * 50, root / "tok", vocab_size=300)
+    return root / "tok"
+
+
+def _paragraphs(count: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=10)) for _ in range(count)]
+
+
+def _prep(capsys, corpus, out, tokenizer, *flags: str) -> tuple[int, str]:
+    status = unmask_in_process(["prep", "--input", str(corpus), "--out", str(out), "--tokenizer", str(tokenizer),
+                                "--seq-len", "16", "--no-progress", *flags])
+    return status, capsys.readouterr().err
+
+
+def test_latin1_input_is_reported_loudly_and_with_the_flag(tmp_path, tokenizer, capsys):
+    corpus = tmp_path / "latin1.txt"
+    corpus.write_bytes("\n\n".join(p + " caf\u00e9" for p in _paragraphs(200)).encode("latin-1"))
+    documents = 200
+    status, err = _prep(capsys, corpus, tmp_path / "out", tokenizer)
+    assert status == 0
+    assert (f"unmask prep: warning: 100.0% of the documents ({documents} of {documents}) held invalid UTF-8, "
+            f"repaired with U+FFFD (--bad-utf8 replace; --bad-utf8 skip leaves them out); if the input is in another "
+            f"encoding (Latin-1, say), convert it: iconv -f LATIN1 -t UTF-8 IN > OUT") in err
+    status, err = _prep(capsys, corpus, tmp_path / "skipped", tokenizer, "--bad-utf8", "skip")
+    assert status == 2 and f"no documents to prepare (documents: {documents} skipped for invalid UTF-8 " \
+                           f"(--bad-utf8 skip))" in err
+    assert not (tmp_path / "skipped").exists()
+
+
+def test_a_few_repaired_documents_are_counted_without_alarm(tmp_path, tokenizer, capsys):
+    paragraphs = [p.replace("caf\u00e9", "cafe").replace("na\u00efve", "naive") for p in _paragraphs(300)]
+    corpus = tmp_path / "mostly-utf8.txt"
+    corpus.write_bytes("\n\n".join(paragraphs).encode() + b"\n\none bad byte \xff here")
+    assert 1 / 301 <= LOUD_SHARE
+    status, err = _prep(capsys, corpus, tmp_path / "out", tokenizer)
+    assert status == 0 and "warning" not in err
+    assert "unmask prep: note: 1 of 301 documents held invalid UTF-8, repaired with U+FFFD (--bad-utf8 replace" in err
+
+
+def test_a_sequence_length_beyond_any_model_is_refused_before_any_work(tmp_path, tokenizer, capsys):
+    with pytest.raises(UserError, match=rf"--seq-len must lie in \[2, {MAX_SEQ_LEN}\] \(data_prep.prep.MAX_SEQ_LEN"):
+        PrepConfig(inputs=("corpus.txt",), seq_len=1_000_000_000)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(_paragraphs(20)))
+    status, err = _prep(capsys, corpus, tmp_path / "out", tokenizer, "--seq-len", "1000000000")
+    assert status == 2 and "--seq-len must lie in" in err and not (tmp_path / "out").exists()
+
+
+def test_a_split_that_is_mostly_padding_is_warned_about(tmp_path, tokenizer, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(_paragraphs(20)))
+    status, err = _prep(capsys, corpus, tmp_path / "out", tokenizer, "--seq-len", "4096", "--val-fraction", "0")
+    train = Manifest.read(tmp_path / "out").splits["train"]
+    assert status == 0 and train.sequences == 1
+    assert (f"unmask prep: warning: split train: {train.padding_tokens:,} of its 4,096 token slots "
+            f"({train.padding_tokens / 4096:.0%}) are padding: --seq-len 4096 is long for its {train.tokens:,} tokens; "
+            f"lower --seq-len, or give more text") in err
+
+
+def test_an_input_without_a_document_is_an_error(tmp_path, tokenizer, capsys):
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n\n   \n\n\t\n")
+    status, err = _prep(capsys, blank, tmp_path / "out", tokenizer)
+    assert status == 2 and f"--input {blank}: no documents to prepare (documents: none found)" in err
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,1 @@
+"""Tests of ``evaluation/``: ``unmask eval`` and ``unmask lm-eval`` end to end."""

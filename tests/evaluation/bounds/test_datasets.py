@@ -1,0 +1,411 @@
+"""Zero-shot evaluation sets: counts on the real files, detokenizers on real lines, the generic
+readers, and the errors a user can fix."""
+
+import json
+import random
+import re
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from common.errors import UserError
+from evaluation.bounds.datasets import DATASET_NAMES, FILE_SPLIT, load_dataset, load_text_file
+from evaluation.bounds.detokenizers import (
+    DETOKENIZERS,
+    LAMBADA_GPT2_PREFIX,
+    lambada_detokenize,
+    lambada_plain_detokenize,
+    lm1b_detokenize,
+    ptb_detokenize,
+    wikitext_detokenize,
+)
+from tests.support.paths import SHARED, needs_shared
+
+needs_data = needs_shared(SHARED)
+
+WIKI_TEST = "wikitext-2-raw/wiki.test.raw"
+WIKI_VALID = "wikitext-2-raw/wiki.valid.raw"
+PTB_TEST = "ptb/ptb.test.txt"
+LAMBADA_TEST = "lambada/lambada_test.jsonl"
+LAMBADA_DEV = "lambada/lambada_development_plain_text.txt"
+LM1B_TEST = "lm1b/news.en.heldout-00000-of-00050"
+# (dataset, split) -> (file, units, sha256); line counts and hashes from SOURCES.md, WikiText's
+# 60 articles per split from the WikiText paper (checked independently below).
+EXPECTED = {
+    ("ptb", "test"): (PTB_TEST, 3761,
+                      "dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0"),
+    ("ptb", "valid"): ("ptb/ptb.valid.txt", 3370,
+                       "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2"),
+    ("wikitext2", "test"): (WIKI_TEST, 60,
+                            "173c87a53759e0201f33e0ccf978e510c2042d7f2cb78229d9a50d79b9e7dd08"),
+    ("wikitext2", "valid"): (WIKI_VALID, 60,
+                             "4cd0f6876d07a413aa911261ff6d363c72d757d47f0fdd6015702014c89cb9c7"),
+    ("lambada", "test"): (LAMBADA_TEST, 5153,
+                          "4aa8d02cd17c719165fc8a7887fddd641f43fcafa4b1c806ca8abc31fabdb226"),
+    ("lambada", "valid"): (LAMBADA_DEV, 4869,
+                           "f5b0f1e38fcdad6a1cd3a17bee4b6932a28cd9c5f463ada970c61de0f8679f2f"),
+    ("lm1b", "test"): (LM1B_TEST, 6075,
+                       "265dccd51762253e20425c21ff6ddf09e6da2e11a365da399b0390eebb2d52c8"),
+}
+# A heading line " = Title = " between two blank lines, counted on the whole text at once.
+WIKITEXT_TITLE_BLOCK = re.compile(r"^ \n = (?!=)[^\n]* = \n \n", re.MULTILINE)
+
+
+def real_lines(relative: str) -> list[str]:
+    return (SHARED / relative).read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def real_line(relative: str, number: int) -> str:
+    return real_lines(relative)[number - 1]
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """Every real split, loaded once for the module."""
+    return {(name, split): load_dataset(name, SHARED, split) for name, split in EXPECTED}
+
+
+# ---------------------------------------------------------------- real files: counts
+@needs_data
+@pytest.mark.parametrize("key", list(EXPECTED), ids="-".join)
+def test_unit_counts_and_protocol(loaded, key):
+    relative, units, sha256 = EXPECTED[key]
+    data = loaded[key]
+    protocol = data.protocol()
+    assert (len(data.documents), data.dropped_empty) == (units, 0)
+    assert data.path == SHARED / relative
+    assert protocol["sha256"] == sha256
+    assert protocol["documents"] == units and protocol["split"] == key[1]
+    assert protocol["utf8_bytes"] == sum(len(d.encode()) for d in data.documents)
+    assert json.loads(json.dumps(protocol)) == protocol
+    assert all(doc == doc.strip() and doc for doc in data.documents)
+
+
+@needs_data
+def test_line_datasets_keep_file_order(loaded):
+    assert loaded["ptb", "test"].documents[0] == "no it wasn't black monday"
+    assert loaded["lm1b", "test"].documents[-1] == lm1b_detokenize(real_lines(LM1B_TEST)[-1])
+    first = json.loads(real_lines(LAMBADA_TEST)[0])["text"]
+    assert loaded["lambada", "test"].documents[0] == lambada_detokenize(first)
+
+
+@needs_data
+@pytest.mark.parametrize("relative", [WIKI_TEST, WIKI_VALID])
+def test_wikitext_articles_match_an_independent_heading_count(loaded, relative):
+    text = (SHARED / relative).read_text(encoding="utf-8")
+    titles = WIKITEXT_TITLE_BLOCK.findall(text)
+    split = "test" if relative == WIKI_TEST else "valid"
+    documents = loaded["wikitext2", split].documents
+    assert len(titles) == len(documents) == 60
+    assert [doc.split("\n")[0] for doc in documents] == [
+        wikitext_detokenize(title.split("\n")[1]) for title in titles]
+
+
+@needs_data
+def test_wikitext_equation_lines_are_not_headings(loaded):
+    """Two " = ... = " lines of the test set are a paragraph broken at an equation."""
+    loose = [line for line in real_lines(WIKI_TEST) if re.match(r"^ = [^=].* = $", line)]
+    assert len(loose) == 62
+    documents = loaded["wikitext2", "test"].documents
+    (article,) = [doc for doc in documents if doc.startswith("= Constant k filter =")]
+    assert "\n= 1 henry and capacitance C =\n" in article
+
+
+@needs_data
+def test_wikitext103_reads_the_same_text_as_wikitext2(loaded):
+    for split in ("test", "valid"):
+        wt103 = load_dataset("wikitext103", SHARED, split)
+        assert wt103.documents == loaded["wikitext2", split].documents
+        assert wt103.protocol()["sha256"] == loaded["wikitext2", split].protocol()["sha256"]
+        assert wt103.name == "wikitext103"
+
+
+@needs_data
+def test_wikitext_article_text(loaded):
+    first = loaded["wikitext2", "test"].documents[0]
+    assert first.startswith("= Robert Boulter =\n\nRobert Boulter is an English film, television "
+                            "and theatre actor. He had a guest-starring role on the television "
+                            "series The Bill in 2000.")
+    # Section headings joined up; the en dash of "2000 – 2005" is not a WikiText token.
+    assert "\n\n== Career ==\n\n\n=== 2000 \N{EN DASH} 2005 ===\n\nIn 2000 Boulter" in first
+
+
+@needs_data
+def test_lambada_gpt2_detokenizer_override():
+    data = load_dataset("lambada", SHARED, detokenizer="lambada_gpt2")
+    assert data.detokenizer == data.protocol()["detokenizer"] == "lambada_gpt2"
+    assert all(doc.startswith(LAMBADA_GPT2_PREFIX) for doc in data.documents)
+    assert data.documents[0] == "\n" + load_dataset("lambada", SHARED).documents[0]
+
+
+# ---------------------------------------------------------------- detokenizers on real lines
+REAL_LINE_CASES = [
+    (WIKI_TEST, 1831, wikitext_detokenize,
+     "Total: fifty-eight battalions, sixty-two squadrons, fourteen artillery batteries, "
+     "approximately 24,000 men and 168 guns."),
+    (WIKI_TEST, 3159, wikitext_detokenize,
+     "The 2nd District (2015 population: 215,457) covers the eastern inland portion of Tondo, a "
+     "neighborhood or sub-district known as Gagalangin."),
+    (WIKI_TEST, 3842, wikitext_detokenize, "= Kirby's Block Ball ="),
+    (PTB_TEST, 352, ptb_detokenize,
+     "the spokesman said the broadcast unit will be ? dec. 1 and the move won't affect rjr's "
+     "print radio and ? buying practices"),
+    (PTB_TEST, 1943, ptb_detokenize,
+     "? portfolio manager james craig wasn't ? when friday's rout ? $1 million from the value of "
+     "the $1 million ? fund he oversees"),
+    (PTB_TEST, 7, ptb_detokenize,
+     "seven big board stocks ual amr bankamerica walt disney capital cities/abc philip morris and "
+     "pacific telesis group stopped trading and never resumed"),
+    (LM1B_TEST, 2, lm1b_detokenize,
+     "Long before the advent of e-commerce, Wal-Mart's founder Sam Walton set out his vision for "
+     "a successful retail operation: \"We let folks know we're interested in them and that "
+     "they're vital to us-- ' cause they are,\" he said."),
+    (LM1B_TEST, 23, lm1b_detokenize,
+     "Under the terms of the agreement, Gifford was paid an annual consulting fee of $50,000 and "
+     "entitled to 120 hours per year of flying time on a corporate jet provided by BofA."),
+    # The reference's "." rule needs a word before the stop, so ") ." keeps its space.
+    (LM1B_TEST, 42, lm1b_detokenize,
+     "Goalkeepers: Iker Casillas (Real Madrid), Jose Reina (Liverpool) ."),
+    (LAMBADA_DEV, 3, lambada_plain_detokenize,
+     "my assessment of being dead before lunch wasn't too far off base. irritably, ezra shook his "
+     "head, stalking toward \"our\" mat. \"what kind of training have you had?\" i gulped, and "
+     "hurried to catch up. \"uh, none.\" \"perfect,\" he muttered, facing me on the mat"),
+]
+
+
+@needs_data
+@pytest.mark.parametrize("relative, number, detokenize, expected", REAL_LINE_CASES,
+                         ids=[f"{c[0].split('/')[0]}-{c[1]}" for c in REAL_LINE_CASES])
+def test_detokenizer_on_real_line(relative, number, detokenize, expected):
+    assert detokenize(real_line(relative, number)) == expected
+
+
+@needs_data
+def test_lambada_curly_double_quotes_become_ascii():
+    passage = json.loads(real_line(LAMBADA_TEST, 7))["text"]
+    assert passage.startswith("He heard Rhinna speak \N{LEFT DOUBLE QUOTATION MARK}The Queen")
+    assert lambada_detokenize(passage) == (
+        "He heard Rhinna speak \"The Queen wants you in her carriage.\" \nTom spoke \"No, "
+        "I\N{RIGHT SINGLE QUOTATION MARK}m not going in some asylum.\" \nRan was seen standing "
+        "next to him spoke \"It\N{RIGHT SINGLE QUOTATION MARK}s just for a private talk with you "
+        "that\N{RIGHT SINGLE QUOTATION MARK}s all.\" \nTom groaned and went inside the carriage "
+        "to sit down next to the Queen")
+
+
+@needs_data
+def test_lambada_latex_closing_quote_becomes_ascii():
+    passage = json.loads(real_line(LAMBADA_TEST, 1725))["text"]
+    assert "there.''" in passage
+    assert "she said only, \"I ought to leave you there.\"\n" in lambada_detokenize(passage)
+
+
+@needs_data
+@pytest.mark.parametrize("relative, detokenizer", [
+    (WIKI_TEST, "wikitext"), (WIKI_VALID, "wikitext"), (PTB_TEST, "ptb"), (LM1B_TEST, "lm1b"),
+    (LAMBADA_DEV, "lambada_plain"), (LAMBADA_TEST, "lambada"),
+])
+def test_no_double_spaces_from_single_spaced_real_lines(relative, detokenizer):
+    detokenize = DETOKENIZERS[detokenizer]
+    lines = real_lines(relative)
+    if relative == LAMBADA_TEST:
+        lines = [json.loads(line)["text"] for line in lines]
+    single_spaced = [line for line in lines if "  " not in line]
+    assert len(single_spaced) > len(lines) // 2
+    doubled = [line for line in single_spaced if "  " in detokenize(line)]
+    assert doubled == []
+
+
+# ---------------------------------------------------------------- detokenizer properties
+TRICKY_TOKENS = [
+    "the", "N", "s", "'s", "n't", "'", "''", "``", '"', "(", ")", "[", "]", "{", "}", "@-@",
+    "@,@", "@.@", ".", ",", ":", ";", "?", "!", "/", "\\/", "$", "#", "1", "<unk>", "=", "= =",
+    "\N{DEGREE SIGN}", "\N{POUND SIGN}", "http", "\N{LEFT DOUBLE QUOTATION MARK}",
+    "\N{RIGHT DOUBLE QUOTATION MARK}", "word",
+]
+
+
+def random_single_spaced(rng: random.Random) -> str:
+    words = rng.choices(TRICKY_TOKENS, k=rng.randint(1, 25))
+    text = " ".join(words)
+    return f" {text} " if rng.random() < 0.5 else text
+
+
+@pytest.mark.parametrize("key", sorted(DETOKENIZERS))
+def test_detokenizers_never_double_a_space_and_are_deterministic(key):
+    detokenize = DETOKENIZERS[key]
+    rng = random.Random(f"detok-{key}")
+    for _ in range(2000):
+        text = random_single_spaced(rng)
+        out = detokenize(text)
+        assert "  " not in out, (text, out)
+        assert detokenize(text) == out
+
+
+def test_detokenizer_registry_and_small_cases():
+    assert set(DETOKENIZERS) == {"identity", "wikitext", "ptb", "lm1b", "lambada", "lambada_gpt2",
+                                 "lambada_plain", "wikitext_mdlm", "lambada_mdlm"}
+    # MDLM's WikiText rules: a row keeps its leading space, loses the one before its newline, and
+    # " N " reads as a number; its LAMBADA rule keeps a LaTeX-style quote.
+    assert DETOKENIZERS["wikitext_mdlm"](" = = Career = = \n") == " == Career ==\n"
+    assert DETOKENIZERS["wikitext_mdlm"](" Highway 19 N near 57 \N{DEGREE SIGN} N \n") == (
+        " Highway 19 1 near 57\N{DEGREE SIGN}N\n")
+    assert DETOKENIZERS["lambada_mdlm"]("  \N{LEFT DOUBLE QUOTATION MARK}hi'' ") == '\n"hi\'\''
+    assert DETOKENIZERS["identity"](" a  b ") == " a  b "
+    # WikiText: no " N " -> " 1 " (raw WikiText has real numbers), headings and degrees joined.
+    assert wikitext_detokenize(" = = = N / A = = = \n") == "=== N / A ==="
+    assert wikitext_detokenize(" 57 \N{DEGREE SIGN} N ") == "57\N{DEGREE SIGN}N"
+    assert wikitext_detokenize(' he said " hello " . \n \n next line ') == (
+        'he said "hello".\n\nnext line')
+    # PTB: only a space-delimited N is a number, as in the reference.
+    assert ptb_detokenize(" N years ago N N \n") == "N years ago 1 N"
+    assert ptb_detokenize("the players ' union") == "the players' union"
+    assert lm1b_detokenize("see http : / / example.com / a now !") == (
+        "see http://example.com/a now!")
+    assert DETOKENIZERS["lambada_gpt2"]("  ``hi''  ") == '\n"hi"'
+
+
+# ---------------------------------------------------------------- errors
+def test_unknown_dataset_names_the_valid_ones(tmp_path):
+    with pytest.raises(UserError, match="unknown evaluation dataset 'wikitext'") as err:
+        load_dataset("wikitext", tmp_path)
+    assert all(name in str(err.value) for name in DATASET_NAMES)
+
+
+def test_unknown_split_names_the_valid_ones(tmp_path):
+    with pytest.raises(UserError, match="ptb has no split 'train'; valid splits: test, valid"):
+        load_dataset("ptb", tmp_path, "train")
+    with pytest.raises(UserError, match="lm1b has no split 'valid'; valid splits: test$"):
+        load_dataset("lm1b", tmp_path, "valid")
+
+
+@pytest.mark.parametrize("name, relative, section", [
+    ("ptb", PTB_TEST, "section 1 (Penn Treebank)"),
+    ("wikitext103", WIKI_TEST, "sections 2b and 3"),
+    ("lambada", LAMBADA_TEST, "section 4 (LAMBADA)"),
+    ("lm1b", LM1B_TEST, "section 5 (One Billion Word)"),
+])
+def test_missing_file_names_the_path_and_the_source(tmp_path, name, relative, section):
+    with pytest.raises(UserError) as err:
+        load_dataset(name, tmp_path)
+    message = str(err.value)
+    assert str(tmp_path / relative) in message
+    assert f"SOURCES.md {section}" in message
+
+
+def test_non_utf8_dataset_file_names_file_and_line(tmp_path):
+    path = tmp_path / PTB_TEST
+    path.parent.mkdir()
+    path.write_bytes(b" one line \n two line \n caf\xe9 \n")
+    with pytest.raises(UserError, match=re.escape(f"{path} line 3: byte 26 is not UTF-8")):
+        load_dataset("ptb", tmp_path)
+
+
+def test_non_utf8_text_file_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"fine\n\n\xff\xfe broken\n")
+    with pytest.raises(UserError, match=re.escape(f"{path} line 3:")):
+        load_text_file(path)
+
+
+def test_dataset_empty_after_detokenizing(tmp_path):
+    path = tmp_path / PTB_TEST
+    path.parent.mkdir()
+    path.write_text(" \n  \n \n")
+    with pytest.raises(UserError, match="no text left after detokenizing with 'ptb'"):
+        load_dataset("ptb", tmp_path)
+
+
+def test_empty_units_are_dropped_and_counted(tmp_path):
+    path = tmp_path / PTB_TEST
+    path.parent.mkdir()
+    path.write_text(" a b \n \n c N d \n")
+    data = load_dataset("ptb", tmp_path)
+    assert data.documents == ["a b", "c 1 d"]
+    assert data.protocol()["dropped_empty"] == 1
+
+
+# ---------------------------------------------------------------- generic files
+def test_text_file_paragraphs(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_bytes("\ufeffFirst para\r\nstill first\r\n\r\n \r\n\r\nSecond  para\n".encode())
+    data = load_text_file(path)
+    assert data.documents == ["First para\nstill first", "Second  para"]
+    assert (data.name, data.split, data.detokenizer) == (str(path), FILE_SPLIT, "identity")
+    assert data.protocol()["unit"] == "paragraph (blank-line separated)"
+    assert data.utf8_bytes == len("First para\nstill first") + len("Second  para")
+
+
+def test_jsonl_file_field_and_detokenizer(tmp_path):
+    path = tmp_path / "set.jsonl"
+    path.write_text('{"body": "it was n\'t me"}\n\n{"body": "you \'re here"}\n')
+    data = load_text_file(path, text_field="body", detokenizer="ptb")
+    assert data.documents == ["it wasn't me", "you 're here"]
+    assert data.protocol()["unit"] == "record per JSON line (field 'body')"
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"text": "ok"}\n{"text": \n', "line 2: not valid JSON (Expecting value at column 10)"),
+    ('{"text": "o\n', "line 1: not valid JSON (Unterminated string starting at column 10)"),
+    ('{"text": "ok"}\n{"other": "x"}\n', "line 2: no field 'text'"),
+    ('["text"]\n', "line 1: no field 'text'"),
+    ('{"text": 3}\n', "line 1: field 'text' is int, not a string"),
+])
+def test_jsonl_errors_name_the_line(tmp_path, content, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(UserError, match=re.escape(f"{path} {message}")):
+        load_text_file(path)
+
+
+def test_parquet_file_column(tmp_path):
+    path = tmp_path / "set.parquet"
+    pq.write_table(pa.table({"id": [1, 2, 3], "content": ["a , b", "", "c ."]}), path)
+    data = load_text_file(path, text_field="content", detokenizer="lm1b")
+    assert data.documents == ["a, b", "c ."]
+    assert data.dropped_empty == 1
+    assert data.protocol()["unit"] == "row (column 'content')"
+
+
+def test_parquet_binary_column_must_be_utf8(tmp_path):
+    path = tmp_path / "set.parquet"
+    pq.write_table(pa.table({"text": pa.array([b"fine", b"\xff"], pa.binary())}), path)
+    message = f"{path} row 1 (from 0): column 'text' is not UTF-8"
+    with pytest.raises(UserError, match=re.escape(message)):
+        load_text_file(path)
+
+
+def test_parquet_missing_column_lists_the_columns(tmp_path):
+    path = tmp_path / "set.parquet"
+    pq.write_table(pa.table({"body": ["x"]}), path)
+    with pytest.raises(UserError, match=re.escape("no column 'text'; columns are ['body']")):
+        load_text_file(path)
+
+
+def test_generic_reader_errors(tmp_path):
+    with pytest.raises(UserError, match=re.escape("unsupported evaluation file type '.csv'")):
+        load_text_file(tmp_path / "set.csv")
+    with pytest.raises(UserError, match="unknown detokenizer 'moses'; choose one of identity"):
+        load_text_file(tmp_path / "set.txt", detokenizer="moses")
+    with pytest.raises(UserError, match=re.escape(f"{tmp_path / 'set.txt'}: evaluation file does "
+                                                  "not exist")):
+        load_text_file(tmp_path / "set.txt")
+    (tmp_path / "fake.parquet").write_text("not parquet")
+    with pytest.raises(UserError, match="not a readable Parquet file"):
+        load_text_file(tmp_path / "fake.parquet")
+
+
+@pytest.mark.parametrize("text", [
+    "first line\n\xa0\nsecond\n\n\u3000\nthird\n",     # lines of Unicode-only whitespace are text
+    "a\n \t\nb\r\n\r\nc\n\n\n d \n",                    # ASCII-whitespace lines separate paragraphs
+])
+def test_a_text_file_splits_into_the_paragraphs_prep_reads(tmp_path, text):
+    """One definition of a blank line: the evaluation datasets and `unmask prep` agree."""
+    from data_prep.readers import ReadCounters, ReadOptions, plan_units, read_unit, resolve_inputs
+
+    path = tmp_path / "doc.txt"
+    path.write_bytes(text.encode("utf-8"))
+    options = ReadOptions()
+    prepped = [piece.text for unit in plan_units(resolve_inputs([str(path)]), options)
+               for piece in read_unit(unit, options, ReadCounters())]
+    assert load_text_file(path).documents == prepped

@@ -1,0 +1,278 @@
+"""The evaluation protocols on the real files: ``--protocol mdlm`` gives, block for block, the data
+MDLM's code would give on ../shared/data, and ours keeps its counts.
+
+``mdlm_blocks`` below is an independent re-statement of what kuleshov-group/mdlm's
+``dataloader.py`` does (the HF rows it loads, its detokenizers, an EOS per row, BOS/EOS around
+every 1022-token chunk, the remainder dropped), written from its logic with none of our
+library's readers, detokenizers or tokenizer (GPT-2's ids come from the ``tokenizers`` BPE).
+It leaves out, as the protocol does, the remainder HF's ``map(batched=True)`` drops per batch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.errors import UserError
+from data_prep.tokenizer.load import load_tokenizer
+from evaluation.bounds.datasets import load_dataset
+from evaluation.bounds.detokenizers import DETOKENIZERS
+from evaluation.bounds.protocols import MDLM, MDLM_BLOCK_LENGTH, UNMASK, frame_blocks, get_protocol
+from evaluation.bounds.scoring import EvalConfig
+from evaluation.zero_shot import ReportOptions, is_up_to_date
+from orchestration.cli import build_parser
+from orchestration.commands.evaluate import _eval_config
+from tests.support.cli_runner import unmask_in_process
+from tests.support.export_fixtures import write_untrained_export
+from tests.support.paths import GPT2, SHARED, needs_shared
+from tests.support.tokenizer_fixtures import reference_gpt2
+
+needs_data = needs_shared("ptb", "wikitext-2-raw", "lambada", "lm1b", "gpt2-bpe")
+ENDOFTEXT = 50256  # GPT-2's <|endoftext|>: MDLM's BOS and EOS
+MDLM_SPLITS = {"ptb": "valid", "wikitext2": "valid", "wikitext103": "valid", "lambada": "test", "lm1b": "test"}
+# Tokens under each protocol at length 1024 with GPT-2's BPE (ours: every token once, none dropped).
+UNMASK_TEST_TOKENS = {"ptb": 91_135, "wikitext2": 272_004, "wikitext103": 272_004, "lambada": 423_590,
+                      "lm1b": 176_267}
+MDLM_TOKENS = {"ptb": 81_920, "wikitext2": 239_616, "wikitext103": 239_616, "lambada": 429_056, "lm1b": 176_128}
+
+
+# ------------------------------------------------------------------ MDLM's data code, re-stated
+def _mdlm_wikitext(text: str) -> str:
+    text = text.replace("s '", "s'")
+    text = re.sub(r"/' [0-9]/", r"/'[0-9]/", text)
+    for old, new in ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", ".")):
+        text = text.replace(old, new)
+    for mark in ":;.!?,":
+        text = text.replace(f" {mark} ", f"{mark} ")
+    for pattern, replacement in ((r"\(\s*([^\)]*?)\s*\)", r"(\1)"), (r"\[\s*([^\]]*?)\s*\]", r"[\1]"),
+                                 (r"{\s*([^}]*?)\s*}", r"{\1}"), (r"\"\s*([^\"]*?)\s*\"", r'"\1"'),
+                                 (r"'\s*([^']*?)\s*'", r"'\1'")):
+        text = re.sub(pattern, replacement, text)
+    for old, new in (("= = = =", "===="), ("= = =", "==="), ("= =", "=="), (" \u00b0 ", "\u00b0"),
+                     (" \n", "\n"), ("\n ", "\n"), (" N ", " 1 "), (" 's", "'s")):
+        text = text.replace(old, new)
+    return text
+
+
+def _mdlm_ptb(text: str) -> str:
+    for old, new in ((" 's", "'s"), ("s ' ", "s' "), (" n't", "n't"), (" \n ", "\n"), ("\\/", "/")):
+        text = text.replace(old, new)
+    for _ in range(10):
+        text = text.replace(" N ", " 1 ")
+    for old, new in (("$ 1", "$1"), ("# 1", "#1"), ("<unk>", "?")):
+        text = text.replace(old, new)
+    return text
+
+
+def _mdlm_lm1b(text: str) -> str:
+    text = text.replace("http : / / ", "http://").replace("https : / / ", "https://")
+    text = re.sub(r" '(\w+)", r"'\1", text)
+    text = re.sub(r" (\w+) \. ", r" \1. ", text)
+    text = re.sub(r" (\w+) \.$", r" \1.", text)
+    text = re.sub(r" \?$", "?", text.replace(" ? ", "? "))
+    text = re.sub(r" !$", "!", text.replace(" ! ", "! "))
+    for old, new in ((" , ", ", "), (" : ", ": "), (" ; ", "; "), (" / ", "/")):
+        text = text.replace(old, new)
+    for pattern, replacement in ((r'" ([^"]+) "', r'"\1"'), (r"' ([^']+) '", r"'\1'"),
+                                 (r"\( ([^\(\)]+) \)", r"(\1)"), (r"\[ ([^\[\]]+) \]", r"[\1]")):
+        text = re.sub(pattern, replacement, text)
+    return text.replace("$ ", "$").replace("\u00a3 ", "\u00a3")
+
+
+def _mdlm_lambada(text: str) -> str:
+    return "\n" + text.replace("\u201c", '"').replace("\u201d", '"').strip()
+
+
+def _stripped_rows(path: Path) -> list[str]:
+    with open(path, encoding="utf-8") as stream:  # as HF's ptb_text_only and lm1b scripts read them
+        return [line.strip() for line in stream]
+
+
+def _wikitext_rows(path: Path) -> list[str]:
+    with open(path, encoding="utf-8") as stream:  # as HF's wikitext script: blank lines are ""
+        return [line if line.strip() else "" for line in stream]
+
+
+def mdlm_rows(name: str) -> list[str]:
+    """The detokenized rows MDLM's code tokenizes for ``name``, on our files."""
+    split = MDLM_SPLITS[name]
+    if name == "ptb":
+        return [_mdlm_ptb(row) for row in _stripped_rows(SHARED / f"ptb/ptb.{split}.txt")]
+    if name == "lm1b":
+        return [_mdlm_lm1b(row) for row in _stripped_rows(SHARED / "lm1b/news.en.heldout-00000-of-00050")]
+    if name == "lambada":
+        lines = (SHARED / "lambada/lambada_test.jsonl").read_text(encoding="utf-8").splitlines()
+        return [_mdlm_lambada(json.loads(line)["text"]) for line in lines if line]
+    return [_mdlm_wikitext(row) for row in _wikitext_rows(SHARED / f"wikitext-2-raw/wiki.{split}.raw")]
+
+
+def mdlm_blocks(rows: list[str], block_length: int) -> torch.Tensor:
+    """MDLM's wrapped blocks: each row's GPT-2 ids + EOS, concatenated, chunks of length - 2
+    between BOS and EOS, the remainder dropped (one batch in one process)."""
+    stream = [token for encoding in reference_gpt2().encode_batch(rows) for token in [*encoding.ids, ENDOFTEXT]]
+    chunk = block_length - 2
+    return torch.tensor([[ENDOFTEXT, *stream[start:start + chunk], ENDOFTEXT]
+                         for start in range(0, len(stream) // chunk * chunk, chunk)], dtype=torch.long)
+
+
+# ------------------------------------------------------------------ the whole files
+@pytest.fixture(scope="module")
+def gpt2():
+    return load_tokenizer(GPT2)
+
+
+def protocol_blocks(protocol, name: str, tokenizer, block_length: int = MDLM_BLOCK_LENGTH, **reading):
+    read = protocol.reading(name, **reading)
+    data = load_dataset(name, SHARED, read.split, detokenizer=read.detokenizer, rows=read.rows)
+    return protocol.wrap(tokenizer.encode_batch(data.documents), block_length, bos_id=tokenizer.bos_id,
+                         eos_id=tokenizer.eos_id, pad_id=tokenizer.eos_id), data
+
+
+@needs_data
+@pytest.mark.parametrize("name", sorted(MDLM_TOKENS))
+def test_mdlm_protocol_gives_mdlms_blocks_on_every_dataset(gpt2, name):
+    wrapped, data = protocol_blocks(MDLM, name, gpt2)
+    expected = mdlm_blocks(mdlm_rows(name), MDLM_BLOCK_LENGTH)
+    assert data.split == MDLM_SPLITS[name]
+    assert torch.equal(wrapped.blocks.tokens, expected)
+    assert bool(wrapped.blocks.positions.all())  # BOS and EOS are scored, as MDLM's loss counts them
+    assert wrapped.blocks.num_tokens == expected.numel() == MDLM_TOKENS[name]
+    assert 0 <= wrapped.dropped_tokens < MDLM_BLOCK_LENGTH - 2
+
+
+@needs_data
+def test_mdlm_protocol_on_a_split_of_your_choice(gpt2):
+    """The issue's test-split comparison: 274,432 WikiText-2 tokens under MDLM's code, 272,004 under ours."""
+    wrapped, _ = protocol_blocks(MDLM, "wikitext2", gpt2, split="test")
+    rows = [_mdlm_wikitext(row) for row in _wikitext_rows(SHARED / "wikitext-2-raw/wiki.test.raw")]
+    assert torch.equal(wrapped.blocks.tokens, mdlm_blocks(rows, MDLM_BLOCK_LENGTH))
+    assert wrapped.blocks.num_tokens == 274_432
+
+
+@needs_data
+@pytest.mark.parametrize("name", sorted(UNMASK_TEST_TOKENS))
+def test_our_protocol_scores_every_token_once(gpt2, name):
+    wrapped, data = protocol_blocks(UNMASK, name, gpt2)
+    assert data.split == "test" and wrapped.dropped_tokens == 0
+    assert wrapped.blocks.num_tokens == UNMASK_TEST_TOKENS[name]
+    assert wrapped.blocks.num_tokens == sum(len(ids) + 1 for ids in gpt2.encode_batch(data.documents))
+
+
+@needs_data
+def test_wikitext_rows_keep_blank_lines_as_empty_units():
+    rows = load_dataset("wikitext2", SHARED, "valid", detokenizer="wikitext_mdlm", rows=True)
+    assert len(rows.documents) == 3760 and rows.kept_empty == 1299 == rows.documents.count("")
+    assert rows.documents[1] == " = Homarus gammarus =\n"  # MDLM keeps a row's leading space
+    assert rows.protocol()["kept_empty"] == 1299
+
+
+# ------------------------------------------------------------------ the wrapping
+def test_frame_blocks_puts_bos_and_eos_around_every_chunk_and_drops_the_rest():
+    wrapped = frame_blocks([[1, 2, 3], [4], [5, 6, 7, 8]], 5, bos_id=90, eos_id=99)
+    # stream: 1 2 3 99 4 99 5 6 7 8 99 -> chunks of 3, the last two tokens dropped
+    assert wrapped.blocks.tokens.tolist() == [[90, 1, 2, 3, 99], [90, 99, 4, 99, 99], [90, 5, 6, 7, 99]]
+    assert wrapped.dropped_tokens == 2 and wrapped.blocks.num_tokens == 15
+
+
+def test_frame_blocks_refuses_a_set_shorter_than_one_block():
+    with pytest.raises(UserError, match="make no whole block of 16"):
+        frame_blocks([[1, 2]], 16, bos_id=0, eos_id=0)
+    with pytest.raises(UserError, match="--seq-len 2 leaves no room"):
+        frame_blocks([[1, 2]], 2, bos_id=0, eos_id=0)
+
+
+def test_protocol_readings():
+    assert MDLM.reading("ptb").split == "valid" and MDLM.reading("lm1b").split == "test"
+    assert MDLM.reading("wikitext103").detokenizer == "wikitext_mdlm" and MDLM.reading("ptb").detokenizer is None
+    assert MDLM.reading("lambada", detokenizer="lambada_gpt2").detokenizer == "lambada_gpt2"
+    assert UNMASK.reading("ptb") == UNMASK.reading("ptb", split="test") and not UNMASK.reading("ptb").rows
+    assert MDLM.split_summary(("ptb", "lm1b")) == "per dataset: ptb valid, lm1b test"
+    assert UNMASK.split_summary(("ptb", "lm1b")) == "test"
+    with pytest.raises(UserError, match="--protocol 'sedd' is not one of unmask, mdlm"):
+        get_protocol("sedd")
+
+
+@needs_data
+@pytest.mark.parametrize("detokenizer", sorted(DETOKENIZERS))
+def test_every_detokenizer_is_reachable_from_unmask_eval(detokenizer):
+    args = build_parser().parse_args(["eval", "runs/x", "--datasets", "lambada", "--data-dir", str(SHARED),
+                                      "--detokenizer", detokenizer])
+    config = _eval_config(args)
+    config.check()
+    assert config.detokenizer == detokenizer
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"datasets": ("val",), "shards": "shards", "protocol": "mdlm"}, "dataset 'val' .* has no mdlm reading"),
+    ({"datasets": ("ptb",), "data_dir": str(SHARED), "protocol": "mdlm", "add_eos": False},
+     "--no-eos contradicts --protocol mdlm"),
+    ({"datasets": ("ptb",), "data_dir": str(SHARED), "detokenizer": "moses"}, "--detokenizer must be one of identity"),
+    ({"datasets": ("ptb",), "data_dir": str(SHARED), "protocol": "sedd"}, "--protocol must be one of unmask, mdlm"),
+])
+def test_bad_protocol_settings_are_refused_before_any_work(config, message):
+    with pytest.raises(UserError, match=message):
+        EvalConfig(**config).check()
+
+
+# ------------------------------------------------------------------ unmask eval --protocol mdlm
+QUICK_DOCUMENTS = 40
+QUICK_BLOCK_LENGTH = 64
+
+
+@pytest.fixture(scope="module")
+def gpt2_export(tmp_path_factory, gpt2):
+    """An untrained one-layer network over GPT-2's vocabulary."""
+    return write_untrained_export(tmp_path_factory.mktemp("gpt2-export") / "export", gpt2, GPT2, max_seq_len=128)
+
+
+@needs_data
+def test_unmask_eval_protocol_mdlm_end_to_end(gpt2_export, tmp_path, capsys):
+    out = tmp_path / "report"
+    argv = ["eval", str(gpt2_export), "--datasets", "ptb,wikitext2,lambada", "--data-dir", str(SHARED),
+            "--protocol", "mdlm", "--seq-len", str(QUICK_BLOCK_LENGTH), "--max-documents", str(QUICK_DOCUMENTS),
+            "--samples", "2", "--batch-size", "32", "--out", str(out)]
+    assert unmask_in_process(argv) == 0
+    assert "protocol: mdlm" in capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert results["protocol"]["name"] == "mdlm" and results["protocol"]["seq_len"] == QUICK_BLOCK_LENGTH
+    for name in ("ptb", "wikitext2", "lambada"):
+        record = results["datasets"][name]
+        expected = mdlm_blocks(mdlm_rows(name)[:QUICK_DOCUMENTS], QUICK_BLOCK_LENGTH)
+        assert record["num_tokens"] == expected.numel()
+        assert record["dataset"]["protocol"] == "mdlm" and record["dataset"]["split"] == MDLM_SPLITS[name]
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert "| ptb | mdlm, valid split | 1,024 |" in markdown
+    assert "| MDLM | missing (not in our sources: docs/MATH.md, seeds) |" in markdown
+    # `unmask run` redoes an evaluation made with another protocol.
+    config = EvalConfig(datasets=("ptb", "wikitext2", "lambada"), samples_per_block=2, protocol="mdlm")
+    assert is_up_to_date(gpt2_export, config, ReportOptions(out=out))
+    assert not is_up_to_date(gpt2_export, replace(config, protocol="unmask"), ReportOptions(out=out))
+
+
+@needs_data
+def test_a_model_shorter_than_mdlms_blocks_needs_a_seq_len(gpt2_export, tmp_path, capsys):
+    assert unmask_in_process(["eval", str(gpt2_export), "--datasets", "ptb", "--data-dir", str(SHARED),
+                              "--protocol", "mdlm", "--max-documents", "5", "--out", str(tmp_path / "r")]) == 2
+    assert ("--protocol mdlm (blocks of 1024 tokens) exceeds the model's max_seq_len 128: give a --seq-len"
+            in capsys.readouterr().err)
+
+
+@pytest.mark.slow
+@needs_data
+def test_a_block_diffusion_export_is_evaluated_under_the_mdlm_protocol(gpt2, tmp_path):
+    """``--protocol mdlm`` for a block model (block size 8): MDLM's blocks, scored by the block
+    bound, the block size recorded with the protocol."""
+    export_dir = write_untrained_export(tmp_path / "bd3", gpt2, GPT2, config={"block_size": 8}, max_seq_len=128)
+    out = tmp_path / "report"
+    argv = ["eval", str(export_dir), "--datasets", "ptb", "--data-dir", str(SHARED), "--protocol", "mdlm",
+            "--seq-len", str(QUICK_BLOCK_LENGTH), "--max-documents", "10", "--samples", "2", "--batch-size", "8",
+            "--out", str(out)]
+    assert unmask_in_process(argv) == 0
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert results["protocol"]["name"] == "mdlm" and results["protocol"]["block_size"] == 8
+    assert results["datasets"]["ptb"]["num_tokens"] == mdlm_blocks(mdlm_rows("ptb")[:10], QUICK_BLOCK_LENGTH).numel()

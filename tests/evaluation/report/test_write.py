@@ -1,0 +1,303 @@
+"""The report of `unmask eval`: files, numbers in the tables, labelled references, a
+self-contained and escaped HTML page, plots only where there is data for them."""
+
+import copy
+import json
+import math
+import re
+
+import pytest
+
+from evaluation.bounds.estimator import Z_95
+from evaluation.report.references import REFERENCES, references_for
+from evaluation.report.write import write_report
+from model.sampling import SamplingPlan
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SAMPLE_TEXT = 'The <script>alert("x")</script> & more\n\nsecond paragraph'
+# src/href (quoted or not) pointing anywhere on the network
+EXTERNAL_LINK = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", re.IGNORECASE)
+SHA = "ab" * 32
+
+
+def _dataset_record(name: str, nelbo: float, se: float, tokens: int, utf8_bytes: int,
+                    per_t: bool) -> dict:
+    low, high = math.exp(nelbo - Z_95 * se), math.exp(nelbo + Z_95 * se)
+    record = {
+        "dataset": {"name": name, "split": "test", "path": f"/data/{name}/test.txt",
+                    "sha256": SHA, "detokenizer": name, "unit": "sentence per line",
+                    "documents": 100, "dropped_empty": 0, "utf8_bytes": utf8_bytes},
+        "estimate": {"nelbo_per_token": nelbo, "standard_error": se, "num_tokens": tokens,
+                     "num_blocks": 10, "samples_per_block": 16, "kind": "continuous",
+                     "discrete_steps": None, "seed": 0, "error_method": "replicates",
+                     "perplexity_bound": math.exp(nelbo), "perplexity_interval_95": [low, high],
+                     "degrees_of_freedom": 15},
+        "perplexity_bound": math.exp(nelbo), "perplexity_interval": [low, high],
+        "nelbo_per_token": nelbo, "standard_error": se,
+        "bits_per_byte": nelbo * tokens / (math.log(2) * utf8_bytes), "num_tokens": tokens,
+    }
+    if per_t:
+        t = [(i + 0.5) / 64 for i in range(64)]
+        record["per_t"] = {"t": t, "contribution": [nelbo * (1 + 0.5 * (x - 0.5)) for x in t]}
+    return record
+
+
+def make_results(objective: str = "diffusion", *, per_t: bool = True, samples: bool = True) -> dict:
+    return {
+        "model": {"path": "/runs/small/export", "objective": objective, "step": 12000,
+                  "tokens_seen": 6_291_456_000, "weights": "ema",
+                  "network": {"n_layers": 12, "d_model": 768, "n_heads": 12, "vocab_size": 50258,
+                              "max_seq_len": 1024},
+                  "tokenizer": {"kind": "gpt2-bpe", "sha256": SHA, "vocab_size": 50258}},
+        "protocol": {"seq_len": 1024, "samples_per_block": 16, "seed": 0,
+                     "estimator": "autoregressive" if objective == "autoregressive" else "continuous",
+                     "discrete_steps": None, "target_rel_error": 0.002, "add_eos": True,
+                     "wrapping": "documents + EOS concatenated | cut into blocks",
+                     "precision": "float32 weights; sums float64", "world_size": 2},
+        "datasets": {
+            "lambada": _dataset_record("lambada", 3.5, 0.01, 245_569, 1_000_000, per_t),
+            "wikitext2": _dataset_record("wikitext2", 3.25, 0.02, 287_644, 1_234_567, False),
+        },
+        "samples": [{"text": SAMPLE_TEXT, "network_calls": 128}] if samples else [],
+        "mlflow": {"tracking_uri": "http://127.0.0.1:5000", "run_id": "0123abcd"},
+        "created": "2025-01-02T03:04:05+00:00", "unmask_version": "0.1.0", "git_commit": "deadbeef",
+    }
+
+
+CURVES = {"train/loss": [(step, 10.0 / (1 + step / 100)) for step in range(0, 2000, 10)],
+          "val/nelbo_per_token": [(step, 11.0 / (1 + step / 100)) for step in range(0, 2000, 500)]}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    results = make_results()
+    files = write_report(copy.deepcopy(results), tmp_path_factory.mktemp("report") / "new" / "dir",
+                         curves=CURVES)
+    return results, files, files.markdown.read_text(encoding="utf-8"), files.html.read_text(encoding="utf-8")
+
+
+def _row(markdown: str, first_cell: str) -> str:
+    rows = [line for line in markdown.splitlines() if line.startswith(f"| {first_cell} |")]
+    assert rows, f"no table row starts with {first_cell!r}"
+    return rows[0]
+
+
+def test_files_exist_and_results_round_trip(report):
+    results, files, _, _ = report
+    for path in (files.markdown, files.html, files.json, *files.plots):
+        assert path.is_file()
+    assert json.loads(files.json.read_text(encoding="utf-8")) == results
+    assert [path.name for path in files.plots] == ["curves.png", "per_t_lambada.png"]
+    for path in files.plots:
+        assert path.parent.name == "plots" and path.read_bytes().startswith(PNG_MAGIC)
+    assert not list(files.json.parent.rglob("*.tmp-*")), "temporary files left behind"
+
+
+def test_results_rows_carry_numbers_and_interval(report):
+    _, _, markdown, html = report
+    assert ("| dataset | protocol | tokens | NELBO/token (nats ± SE) | perplexity bound (95% interval) "
+            "| bits/byte |") in markdown
+    lambada = _row(markdown, "lambada")
+    bits_per_byte = f"{3.5 * 245_569 / (math.log(2) * 1e6):.4f}"
+    # Results written before protocols had names were made with ours.
+    for text in ("| unmask, test split |", "245,569", "3.5000 ± 0.0100", "33.12 (32.47 – 33.77)", bits_per_byte):
+        assert text in lambada
+    wikitext = _row(markdown, "wikitext2")
+    for text in ("287,644", "3.2500 ± 0.0200", "25.79 (24.80 – 26.82)"):
+        assert text in wikitext
+    assert "33.12 (32.47 – 33.77)" in html
+
+
+def test_title_protocol_and_mlflow(report):
+    results, _, markdown, html = report
+    assert markdown.startswith("# Evaluation report: /runs/small/export at step 12,000\n")
+    for key, value in results["protocol"].items():  # every field, verbatim
+        assert f"`{key}`" in markdown and f"<code>{key}</code>" in html
+    assert r"`documents + EOS concatenated \| cut into blocks`" in markdown  # the | stays in its cell
+    assert f"`{SHA}`" in markdown and "`sentence per line`" in markdown and "`1234567`" in markdown
+    assert "`network.n_layers`" in markdown and "`tokenizer.kind`" in markdown
+    assert "MLflow run `0123abcd` at `http://127.0.0.1:5000`." in markdown
+
+
+def test_reference_rows_are_labelled(report):
+    _, _, markdown, html = report
+    assert "only comparable at the same tokenizer and the same evaluation protocol" in markdown
+    for name in ("lambada", "wikitext2"):
+        section = markdown.split(f"\n### {name}\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+        ours = _row(section, "this run (diffusion, step 12,000)")
+        assert "≤ " in ours and "12 layers, d_model 768, 12 heads" in ours
+        references = references_for(name)
+        assert [r.model for r in references] == ["GPT-2", "SEDD absorb", "MD4", "MDLM", "GPT-2", "SEDD absorb", "MD4"]
+        for reference in references:
+            row = next(line for line in section.splitlines()
+                       if line.startswith(f"| {reference.model} |") and reference.display_value in line
+                       and reference.scale in line)
+            assert "GPT-2 BPE" in row and reference.training_data in row and reference.source in row
+        mdlm = _row(section, "MDLM")  # next to MD4's: no number our sources hold, none invented
+        assert "missing (not in our sources: docs/MATH.md, seeds)" in mdlm and "| mdlm |" in mdlm
+        assert "MD4 paper, Table 1" in section.splitlines()[section.splitlines().index(mdlm) - 1]
+    assert "small ~ 124M" in html and "GPT-2 BPE" in html
+
+
+def test_html_is_self_contained_and_escaped(report):
+    _, files, _, html = report
+    assert not EXTERNAL_LINK.search(html)
+    assert "<link" not in html and "@import" not in html and "url(" not in html
+    assert html.count('src="data:image/png;base64,') == len(files.plots) == 2
+    assert "<script" not in html
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; more" in html
+
+
+def test_markdown_sample_is_verbatim_quote(report):
+    _, _, markdown, _ = report
+    assert "Sample 1: 128 network calls." in markdown
+    assert '> ```text\n> The <script>alert("x")</script> & more\n>\n> second paragraph\n> ```' in markdown
+
+
+def test_markdown_links_plots_by_relative_path(report):
+    _, files, markdown, _ = report
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
+    assert links == ["plots/curves.png", "plots/per_t_lambada.png"]
+    assert all((files.markdown.parent / link).is_file() for link in links)
+
+
+def test_autoregressive_wording(tmp_path):
+    files = write_report(make_results("autoregressive", per_t=False), tmp_path)
+    markdown = files.markdown.read_text(encoding="utf-8")
+    assert "| dataset | protocol | tokens | NLL/token (nats) | perplexity (exact) | bits/byte |" in markdown
+    assert "perplexity bound" not in markdown and "±" not in _row(markdown, "lambada")
+    assert _row(markdown, "lambada").endswith(f"| 33.12 | {3.5 * 245_569 / (math.log(2) * 1e6):.4f} |")
+    assert "| this run (autoregressive, step 12,000) | 33.12 |" in markdown
+    assert "perplexity (exact)" in files.html.read_text(encoding="utf-8")
+
+
+def test_no_plots_without_data(tmp_path):
+    files = write_report(make_results(per_t=False, samples=False), tmp_path, curves={"train/loss": []})
+    assert files.plots == [] and not (tmp_path / "plots").exists()
+    markdown, html = files.markdown.read_text(encoding="utf-8"), files.html.read_text(encoding="utf-8")
+    assert "![" not in markdown and "plots/" not in markdown and "## Plots" not in markdown
+    assert "<img" not in html and "data:image" not in html
+    assert "## Samples" not in markdown
+
+
+def test_unknown_dataset_and_non_gpt2_tokenizer_are_flagged(tmp_path):
+    results = make_results(per_t=False)
+    results["datasets"] = {"notes/my file.txt": results["datasets"]["lambada"]}
+    results["model"]["tokenizer"]["kind"] = "sentencepiece"
+    results["protocol"]["seq_len"] = 512
+    markdown = write_report(results, tmp_path).markdown.read_text(encoding="utf-8")
+    assert "No published reference numbers for these datasets." in markdown
+    assert "(sentencepiece) is not GPT-2 BPE" in markdown and "sequence length is 512" in markdown
+
+
+def test_per_t_plot_names_are_distinct_file_names(tmp_path):
+    results = make_results()
+    record = results["datasets"]["lambada"]
+    results["datasets"] = {"a/b.txt": record, "a b.txt": record}
+    files = write_report(results, tmp_path)
+    assert [path.name for path in files.plots] == ["per_t_a_b.txt.png", "per_t_a_b.txt_2.png"]
+
+
+SCHEDULE = {"exponent_min": 0.61, "exponent_median": 1.2, "exponent_max": 3.5,
+            "unmask_first": [{"token": 50256, "text": "<|endoftext|>", "exponent": 3.5},
+                             {"token": 198, "text": "\n", "exponent": 3.1}],
+            "unmask_last": [{"token": 34501, "text": " diligently", "exponent": 0.61}]}
+
+
+def test_a_learned_schedule_shows_its_spread_and_the_tokens_that_unmask_first_and_last(tmp_path, report):
+    results = {**make_results(), "schedule": SCHEDULE}
+    files = write_report(copy.deepcopy(results), tmp_path)
+    markdown = files.markdown.read_text(encoding="utf-8")
+    assert json.loads(files.json.read_text(encoding="utf-8"))["schedule"] == SCHEDULE
+    section = markdown[markdown.index("## Learned schedule"):markdown.index("## Reference numbers")]
+    assert "w_v range from 0.610 (median 1.200) to 3.500" in section
+    rows = [section.index(row) for row in ("Unmask first", r"| 50256 | `'<\|endoftext\|>'` | 3.500 |",
+                                           r"| 198 | `'\n'` | 3.100 |", "Unmask last",
+                                           "| 34501 | `' diligently'` | 0.610 |")]
+    assert rows == sorted(rows)  # text shown as a Python literal: whitespace and escapes visible
+    assert "Learned schedule" not in report[2]  # absent for the other processes
+    broken = copy.deepcopy(results)
+    del broken["schedule"]["unmask_last"][0]["exponent"]
+    with pytest.raises(ValueError, match=r"schedule.unmask_last.0.exponent"):
+        write_report(broken, tmp_path / "broken")
+
+
+def test_malformed_results_write_nothing(tmp_path):
+    results = make_results()
+    del results["datasets"]["lambada"]["bits_per_byte"]
+    with pytest.raises(ValueError, match="datasets.lambada.bits_per_byte"):
+        write_report(results, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_references_as_data():
+    assert {reference.dataset for reference in REFERENCES} == {
+        "lambada", "wikitext2", "ptb", "wikitext103", "lm1b", "owt"}
+    lm1b = references_for("lm1b")
+    assert [(r.model, r.scale, r.value, r.is_bound) for r in lm1b] == [
+        ("GPT-2", "small ~ 124M", 75.20, False), ("SEDD absorb", "small ~ 124M", 79.29, True),
+        ("MD4", "small ~ 124M", 68.10, True), ("MDLM", "small ~ 124M", None, True),
+        ("GPT-2", "medium ~ 355M", 55.72, False), ("SEDD absorb", "medium ~ 355M", 61.19, True),
+        ("MD4", "medium ~ 355M", 51.45, True)]
+    # MDLM's zero-shot numbers are in none of our sources: every one is missing, none invented.
+    assert {(r.value, r.protocol) for r in REFERENCES if r.source == "MDLM paper, zero-shot table"} == {(None, "mdlm")}
+    assert {r.training_data for r in lm1b if r.model == "GPT-2"} == {"WebText"}
+    owt = references_for("owt")
+    assert [(r.value, r.is_bound, r.source) for r in owt] == [
+        (17.54, False, "MDLM paper"), (24.10, True, "MDLM paper"), (23.21, True, "MDLM paper"),
+        (22.98, True, "MDLM paper")]
+    assert all(r.tokenizer == "GPT-2 BPE" and r.training_data == "OpenWebText" for r in owt)
+    assert references_for("val") == []
+
+
+def test_samples_show_their_quality_and_how_they_were_drawn(tmp_path):
+    results = make_results(per_t=False)
+    results["samples"][0].update(unigram_entropy=4.25, reference_nll=300.0, reference_tokens=100)
+    plan = SamplingPlan(steps=1000, grid="cosine", top_p=0.9, seed=7)
+    results["sampling"] = {"num_samples": 1, "plan": plan.to_dict(), "seq_len": 1024, "mean_unigram_entropy": 4.25,
+                           "mean_network_calls": 128.0,
+                           "generative_perplexity": {"reference": "/models/gpt2-large", "reference_kind": "huggingface",
+                                                     "retokenized": True, "perplexity": math.exp(3.0),
+                                                     "tokens": 100},
+                           "sweep": [{"sampler": sampler, "budget": budget, "network_calls": min(budget, 128.0),
+                                      "mean_unigram_entropy": 4.0, "generative_perplexity": 40.0 - budget / 100}
+                                     for sampler in ("ancestral", "first-hitting") for budget in (16, 1024)]}
+    files = write_report(copy.deepcopy(results), tmp_path)
+    assert json.loads(files.json.read_text(encoding="utf-8")) == results
+    markdown = files.markdown.read_text(encoding="utf-8")
+    assert ("1 samples of 1,024 tokens: ancestral sampler, 1,000 steps; cosine grid; temperature 1; top-p 0.9; "
+            "seed 7. They needed 128.0 network calls each on average.") in markdown
+    assert "Mean unigram entropy: 4.250 nats" in markdown
+    assert ("Generative perplexity: 20.09 under the huggingface model `/models/gpt2-large`, over 100 tokens: "
+            "the decoded text re-encoded with the reference's tokenizer (the tokenizers differ).") in markdown
+    assert ("Sample 1: 128 network calls, unigram entropy 4.250 nats, 3.000 nats/token under the "
+            "reference (100 tokens).") in markdown
+    assert "| first-hitting | 1,024 | 128.0 | 29.76 | 4.000 |" in markdown
+    assert "plots/sampler_sweep.png" in markdown and (tmp_path / "plots" / "sampler_sweep.png").is_file()
+
+    del results["sampling"]["generative_perplexity"]
+    markdown = write_report(results, tmp_path / "no-reference").markdown.read_text(encoding="utf-8")
+    assert "No generative perplexity: no reference model was given (--reference)." in markdown
+
+
+def test_protocol_notes_follow_each_numbers_protocol(tmp_path):
+    results = make_results(per_t=False)
+    results["datasets"] = {"lm1b": _dataset_record("lm1b", 4.0, 0.01, 176_128, 800_000, False),
+                           "wikitext2": results["datasets"]["wikitext2"]}
+    for record in results["datasets"].values():
+        record["dataset"].update(protocol="mdlm", split="valid")
+    results["protocol"]["name"] = "mdlm"
+    markdown = write_report(results, tmp_path).markdown.read_text(encoding="utf-8")
+    wikitext, lm1b = (markdown.split(f"\n### {name}\n", 1)[1].split("\n### ", 1)[0] for name in ("wikitext2", "lm1b"))
+    assert "Protocol difference" not in wikitext.split("\n## ")[0]  # the mdlm protocol reads WikiText as MDLM does
+    assert "heldout shard 00000" in lm1b  # ...but our 1BW file is one shard of HF's fifty
+    assert "| wikitext2 | mdlm, valid split |" in markdown
+
+
+def test_a_comparison_across_protocols_says_so(tmp_path):
+    results = make_results(per_t=False)
+    other = make_results("autoregressive", per_t=False)
+    results["comparison"] = {"model": other["model"], "datasets": other["datasets"], "path": "/ar/results.json"}
+    results["datasets"]["lambada"]["dataset"]["protocol"] = "mdlm"
+    markdown = write_report(results, tmp_path).markdown.read_text(encoding="utf-8")
+    assert "read lambada with different protocols or splits: those gaps compare different tokens." in markdown

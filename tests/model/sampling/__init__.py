@@ -1,0 +1,1 @@
+"""Tests of ``model/sampling/``: every sampler's law, cost and plan."""

@@ -1,0 +1,1 @@
+"""Tests of ``pipeline/interchange/``: exports and imports."""

@@ -1,0 +1,133 @@
+"""A damaged export (an interrupted copy, a download of something else, a newer format) is
+refused in one line naming the file and the fix, by every command that reads one (issue 33):
+`unmask sample`, `eval`, `lm-eval` and `export --format hf`. Exports record the size and
+sha256 of their files (in their marker), checked at load."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.errors import UserError
+from common.outputs import MARKER
+from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
+from pipeline.interchange.export import load_export
+from pipeline.run_dir.layout import RunLayout
+from tests.support.cli_runner import unmask_in_process
+from tests.support.export_fixtures import write_untrained_export
+from tests.support.paths import SHARED, needs_shared
+
+WORDS = ["cat", "dog", "fox", "owl", "sat", "ran", "mat", "log"]
+
+
+@pytest.fixture(scope="module")
+def sound(tmp_path_factory) -> Path:
+    """An export as `unmask export` writes it, inside a run directory; tests damage copies."""
+    root = tmp_path_factory.mktemp("sound")
+    tokenizer = train_sentencepiece([f"the {w} sat on mat {i}" for i, w in enumerate(WORDS * 30)], root / "tok",
+                                    vocab_size=300)
+    (root / "run" / "checkpoints").mkdir(parents=True)
+    return write_untrained_export(RunLayout(root / "run").export, tokenizer, root / "tok")
+
+
+def _truncate(export: Path) -> None:
+    weights = export / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+
+
+def _corrupt_header(export: Path) -> None:
+    weights = export / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[8:40] = b"\xff" * 32  # inside the JSON header; the size stays
+    weights.write_bytes(bytes(data))
+
+
+def _pickle(export: Path) -> None:
+    torch.save({"w": torch.zeros(4)}, export / "model.safetensors")
+
+
+def _not_json(export: Path) -> None:
+    (export / "config.json").write_text('{"network": {"n_layers": 1,')
+
+
+DAMAGE = {"truncated": (_truncate, "model.safetensors"), "corrupt header": (_corrupt_header, "model.safetensors"),
+          "a pickle": (_pickle, "model.safetensors"), "config not JSON": (_not_json, "config.json")}
+
+
+@pytest.fixture(params=sorted(DAMAGE))
+def damaged(request, sound, tmp_path) -> tuple[Path, str]:
+    """A damaged copy of the export (in a run directory of its own) and the file damaged."""
+    damage, name = DAMAGE[request.param]
+    run = tmp_path / "run"
+    shutil.copytree(sound.parent, run)
+    damage(run / "export")
+    return run / "export", name
+
+
+def _one_line(capsys, argv: list[str]) -> str:
+    assert unmask_in_process([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_load_export_names_the_damaged_file_and_the_fix_with_or_without_records(damaged):
+    export, name = damaged
+    fix = f"move {export} away and export again: `unmask export {export.parent}`"
+    with pytest.raises(UserError, match=rf"{export / name}.*; the export is damaged .*: {fix}"):
+        load_export(export)
+    (export / MARKER).unlink()  # an export of an earlier version: found by reading it
+    with pytest.raises(UserError, match=rf"{export / name}: not (a readable safetensors file|JSON) .*{fix}"):
+        load_export(export)
+
+
+def test_the_records_find_a_changed_file_of_the_same_size_and_a_copy_still_loads(sound, tmp_path):
+    from pipeline.interchange.export import verify_export
+
+    copy = tmp_path / "copy"
+    shutil.copytree(sound, copy, copy_function=shutil.copy)  # new modification times: hashed, and sound
+    assert verify_export(copy) is None and load_export(copy).config["step"] == 0
+    tokenizer = copy / "tokenizer" / "tokenizer.model"
+    data = bytearray(tokenizer.read_bytes())
+    data[-1] ^= 0xFF
+    tokenizer.write_bytes(bytes(data))
+    assert verify_export(copy) == f"{tokenizer} has other bytes than were written (sha256 differs)"
+
+
+def test_a_newer_format_asks_for_a_newer_unmask(sound, tmp_path):
+    export = tmp_path / "export"
+    shutil.copytree(sound, export)
+    config = json.loads((export / "config.json").read_text())
+    (export / "config.json").write_text(json.dumps({**config, "format_version": 99}))
+    (export / MARKER).unlink()  # as a newer unmask recorded it: its own records would match
+    with pytest.raises(UserError, match=r"config.json: format_version 99 is newer than this unmask reads \(1\); "
+                                        r"upgrade unmask"):
+        load_export(export)
+
+
+def test_sample_eval_and_export_hf_refuse_a_damaged_export_in_one_line(damaged, tmp_path, capsys):
+    export, name = damaged
+    own = tmp_path / "own.txt"
+    own.write_text("the cat sat on the mat\n\nthe dog ran\n")
+    for argv in (["sample", export, "--num", "1", "--steps", "2", "--seq-len", "8"],
+                 ["eval", export, "--datasets", own, "--samples", "2"],
+                 ["eval", export.parent, "--datasets", own, "--samples", "2"],  # RUN: the export is not up to date
+                 ["export", export, "--format", "hf", "--out", tmp_path / "hf"]):
+        err = _one_line(capsys, argv)
+        assert f"{export / name}" in err and "the export is damaged" in err, (argv, err)
+    assert not (tmp_path / "hf").exists() and not (export.parent / "report").exists()
+
+
+@pytest.mark.slow
+@needs_shared("ptb/ptb.test.txt")
+def test_lm_eval_refuses_a_damaged_export_in_one_line(sound, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(sound.parent, run)
+    _truncate(run / "export")
+    err = _one_line(capsys, ["lm-eval", run / "export", "--tasks", "ptb_word_order", "--data-dir", SHARED,
+                             "--limit", "2"])
+    assert f"{run / 'export' / 'model.safetensors'} has 1000 bytes" in err and "the export is damaged" in err

@@ -1,0 +1,1 @@
+"""Tests of ``pipeline/run_dir/``: checkpoints, the lock, resume messages."""

@@ -1,0 +1,1 @@
+"""Tests of ``pipeline/tracking/`` against a real ``mlflow server``."""

@@ -1,0 +1,1 @@
+"""Tests of ``pipeline/training/``: real DeepSpeed training on CPU."""

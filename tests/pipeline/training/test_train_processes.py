@@ -1,0 +1,163 @@
+"""The uniform and learned processes through the whole pipeline: real DeepSpeed training on
+CPU (world size 1, and 2 under ZeRO-3 for the learned schedule, whose theta ZeRO-3
+partitions like any weight), exact resume after SIGKILL, the export with theta, and
+`unmask eval` and `unmask sample` through the command line."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+
+import pytest
+import torch
+
+from model.learned import LearnedDiffusion
+from model.uniform import UniformDiffusion
+from pipeline.interchange.export import export, load_export
+from pipeline.run_dir.checkpoint import rank_file, resolve_checkpoint
+from pipeline.run_dir.safe_load import load_torch_file
+from tests.support.cli_runner import run_unmask
+from tests.support.train_helpers import run_train, run_until_stall, write_config
+
+pytestmark = pytest.mark.slow
+
+PROCESSES = {"uniform": UniformDiffusion, "learned": LearnedDiffusion}
+EXPONENT_METRICS = ("schedule/exponent_min", "schedule/exponent_median", "schedule/exponent_max")
+QUICK = ["--max-documents", "40", "--samples", "4", "--batch-size", "8"]
+
+
+def _config(path, process: str, **train):
+    return write_config(path, {"model": {"process": process, "time_conditioning": True},
+                               "train": {"zero_stage": 1, **train}})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tinyshakespeare_shards):
+    """Uninterrupted 6-step runs of each process at world size 1."""
+    root = tmp_path_factory.mktemp("processes")
+    return {process: run_train(root / process, tinyshakespeare_shards, _config(root / f"{process}.yaml", process))
+            for process in PROCESSES}
+
+
+def _exported(run_dir, name: str = "export-test"):
+    return load_export(export(run_dir, out_dir=run_dir / name))
+
+
+def _deterministic(run) -> dict[tuple[int, str], float]:
+    """The run's losses, validations and exponents by (step, metric); not its timings. A
+    resumed step's last record wins."""
+    return {(record["step"], key): value for record in run.metrics() for key, value in record.items()
+            if key.startswith(("train/loss", "val/", "schedule/"))}
+
+
+def _ema_theta(run_dir) -> torch.Tensor:
+    """The EMA of theta in the latest checkpoint, reassembled from every rank's slice."""
+    checkpoint = resolve_checkpoint(run_dir)
+    states = [load_torch_file(path)["ema"] for path in sorted(checkpoint.glob("rank-*.pt"))]
+    if not states[0]["partitioned"]:
+        return states[0]["shadow"]["schedule.theta"]
+    return torch.cat([state["shadow"]["schedule.theta"] for state in states])[:states[0]["shapes"]["schedule.theta"][0]]
+
+
+@pytest.mark.parametrize("process", PROCESSES)
+def test_each_process_trains_and_its_export_rebuilds_it(runs, process):
+    run = runs[process]
+    losses, validations = run.losses(), run.validations()
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6] and all(math.isfinite(v) for v in losses.values())
+    assert sorted(validations) == [0, 3, 6] and all(math.isfinite(v) for v in validations.values())
+    exported = _exported(run.run_dir)
+    assert (exported.config["process"], exported.spec.process) == (process, process)
+    rebuilt = exported.process()
+    assert type(rebuilt) is PROCESSES[process]
+    if process == "uniform":
+        assert exported.process_state == {} and exported.config["schedule"] == "linear"
+        return
+    assert exported.config["schedule"] == "learned"
+    assert exported.config["schedule_args"] == {"initial_exponent": 1.0, "endpoint_eps": 1e-4}
+    assert rebuilt.draws == 1  # scoring takes no gradient
+    # The export holds the EMA of the trained theta, and the process reads it.
+    theta = exported.process_state["theta"]
+    assert torch.equal(theta, _ema_theta(run.run_dir)) and torch.equal(rebuilt.schedule.theta, theta)
+    assert float((rebuilt.schedule.exponents().detach() - 1.0).abs().max()) > 1e-4  # moved from the linear start
+
+
+def test_the_learned_schedule_logs_its_exponents_every_step(runs):
+    logged = [record for record in runs["learned"].metrics() if "train/loss" in record]
+    assert [record["step"] for record in logged] == [1, 2, 3, 4, 5, 6]
+    for record in logged:
+        low, middle, high = (record[key] for key in EXPONENT_METRICS)
+        assert 0 < low <= middle <= high
+    assert logged[-1]["schedule/exponent_min"] < logged[0]["schedule/exponent_min"] < 1.0 < logged[-1][
+        "schedule/exponent_max"]
+    assert not any(key in record for record in runs["uniform"].metrics() for key in EXPONENT_METRICS)
+
+
+def test_the_learned_schedule_resumes_exactly_after_sigkill(tmp_path, tinyshakespeare_shards, runs):
+    config = _config(tmp_path / "c.yaml", "learned")
+    run_dir = tmp_path / "run"
+    killed = run_until_stall(run_dir, tinyshakespeare_shards, config, stall_after=5, stop=signal.SIGKILL)
+    assert killed.returncode != 0
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step-00000003"
+    resumed = run_train(run_dir, tinyshakespeare_shards, config)
+    assert "resumed from" in resumed.output
+    reference = runs["learned"]
+    assert _deterministic(resumed) == _deterministic(reference)  # equal floats, not close
+    ours, theirs = _exported(run_dir), _exported(reference.run_dir)
+    assert torch.equal(ours.process_state["theta"], theirs.process_state["theta"])
+    for name, tensor in ours.network.state_dict().items():
+        assert torch.equal(tensor, theirs.network.state_dict()[name]), name
+
+
+def test_zero3_partitions_theta_on_two_ranks_and_gives_zero1s_run(tmp_path, tinyshakespeare_shards):
+    """theta is a small parameter: ZeRO-3 splits it (and its EMA) between the ranks and
+    gathers it for the forward of the module that holds it; the run must be ZeRO-1's."""
+    runs = {stage: run_train(tmp_path / f"z{stage}", tinyshakespeare_shards,
+                             _config(tmp_path / f"z{stage}.yaml", "learned", zero_stage=stage), world_size=2)
+            for stage in (1, 3)}
+    slices = [load_torch_file(rank_file(resolve_checkpoint(runs[3].run_dir), rank))["ema"] for rank in (0, 1)]
+    assert all(state["partitioned"] for state in slices)
+    vocab = slices[0]["shapes"]["schedule.theta"][0]
+    assert [state["shadow"]["schedule.theta"].numel() for state in slices] == [(vocab + 1) // 2] * 2
+    first, third = (_deterministic(run) for run in (runs[1], runs[3]))
+    assert first.keys() == third.keys()
+    for key, value in first.items():  # the same math; only the order of float sums differs
+        assert third[key] == pytest.approx(value, rel=1e-5), key
+    thetas = [_exported(run.run_dir).process_state["theta"] for run in (runs[1], runs[3])]
+    torch.testing.assert_close(thetas[1], thetas[0], rtol=0, atol=1e-6)
+    assert torch.equal(thetas[1], _ema_theta(runs[3].run_dir))
+
+
+@pytest.mark.parametrize("process", PROCESSES)
+def test_eval_and_sample_through_the_command_line(runs, tinyshakespeare_shards, process, tmp_path):
+    run_dir = runs[process].run_dir
+    proc = run_unmask(["eval", str(run_dir), "--datasets", "val", "--shards", str(tinyshakespeare_shards),
+                       "--out", str(tmp_path / "report"), *QUICK])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "report" / "results.json").read_text())
+    val = results["datasets"]["val"]
+    low, high = val["perplexity_interval"]
+    assert val["estimate"]["kind"] == "continuous" and val["standard_error"] > 0
+    assert low < val["perplexity_bound"] < high and math.isfinite(val["bits_per_byte"])
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    if process == "learned":
+        schedule = results["schedule"]
+        assert len(schedule["unmask_first"]) == len(schedule["unmask_last"]) == 10
+        tokenizer = load_export(run_dir / "export").tokenizer
+        for entry in schedule["unmask_first"] + schedule["unmask_last"]:
+            assert entry["text"] == tokenizer.decode([entry["token"]])
+        exponents = [entry["exponent"] for entry in schedule["unmask_first"]]
+        assert exponents == sorted(exponents, reverse=True) and exponents[0] == schedule["exponent_max"]
+        assert "## Learned schedule" in markdown
+        from mlflow.tracking import MlflowClient
+
+        record = json.loads((run_dir / "mlflow_run.json").read_text())
+        tracked = MlflowClient(record["tracking_uri"]).get_run(record["run_id"]).data
+        assert tracked.metrics["eval/schedule/exponent_max"] == pytest.approx(schedule["exponent_max"])
+        assert repr(schedule["unmask_first"][0]["text"]) in tracked.tags["eval/schedule/unmask_first"]
+    else:
+        assert "schedule" not in results and "Learned schedule" not in markdown
+    sampled = run_unmask(["sample", str(run_dir), "--num", "2", "--steps", "16", "--seq-len", "32",
+                          "--prompt", "ROMEO:"])
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    assert sampled.stdout.count("ROMEO:") == 2

@@ -1,0 +1,1 @@
+"""What the tests share: helpers, fixtures' builders, real servers on 127.0.0.1."""

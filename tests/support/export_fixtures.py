@@ -1,0 +1,35 @@
+"""Exports of untrained small networks, written by the exporter's own writer: what
+``unmask sample``, ``load_export`` and the manual's examples read, without a training run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from model.learned import LearnedSchedule
+from model.trainable import SCHEDULE_PREFIX
+from model.transformer import Transformer, preset
+from pipeline.interchange.export import write_export
+
+if TYPE_CHECKING:
+    from data_prep.tokenizer.base import Tokenizer
+
+# One layer of width 32: a `tiny` network that builds in milliseconds.
+SMALL_NETWORK = {"n_layers": 1, "d_model": 32, "n_heads": 2}
+
+
+def write_untrained_export(out: Path, tokenizer: Tokenizer, tokenizer_dir: Path, *,
+                           objective: str = "diffusion", config: dict | None = None, **network) -> Path:
+    """Write ``out``: an untrained ``SMALL_NETWORK`` (``network`` overrides its fields; causal
+    for the autoregressive ``objective``) over ``tokenizer``'s vocabulary, the tokenizer saved
+    in ``tokenizer_dir``, and ``config`` (e.g. a schedule) added to the export's config."""
+    shape = {**SMALL_NETWORK, "causal": objective == "autoregressive", **network}
+    model = Transformer(preset("tiny", tokenizer.vocab_size, **shape))
+    record = {"network": vars(model.config), "objective": objective, **(config or {}), "weights": "ema", "step": 0,
+              "tokenizer_sha256": tokenizer.sha256}
+    tensors = model.state_dict()
+    if record.get("process") == "learned":  # the learned schedule's theta, at its initial value
+        tensors.update({f"{SCHEDULE_PREFIX}{name}": value for name, value in
+                        LearnedSchedule(tokenizer.vocab_size).state_dict().items()})
+    write_export(out, tensors, record, tokenizer_dir)
+    return out
