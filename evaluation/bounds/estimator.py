@@ -93,9 +93,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from common.units import NATS_PER_BIT
 from model.autoregressive import Autoregressive, CausalNetwork
 from model.checks import check_token_ids
 from model.denoiser import DenoiserLike
+from model.generators import seeded_generators
 from model.process import DiffusionProcess, NelboTerms, low_discrepancy_times
 
 __all__ = ["Blocks", "BoundEstimate", "TimeContributions", "Z_95", "autoregressive_nll",
@@ -201,7 +203,7 @@ class BoundEstimate:
         """Total NELBO in bits over the UTF-8 bytes of the detokenized evaluation text."""
         if utf8_bytes <= 0:
             raise ValueError(f"utf8_bytes must be positive, got {utf8_bytes}")
-        return self.nelbo_per_token * self.num_tokens / (math.log(2.0) * utf8_bytes)
+        return self.nelbo_per_token * self.num_tokens / (NATS_PER_BIT * utf8_bytes)
 
     def to_dict(self) -> dict:
         low, high = self.perplexity_interval()
@@ -220,8 +222,7 @@ class TimeContributions(NamedTuple):
 # ------------------------------------------------------------------------------ seeding
 def _stream_generator(seed: int, *keys: int) -> torch.Generator:
     """A CPU generator for the stream (seed, *keys); independent across distinct keys."""
-    state = np.random.SeedSequence(seed, spawn_key=keys).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator().manual_seed(int(state))
+    return seeded_generators(seed, spawn_key=keys, seed_bits=64)[0]
 
 
 def _replicate_times(num_blocks: int, seed: int, replicate: int) -> Tensor:

@@ -33,13 +33,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from model.checks import check_logits, check_positive_int
 from model.denoiser import Denoiser
-from model.generators import Generators
+from model.generators import Generators, seeded_generators
 from model.sampling.plan import GRIDS, SamplingPlan
 from model.schedules import Schedule
 
@@ -142,9 +141,7 @@ def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
 def sample_generators(seed: int, indices: Iterable[int]) -> list[torch.Generator]:
     """CPU generators of the samples numbered ``indices`` under ``seed``: sample i's is seeded
     by a hash of (seed, i), so it is the same in every batch."""
-    words = [np.random.SeedSequence(seed, spawn_key=(index,)).generate_state(1, dtype=np.uint64)[0]
-             for index in indices]
-    return [torch.Generator().manual_seed(int(word >> 1)) for word in words]
+    return [seeded_generators(seed, spawn_key=(index,))[0] for index in indices]
 
 
 def row_uniforms(shape: tuple[int, ...], generator: Generators, rows: Tensor, device: torch.device) -> Tensor:

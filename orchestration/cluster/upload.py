@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.errors import UserError
+from common.units import MIB
 
 __all__ = ["EXCLUDES", "SECRET_PATTERNS", "MAX_UPLOAD_MB", "UploadPlan", "plan_upload", "write_package"]
 
@@ -253,7 +254,7 @@ class UploadPlan:
 
     def check_size(self, max_mb: float | None) -> None:
         """A UserError when the upload is over ``max_mb`` MiB, naming the biggest files."""
-        if max_mb is None or self.total_bytes <= max_mb * (1 << 20):
+        if max_mb is None or self.total_bytes <= max_mb * MIB:
             return
         biggest = sorted(self.files, key=lambda item: -item[1])[:SHOWN]
         named = ", ".join(f"{name} ({_size(size)})" for name, size in biggest)
@@ -264,7 +265,7 @@ class UploadPlan:
 
 
 def _size(n: int) -> str:
-    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
+    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB" if n < MIB else f"{n / MIB:.1f} MiB"
 
 
 def _count(items, noun: str) -> str:

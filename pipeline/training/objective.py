@@ -24,11 +24,9 @@ the bound (``LearnedScheduleObjective``); ``state_metrics`` reports its exponent
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -36,6 +34,7 @@ from model.autoregressive import Autoregressive
 from model.block_attention import CleanBlocksDenoiser
 from model.block_diffusion import BlockDiffusion, block_times
 from model.denoiser import Denoiser
+from model.generators import seeded_generators
 from model.learned import ExponentSpread, exponent_spread, learned_schedule_arguments
 from model.process import DiffusionProcess, low_discrepancy_times
 from model.schedules import make_schedule
@@ -59,8 +58,7 @@ MASK_STREAM = 1
 
 def step_generator(device: torch.device, *keys: int) -> torch.Generator:
     """A generator on ``device`` whose seed is a hash of ``keys`` (seed, step, rank, ...)."""
-    seed = int(np.random.SeedSequence(list(keys)).generate_state(1, dtype=np.uint64)[0] >> 1)
-    return torch.Generator(device=device).manual_seed(seed)
+    return seeded_generators(list(keys), device=device)[0]
 
 
 @dataclass(frozen=True)
@@ -137,9 +135,7 @@ def row_generators(device: torch.device, slot: MicroBatchSlot, batch: int) -> li
     """One generator on ``device`` per sequence of the micro-batch, seeded by (seed, step,
     its place in the global batch): the seeds of places 0, 1, ... are the words of one
     SeedSequence of (seed, step, ``MASK_STREAM``): one hash per micro-batch."""
-    offset = slot.offset(batch)
-    words = np.random.SeedSequence([slot.seed, slot.step, MASK_STREAM]).generate_state(offset + batch, np.uint64)
-    return [torch.Generator(device=device).manual_seed(int(word >> 1)) for word in words[offset:]]
+    return seeded_generators([slot.seed, slot.step, MASK_STREAM], batch, first=slot.offset(batch), device=device)
 
 
 def _times_and_masks(x0: Tensor, slot: MicroBatchSlot) -> tuple[Tensor, list[torch.Generator]]:
@@ -250,5 +246,3 @@ def make_objective(spec: ModelSpec, *, validate: bool, chunk_rows: int = 0,
         return AutoregressiveObjective(process)
     return DiffusionObjective(process, block_mask_rate)
 
-
-NATS_PER_BIT = math.log(2.0)

@@ -35,6 +35,7 @@ from common.outputs import OutputClaim, claim_output_dir
 from common.progress import bar as progress_bar
 from common.progress import bars_and_logs
 from common.provenance import git_commit
+from common.units import GIB, NATS_PER_BIT
 from data_prep.shards.format import Manifest
 from data_prep.shards.loader import StreamingLoader
 from data_prep.shards.storage import ChunkCache, default_cache_dir, is_remote, localize_metadata
@@ -70,7 +71,7 @@ from pipeline.training.init_from import (
     with_source_architecture,
 )
 from pipeline.training.mask_rate_search import interval_variances, least_variance
-from pipeline.training.objective import NATS_PER_BIT, MicroBatchSlot, make_objective, model_spec
+from pipeline.training.objective import MicroBatchSlot, make_objective, model_spec
 from pipeline.training.run_setup import find_tokenizer, network_config
 from pipeline.training.throughput import block_diffusion_flops_per_token, flops_per_token, mfu, peak_flops
 from pipeline.training.validation import ValidationResult, validate
@@ -78,7 +79,6 @@ from pipeline.training.validation import ValidationResult, validate
 __all__ = ["TrainResult", "train"]
 
 log = logging.getLogger("unmask.train")
-GIB = 2**30
 # The resume point of a run started from scratch: no step's records are kept.
 NOTHING_KEPT = -1
 

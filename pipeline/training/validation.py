@@ -15,10 +15,11 @@ from itertools import islice
 
 import torch
 
+from common.units import NATS_PER_BIT
 from data_prep.shards.loader import StreamingLoader
 from pipeline.distributed import Distributed
 from pipeline.training.ema import EMA
-from pipeline.training.objective import NATS_PER_BIT, MicroBatchSlot, Objective
+from pipeline.training.objective import MicroBatchSlot, Objective
 
 __all__ = ["ValidationResult", "validate"]
 

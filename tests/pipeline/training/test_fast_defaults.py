@@ -17,6 +17,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from common.errors import UserError
+from common.units import GIB
 from evaluation.bounds.scoring import CPU_BATCH_SIZE, default_batch_size
 from evaluation.inference import COMPILE_MIN_TOKENS, should_compile
 from model.absorbing import AbsorbingDiffusion
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 VOCAB, LENGTH, WIDTH, BATCH = 37, 64, 32, 4
 PADDED = 16  # vocab_multiple of the padded networks: 37 -> 48 logit columns, 38 -> 48 embedding rows
-GIB = 2**30
+
 REPO = Path(__file__).resolve().parents[3]
 
 
