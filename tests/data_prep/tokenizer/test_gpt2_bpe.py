@@ -28,10 +28,13 @@ GPT2_FILES_SHA256 = "00f404d36600411e497efb3df08d3b4e094f0820e2595afcb7cbd0c4353
 pytestmark = needs_shared(GPT2_DIR / "encoder.json", GPT2_DIR / "vocab.bpe")
 
 
+# The language-modeling corpora of ../shared/data that the readers take as they are.
+CORPORA = ("corpora/tinyshakespeare", "ptb", "wikitext-2", "wikitext-2-raw", "lambada", "lm1b")
+
+
 def shared_corpora() -> list[Path]:
-    """Every text corpus in ../shared/data: tinyshakespeare, PTB, WikiText, LAMBADA, 1BW."""
-    return sorted(path for path in DATA.rglob("*") if path.is_file() and path.parent != GPT2_DIR
-                  and path.suffix != ".md")
+    """Every file of the text corpora in ../shared/data: tinyshakespeare, PTB, WikiText, LAMBADA, 1BW."""
+    return sorted(path for corpus in CORPORA for path in (DATA / corpus).rglob("*") if path.is_file())
 
 
 @pytest.fixture(scope="module")
