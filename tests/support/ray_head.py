@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from common.ray_runtime import LOCAL_NODE_IP, LOOPBACK_ONLY_ENV
+from common.ray_runtime import AUTH_MODE_ENV, LOCAL_NODE_IP, LOOPBACK_ONLY_ENV
 from pipeline.distributed import free_port
 from tests.support.cli_runner import DISTRIBUTED_ENV
 
@@ -33,13 +33,14 @@ class RayHead:
 
 
 def head_env() -> dict[str, str]:
-    """The environment of the head: this venv first on PATH, so jobs run our Python; without
-    torch.distributed's variables: a training in this process removes what it set
-    (``Distributed.unset_variables``, asserted by test_init_from), but a test that sets them
-    itself must not hand its port to the head's jobs."""
+    """The environment of the head: this venv first on PATH, so jobs run our Python; token
+    authentication on, as clusters run it; none of torch.distributed's variables: a training
+    in this process removes what it set (``Distributed.unset_variables``, asserted by
+    test_init_from), but a test that sets them itself must not hand its port to the head's jobs."""
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault(*LOOPBACK_ONLY_ENV)
+    env.setdefault(AUTH_MODE_ENV, "token")
     return env
 
 
@@ -82,6 +83,9 @@ def ray_head() -> Iterator[RayHead]:
                # Not Ray's fixed defaults (10001, 52365): another Ray on the machine may hold them.
                "--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port())]
     try:
+        # The token `ray start` requires: made if missing (on a fresh machine no Ray has made one yet).
+        subprocess.run([str(RAY), "get-auth-token", "--generate"], env=head_env(), capture_output=True, check=True,
+                       timeout=START_TIMEOUT_S)
         started = subprocess.run(command, env=head_env(), capture_output=True, text=True, timeout=START_TIMEOUT_S)
         if started.returncode != 0:
             raise RuntimeError(f"ray start failed ({started.returncode}):\n{started.stdout}\n{started.stderr}")
