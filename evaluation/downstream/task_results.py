@@ -26,8 +26,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
+from evaluation.records import Record, read_checked
 from evaluation.results import MlflowRecord, ModelRecord
 
 __all__ = ["DOWNSTREAM_JSON", "LM_EVAL_JSON", "DownstreamResults", "TaskResult"]
@@ -37,7 +38,7 @@ LM_EVAL_JSON = "lm_eval_results.json"   # lm-eval's own results, beside downstre
 
 
 @dataclass(frozen=True, kw_only=True)
-class TaskResult:
+class TaskResult(Record):
     """One lm-eval task: its metrics as lm-eval reports them, and our Monte Carlo record."""
 
     metrics: dict[str, Any]              # lm-eval's keys ("acc,none", "acc_stderr,none", ...), verbatim
@@ -49,17 +50,6 @@ class TaskResult:
     monte_carlo_error: float | None = None
     median_request_error: float | None = None
     truncated_contexts: int = 0
-
-    KEYS: ClassVar[tuple[str, ...]] = ("metrics", "higher_is_better", "documents", "documents_total", "requests",
-                                       "mean_log_likelihood", "monte_carlo_error", "median_request_error",
-                                       "truncated_contexts")
-
-    def to_json(self) -> dict[str, Any]:
-        return {key: getattr(self, key) for key in self.KEYS}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TaskResult:
-        return cls(**{key: data[key] for key in cls.KEYS})
 
     def values(self) -> dict[str, tuple[float, float | None]]:
         """metric[,filter] -> (value, lm-eval's standard error over documents or None): the
@@ -75,7 +65,7 @@ class TaskResult:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DownstreamResults:
+class DownstreamResults(Record):
     """Everything ``unmask lm-eval`` found out and how; written as ``downstream.json``."""
 
     model: ModelRecord
@@ -88,31 +78,11 @@ class DownstreamResults:
     unmask_version: str
     git_commit: str
 
-    REQUIRED: ClassVar[tuple[str, ...]] = ("model", "tasks", "settings", "lm_eval_version", "lm_eval_results",
-                                           "mlflow", "created", "unmask_version", "git_commit")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"model": self.model.to_json(), "tasks": {name: task.to_json() for name, task in self.tasks.items()},
-                "settings": dict(self.settings), "lm_eval_version": self.lm_eval_version,
-                "lm_eval_results": self.lm_eval_results, "mlflow": self.mlflow.to_json() if self.mlflow else None,
-                "created": self.created, "unmask_version": self.unmask_version, "git_commit": self.git_commit}
-
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DownstreamResults:
-        """Read a downstream.json object; ValueError naming what it lacks."""
-        missing = [key for key in cls.REQUIRED if not isinstance(data, dict) or key not in data]
-        if isinstance(data, dict) and isinstance(data.get("tasks"), dict):
-            missing += [f"tasks.{name}.{key}" for name, task in data["tasks"].items()
-                        for key in TaskResult.KEYS if not isinstance(task, dict) or key not in task]
-        missing += ModelRecord.missing(data.get("model"), "model.") if isinstance(data, dict) and "model" in data else []
-        if missing:
-            raise ValueError(f"downstream results lack {', '.join(missing)} (see evaluation.downstream.task_results)")
-        return cls(model=ModelRecord.from_json(data["model"]),
-                   tasks={name: TaskResult.from_json(task) for name, task in data["tasks"].items()},
-                   settings=dict(data["settings"]), lm_eval_version=data["lm_eval_version"],
-                   lm_eval_results=data["lm_eval_results"],
-                   mlflow=None if data["mlflow"] is None else MlflowRecord.from_json(data["mlflow"]),
-                   created=data["created"], unmask_version=data["unmask_version"], git_commit=data["git_commit"])
+    def from_json(cls, data: Any) -> DownstreamResults:
+        """Read a downstream.json object; a ValueError names every key it lacks."""
+        return read_checked(cls, data, what="downstream results", schema="evaluation.downstream.task_results",
+                            redo="rerun `unmask lm-eval` to write them anew")
 
     def with_mlflow(self, record: MlflowRecord | None) -> DownstreamResults:
         return replace(self, mlflow=record)

@@ -2,7 +2,10 @@
 writes are those of the fixtures (written before the records were read from their dataclasses'
 fields), and every fixture reads back as the record it was written from."""
 
+import copy
+import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -48,7 +51,8 @@ def _dataset(name: str, nelbo: float, *, per_t: bool) -> DatasetResult:
                  "detokenizer": name, "documents": 100, "utf8_bytes": 123_456, "protocol": "mdlm",
                  "dropped_tokens": 7},
         estimate={"nelbo_per_token": nelbo, "standard_error": se, "num_tokens": 4096, "kind": "continuous",
-                  "discrete_steps": None, "perplexity_interval_95": [math.exp(nelbo - 2 * se), math.exp(nelbo + 2 * se)],
+                  "discrete_steps": None,
+                  "perplexity_interval_95": [math.exp(nelbo - 2 * se), math.exp(nelbo + 2 * se)],
                   "tiny": 1e-05, "degrees_of_freedom": 15},
         nelbo_per_token=nelbo, standard_error=se, perplexity_bound=math.exp(nelbo),
         perplexity_interval=(math.exp(nelbo - 2 * se), math.exp(nelbo + 2 * se)),
@@ -124,7 +128,8 @@ def rich_downstream(mlflow: bool = True) -> DownstreamResults:
 
 
 CASES = {"results_rich.json": rich_results, "results_bare.json": bare_results}
-DOWNSTREAM_CASES = {"downstream_rich.json": rich_downstream, "downstream_no_mlflow.json": lambda: rich_downstream(False)}
+DOWNSTREAM_CASES = {"downstream_rich.json": rich_downstream,
+                    "downstream_no_mlflow.json": lambda: rich_downstream(False)}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -156,6 +161,67 @@ def test_the_report_tables_list_the_fields_in_their_order():
         "world_size"]
     assert list(results.model.to_json()) == ["path", "objective", "step", "tokens_seen", "weights", "weights_note",
                                              "network", "tokenizer"]
+
+
+def _without(data: dict, *paths: str) -> dict:
+    """``data`` without the keys at the dotted ``paths`` (list entries by index)."""
+    data = copy.deepcopy(data)
+    for path in paths:
+        *parents, last = path.split(".")
+        inner = data
+        for key in parents:
+            inner = inner[int(key)] if isinstance(inner, list) else inner[key]
+        del inner[last]
+    return data
+
+
+RESULTS_LACKING = [
+    (("datasets.wikitext2.bits_per_byte",), "datasets.wikitext2.bits_per_byte"),
+    (("schedule.unmask_last.0.exponent",), "schedule.unmask_last.0.exponent"),
+    (("created", "model.tokenizer.sha256", "protocol.seed"), "created, model.tokenizer.sha256, protocol.seed"),
+    (("comparison.model.path", "comparison.datasets.wikitext2.num_tokens"),
+     "comparison.model.path, comparison.datasets.wikitext2.num_tokens"),
+    (("sampling.generative_perplexity.tokens", "sampling.sweep.1.budget", "sampling.seq_len"),
+     "sampling.seq_len, sampling.generative_perplexity.tokens, sampling.sweep.1.budget"),
+    (("samples.1.text", "training.final_step", "mlflow.run_id"), "samples.1.text, mlflow.run_id, training.final_step"),
+    (("datasets.wikitext2.per_t.t",), "datasets.wikitext2.per_t.t"),
+]
+
+
+@pytest.mark.parametrize("paths, named", RESULTS_LACKING)
+def test_a_malformed_results_json_names_every_key_it_lacks_in_one_line(paths, named):
+    data = _without(json.loads(rich_results().dumps()), *paths)
+    message = (f"results lack {named} (see evaluation.results for the schema); rerun `unmask eval` to write them "
+               f"anew")
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        EvalResults.from_json(data)
+
+
+def test_what_is_no_json_object_is_named_whole():
+    data = json.loads(rich_results().dumps())
+    with pytest.raises(ValueError, match=r"^results lack results \(see"):
+        EvalResults.from_json([])
+    with pytest.raises(ValueError, match=r"^results lack model, datasets, samples.0 \(see"):
+        EvalResults.from_json({**data, "model": "x", "datasets": [], "samples": [None]})
+    with pytest.raises(ValueError, match=r"^results lack datasets.wikitext2.perplexity_interval \(see"):
+        EvalResults.from_json(_with(data, "wikitext2", perplexity_interval=[1.0]))
+
+
+def _with(data: dict, dataset: str, **values) -> dict:
+    data = copy.deepcopy(data)
+    data["datasets"][dataset].update(values)
+    return data
+
+
+@pytest.mark.parametrize("paths, named", [
+    (("tasks.gsm8k.documents", "lm_eval_version"), "lm_eval_version, tasks.gsm8k.documents"),
+    (("model.tokenizer.kind", "settings"), "settings, model.tokenizer.kind")])
+def test_a_malformed_downstream_json_names_every_key_it_lacks_in_one_line(paths, named):
+    data = _without(json.loads(rich_downstream().dumps()), *paths)
+    message = (f"downstream results lack {named} (see evaluation.downstream.task_results); rerun `unmask lm-eval` to "
+               f"write them anew")
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        DownstreamResults.from_json(data)
 
 
 def write_fixtures() -> None:
