@@ -56,7 +56,7 @@ class Protocol(Record):
     """How the numbers were made: every setting needed to reproduce them. In this order: the
     report's "Evaluation" table lists the fields as they come."""
 
-    name: str | Absent = ABSENT           # the protocol (evaluation.bounds.protocols); absent in older results: unmask
+    name: str                             # the protocol (evaluation.bounds.protocols): "unmask" | "mdlm"
     seq_len: int
     samples_per_block: int
     seed: int
@@ -64,11 +64,11 @@ class Protocol(Record):
     discrete_steps: int | None
     target_rel_error: float | None
     add_eos: bool
-    split: str | Absent = ABSENT
-    max_documents: int | None | Absent = ABSENT
+    split: str                            # the protocol's, or --split
+    max_documents: int | None             # only the first documents of each set (quick looks)
     blocks_per_replicate: int | None | Absent = ABSENT   # a random subset of blocks per replicate
     wrapping: str                         # how documents became blocks, in words
-    bound: str | Absent = ABSENT          # which bound, in words
+    bound: str                            # which bound, in words
     block_size: int | Absent = ABSENT     # block diffusion's L' (absent: one block, MDLM)
     precision: str
     world_size: int

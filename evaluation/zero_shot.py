@@ -47,7 +47,6 @@ from common.errors import UserError
 from common.outputs import InputPath, check_output_dir, json_object
 from common.provenance import git_commit, package_version
 from data_prep.shards.format import MANIFEST_NAME
-from evaluation.bounds.protocols import DEFAULT_PROTOCOL
 from evaluation.bounds.scoring import VAL_DATASET, EvalConfig, evaluate
 from evaluation.downstream.task_results import DOWNSTREAM_JSON, DownstreamResults
 from evaluation.generation.generate import check_plan, generate
@@ -162,7 +161,7 @@ def is_up_to_date(target: Path, config: EvalConfig, options: ReportOptions) -> b
             and sorted(results.datasets) == sorted(config.datasets)
             and results.protocol.samples_per_block == config.samples_per_block
             and (results.protocol.blocks_per_replicate or None) == config.blocks_per_replicate
-            and (results.protocol.name or DEFAULT_PROTOCOL) == config.protocol
+            and results.protocol.name == config.protocol
             and _holds_the_samples(results, options))
 
 
@@ -197,21 +196,21 @@ def _check_report_dir(target: Path, config: EvalConfig, options: ReportOptions) 
 
 def _read_comparison(path: Path, names: tuple[str, ...]) -> Comparison:
     """Another evaluation's results.json (``--compare``), checked before any work: it must be
-    one, and have scored one of ``names``."""
+    one, whole, and have scored one of ``names``."""
     try:
         data = json.loads(path.read_text())
-        record = {"model": data["model"], "datasets": data["datasets"], "path": str(path.resolve())}
-        scored = sorted(record["datasets"])
+        scored = sorted(data["datasets"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise UserError(f"--compare {path}: not the results.json of an `unmask eval` ({err})") from None
     # Names as given, without the " (first N documents)" that --max-documents adds.
     if not set(names) & {name.split(" (first ")[0] for name in scored}:
         raise UserError(f"--compare {path}: it scored {scored}, none of --datasets {','.join(names)}")
-    missing = Comparison.missing(record, "")
+    missing = EvalResults.missing(data)
     if missing:
         raise UserError(f"--compare {path}: not the results.json of an `unmask eval` (it lacks "
-                        f"{', '.join(missing)})")
-    return Comparison.from_json(record)
+                        f"{', '.join(missing)}); rerun `unmask eval` to write it anew")
+    other = EvalResults.from_json(data)
+    return Comparison(model=other.model, datasets=other.datasets, path=str(path.resolve()))
 
 
 def export_if_missing(path: Path) -> None:

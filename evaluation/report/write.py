@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from common.atomic_files import atomic_write_bytes
 from common.outputs import OutputKind, holds_only, json_object, new_output_dir
-from evaluation.bounds.protocols import DEFAULT_PROTOCOL
+from evaluation.bounds.protocols import UNMASK
 from evaluation.downstream.task_results import DOWNSTREAM_JSON, LM_EVAL_JSON, DownstreamResults, TaskResult
 from evaluation.report.document import (
     Block,
@@ -62,7 +62,6 @@ from evaluation.report.references import (
 )
 from evaluation.results import (
     ABSENT,
-    Absent,
     DatasetResult,
     EvalResults,
     ModelRecord,
@@ -164,15 +163,15 @@ def _header_blocks(results: EvalResults | DownstreamResults) -> list[Block]:
     return blocks
 
 
-def _protocol_name(record: DatasetResult, evaluation: str | Absent = ABSENT) -> str:
-    """The protocol a number used (``evaluation``'s when the record does not say); results from
-    before protocols had names were made with ours."""
-    return record.dataset.get("protocol") or evaluation or DEFAULT_PROTOCOL
+def _protocol_name(record: DatasetResult) -> str:
+    """The protocol a number used: its dataset record names it, but for the training shards' val
+    split, which only ours reads."""
+    return record.dataset.get("protocol", UNMASK.name)
 
 
-def _protocol_of(record: DatasetResult, evaluation: str | Absent = ABSENT) -> str:
+def _protocol_of(record: DatasetResult) -> str:
     """The protocol a number used and the split it scored, e.g. "mdlm, valid split"."""
-    return f"{_protocol_name(record, evaluation)}, {record.dataset.get('split', '?')} split"
+    return f"{_protocol_name(record)}, {record.dataset.get('split', '?')} split"
 
 
 def _results_row(name: str, protocol: str, record: DatasetResult, exact: bool) -> tuple[Inline, ...]:
@@ -190,7 +189,7 @@ def _results_blocks(results: EvalResults) -> list[Block]:
     header = (("dataset", "protocol", "tokens", "NLL/token (nats)", "perplexity (exact)", "bits/byte") if exact else
               ("dataset", "protocol", "tokens", "NELBO/token (nats ± SE)", "perplexity bound (95% interval)",
                "bits/byte"))
-    rows = tuple(_results_row(name, _protocol_of(record, results.protocol.name), record, exact)
+    rows = tuple(_results_row(name, _protocol_of(record), record, exact)
                  for name, record in results.datasets.items())
     explanation = (
         "Exact negative log-likelihood per token of the causal model; perplexity = "
@@ -270,7 +269,7 @@ def _our_reference_row(results: EvalResults, record: DatasetResult) -> tuple[Inl
     # The training data column stays empty: the results do not name this run's corpus.
     return (f"this run ({model.objective}, step {_count(model.step)})", value, _our_scale(model.network),
             f"{model.tokenizer.kind} (vocab {_count(model.tokenizer.vocab_size)})", MISSING,
-            _protocol_of(record, results.protocol.name), "this report")
+            _protocol_of(record), "this report")
 
 
 def _reference_row(reference: Reference) -> tuple[Inline, ...]:
@@ -290,7 +289,7 @@ def _comparability_caveats(results: EvalResults) -> list[str]:
     if protocol.seq_len != REFERENCE_SEQ_LEN:
         caveats.append(f"This run's sequence length is {protocol.seq_len}, the references' "
                        f"{REFERENCE_SEQ_LEN}.")
-    if protocol.max_documents not in (ABSENT, None):
+    if protocol.max_documents is not None:
         caveats.append("This run scored only the first max_documents documents of each set (see the "
                        "protocol); the references scored whole sets.")
     return caveats
@@ -314,7 +313,7 @@ def _reference_blocks(results: EvalResults) -> list[Block]:
     header = ("model", "perplexity", "scale", "tokenizer", "training data", "protocol", "source")
     for name, record, references in compared:
         blocks.append(Heading(3, name))
-        note = protocol_note(name, _protocol_name(record, results.protocol.name))
+        note = protocol_note(name, _protocol_name(record))
         if note:
             blocks.append(paragraph(f"Protocol difference: {note}."))
         rows = (_our_reference_row(results, record), *map(_reference_row, references))
@@ -418,7 +417,7 @@ def _comparison_blocks(results: EvalResults) -> list[Block]:
     note = ("Both models share the tokenizer, so the per-token gap compares the same tokens."
             if _same_tokenizer(ours, theirs) else "The tokenizers differ: only the bits-per-byte gap is comparable.")
     differing = [name for name, record in results.datasets.items() if name in other.datasets
-                 and _protocol_of(record, results.protocol.name) != _protocol_of(other.datasets[name])]
+                 and _protocol_of(record) != _protocol_of(other.datasets[name])]
     if differing:
         note += (f" The two evaluations read {', '.join(differing)} with different protocols or splits: "
                  f"those gaps compare different tokens.")

@@ -75,7 +75,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _print_summary(results: EvalResults, report: Path) -> None:
     bound = "perplexity" if results.model.objective == "autoregressive" else "perplexity <="
-    print(f"protocol: {results.protocol.name or DEFAULT_PROTOCOL}")
+    print(f"protocol: {results.protocol.name}")
     for name, record in results.datasets.items():
         low, high = record.perplexity_interval
         print(f"{name:>24}: {bound} {record.perplexity_bound:.3f} (95% {low:.3f}-{high:.3f}), "
