@@ -7,13 +7,14 @@ hints, the one mechanism behind results.json and downstream.json (``evaluation.r
         calls: tuple[int, ...]
         note: str | Absent = ABSENT
 
-    row.to_json(), Row.from_json(data), Row.missing(data), read_checked(Row, data, what=..., ...)
+    row.to_json(), Row.from_json(data), Row.missing(data)
 
 A field holds a JSON value, a record, a list, tuple or ``dict[str, ...]`` of them, or a type with
 ``to_dict``/``from_dict``; None is written as null. The object holds the fields in their order;
 a field that may hold ``ABSENT`` is left out when it does, and is the only key an object may
 lack. ``from_json(r.to_json()) == r``. ``missing`` checks keys and the shape of objects and
-arrays, not the types of values. See docs/evaluation.md#the-results-files.
+arrays, not the types of values. A ``RecordFile`` is a whole file: read only when complete.
+See docs/evaluation.md#the-results-files.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from __future__ import annotations
 import copy
 import enum
 import functools
+import json
 import types
 import typing
 from dataclasses import fields
-from typing import Any, Self, TypeVar, Union
+from pathlib import Path
+from typing import Any, ClassVar, Self, TypeVar, Union
 
-__all__ = ["ABSENT", "Absent", "JsonObject", "Record", "read_checked"]
+__all__ = ["ABSENT", "Absent", "JsonObject", "Record", "RecordFile"]
 
 JsonObject = dict[str, Any]
 R = TypeVar("R", bound="Record")
@@ -73,14 +76,31 @@ class Record:
         return lacks
 
 
-def read_checked(cls: type[R], data: Any, *, what: str, schema: str, redo: str) -> R:
-    """``cls.from_json(data)`` after ``missing``: a one-line ValueError names every key that
-    ``data`` lacks (``what`` itself when it is no JSON object), where the schema is and how to
-    write the file anew."""
-    lacks = cls.missing(data) if isinstance(data, dict) else [what]
-    if lacks:
-        raise ValueError(f"{what} lack {', '.join(lacks)} (see {schema}); {redo}")
-    return _build(cls, data)
+class RecordFile(Record):
+    """A record that is a whole JSON file: read only when complete, written with sorted keys."""
+
+    WHAT: ClassVar[str]   # what the file holds, as its errors name it ("results")
+    REDO: ClassVar[str]   # how to write the file anew
+
+    @classmethod
+    def from_json(cls, data: Any) -> Self:
+        """The record of a whole file's object: a one-line ValueError names every key it lacks
+        (``WHAT`` itself when it is no JSON object), where the schema is and how to redo it."""
+        lacks = cls.missing(data) if isinstance(data, dict) else [cls.WHAT]
+        if lacks:
+            raise ValueError(f"{cls.WHAT} lack {', '.join(lacks)} (see {cls.__module__} for the schema); "
+                             f"{cls.REDO}")
+        return _build(cls, data)
+
+    def dumps(self) -> str:
+        """The text of the file: indented, keys sorted, UTF-8 as is."""
+        return json.dumps(self.to_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def read(cls, path: Path) -> Self:
+        """The record of the file at ``path``; ValueError when it is not one (OSError when it
+        cannot be read)."""
+        return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
 
 
 # ------------------------------------------------------------------ the type hints

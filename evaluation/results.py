@@ -14,17 +14,19 @@ objects, kept and shown verbatim. The schema, as JSON: docs/evaluation.md#the-re
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from evaluation.records import ABSENT, Absent, JsonObject, Record, read_checked
+from evaluation.records import ABSENT, Absent, JsonObject, Record, RecordFile
 from model.sampling import SamplingPlan
 
-__all__ = ["ABSENT", "Absent", "Comparison", "DatasetResult", "EvalResults", "EvalScores", "GenerativePerplexity",
-           "MlflowRecord", "ModelRecord", "PerTimeContributions", "Protocol", "SampleRecord", "SamplingRecord",
-           "ScheduleRecord", "ScheduleToken", "SweepRow", "TokenizerRecord", "TrainingRecord"]
+__all__ = ["ABSENT", "DOWNSTREAM_JSON", "LM_EVAL_JSON", "Absent", "Comparison", "DatasetResult", "DownstreamResults",
+           "EvalResults", "GenerativePerplexity", "MlflowRecord", "ModelRecord", "PerTimeContributions",
+           "ProtocolRecord", "SampleRecord", "SamplingRecord", "ScheduleRecord", "ScheduleToken", "SweepRow",
+           "TaskResult", "TokenizerRecord", "TrainingRecord"]
+
+DOWNSTREAM_JSON = "downstream.json"
+LM_EVAL_JSON = "lm_eval_results.json"   # lm-eval's own results, beside downstream.json
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +54,7 @@ class ModelRecord(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Protocol(Record):
+class ProtocolRecord(Record):
     """How the numbers were made: every setting needed to reproduce them. In this order: the
     report's "Evaluation" table lists the fields as they come."""
 
@@ -192,19 +194,11 @@ class Comparison(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvalScores:
-    """What ``evaluation.bounds.scoring.evaluate`` measures: the bounds and the protocol."""
-
-    datasets: dict[str, DatasetResult]
-    protocol: Protocol
-
-
-@dataclass(frozen=True, kw_only=True)
-class EvalResults(Record):
+class EvalResults(RecordFile):
     """Everything ``unmask eval`` found out and how; written as ``results.json``."""
 
     model: ModelRecord
-    protocol: Protocol
+    protocol: ProtocolRecord
     datasets: dict[str, DatasetResult]
     samples: tuple[SampleRecord, ...]
     mlflow: MlflowRecord | None           # None: not logged (the tracking server was down)
@@ -216,17 +210,55 @@ class EvalResults(Record):
     schedule: ScheduleRecord | Absent = ABSENT   # learned-schedule exports only
     sampling: SamplingRecord | Absent = ABSENT   # with samples only
 
-    @classmethod
-    def from_json(cls, data: Any) -> EvalResults:
-        """Read a results.json object; a ValueError names every key it lacks."""
-        return read_checked(cls, data, what="results", schema="evaluation.results for the schema",
-                            redo="rerun `unmask eval` to write them anew")
+    WHAT = "results"
+    REDO = "rerun `unmask eval` to write them anew"
 
-    def dumps(self) -> str:
-        """The text of results.json: indented, keys sorted, UTF-8 as is."""
-        return json.dumps(self.to_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
-    @classmethod
-    def read(cls, path: Path) -> EvalResults:
-        """A results.json file; ValueError when it is not one (OSError when it cannot be read)."""
-        return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+# ------------------------------------------------------------------ downstream.json
+@dataclass(frozen=True, kw_only=True)
+class TaskResult(Record):
+    """One lm-eval task: its metrics as lm-eval reports them, and our Monte Carlo record."""
+
+    metrics: dict[str, Any]              # lm-eval's keys ("acc,none", "acc_stderr,none", ...), verbatim
+    higher_is_better: dict[str, bool]
+    documents: int                       # scored (after --limit)
+    documents_total: int                 # in the task
+    requests: int = 0                    # loglikelihood requests scored
+    mean_log_likelihood: float | None = None    # per request, nats (None: no such requests)
+    monte_carlo_error: float | None = None      # of mean_log_likelihood (0: exact)
+    median_request_error: float | None = None   # the median request's own error
+    truncated_contexts: int = 0          # requests whose context was cut on the left
+
+    def values(self) -> dict[str, tuple[float, float | None]]:
+        """metric[,filter] -> (value, lm-eval's standard error over documents or None): the
+        numeric metrics only, without their ``_stderr`` companions."""
+        out = {}
+        for key, value in self.metrics.items():
+            name, _, where = key.partition(",")
+            if name.endswith("_stderr") or not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            error = self.metrics.get(f"{name}_stderr,{where}" if where else f"{name}_stderr")
+            out[key] = (float(value), float(error) if isinstance(error, (int, float)) else None)
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class DownstreamResults(RecordFile):
+    """Everything ``unmask lm-eval`` found out and how; written as ``downstream.json`` beside
+    lm-eval's own results file."""
+
+    model: ModelRecord
+    tasks: dict[str, TaskResult]
+    settings: dict[str, Any] = field(default_factory=dict)   # tasks, limit, samples K, seed, batch size, ...
+    lm_eval_version: str
+    lm_eval_results: str                  # the name of lm-eval's results file beside it
+    mlflow: MlflowRecord | None = None
+    created: str                          # ISO 8601, UTC
+    unmask_version: str
+    git_commit: str
+
+    WHAT = "downstream results"
+    REDO = "rerun `unmask lm-eval` to write them anew"
+
+    def with_mlflow(self, record: MlflowRecord | None) -> DownstreamResults:
+        return replace(self, mlflow=record)

@@ -1,7 +1,7 @@
 """Zero-shot evaluation of a training run or an export, end to end: the library behind
 ``unmask eval`` and the eval stage of ``unmask run``.
 
-    config = EvalConfig(datasets=("ptb", "val"), data_dir="../shared/data", shards="shards/")
+    config = ScoringConfig(datasets=("ptb", "val"), data_dir="../shared/data", shards="shards/")
     report = run_zero_shot(Path("runs/tiny"), config, ReportOptions(num_samples=2))
     report.results.datasets["ptb"].perplexity_bound, report.files.html
 
@@ -47,8 +47,7 @@ from common.errors import UserError
 from common.outputs import InputPath, check_output_dir, json_object
 from common.provenance import git_commit, package_version
 from data_prep.shards.format import MANIFEST_NAME
-from evaluation.bounds.scoring import VAL_DATASET, EvalConfig, evaluate
-from evaluation.downstream.task_results import DOWNSTREAM_JSON, DownstreamResults
+from evaluation.bounds.scoring import VAL_DATASET, Scores, ScoringConfig, score_datasets
 from evaluation.generation.generate import check_plan, generate
 from evaluation.generation.sample_quality import ReferenceModel, check_reference, load_reference, score_samples
 from evaluation.generation.sampler_sweep import sampler_sweep, sweep_samplers
@@ -57,11 +56,12 @@ from evaluation.report.results_tracking import VAL_METRIC, track_results
 from evaluation.report.write import JSON_NAME, REPORT_KIND, ReportFiles, read_record, write_report
 from evaluation.results import (
     ABSENT,
+    DOWNSTREAM_JSON,
     Absent,
     Comparison,
     DatasetResult,
+    DownstreamResults,
     EvalResults,
-    EvalScores,
     ModelRecord,
     SampleRecord,
     SamplingRecord,
@@ -147,7 +147,7 @@ def _exported_step(export_dir: Path) -> int | None:
     return (json_object(export_dir / CONFIG_FILE) or {}).get("step")
 
 
-def is_up_to_date(target: Path, config: EvalConfig, options: ReportOptions) -> bool:
+def is_up_to_date(target: Path, config: ScoringConfig, options: ReportOptions) -> bool:
     """Whether the report of ``target`` already scored its export as it is now (the same
     checkpoint step) on the datasets of ``config``, with as many time samples per block, and
     holds the samples ``options`` ask for (as many, drawn by the same plan, swept or not).
@@ -187,7 +187,7 @@ def check_report_dir(target: Path, out: Path | None, inputs: Sequence[InputPath]
     check_output_dir(out, REPORT_KIND, "--out", [*reads, *inputs])
 
 
-def _check_report_dir(target: Path, config: EvalConfig, options: ReportOptions) -> None:
+def _check_report_dir(target: Path, config: ScoringConfig, options: ReportOptions) -> None:
     reads = [InputPath(path, flag) for flag, path in
              (("--shards", config.shards), ("--reference", options.reference), ("--compare", options.compare))
              if path is not None]
@@ -317,8 +317,8 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
-def _report(scores: EvalScores, exported: Exported, export_dir: Path, comparison: Comparison | None,
-            config: EvalConfig, options: ReportOptions, device: torch.device) -> ZeroShotReport:
+def _report(scores: Scores, exported: Exported, export_dir: Path, comparison: Comparison | None,
+            config: ScoringConfig, options: ReportOptions, device: torch.device) -> ZeroShotReport:
     """Rank 0: the records, samples, MLflow, the report files."""
     run_dir = training_run_of(export_dir)
     out_dir = _report_dir(export_dir, options.out)
@@ -355,7 +355,7 @@ def _raise_sampling_failure(failure: Exception, out_dir: Path) -> None:
 
 
 # ------------------------------------------------------------------ the entry point
-def _with_the_runs_shards(target: Path, config: EvalConfig) -> EvalConfig:
+def _with_the_runs_shards(target: Path, config: ScoringConfig) -> ScoringConfig:
     """``config``, with the shards of an ``unmask run`` directory (RUN/data) for the val dataset
     when none are named: the run's own held-out split."""
     data = RunLayout(target).data
@@ -365,7 +365,7 @@ def _with_the_runs_shards(target: Path, config: EvalConfig) -> EvalConfig:
     return replace(config, shards=str(data))
 
 
-def run_zero_shot(target: Path, config: EvalConfig, options: ReportOptions, *,
+def run_zero_shot(target: Path, config: ScoringConfig, options: ReportOptions, *,
                   device: str | torch.device | None = None, dist: Distributed | None = None) -> ZeroShotReport | None:
     """Score ``target`` (a training run, exported first if needed, or an export) on the
     datasets of ``config`` and write its report; see the module docstring.
@@ -393,7 +393,7 @@ def run_zero_shot(target: Path, config: EvalConfig, options: ReportOptions, *,
     return report
 
 
-def _score_and_report(group: Distributed, target: Path, config: EvalConfig, options: ReportOptions,
+def _score_and_report(group: Distributed, target: Path, config: ScoringConfig, options: ReportOptions,
                       comparison: Comparison | None, requested_device: torch.device | None) -> ZeroShotReport | None:
     """``run_zero_shot``'s work in the process group: export if needed, score, write the report (rank 0)."""
     if group.is_main:
@@ -406,6 +406,6 @@ def _score_and_report(group: Distributed, target: Path, config: EvalConfig, opti
         if options.sample_sweep:
             sweep_samplers(exported)
     device = requested_device or group.device
-    scores = evaluate(exported, config, device=device, rank=group.rank, world_size=group.world_size,
-                      all_reduce=group.sum, progress=lambda message: log.info(message) if group.is_main else None)
+    scores = score_datasets(exported, config, device=device, rank=group.rank, world_size=group.world_size,
+                            all_reduce=group.sum, progress=lambda message: log.info(message) if group.is_main else None)
     return _report(scores, exported, export_dir, comparison, config, options, device) if group.is_main else None

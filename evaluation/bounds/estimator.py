@@ -234,8 +234,9 @@ def _replicate_times(num_blocks: int, seed: int, replicate: int) -> Tensor:
 
 # ------------------------------------------------------------------------------ work
 @dataclass(frozen=True)
-class _Plan:
-    """Who scores what, and how: the arguments every pass of the estimator shares."""
+class _ReplicateDesign:
+    """The Monte Carlo design of this rank's passes: which blocks each replicate scores, at which
+    times, in batches of what size on which device (every pass of the estimator shares it)."""
 
     seed: int
     batch_size: int
@@ -286,8 +287,8 @@ class _Plan:
         return 1.0 if n is None or n >= num_blocks else num_blocks / n
 
 
-def _make_plan(seed: int, batch_size: int, device: torch.device | str, rank: int,
-               world_size: int, blocks_per_replicate: int | None = None) -> _Plan:
+def _replicate_design(seed: int, batch_size: int, device: torch.device | str, rank: int,
+               world_size: int, blocks_per_replicate: int | None = None) -> _ReplicateDesign:
     _check_int("batch_size", batch_size, minimum=1)
     if blocks_per_replicate is not None:
         _check_int("blocks_per_replicate", blocks_per_replicate, minimum=1)
@@ -295,31 +296,31 @@ def _make_plan(seed: int, batch_size: int, device: torch.device | str, rank: int
     _check_int("seed", seed, minimum=0)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
-    return _Plan(seed, batch_size, torch.device(device), rank, world_size, blocks_per_replicate)
+    return _ReplicateDesign(seed, batch_size, torch.device(device), rank, world_size, blocks_per_replicate)
 
 
-def _work(blocks: Blocks, replicates: range, plan: _Plan) -> Iterator[tuple[Tensor, Tensor]]:
+def _work(blocks: Blocks, replicates: range, design: _ReplicateDesign) -> Iterator[tuple[Tensor, Tensor]]:
     """(replicate, block) index pairs of this rank in batches; the order is batch-independent."""
-    chosen = [plan.replicate_blocks(blocks.num_blocks, k) for k in replicates]
+    chosen = [design.replicate_blocks(blocks.num_blocks, k) for k in replicates]
     ks = torch.cat([torch.full((c.numel(),), k, dtype=torch.long) for k, c in zip(replicates, chosen)])
     ids = torch.cat(chosen)
-    for start in range(0, ks.numel(), plan.batch_size):
-        yield ks[start:start + plan.batch_size], ids[start:start + plan.batch_size]
+    for start in range(0, ks.numel(), design.batch_size):
+        yield ks[start:start + design.batch_size], ids[start:start + design.batch_size]
 
 
 def _score_batches(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: Blocks,
-                   replicates: range, plan: _Plan, discrete_steps: int | None, keys: _Keys | None = None,
+                   replicates: range, design: _ReplicateDesign, discrete_steps: int | None, keys: _Keys | None = None,
                    ) -> Iterator[tuple[Tensor, Tensor, Tensor, Tensor | NelboTerms]]:
     """Yield (replicate, block, u, result) per batch: result is the NelboTerms (continuous) or
     the NELBO_T per block (discrete). ``keys``: whose draws each block takes (``replicate_terms``)."""
     slots = blocks.num_blocks if keys is None else keys.count
-    times = torch.stack([plan.replicate_times(slots, k) for k in replicates])
-    for ks, ids in _work(blocks, replicates, plan):
+    times = torch.stack([design.replicate_times(slots, k) for k in replicates])
+    for ks, ids in _work(blocks, replicates, design):
         draws = ids if keys is None else keys.of_blocks[ids]
         u = times[ks - replicates.start, draws]
-        generators = [_stream_generator(plan.seed, _MASK_STREAM, int(k), int(i)) for k, i in zip(ks, draws)]
-        x0 = blocks.tokens[ids].to(plan.device)
-        positions = blocks.positions[ids].to(plan.device)
+        generators = [_stream_generator(design.seed, _MASK_STREAM, int(k), int(i)) for k, i in zip(ks, draws)]
+        x0 = blocks.tokens[ids].to(design.device)
+        positions = blocks.positions[ids].to(design.device)
         if discrete_steps is None:
             result = diffusion.nelbo_terms(denoiser, x0, u, generators, positions=positions)
         else:
@@ -330,12 +331,12 @@ def _score_batches(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: 
 
 @torch.no_grad()
 def _replicate_partials(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: Blocks,
-                        replicates: range, plan: _Plan, discrete_steps: int | None,
+                        replicates: range, design: _ReplicateDesign, discrete_steps: int | None,
                         progress: Progress | None = None) -> list[float]:
     """This rank's share of S_k = sum_blocks NELBO_k and Q_k = sum_blocks NELBO_k^2, for k in
     ``replicates``, as [S..., Q...] (a sum over ranks gives the totals)."""
     slots, terms = [], []
-    for ks, _, _, result in _score_batches(diffusion, denoiser, blocks, replicates, plan, discrete_steps):
+    for ks, _, _, result in _score_batches(diffusion, denoiser, blocks, replicates, design, discrete_steps):
         # Kept on the device and read once at the end: the host prepares the next batch while
         # the device scores this one.
         slots.append(ks - replicates.start)
@@ -348,7 +349,7 @@ def _replicate_partials(diffusion: DiffusionProcess, denoiser: DenoiserLike, blo
         slot, nelbo = torch.cat(slots).numpy(), torch.cat([t.to(torch.float64) for t in terms]).cpu().numpy()
         np.add.at(sums, slot, nelbo)
         np.add.at(squares, slot, nelbo**2)
-    return [*(sums * plan.block_scale(blocks.num_blocks)).tolist(), *squares.tolist()]
+    return [*(sums * design.block_scale(blocks.num_blocks)).tolist(), *squares.tolist()]
 
 
 def _summarize(sums: list[float], squares: list[float], blocks: Blocks, kind: str,
@@ -396,7 +397,7 @@ def estimate_bound(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: 
     total, so the replicate standard error, block sampling included, still holds (it needs
     K >= 2); the cost falls by N / n and the interval widens with the blocks' spread.
     """
-    plan = _make_plan(seed, batch_size, device, rank, world_size, blocks_per_replicate)
+    design = _replicate_design(seed, batch_size, device, rank, world_size, blocks_per_replicate)
     _check_int("samples_per_block", samples_per_block, minimum=1)
     _check_int("max_samples_per_block", max_samples_per_block, minimum=1)
     if blocks_per_replicate is not None and samples_per_block < 2:
@@ -418,7 +419,7 @@ def estimate_bound(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: 
     done, wanted = 0, samples_per_block
     while True:
         new = range(done, wanted)
-        reduced = all_reduce(_replicate_partials(diffusion, denoiser, blocks, new, plan, discrete_steps, progress))
+        reduced = all_reduce(_replicate_partials(diffusion, denoiser, blocks, new, design, discrete_steps, progress))
         sums += reduced[:len(new)]
         squares += reduced[len(new):]
         done = wanted
@@ -456,7 +457,7 @@ def replicate_terms(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks:
     difference of two choices that share a context loses most of its noise). None: key i is
     block i, as above.
     """
-    plan = _make_plan(seed, batch_size, device, 0, 1)
+    design = _replicate_design(seed, batch_size, device, 0, 1)
     _check_int("samples_per_block", samples_per_block, minimum=1)
     _check_scorable(blocks)
     shared = None
@@ -466,7 +467,7 @@ def replicate_terms(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks:
             raise ValueError(f"keys must be a LongTensor [{blocks.num_blocks}] with values in [0, {num_keys})")
         shared = _Keys(keys.long(), num_keys)
     terms = np.zeros((samples_per_block, blocks.num_blocks), dtype=np.float64)
-    for ks, ids, _, result in _score_batches(diffusion, denoiser, blocks, range(samples_per_block), plan,
+    for ks, ids, _, result in _score_batches(diffusion, denoiser, blocks, range(samples_per_block), design,
                                              discrete_steps=None, keys=shared):
         terms[ks.numpy(), ids.numpy()] = result.total.cpu().numpy()
         if progress is not None:
@@ -485,12 +486,12 @@ def per_time_contributions(diffusion: DiffusionProcess, denoiser: DenoiserLike, 
     a plot of the contribution against the masking rate 1 - alpha(t) explains that number.
     Blocks without a real token are left out. Gathering the ranks' records is the caller's.
     """
-    plan = _make_plan(seed, batch_size, device, rank, world_size)
+    design = _replicate_design(seed, batch_size, device, rank, world_size)
     _check_int("samples_per_block", samples_per_block, minimum=1)
     real = blocks.positions.sum(-1, dtype=torch.float64)
     records: list[tuple[Tensor, Tensor, Tensor]] = []
     for _, ids, u, terms in _score_batches(diffusion, denoiser, blocks, range(samples_per_block),
-                                           plan, discrete_steps=None):
+                                           design, discrete_steps=None):
         keep = real[ids] > 0
         records.append((u[keep], terms.diffusion.cpu()[keep] / real[ids][keep], ids[keep]))
     if not records:  # a rank without blocks
@@ -504,11 +505,11 @@ def autoregressive_nll(autoregressive: Autoregressive, network: CausalNetwork, b
                        batch_size: int = 32, device: torch.device | str = "cpu", rank: int = 0,
                        world_size: int = 1, all_reduce: AllReduce | None = None) -> BoundEstimate:
     """Exact -log p per real token of a causal ``network`` (padding not scored); SE 0."""
-    plan = _make_plan(0, batch_size, device, rank, world_size)
+    design = _replicate_design(0, batch_size, device, rank, world_size)
     _check_scorable(blocks)
     total = 0.0
-    for _, ids in _work(blocks, range(1), plan):
-        x0, positions = blocks.tokens[ids].to(plan.device), blocks.positions[ids].to(plan.device)
+    for _, ids in _work(blocks, range(1), design):
+        x0, positions = blocks.tokens[ids].to(design.device), blocks.positions[ids].to(design.device)
         total += float(autoregressive.nll(network, x0, positions).sum())
     (total,) = (all_reduce or _identity)([total])
     return BoundEstimate(

@@ -11,7 +11,7 @@ From a shell, ``python -m evaluation.downstream.lm_eval_model --model unmask --m
 --tasks lambada_openai ...`` is lm-eval's own command line, every flag as lm-eval documents it,
 with this model registered: lm-eval 0.4 looks models up in its own registry only (no entry
 points), so its ``lm_eval`` script cannot find a model that lives outside its source tree
-without a fork. ``unmask lm-eval`` (``evaluation.lm_eval``) runs the same harness and adds
+without a fork. ``unmask lm-eval`` (``evaluation.downstream.run``) runs the same harness and adds
 the report and MLflow.
 
 Model arguments (``--model_args``, or keywords): ``path`` (a training run with an export, or an

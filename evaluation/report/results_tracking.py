@@ -33,10 +33,17 @@ from pathlib import Path
 
 from mlflow.exceptions import MlflowException
 
-from evaluation.downstream.task_results import DOWNSTREAM_JSON, DownstreamResults
 from evaluation.report.plots import Curves
 from evaluation.report.write import JSON_NAME
-from evaluation.results import EvalResults, MlflowRecord, ModelRecord, SamplingRecord, ScheduleRecord
+from evaluation.results import (
+    DOWNSTREAM_JSON,
+    DownstreamResults,
+    EvalResults,
+    MlflowRecord,
+    ModelRecord,
+    SamplingRecord,
+    ScheduleRecord,
+)
 from pipeline.tracking.tracker import Tracker, TrackingUnreachable, flatten_params
 
 __all__ = ["CURVE_METRICS", "DOWNSTREAM_PREFIX", "EVAL_EXPERIMENT", "REPORT_ARTIFACT_DIR", "VAL_METRIC",

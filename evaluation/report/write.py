@@ -20,7 +20,7 @@ earlier report (``REPORT_KIND``, ``common.outputs``). It holds:
   ``evaluation.report.document``.
 
 * ``downstream.json`` and ``lm_eval_results.json``: what ``unmask lm-eval`` measured (our record,
-  ``evaluation.downstream.task_results``, and lm-eval's own results), with the "Downstream tasks"
+  ``evaluation.results``, and lm-eval's own results), with the "Downstream tasks"
   section in the documents; with ``results=None`` the report holds that section alone (an
   export scored by lm-eval before ``unmask eval``), and no results.json is written. A later
   ``unmask eval`` keeps them, as it keeps ``mlflow_run.json`` (``KEPT_FILES``).
@@ -39,7 +39,6 @@ from typing import Any, TypeVar
 from common.atomic_files import atomic_write_bytes
 from common.outputs import OutputKind, holds_only, json_object, new_output_dir
 from evaluation.bounds.protocols import UNMASK
-from evaluation.downstream.task_results import DOWNSTREAM_JSON, LM_EVAL_JSON, DownstreamResults, TaskResult
 from evaluation.report.document import (
     Block,
     Code,
@@ -62,12 +61,16 @@ from evaluation.report.references import (
 )
 from evaluation.results import (
     ABSENT,
+    DOWNSTREAM_JSON,
+    LM_EVAL_JSON,
     DatasetResult,
+    DownstreamResults,
     EvalResults,
     ModelRecord,
     SampleRecord,
     SamplingRecord,
     ScheduleToken,
+    TaskResult,
 )
 from pipeline.run_dir.layout import MLFLOW_RECORD
 

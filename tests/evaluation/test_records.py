@@ -10,22 +10,23 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.downstream.task_results import DownstreamResults, TaskResult
 from evaluation.results import (
     ABSENT,
     Comparison,
     DatasetResult,
+    DownstreamResults,
     EvalResults,
     GenerativePerplexity,
     MlflowRecord,
     ModelRecord,
     PerTimeContributions,
-    Protocol,
+    ProtocolRecord,
     SampleRecord,
     SamplingRecord,
     ScheduleRecord,
     ScheduleToken,
     SweepRow,
+    TaskResult,
     TokenizerRecord,
     TrainingRecord,
 )
@@ -66,7 +67,7 @@ def rich_results() -> EvalResults:
                         until_eos=50256)
     return EvalResults(
         model=_model(),
-        protocol=Protocol(name="mdlm", seq_len=1024, samples_per_block=16, seed=0, estimator="continuous",
+        protocol=ProtocolRecord(name="mdlm", seq_len=1024, samples_per_block=16, seed=0, estimator="continuous",
                           discrete_steps=None, target_rel_error=0.002, add_eos=True, split="valid",
                           max_documents=100, blocks_per_replicate=4, wrapping="framed | BOS ... EOS",
                           bound="block diffusion (blocks of 16 tokens)", block_size=16,
@@ -102,7 +103,7 @@ def bare_results() -> EvalResults:
     """The fewest keys: no optional record, MLflow down, no validation at step 0, no samples."""
     return EvalResults(
         model=_model("autoregressive", note=False),
-        protocol=Protocol(name="unmask", seq_len=512, samples_per_block=1, seed=7, estimator="autoregressive",
+        protocol=ProtocolRecord(name="unmask", seq_len=512, samples_per_block=1, seed=7, estimator="autoregressive",
                           discrete_steps=None, target_rel_error=None, add_eos=False, split="test", max_documents=None,
                           wrapping="documents + EOS concatenated | cut into blocks", bound="autoregressive",
                           precision="float32 on CPU", world_size=1),
@@ -218,8 +219,8 @@ def _with(data: dict, dataset: str, **values) -> dict:
     (("model.tokenizer.kind", "settings"), "settings, model.tokenizer.kind")])
 def test_a_malformed_downstream_json_names_every_key_it_lacks_in_one_line(paths, named):
     data = _without(json.loads(rich_downstream().dumps()), *paths)
-    message = (f"downstream results lack {named} (see evaluation.downstream.task_results); rerun `unmask lm-eval` to "
-               f"write them anew")
+    message = (f"downstream results lack {named} (see evaluation.results for the schema); rerun `unmask lm-eval` "
+               f"to write them anew")
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         DownstreamResults.from_json(data)
 

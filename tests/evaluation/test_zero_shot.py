@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from common.errors import UserError
-from evaluation.bounds.scoring import EvalConfig
+from evaluation.bounds.scoring import ScoringConfig
 from evaluation.zero_shot import ReportOptions, run_zero_shot
 from tests.evaluation.report.test_write import make_results
 from tests.support.cli_runner import run_unmask
@@ -163,5 +163,5 @@ def test_compare_refuses_the_results_of_an_older_layout_with_how_to_redo_them(tm
     refusal = (f"--compare {other}: not the results.json of an `unmask eval` (it lacks protocol.name); rerun "
                f"`unmask eval` to write it anew")
     with pytest.raises(UserError, match=f"^{re.escape(refusal)}$"):
-        run_zero_shot(tmp_path / "run", EvalConfig(datasets=(str(own),)), ReportOptions(compare=other))
+        run_zero_shot(tmp_path / "run", ScoringConfig(datasets=(str(own),)), ReportOptions(compare=other))
     assert not (tmp_path / "run").exists()

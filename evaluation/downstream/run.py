@@ -22,7 +22,7 @@ In order:
    first N documents of each task; examples per prompt);
 5. the outputs, in the report directory, which is written again whole (``evaluation.report.write``):
    ``lm_eval_results.json``, lm-eval's own results as its command line writes them (metric
-   keys such as ``acc,none``), ``downstream.json`` (``evaluation.downstream.task_results``: lm-eval's
+   keys such as ``acc,none``), ``downstream.json`` (``evaluation.results``: lm-eval's
    metrics and our Monte Carlo errors), and a "Downstream tasks" section beside the bounds of
    ``results.json`` (alone when ``unmask eval`` has not run); the metrics go to the MLflow run
    of the perplexity bounds (``evaluation.report.results_tracking.track_downstream``).
@@ -61,13 +61,12 @@ import numpy as np
 
 from common.errors import UserError
 from common.provenance import git_commit, package_version
-from evaluation.downstream.task_results import LM_EVAL_JSON, DownstreamResults, TaskResult
 from evaluation.downstream.task_yamls import check_task_yamls, task_yaml_paths
 from evaluation.downstream.tasks import TASKS_DIR
 from evaluation.inference import resolve_device
 from evaluation.report.results_tracking import track_downstream
 from evaluation.report.write import JSON_NAME, ReportFiles, read_record, write_report
-from evaluation.results import EvalResults
+from evaluation.results import LM_EVAL_JSON, DownstreamResults, EvalResults, TaskResult
 from evaluation.zero_shot import ReportOptions, check_report_dir, export_if_missing, model_record, report_dir
 from model.sampling import MAX_STEPS
 from pipeline.interchange.export import resolve_export, training_run_of
