@@ -1,4 +1,4 @@
-"""Records: frozen dataclasses written to and read from JSON objects by their fields and type
+"""Records: frozen dataclasses written to and read from JSON objects by their own fields and type
 hints, the one mechanism behind results.json and downstream.json (``evaluation.results``).
 
     @dataclass(frozen=True, kw_only=True)
@@ -13,7 +13,7 @@ A field holds a JSON value, a record, a list, tuple or ``dict[str, ...]`` of the
 ``to_dict``/``from_dict``; None is written as null. The object holds the fields in their order;
 a field that may hold ``ABSENT`` is left out when it does, and is the only key an object may
 lack. ``from_json(r.to_json()) == r``. ``missing`` checks keys and the shape of objects and
-arrays, not the types of values. A ``RecordFile`` is a whole file: read only when complete.
+arrays, not the types of values; a ``RecordFile`` is a whole file, read only when complete.
 See docs/evaluation.md#the-results-files.
 """
 

@@ -1,15 +1,17 @@
-"""The results of ``unmask eval``, typed: what ``results.json`` holds, record by record.
+"""The results files, typed: ``results.json`` (``unmask eval``, ``EvalResults``) and
+``downstream.json`` (``unmask lm-eval``, ``DownstreamResults``), record by record.
 
     results = EvalResults.read(Path("runs/tiny/report/results.json"))
     results.model.step, results.datasets["ptb"].perplexity_bound, results.protocol.samples_per_block
     text = results.dumps()  # the bytes of results.json, as unmask writes them
 
-Each record is written and read from its fields (``evaluation.records``): a field that may hold
-``ABSENT`` is a key a results.json may lack, None is written as null. ``training`` is the one
-key whose three states all occur: absent for an export of no training run, null for a run whose
-metrics hold no validation at step 0. ``EvalResults.from_json`` checks the whole object first:
-one ValueError names every key it lacks. ``dataset``, ``estimate`` and ``network`` stay JSON
-objects, kept and shown verbatim. The schema, as JSON: docs/evaluation.md#the-results-files.
+Every record is written and read from its fields (``evaluation.records``): a field that may
+hold ``ABSENT`` is a key the file may lack, None is written as null, and a file is read only
+whole (one ValueError names every key it lacks and says how to write it anew). ``training`` is
+the one key whose three states all occur: absent for an export of no training run, null for a
+run whose metrics hold no validation at step 0. ``dataset``, ``estimate``, ``network``,
+``metrics`` and ``settings`` stay JSON objects, kept verbatim. The schema, as JSON:
+docs/evaluation.md#the-results-files and docs/downstream.md#downstreamjson.
 """
 
 from __future__ import annotations

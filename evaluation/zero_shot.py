@@ -5,31 +5,14 @@
     report = run_zero_shot(Path("runs/tiny"), config, ReportOptions(num_samples=2))
     report.results.datasets["ptb"].perplexity_bound, report.files.html
 
-In order:
-
-1. every argument is checked before any work: the config and its datasets, the options (the
-   reference model's files too), the results.json to compare with, the device, and the report's
-   directory (``common.outputs``: a new or empty one, or an earlier report, never over what the
-   evaluation reads; nothing is created until the report is written);
-2. a training run without an export is exported first: its latest checkpoint's EMA weights,
-   or its live weights (with a warning) when the checkpoint has no EMA;
-3. every rank scores every dataset (``evaluation.bounds.scoring``: the blocks are split over the
-   process group and the totals summed, so the numbers do not depend on the world size);
-4. rank 0 adds the model and training records, the comparison, samples drawn by
-   ``ReportOptions.sampling`` (one ``SamplingPlan``) with their quality (unigram entropy, and
-   the generative perplexity under ``ReportOptions.reference``: ``evaluation.generation.sample_quality``),
-   with ``sample_sweep`` the quality of every sampler at every budget of network calls
-   (``evaluation.generation.sampler_sweep``), and provenance, logs the metrics to MLflow (best effort,
-   ``evaluation.report.results_tracking``) and writes the report (``evaluation.report.write``) into ``report_dir``.
-   When the samples fail, the report of the bounds is written without them before the error
-   is raised: the scoring is never lost to them.
-
-Under torchrun every rank calls ``run_zero_shot``; ranks other than 0 return None. Without a
-``dist`` it joins the process group the launcher describes (a world of one without a
-launcher) and leaves it at the end, all ranks together; a caller's ``dist`` stays the caller's.
-
-``is_up_to_date`` tells the stage runner of ``unmask run`` that the report already scored the
-current export, so that it may skip the stage.
+In order: every argument is checked before any work (the report's directory included, nothing
+is created until the report is written); a training run without an export is exported first;
+every rank scores every dataset (``evaluation.bounds.scoring``); rank 0 adds the records,
+samples with their quality, MLflow, and writes the report (``evaluation.report.write``). When
+the samples fail, the report of the bounds is written before the error is raised. Under
+torchrun every rank calls ``run_zero_shot`` and ranks other than 0 return None; without a
+``dist`` it joins the launcher's process group and leaves it at the end. ``is_up_to_date``
+lets ``unmask run`` skip the stage. See docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -330,7 +313,8 @@ def _report(scores: Scores, exported: Exported, export_dir: Path, comparison: Co
         model=model_record(export_dir, exported), protocol=scores.protocol, datasets=scores.datasets,
         training=ABSENT if run_dir is None else _training_record(run_dir),
         comparison=ABSENT if comparison is None else _shared(comparison, scores.datasets, options.compare),
-        samples=samples, sampling=sampling, mlflow=None, created=_now(), unmask_version=package_version("unmask"), git_commit=git_commit(),
+        samples=samples, sampling=sampling, mlflow=None, created=_now(), unmask_version=package_version("unmask"),
+        git_commit=git_commit(),
         schedule=_schedule_record(exported))
     tracking = track_results(results, run_dir=run_dir, out_dir=out_dir, tracking_uri=options.mlflow_uri)
     if tracking is not None:

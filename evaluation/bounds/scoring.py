@@ -1,20 +1,17 @@
-"""Zero-shot evaluation of an export: bounds per dataset, with the protocol that produced them.
+"""The scoring of an export on the zero-shot datasets: the bound on each, with the protocol that
+produced it (the bounds of ``unmask eval``, before its samples and report).
 
-For each dataset: read and detokenize (``evaluation.bounds.datasets``) with the split, units and
-detokenizer of the protocol (``evaluation.bounds.protocols``: ours by default, or MDLM's), tokenize
-with the model's own tokenizer, wrap into blocks as the protocol does (ours: EOS after every
-document, ``seq_len`` blocks, the last one padded and its padding not scored), then estimate
-the bound (``evaluation.bounds.estimator``): the continuous-time NELBO with K low-discrepancy time
-samples per block (or the T-step bound), or the exact likelihood of an autoregressive export.
-Bits per byte divide the total by the UTF-8 bytes of the detokenized text, so they do not
-depend on the tokenizer.
+    scores = score_datasets(exported, ScoringConfig(datasets=("ptb", "val"), data_dir="../shared/data",
+                                                    shards="shards/"), device=torch.device("cpu"))
+    scores.datasets["ptb"].perplexity_bound, scores.protocol.name
 
-The ``val`` dataset is the val split of the training shards: its sequences are the blocks
-(already packed with EOS), and the manifest gives its UTF-8 bytes. Its tokenizer must be the
-export's; anything else is refused, and so is ``val`` under a protocol other than ours.
-
-Every number comes with the protocol that produced it (``Scores.protocol`` and each
-dataset's own record, ``evaluation.results``), so it can be reproduced.
+Each dataset is read and detokenized as its protocol says (``evaluation.bounds.protocols``),
+tokenized with the model's own tokenizer, wrapped into blocks and scored by the estimator
+(``evaluation.bounds.estimator``); bits per byte divide the total by the UTF-8 bytes of the
+detokenized text. ``val`` is the val split of the training shards (their tokenizer must be the
+export's; ours is the only protocol that reads it). Every number carries the record of what was
+read and how (``DatasetResult.dataset``) and ``Scores.protocol`` every setting, so it can be
+reproduced; every rank returns the same scores. See docs/evaluation.md#the-protocol.
 """
 
 from __future__ import annotations
@@ -158,7 +155,8 @@ def check_datasets(config: ScoringConfig, *, shards_pending: bool = False) -> No
                 check_text_file(Path(name), config.detokenizer or "identity")
             else:
                 raise UserError(f"unknown dataset {name!r}: choose from "
-                                f"{', '.join(DATASET_NAMES + (VAL_DATASET,))}, or give a .txt/.jsonl/.parquet file path")
+                                f"{', '.join(DATASET_NAMES + (VAL_DATASET,))}, or give a .txt/.jsonl/.parquet "
+                                f"file path")
         except UserError as err:
             problems.append(str(err))
     if problems:
@@ -203,8 +201,8 @@ def _val_blocks(exported: Exported, shards: str | None) -> tuple[Blocks, int, di
         raise UserError(VAL_NEEDS_SHARDS)
     manifest = read_manifest(shards)
     if manifest.tokenizer.get("sha256") != exported.tokenizer.sha256:
-        raise UserError(f"{shards}: its tokenizer (sha256 {str(manifest.tokenizer.get('sha256'))[:12]}...) differs from "
-                        f"the model's ({exported.tokenizer.sha256[:12]}...): the bound would be meaningless")
+        raise UserError(f"{shards}: its tokenizer (sha256 {str(manifest.tokenizer.get('sha256'))[:12]}...) differs "
+                        f"from the model's ({exported.tokenizer.sha256[:12]}...): the bound would be meaningless")
     split = manifest.splits.get(VAL_DATASET)
     if split is None or split.sequences == 0:
         raise UserError(f"{shards} has no val split; prep with --val-fraction > 0")

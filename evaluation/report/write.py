@@ -3,27 +3,14 @@
     files = write_report(results, Path("eval/run1"), curves={"train/loss": [(100, 4.2), ...]})
     files.markdown, files.html, files.json, files.plots
 
-``results`` is an ``EvalResults`` (``evaluation.results`` has the schema), or its JSON object;
-every number in the report comes from it. The directory ``out_dir`` appears whole (written
-beside its place and renamed there: a reader never sees half a report), and replaces only an
-earlier report (``REPORT_KIND``, ``common.outputs``). It holds:
-
-* ``results.json``: ``results`` verbatim (indented, sorted keys); the record to reproduce from.
-* ``plots/*.png``: the training curves given as ``curves`` and each dataset's contributions
-  against t, when there is data for them (``evaluation.report.plots``).
-* ``mlflow_run.json``: the MLflow run a report of its own logs to (``evaluation.report.results_tracking``),
-  kept from the directory it replaces.
-* ``report.md`` and ``report.html``: the same document (title, results table with each
-  number's protocol, downstream tasks, training, a learned schedule's exponents, comparison,
-  reference numbers with MDLM's row next to MD4's, samples with their unigram entropy and
-  generative perplexity, plots, protocol), built here from its sections and rendered by
-  ``evaluation.report.document``.
-
-* ``downstream.json`` and ``lm_eval_results.json``: what ``unmask lm-eval`` measured (our record,
-  ``evaluation.results``, and lm-eval's own results), with the "Downstream tasks"
-  section in the documents; with ``results=None`` the report holds that section alone (an
-  export scored by lm-eval before ``unmask eval``), and no results.json is written. A later
-  ``unmask eval`` keeps them, as it keeps ``mlflow_run.json`` (``KEPT_FILES``).
+``results`` is an ``EvalResults`` or its JSON object (checked whole first), and every number in
+the report comes from it. Everything is rendered before the first file is written, and the
+directory appears whole, replacing only an earlier report (``REPORT_KIND``,
+``common.outputs``): malformed results or a failed write leave it as it was. It keeps the
+``KEPT_FILES`` other steps write there (MLflow's record, ``unmask lm-eval``'s records, whose
+"Downstream tasks" section it shows; with ``results=None`` that section alone). The documents
+are built here from their sections and rendered by ``evaluation.report.document``. What the
+directory holds: docs/evaluation.md#the-report.
 """
 
 from __future__ import annotations
@@ -446,7 +433,9 @@ def _metric(value: float | None) -> str:
 
 def _downstream_documents(record: TaskResult) -> str:
     documents = _count(record.documents)
-    return documents if record.documents_total == record.documents else f"{documents} of {_count(record.documents_total)}"
+    if record.documents_total == record.documents:
+        return documents
+    return f"{documents} of {_count(record.documents_total)}"
 
 
 def _downstream_likelihood_row(task: str, record: TaskResult, exact: bool) -> tuple[Inline, ...]:
@@ -475,8 +464,8 @@ def _downstream_blocks(downstream: DownstreamResults | None, step: int | None) -
         f"context kept visible, from {settings.get('samples')} time samples per request (seed "
         f"{settings.get('seed')}). Accuracies compare these bounds and perplexities are upper bounds; the acc of "
         f"LAMBADA-style tasks uses is_greedy, approximated by the argmax of one prediction at the all-masked "
-        f"continuation (evaluation.downstream.likelihoods). The ± of a metric is lm-eval's, over documents; the Monte Carlo "
-        f"error of the bounds is in the second table (of the task's mean, and the median request's own).")
+        f"continuation (evaluation.downstream.likelihoods). The ± of a metric is lm-eval's, over documents; the "
+        f"Monte Carlo error of the bounds is in the second table (of the task's mean, and the median request's own).")
     blocks: list[Block] = [
         Heading(2, "Downstream tasks"),
         paragraph(f"lm-evaluation-harness {downstream.lm_eval_version} on the export at step "

@@ -247,7 +247,7 @@ def test_unmask_eval_protocol_mdlm_end_to_end(gpt2_export, tmp_path, capsys):
         assert record["dataset"]["protocol"] == "mdlm" and record["dataset"]["split"] == MDLM_SPLITS[name]
     markdown = (out / "report.md").read_text(encoding="utf-8")
     assert "| ptb | mdlm, valid split | 1,024 |" in markdown
-    assert "| MDLM | missing (not in our sources: docs/MATH.md, seeds) |" in markdown
+    assert "| MDLM | missing (not in our sources: docs/math.md, seeds) |" in markdown
     # `unmask run` redoes an evaluation made with another protocol.
     config = ScoringConfig(datasets=("ptb", "wikitext2", "lambada"), samples_per_block=2, protocol="mdlm")
     assert is_up_to_date(gpt2_export, config, ReportOptions(out=out))

@@ -135,7 +135,7 @@ def test_reference_rows_are_labelled(report):
                        and reference.scale in line)
             assert "GPT-2 BPE" in row and reference.training_data in row and reference.source in row
         mdlm = _row(section, "MDLM")  # next to MD4's: no number our sources hold, none invented
-        assert "missing (not in our sources: docs/MATH.md, seeds)" in mdlm and "| mdlm |" in mdlm
+        assert "missing (not in our sources: docs/math.md, seeds)" in mdlm and "| mdlm |" in mdlm
         assert "MD4 paper, Table 1" in section.splitlines()[section.splitlines().index(mdlm) - 1]
     assert "small ~ 124M" in html and "GPT-2 BPE" in html
 
