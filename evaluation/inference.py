@@ -2,11 +2,12 @@
 attention kernel on a GPU, and compiled when the work repays the compile.
 
 ``inference_mode`` is the precision and kernel: on a GPU bf16 autocast (float32 norms and
-log-softmax; the callers sum in float64) with the kernel ``pipeline.training.attention`` finds fastest
-there; on CPU float32 with SDPA's own choice. ``should_compile`` decides a ``--compile``
+log-softmax; the callers sum in float64) with the kernel ``pipeline.training.attention`` finds
+fastest there; on CPU float32 with SDPA's own choice. ``should_compile`` decides a ``--compile``
 setting (``COMPILE_SETTINGS``: ``unmask eval --compile``, ``unmask sample --compile``, a
 ``SamplingPlan``'s ``compile``) from the tokens a run passes through the network.
 ``resolve_device`` is every command's ``--device``: the GPU when there is one, else the CPU.
+See docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,18 @@
 """Zero-shot evaluation of a training run or an export, end to end: the library behind
 ``unmask eval`` and the eval stage of ``unmask run``.
 
-    config = EvalConfig(datasets=("ptb", "val"), data_dir="../shared/data", shards="shards/")
+    config = ScoringConfig(datasets=("ptb", "val"), data_dir="../shared/data", shards="shards/")
     report = run_zero_shot(Path("runs/tiny"), config, ReportOptions(num_samples=2))
     report.results.datasets["ptb"].perplexity_bound, report.files.html
 
-In order:
-
-1. every argument is checked before any work: the config and its datasets, the options (the
-   reference model's files too), the results.json to compare with, the device, and the report's
-   directory (``common.outputs``: a new or empty one, or an earlier report, never over what the
-   evaluation reads; nothing is created until the report is written);
-2. a training run without an export is exported first: its latest checkpoint's EMA weights,
-   or its live weights (with a warning) when the checkpoint has no EMA;
-3. every rank scores every dataset (``evaluation.bounds.scoring``: the blocks are split over the
-   process group and the totals summed, so the numbers do not depend on the world size);
-4. rank 0 adds the model and training records, the comparison, samples drawn by
-   ``ReportOptions.sampling`` (one ``SamplingPlan``) with their quality (unigram entropy, and
-   the generative perplexity under ``ReportOptions.reference``: ``evaluation.generation.sample_quality``),
-   with ``sample_sweep`` the quality of every sampler at every budget of network calls
-   (``evaluation.generation.sampler_sweep``), and provenance, logs the metrics to MLflow (best effort,
-   ``evaluation.report.results_tracking``) and writes the report (``evaluation.report.write``) into ``report_dir``.
-   When the samples fail, the report of the bounds is written without them before the error
-   is raised: the scoring is never lost to them.
-
-Under torchrun every rank calls ``run_zero_shot``; ranks other than 0 return None. Without a
-``dist`` it joins the process group the launcher describes (a world of one without a
-launcher) and leaves it at the end, all ranks together; a caller's ``dist`` stays the caller's.
-
-``is_up_to_date`` tells the stage runner of ``unmask run`` that the report already scored the
-current export, so that it may skip the stage.
+In order: every argument is checked before any work (the report's directory included, nothing
+is created until the report is written); a training run without an export is exported first;
+every rank scores every dataset (``evaluation.bounds.scoring``); rank 0 adds the records,
+samples with their quality, MLflow, and writes the report (``evaluation.report.write``). When
+the samples fail, the report of the bounds is written before the error is raised. Under
+torchrun every rank calls ``run_zero_shot`` and ranks other than 0 return None; without a
+``dist`` it joins the launcher's process group and leaves it at the end. ``is_up_to_date``
+lets ``unmask run`` skip the stage. See docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -47,9 +30,7 @@ from common.errors import UserError
 from common.outputs import InputPath, check_output_dir, json_object
 from common.provenance import git_commit, package_version
 from data_prep.shards.format import MANIFEST_NAME
-from evaluation.bounds.protocols import DEFAULT_PROTOCOL
-from evaluation.bounds.scoring import VAL_DATASET, EvalConfig, evaluate
-from evaluation.downstream.task_results import DOWNSTREAM_JSON, DownstreamResults
+from evaluation.bounds.scoring import VAL_DATASET, Scores, ScoringConfig, score_datasets
 from evaluation.generation.generate import check_plan, generate
 from evaluation.generation.sample_quality import ReferenceModel, check_reference, load_reference, score_samples
 from evaluation.generation.sampler_sweep import sampler_sweep, sweep_samplers
@@ -58,11 +39,12 @@ from evaluation.report.results_tracking import VAL_METRIC, track_results
 from evaluation.report.write import JSON_NAME, REPORT_KIND, ReportFiles, read_record, write_report
 from evaluation.results import (
     ABSENT,
+    DOWNSTREAM_JSON,
     Absent,
     Comparison,
     DatasetResult,
+    DownstreamResults,
     EvalResults,
-    EvalScores,
     ModelRecord,
     SampleRecord,
     SamplingRecord,
@@ -148,7 +130,7 @@ def _exported_step(export_dir: Path) -> int | None:
     return (json_object(export_dir / CONFIG_FILE) or {}).get("step")
 
 
-def is_up_to_date(target: Path, config: EvalConfig, options: ReportOptions) -> bool:
+def is_up_to_date(target: Path, config: ScoringConfig, options: ReportOptions) -> bool:
     """Whether the report of ``target`` already scored its export as it is now (the same
     checkpoint step) on the datasets of ``config``, with as many time samples per block, and
     holds the samples ``options`` ask for (as many, drawn by the same plan, swept or not).
@@ -162,7 +144,7 @@ def is_up_to_date(target: Path, config: EvalConfig, options: ReportOptions) -> b
             and sorted(results.datasets) == sorted(config.datasets)
             and results.protocol.samples_per_block == config.samples_per_block
             and (results.protocol.blocks_per_replicate or None) == config.blocks_per_replicate
-            and (results.protocol.name or DEFAULT_PROTOCOL) == config.protocol
+            and results.protocol.name == config.protocol
             and _holds_the_samples(results, options))
 
 
@@ -188,7 +170,7 @@ def check_report_dir(target: Path, out: Path | None, inputs: Sequence[InputPath]
     check_output_dir(out, REPORT_KIND, "--out", [*reads, *inputs])
 
 
-def _check_report_dir(target: Path, config: EvalConfig, options: ReportOptions) -> None:
+def _check_report_dir(target: Path, config: ScoringConfig, options: ReportOptions) -> None:
     reads = [InputPath(path, flag) for flag, path in
              (("--shards", config.shards), ("--reference", options.reference), ("--compare", options.compare))
              if path is not None]
@@ -197,21 +179,21 @@ def _check_report_dir(target: Path, config: EvalConfig, options: ReportOptions) 
 
 def _read_comparison(path: Path, names: tuple[str, ...]) -> Comparison:
     """Another evaluation's results.json (``--compare``), checked before any work: it must be
-    one, and have scored one of ``names``."""
+    one, whole, and have scored one of ``names``."""
     try:
         data = json.loads(path.read_text())
-        record = {"model": data["model"], "datasets": data["datasets"], "path": str(path.resolve())}
-        scored = sorted(record["datasets"])
+        scored = sorted(data["datasets"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise UserError(f"--compare {path}: not the results.json of an `unmask eval` ({err})") from None
     # Names as given, without the " (first N documents)" that --max-documents adds.
     if not set(names) & {name.split(" (first ")[0] for name in scored}:
         raise UserError(f"--compare {path}: it scored {scored}, none of --datasets {','.join(names)}")
-    missing = Comparison.missing(record, "")
+    missing = EvalResults.missing(data)
     if missing:
         raise UserError(f"--compare {path}: not the results.json of an `unmask eval` (it lacks "
-                        f"{', '.join(missing)})")
-    return Comparison.from_json(record)
+                        f"{', '.join(missing)}); rerun `unmask eval` to write it anew")
+    other = EvalResults.from_json(data)
+    return Comparison(model=other.model, datasets=other.datasets, path=str(path.resolve()))
 
 
 def export_if_missing(path: Path) -> None:
@@ -318,8 +300,8 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
-def _report(scores: EvalScores, exported: Exported, export_dir: Path, comparison: Comparison | None,
-            config: EvalConfig, options: ReportOptions, device: torch.device) -> ZeroShotReport:
+def _report(scores: Scores, exported: Exported, export_dir: Path, comparison: Comparison | None,
+            config: ScoringConfig, options: ReportOptions, device: torch.device) -> ZeroShotReport:
     """Rank 0: the records, samples, MLflow, the report files."""
     run_dir = training_run_of(export_dir)
     out_dir = _report_dir(export_dir, options.out)
@@ -331,7 +313,8 @@ def _report(scores: EvalScores, exported: Exported, export_dir: Path, comparison
         model=model_record(export_dir, exported), protocol=scores.protocol, datasets=scores.datasets,
         training=ABSENT if run_dir is None else _training_record(run_dir),
         comparison=ABSENT if comparison is None else _shared(comparison, scores.datasets, options.compare),
-        samples=samples, sampling=sampling, mlflow=None, created=_now(), unmask_version=package_version("unmask"), git_commit=git_commit(),
+        samples=samples, sampling=sampling, mlflow=None, created=_now(), unmask_version=package_version("unmask"),
+        git_commit=git_commit(),
         schedule=_schedule_record(exported))
     tracking = track_results(results, run_dir=run_dir, out_dir=out_dir, tracking_uri=options.mlflow_uri)
     if tracking is not None:
@@ -356,7 +339,7 @@ def _raise_sampling_failure(failure: Exception, out_dir: Path) -> None:
 
 
 # ------------------------------------------------------------------ the entry point
-def _with_the_runs_shards(target: Path, config: EvalConfig) -> EvalConfig:
+def _with_the_runs_shards(target: Path, config: ScoringConfig) -> ScoringConfig:
     """``config``, with the shards of an ``unmask run`` directory (RUN/data) for the val dataset
     when none are named: the run's own held-out split."""
     data = RunLayout(target).data
@@ -366,7 +349,7 @@ def _with_the_runs_shards(target: Path, config: EvalConfig) -> EvalConfig:
     return replace(config, shards=str(data))
 
 
-def run_zero_shot(target: Path, config: EvalConfig, options: ReportOptions, *,
+def run_zero_shot(target: Path, config: ScoringConfig, options: ReportOptions, *,
                   device: str | torch.device | None = None, dist: Distributed | None = None) -> ZeroShotReport | None:
     """Score ``target`` (a training run, exported first if needed, or an export) on the
     datasets of ``config`` and write its report; see the module docstring.
@@ -394,7 +377,7 @@ def run_zero_shot(target: Path, config: EvalConfig, options: ReportOptions, *,
     return report
 
 
-def _score_and_report(group: Distributed, target: Path, config: EvalConfig, options: ReportOptions,
+def _score_and_report(group: Distributed, target: Path, config: ScoringConfig, options: ReportOptions,
                       comparison: Comparison | None, requested_device: torch.device | None) -> ZeroShotReport | None:
     """``run_zero_shot``'s work in the process group: export if needed, score, write the report (rank 0)."""
     if group.is_main:
@@ -407,6 +390,6 @@ def _score_and_report(group: Distributed, target: Path, config: EvalConfig, opti
         if options.sample_sweep:
             sweep_samplers(exported)
     device = requested_device or group.device
-    scores = evaluate(exported, config, device=device, rank=group.rank, world_size=group.world_size,
-                      all_reduce=group.sum, progress=lambda message: log.info(message) if group.is_main else None)
+    scores = score_datasets(exported, config, device=device, rank=group.rank, world_size=group.world_size,
+                            all_reduce=group.sum, progress=lambda message: log.info(message) if group.is_main else None)
     return _report(scores, exported, export_dir, comparison, config, options, device) if group.is_main else None

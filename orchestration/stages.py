@@ -35,7 +35,7 @@ from data_prep.builtin_corpus import write_cpython_corpus
 from data_prep.prep import DEFAULT_VAL_FRACTION, MAX_SEQ_LEN, PrepConfig
 from data_prep.prepare import PrepRequest, prepare
 from data_prep.readers import ReadOptions, local_roots
-from evaluation.bounds.scoring import EvalConfig
+from evaluation.bounds.scoring import ScoringConfig
 from evaluation.generation.generate import check_sampling
 from evaluation.results import EvalResults, TrainingRecord
 from evaluation.zero_shot import ReportOptions, is_up_to_date, run_zero_shot
@@ -68,7 +68,7 @@ class EvalStage:
     samples_per_block: int = 16
     num_samples: int = 2                     # generated samples in the report
     sampling: SamplingPlan = SamplingPlan()  # how they are drawn
-    blocks_per_replicate: int | None = None  # a quick look: see EvalConfig
+    blocks_per_replicate: int | None = None  # a quick look: see ScoringConfig
 
 
 @dataclass(frozen=True)
@@ -116,9 +116,9 @@ class RunRequest:
                            max_seq_len=model.max_seq_len or _seq_len(self), steps_flag="--sample-steps",
                            block_size=model.block_size)
 
-    def eval_config(self) -> EvalConfig:
+    def eval_config(self) -> ScoringConfig:
         evaluation = self.evaluation
-        return EvalConfig(datasets=evaluation.datasets, data_dir=evaluation.data_dir, shards=str(self.layout.data),
+        return ScoringConfig(datasets=evaluation.datasets, data_dir=evaluation.data_dir, shards=str(self.layout.data),
                           samples_per_block=evaluation.samples_per_block,
                           blocks_per_replicate=evaluation.blocks_per_replicate)
 

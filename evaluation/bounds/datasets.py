@@ -4,38 +4,12 @@
     data.documents        # detokenized text units, in file order
     data.protocol()       # JSON-able record of exactly what was read and how
 
-The files are the ones ``../shared/data/SOURCES.md`` describes (nothing is downloaded, ever).
-What a unit is follows the evaluation code of SEDD and MDLM, whose numbers we compare with,
-except for WikiText (see below). The bound estimator decides how units are separated (EOS) and
-packed, so units carry no separators: the detokenizers of the named sets strip each unit (only
-``lambada_gpt2`` adds the reference's leading newline, and ``identity`` changes nothing).
-
-Files under ``data_dir`` and what one unit is:
-
-* ptb: ``ptb/ptb.{test,valid}.txt``, one sentence per line, as SEDD/MDLM (HF ``ptb_text_only``
-  yields one stripped line per row, and they append EOS to each).
-* wikitext2, wikitext103: ``wikitext-2-raw/wiki.{test,valid}.raw``, one article: a top-level
-  " = Title = " heading line and every line up to the next one, joined with "\\n".
-* lambada: ``lambada/lambada_test.jsonl``, one passage per JSON line ("text"), as GPT-2, SEDD and
-  MDLM. Its valid split is ``lambada/lambada_development_plain_text.txt``, one passage per line:
-  the original release, lower-cased and tokenized, so NOT comparable with the test split.
-* lm1b: ``lm1b/news.en.heldout-00000-of-00050`` (test only), one sentence per line, as SEDD/MDLM.
-
-WikiText: SEDD and MDLM read HF ``wikitext-*-raw-v1``, whose rows are the file's lines, so each
-line (blank ones too) becomes a unit with its own EOS. We cut at articles instead, as
-lm-evaluation-harness does (``wikitext_document_level``, one page per document): an article is
-the natural document, and an EOS between the paragraphs of one article is a pattern no model saw
-in training. WikiText-103's raw test and valid text is identical to WikiText-2's (SOURCES.md
-section 3), so both names read the same file.
-
-LM1B: the test split is the standard benchmark test set, heldout shard 00000 (159,658 tokens
-with sentence ends). HF's ``lm1b`` test split, which the SEDD/MDLM code loads, globs all 50
-heldout shards, so their 1BW number is measured on about 50x more sentences.
-
-``rows=True`` reads the units as the rows of the Hugging Face datasets that the SEDD/MDLM code
-loads (the ``mdlm`` protocol of ``evaluation.bounds.protocols``): WikiText one row per line, the line
-with its newline, a blank line an empty row; PTB and 1BW one stripped line per row; LAMBADA as
-above. Rows that are empty, before or after detokenization, are kept: each still gets its EOS.
+The files are those ``../shared/data/SOURCES.md`` describes; nothing is ever downloaded. A unit
+is what SEDD's and MDLM's evaluation code reads as one (a sentence of PTB and 1BW, a LAMBADA
+passage), except WikiText, cut at articles; ``rows=True`` reads the rows of the Hugging Face
+datasets that code loads (the ``mdlm`` protocol), empty rows kept. Units carry no separators:
+the estimator puts an EOS after each. Which file, which unit and why:
+docs/evaluation.md#the-datasets-and-their-detokenizers.
 """
 
 from __future__ import annotations
@@ -210,7 +184,7 @@ def load_dataset(name: str, data_dir: Path, split: str = "test", *, detokenizer:
     """Read one split of a zero-shot set from ``data_dir`` (laid out as ../shared/data) and cut
     it into detokenized units. ``detokenizer`` overrides the set's standard one (for example
     "lambada_gpt2" to keep the GPT-2 / SEDD leading newline). ``rows``: the units are the rows
-    of the HF dataset the SEDD/MDLM code reads, empty ones kept (module docstring)."""
+    of the HF dataset the SEDD/MDLM code reads, empty ones kept (docs/evaluation.md#mdlms-protocol)."""
     split_spec = _split_spec(name, _dataset_spec(name), split)
     path = dataset_file(name, data_dir, split)
     data, text = _read_utf8(path)

@@ -1,36 +1,14 @@
-"""Detokenizers for the zero-shot evaluation sets: undo each set's word tokenization before the
-text is re-tokenized with our BPE, as the GPT-2 paper's zero-shot evaluation did.
+"""Detokenizers for the zero-shot evaluation sets: undo each set's word tokenization before our
+tokenizer reads the text, as the GPT-2 paper's zero-shot evaluation did (``DETOKENIZERS`` by name).
 
-The rules follow the detokenizers of the SEDD and MDLM evaluation code (louaaron/Score-Entropy-
-Discrete-Diffusion ``data.py`` and kuleshov-group/mdlm ``dataloader.py``, which share them; the
-WikiText and LAMBADA ones go back to the GPT-2-era Megatron / lm-evaluation-harness scripts). The
-published zero-shot numbers our reference table quotes (SEDD, MDLM, MD4) were measured on text
-detokenized this way, so matching them matters more than producing pretty English: the quirks
-below are kept on purpose, and every place where we depart from the reference is listed here.
-
-Departures from the reference code (all documented again where they happen):
-
-* WikiText: the reference also rewrites " N " to " 1 ", a rule copied from PTB; raw WikiText never
-  uses "N" for numbers, so the rule only corrupts real letters ("Highway 19 N", "57°53 ′ N",
-  "Complex N"; one line of the test file, four of the valid file), and we leave it out. Its
-  regex ``/' [0-9]/`` (slash, quote, space, digit, slash) occurs nowhere in WikiText, and would
-  write the literal text "/'[0-9]/" if it did, so it is left out too. Rules are applied line by
-  line, so a pair of quotes never matches across a paragraph break (the reference sees one line
-  at a time too), and every line is stripped (the reference keeps a line's leading space).
-* LAMBADA: "``" and "''" become '"' as in the GPT-2-era LAMBADA scripts (SEDD keeps only the
-  curly double quotes; the GPT-2 test file holds one "''" and no "``"). Curly single quotes
-  (mostly apostrophes, 3,726 of them in the test file) stay as they are, because no reference
-  touches them and changing them would change the BPE token count. The reference also puts a
-  "\\n" before every passage; that is a separator, not text, so ``lambada`` leaves it out and
-  ``lambada_gpt2`` keeps it for a like-for-like reproduction.
-
-``wikitext_mdlm`` and ``lambada_mdlm`` have none of these departures: they give exactly the text
-of MDLM's ``dataloader.py`` (read, not copied; the rules are re-stated here), for the ``mdlm``
-evaluation protocol (``evaluation.bounds.protocols``). MDLM's PTB and 1BW rules are ``ptb`` and
-``lm1b`` on the stripped lines that MDLM's Hugging Face datasets hold.
-
-Every function is pure (``str -> str``), deterministic, and never turns single spaces into a
-double space.
+The rules are those of SEDD's and MDLM's evaluation code (louaaron/Score-Entropy-Discrete-Diffusion
+``data.py``, kuleshov-group/mdlm ``dataloader.py``), quirks included, because the published
+numbers were measured on text detokenized that way. The departures (WikiText's " N " rule,
+LAMBADA's quotes and leading newline) are listed in
+docs/evaluation.md#the-datasets-and-their-detokenizers and noted where they happen;
+``wikitext_mdlm`` and ``lambada_mdlm`` have none (MDLM's text exactly, for the ``mdlm``
+protocol). Every function is pure (``str -> str``), deterministic, and never turns a single
+space into two.
 """
 
 from __future__ import annotations
@@ -203,7 +181,7 @@ _PLAIN_NOT = ((" n't", "n't"),)  # "was n't" -> "wasn't"; the other clitics are 
 
 def lambada_detokenize(text: str) -> str:
     """Normalize LAMBADA's double quotes (“ ” `` '') to '"' and strip the passage. Curly single
-    quotes stay (see the module docstring)."""
+    quotes stay (docs/evaluation.md#the-datasets-and-their-detokenizers)."""
     return _replace_all(text, _LAMBADA_QUOTES).strip()
 
 

@@ -1,85 +1,18 @@
-"""The zero-shot bound estimator: NELBO per token of an evaluation set, with its standard error.
+"""The zero-shot bound estimator: an evaluation set's NELBO per token, with its standard error.
 
     blocks = wrap_blocks(token_ids_per_document, 1024, eos_id=eos, pad_id=eos)
     estimate = estimate_bound(diffusion, network.eval(), blocks, samples_per_block=16)
-    estimate.perplexity_bound          # exp(NELBO per token), an upper bound on the perplexity
-    estimate.perplexity_interval()     # 95% Monte Carlo interval of that bound
-    estimate.bits_per_byte(utf8_bytes)
+    estimate.perplexity_bound, estimate.perplexity_interval(), estimate.bits_per_byte(utf8_bytes)
 
-Blocks (``wrap_blocks``). Every document is followed by EOS, the documents are concatenated
-in order and cut into blocks of ``seq_len`` tokens. The last partial block is filled with
-``pad_id`` and its padding is not scored (``positions`` False): every token, EOS included, is
-scored exactly once and nothing is dropped. In a diffusion block the padding stays visible as
-given (never masked), so that block's bound is one on -log p(real tokens | padding visible);
-a causal model never sees the padding that follows the real tokens.
-
-Estimator (``estimate_bound``). The bound of the set is sum_blocks NELBO(block) / num_tokens.
-Replicate k = 0, 1, ... draws one (t, z_t) per block:
-
-* times: ``low_discrepancy_times`` over the N blocks (one uniform per replicate, a generator
-  seeded by (seed, k)), assigned to the blocks in a random order drawn from the same
-  generator. Each block's time is marginally U(0, 1), so every replicate is unbiased, and the
-  replicate covers [0, 1) evenly. The random order matters: the blocks come in document
-  order, so neighbouring blocks are alike, and handing them neighbouring times would couple
-  the block difficulty to the shared uniform (systematic sampling of a trending population:
-  the variance of a replicate could then grow like N^2 instead of N). With a random order the
-  distribution of a replicate does not depend on the order of the blocks, and it is never
-  worse than independent times by more than a factor N / (N - 1) (unless the integrand
-  averaged over blocks oscillates with period 1/N in t), while the part of the variance that
-  all blocks share, how the integrand varies with t, is still stratified away.
-* masks: block i's uniforms come from its own CPU generator seeded by (seed, k, i), so the
-  result does not depend on ``batch_size``, on the device, or on how blocks are split over
-  ranks. (A torch CPU generator keeps 32 bits of its seed: among 10^6 (k, i) pairs about a
-  hundred pairs share a stream, which correlates two terms of a million and biases nothing.)
-  Host and device: the times, the work order and the generators live on the host; a batch's
-  tokens, positions and times cross to the network's device as it is scored (the uniforms are
-  drawn on the host and moved, ``model.generators``), and its terms stay there until a
-  replicate's pass ends (one read). ``tests/model/test_host_device.py`` checks it on a pretend device.
-* the block's term is the process's ``nelbo`` with ``positions`` (the t = 0 reconstruction
-  scored by the model) or, with ``discrete_steps`` T, ``nelbo_discrete`` whose step is picked
-  by the block's stratified uniform. Sums are float64. Any ``DiffusionProcess`` will do:
-  absorbing, uniform, or learned (with one draw of z_t per block, ``draws=1``, the estimate
-  is the same one-sample design; more draws average inside each term).
-
-Standard error. The blocks of one replicate are NOT independent (they share the uniform and
-the random order), so per-block variances do not give the variance of the total. The
-replicate totals S_k = sum_blocks NELBO_k(block) are independent and identically distributed
-over k, each an unbiased estimate of the set's total, hence
-
-    nelbo_per_token = mean_k S_k / num_tokens,   SE = std(S_1..S_K, ddof=1) / sqrt(K) / num_tokens,
-
-which is unbiased for the variance of the design actually used, stratification included
-(``error_method="replicates"``). It has K - 1 degrees of freedom: with K < 10 the normal
-interval of ``perplexity_interval`` under-covers (about 85% for K = 4, 93% for K = 16), so
-prefer K >= 16 for reported intervals. Short blocks make it worse: w(t) = 1/t meets a lone
-masked token with probability ~L*t near t = 0, so with L = 4 the terms are heavy-tailed and
-the SE is usually low, rarely very high (86% coverage at K = 16 with exact conditionals; 94%
-with L = 64 and K = 32). Blocks of 1024 tokens are far from that regime.
-
-Why not the pooled within-block variance sum_blocks var_k(NELBO_k(block)) / K, which has
-N (K - 1) degrees of freedom? It is the variance under independent times. For long blocks
-that variance is mostly how the integrand moves with t, the same shape for every block,
-which is exactly what the stratified times remove: it would overstate the SE several-fold
-and make ``target_rel_error`` spend that many times more samples.
-
-With K = 1 the fallback ``error_method="blocks"`` treats the block terms as independent
-draws: SE = sqrt(N * var_blocks(NELBO)) / num_tokens. It is conservative: it ignores the
-stratification and counts the spread of difficulty between blocks (not Monte Carlo error)
-as noise. With a single block it is undefined (NaN).
-
-``target_rel_error``: replicates are added in rounds, doubling K, until
-SE / nelbo_per_token <= target or K reaches ``max_samples_per_block``. The first round has at
-least 8 replicates: a stopping rule fed by an SE with one or two degrees of freedom stops on
-lucky underestimates. Replicate k is the same whatever the rounds, so the result equals a
-fixed-K run with the final K.
-
-Data parallel: every rank passes the same ``Blocks``; rank r scores blocks r, r + W, ... and
-``all_reduce`` (a sum over ranks of a list of floats, ``Distributed.sum``) combines the
-replicate totals, so every rank returns the same estimate, equal to one process's up to the
-order of float summation. The denoiser should be in eval mode; the caller chooses autocast.
-
-The autoregressive baseline (``autoregressive_nll``) is exact: -log p of every real token
-given the tokens before it in its block, standard error 0.
+Invariants: every real token is scored exactly once (padding is never masked nor scored);
+K replicates of one (t, z_t) per block, times stratified over the blocks in a random order, each
+replicate an unbiased estimate of the set's total; the standard error comes from the K
+replicate totals (K - 1 degrees of freedom; with K = 1 from the blocks, conservatively). The
+numbers do not depend on ``batch_size``, the device or the ranks: block i of replicate k draws
+from its own generator (seed, k, i), and ``all_reduce`` sums the ranks' shares. The denoiser
+should be in eval mode; the caller chooses autocast. ``autoregressive_nll`` is exact (SE 0).
+Why this design, and the coverage of the interval: docs/evaluation.md#how-the-bound-is-estimated
+(the estimate itself: docs/math.md#reporting, its times: docs/math.md#low-discrepancy-times).
 """
 
 from __future__ import annotations
@@ -106,7 +39,7 @@ __all__ = ["Blocks", "BoundEstimate", "TimeContributions", "Z_95", "autoregressi
 AllReduce = Callable[[list[float]], list[float]]
 
 Z_95 = 1.959964  # two-sided 95% quantile of the standard normal
-# Spawn keys of the two random streams of a replicate (see the module docstring).
+# Spawn keys of the random streams of a replicate: its times, its masks, its subset of blocks.
 _TIME_STREAM, _MASK_STREAM, _SUBSET_STREAM = 0, 1, 2
 Progress = Callable[[int], None]
 _MIN_REPLICATES_FOR_TARGET = 8  # stop on an SE with >= 7 degrees of freedom, not on a lucky 1
@@ -234,8 +167,9 @@ def _replicate_times(num_blocks: int, seed: int, replicate: int) -> Tensor:
 
 # ------------------------------------------------------------------------------ work
 @dataclass(frozen=True)
-class _Plan:
-    """Who scores what, and how: the arguments every pass of the estimator shares."""
+class _ReplicateDesign:
+    """The Monte Carlo design of this rank's passes: which blocks each replicate scores, at which
+    times, in batches of what size on which device (every pass of the estimator shares it)."""
 
     seed: int
     batch_size: int
@@ -286,8 +220,8 @@ class _Plan:
         return 1.0 if n is None or n >= num_blocks else num_blocks / n
 
 
-def _make_plan(seed: int, batch_size: int, device: torch.device | str, rank: int,
-               world_size: int, blocks_per_replicate: int | None = None) -> _Plan:
+def _replicate_design(seed: int, batch_size: int, device: torch.device | str, rank: int,
+               world_size: int, blocks_per_replicate: int | None = None) -> _ReplicateDesign:
     _check_int("batch_size", batch_size, minimum=1)
     if blocks_per_replicate is not None:
         _check_int("blocks_per_replicate", blocks_per_replicate, minimum=1)
@@ -295,31 +229,31 @@ def _make_plan(seed: int, batch_size: int, device: torch.device | str, rank: int
     _check_int("seed", seed, minimum=0)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
-    return _Plan(seed, batch_size, torch.device(device), rank, world_size, blocks_per_replicate)
+    return _ReplicateDesign(seed, batch_size, torch.device(device), rank, world_size, blocks_per_replicate)
 
 
-def _work(blocks: Blocks, replicates: range, plan: _Plan) -> Iterator[tuple[Tensor, Tensor]]:
+def _work(blocks: Blocks, replicates: range, design: _ReplicateDesign) -> Iterator[tuple[Tensor, Tensor]]:
     """(replicate, block) index pairs of this rank in batches; the order is batch-independent."""
-    chosen = [plan.replicate_blocks(blocks.num_blocks, k) for k in replicates]
+    chosen = [design.replicate_blocks(blocks.num_blocks, k) for k in replicates]
     ks = torch.cat([torch.full((c.numel(),), k, dtype=torch.long) for k, c in zip(replicates, chosen)])
     ids = torch.cat(chosen)
-    for start in range(0, ks.numel(), plan.batch_size):
-        yield ks[start:start + plan.batch_size], ids[start:start + plan.batch_size]
+    for start in range(0, ks.numel(), design.batch_size):
+        yield ks[start:start + design.batch_size], ids[start:start + design.batch_size]
 
 
 def _score_batches(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: Blocks,
-                   replicates: range, plan: _Plan, discrete_steps: int | None, keys: _Keys | None = None,
+                   replicates: range, design: _ReplicateDesign, discrete_steps: int | None, keys: _Keys | None = None,
                    ) -> Iterator[tuple[Tensor, Tensor, Tensor, Tensor | NelboTerms]]:
     """Yield (replicate, block, u, result) per batch: result is the NelboTerms (continuous) or
     the NELBO_T per block (discrete). ``keys``: whose draws each block takes (``replicate_terms``)."""
     slots = blocks.num_blocks if keys is None else keys.count
-    times = torch.stack([plan.replicate_times(slots, k) for k in replicates])
-    for ks, ids in _work(blocks, replicates, plan):
+    times = torch.stack([design.replicate_times(slots, k) for k in replicates])
+    for ks, ids in _work(blocks, replicates, design):
         draws = ids if keys is None else keys.of_blocks[ids]
         u = times[ks - replicates.start, draws]
-        generators = [_stream_generator(plan.seed, _MASK_STREAM, int(k), int(i)) for k, i in zip(ks, draws)]
-        x0 = blocks.tokens[ids].to(plan.device)
-        positions = blocks.positions[ids].to(plan.device)
+        generators = [_stream_generator(design.seed, _MASK_STREAM, int(k), int(i)) for k, i in zip(ks, draws)]
+        x0 = blocks.tokens[ids].to(design.device)
+        positions = blocks.positions[ids].to(design.device)
         if discrete_steps is None:
             result = diffusion.nelbo_terms(denoiser, x0, u, generators, positions=positions)
         else:
@@ -330,12 +264,12 @@ def _score_batches(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: 
 
 @torch.no_grad()
 def _replicate_partials(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: Blocks,
-                        replicates: range, plan: _Plan, discrete_steps: int | None,
+                        replicates: range, design: _ReplicateDesign, discrete_steps: int | None,
                         progress: Progress | None = None) -> list[float]:
     """This rank's share of S_k = sum_blocks NELBO_k and Q_k = sum_blocks NELBO_k^2, for k in
     ``replicates``, as [S..., Q...] (a sum over ranks gives the totals)."""
     slots, terms = [], []
-    for ks, _, _, result in _score_batches(diffusion, denoiser, blocks, replicates, plan, discrete_steps):
+    for ks, _, _, result in _score_batches(diffusion, denoiser, blocks, replicates, design, discrete_steps):
         # Kept on the device and read once at the end: the host prepares the next batch while
         # the device scores this one.
         slots.append(ks - replicates.start)
@@ -348,18 +282,19 @@ def _replicate_partials(diffusion: DiffusionProcess, denoiser: DenoiserLike, blo
         slot, nelbo = torch.cat(slots).numpy(), torch.cat([t.to(torch.float64) for t in terms]).cpu().numpy()
         np.add.at(sums, slot, nelbo)
         np.add.at(squares, slot, nelbo**2)
-    return [*(sums * plan.block_scale(blocks.num_blocks)).tolist(), *squares.tolist()]
+    return [*(sums * design.block_scale(blocks.num_blocks)).tolist(), *squares.tolist()]
 
 
 def _summarize(sums: list[float], squares: list[float], blocks: Blocks, kind: str,
                discrete_steps: int | None, seed: int) -> BoundEstimate:
-    """The estimate and its standard error from the replicate totals (module docstring)."""
+    """The estimate and its standard error from the replicate totals
+    (docs/evaluation.md#how-the-bound-is-estimated)."""
     replicates, num_blocks, num_tokens = len(sums), blocks.num_blocks, blocks.num_tokens
     totals = np.asarray(sums, dtype=np.float64)
     if replicates >= 2:
         standard_error, method = float(totals.std(ddof=1)) / math.sqrt(replicates), "replicates"
     elif num_blocks >= 2:
-        # K = 1: block terms as independent draws (conservative, see the module docstring).
+        # K = 1: block terms as independent draws (conservative: it counts the blocks' spread as noise).
         variance = (squares[0] - sums[0] ** 2 / num_blocks) / (num_blocks - 1)
         standard_error, method = math.sqrt(num_blocks * max(variance, 0.0)), "blocks"
     else:
@@ -380,7 +315,7 @@ def estimate_bound(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: 
                    blocks_per_replicate: int | None = None, progress: Progress | None = None) -> BoundEstimate:
     """Monte Carlo estimate of sum_blocks NELBO / num_tokens with its standard error.
 
-    ``samples_per_block`` K replicates of one (t, z_t) per block (see the module docstring);
+    ``samples_per_block`` K replicates of one (t, z_t) per block (module docstring);
     ``discrete_steps`` T scores the T-step bound instead of the continuous one;
     ``target_rel_error`` adds replicates (doubling K, starting from at least 8) until
     SE / nelbo_per_token <= target or K = ``max_samples_per_block``. ``rank``, ``world_size``
@@ -396,7 +331,7 @@ def estimate_bound(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: 
     total, so the replicate standard error, block sampling included, still holds (it needs
     K >= 2); the cost falls by N / n and the interval widens with the blocks' spread.
     """
-    plan = _make_plan(seed, batch_size, device, rank, world_size, blocks_per_replicate)
+    design = _replicate_design(seed, batch_size, device, rank, world_size, blocks_per_replicate)
     _check_int("samples_per_block", samples_per_block, minimum=1)
     _check_int("max_samples_per_block", max_samples_per_block, minimum=1)
     if blocks_per_replicate is not None and samples_per_block < 2:
@@ -418,7 +353,7 @@ def estimate_bound(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks: 
     done, wanted = 0, samples_per_block
     while True:
         new = range(done, wanted)
-        reduced = all_reduce(_replicate_partials(diffusion, denoiser, blocks, new, plan, discrete_steps, progress))
+        reduced = all_reduce(_replicate_partials(diffusion, denoiser, blocks, new, design, discrete_steps, progress))
         sums += reduced[:len(new)]
         squares += reduced[len(new):]
         done = wanted
@@ -456,7 +391,7 @@ def replicate_terms(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks:
     difference of two choices that share a context loses most of its noise). None: key i is
     block i, as above.
     """
-    plan = _make_plan(seed, batch_size, device, 0, 1)
+    design = _replicate_design(seed, batch_size, device, 0, 1)
     _check_int("samples_per_block", samples_per_block, minimum=1)
     _check_scorable(blocks)
     shared = None
@@ -466,7 +401,7 @@ def replicate_terms(diffusion: DiffusionProcess, denoiser: DenoiserLike, blocks:
             raise ValueError(f"keys must be a LongTensor [{blocks.num_blocks}] with values in [0, {num_keys})")
         shared = _Keys(keys.long(), num_keys)
     terms = np.zeros((samples_per_block, blocks.num_blocks), dtype=np.float64)
-    for ks, ids, _, result in _score_batches(diffusion, denoiser, blocks, range(samples_per_block), plan,
+    for ks, ids, _, result in _score_batches(diffusion, denoiser, blocks, range(samples_per_block), design,
                                              discrete_steps=None, keys=shared):
         terms[ks.numpy(), ids.numpy()] = result.total.cpu().numpy()
         if progress is not None:
@@ -485,12 +420,12 @@ def per_time_contributions(diffusion: DiffusionProcess, denoiser: DenoiserLike, 
     a plot of the contribution against the masking rate 1 - alpha(t) explains that number.
     Blocks without a real token are left out. Gathering the ranks' records is the caller's.
     """
-    plan = _make_plan(seed, batch_size, device, rank, world_size)
+    design = _replicate_design(seed, batch_size, device, rank, world_size)
     _check_int("samples_per_block", samples_per_block, minimum=1)
     real = blocks.positions.sum(-1, dtype=torch.float64)
     records: list[tuple[Tensor, Tensor, Tensor]] = []
     for _, ids, u, terms in _score_batches(diffusion, denoiser, blocks, range(samples_per_block),
-                                           plan, discrete_steps=None):
+                                           design, discrete_steps=None):
         keep = real[ids] > 0
         records.append((u[keep], terms.diffusion.cpu()[keep] / real[ids][keep], ids[keep]))
     if not records:  # a rank without blocks
@@ -504,11 +439,11 @@ def autoregressive_nll(autoregressive: Autoregressive, network: CausalNetwork, b
                        batch_size: int = 32, device: torch.device | str = "cpu", rank: int = 0,
                        world_size: int = 1, all_reduce: AllReduce | None = None) -> BoundEstimate:
     """Exact -log p per real token of a causal ``network`` (padding not scored); SE 0."""
-    plan = _make_plan(0, batch_size, device, rank, world_size)
+    design = _replicate_design(0, batch_size, device, rank, world_size)
     _check_scorable(blocks)
     total = 0.0
-    for _, ids in _work(blocks, range(1), plan):
-        x0, positions = blocks.tokens[ids].to(plan.device), blocks.positions[ids].to(plan.device)
+    for _, ids in _work(blocks, range(1), design):
+        x0, positions = blocks.tokens[ids].to(design.device), blocks.positions[ids].to(design.device)
         total += float(autoregressive.nll(network, x0, positions).sum())
     (total,) = (all_reduce or _identity)([total])
     return BoundEstimate(

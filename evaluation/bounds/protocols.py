@@ -6,39 +6,14 @@ with, and how its token stream becomes scored blocks.
     wrapped = protocol.wrap(token_ids_per_unit, 1024, bos_id=bos, eos_id=eos, pad_id=pad)
     wrapped.blocks, wrapped.dropped_tokens
 
-``unmask`` (the default; docs/evaluation.md): the test split, our units and detokenizers
-(``evaluation.bounds.datasets``), an EOS after every unit, the stream cut into blocks of the model's
-training length, the last block padded and its padding never scored: every token is scored
-exactly once and none is dropped.
-
-``mdlm``: the zero-shot protocol of MDLM's code (kuleshov-group/mdlm ``dataloader.py``, read
-and re-stated here, not copied), to reproduce its numbers:
-
-* splits: validation for ptb, wikitext2 and wikitext103 (its ``validation_split`` is "test"
-  only for lm1b); lm1b test; lambada the OpenAI test file (it has no other split);
-* units: the rows of the Hugging Face datasets it loads (``load_dataset(rows=True)``):
-  WikiText one row per line, the line with its newline and a blank line an empty row; PTB and
-  1BW one stripped line per row; LAMBADA one passage per row. Empty rows are kept;
-* detokenizers: ``wikitext_mdlm``, ``ptb``, ``lm1b``, ``lambada_mdlm`` (``evaluation.bounds.detokenizers``);
-* wrapping: an EOS after every row; the stream cut into chunks of L - 2 tokens, each framed as
-  BOS chunk EOS; all L positions of a block are scored, BOS and EOS included (MDLM's loss
-  counts every position of its attention mask, which is all ones); the last partial chunk is
-  dropped and counted (``dropped_tokens``);
-* block length L = 1024, the length of every zero-shot number MDLM published (``--seq-len``
-  overrides it; a model shorter than that must be given one).
-
-Where this departs from running MDLM's code:
-
-* MDLM groups with Hugging Face ``map(batched=True)``, which drops the remainder of every
-  batch of 1000 rows in every worker process, so its token count depends on the CPU count of
-  the machine that built the cache. We drop only the remainder of the whole stream, as one
-  batch in one process would.
-* 1BW: our file is heldout shard 00000 (the benchmark's test set); HF's ``lm1b`` test split,
-  which MDLM loads, is all 50 heldout shards (``evaluation.bounds.datasets``).
-* A tokenizer without a BOS (MDLM would take its CLS token) frames blocks with its EOS on both
-  sides; GPT-2's ``<|endoftext|>`` is both anyway.
-* An autoregressive export scores all L positions too (the BOS given our start token); MDLM's
-  AR baseline scores the L - 1 positions after the BOS.
+``unmask`` (the default): the test split, our units and detokenizers, an EOS after every unit,
+blocks of the model's training length, the last one padded: every token is scored exactly once
+and none is dropped (docs/evaluation.md#the-protocol). ``mdlm``: the zero-shot protocol of
+MDLM's code (kuleshov-group/mdlm ``dataloader.py``, re-stated, not copied), to reproduce its
+numbers: its splits, the rows of its Hugging Face datasets, its detokenizers, every chunk of
+L - 2 tokens framed as BOS chunk EOS with all L positions scored, the last partial chunk
+dropped and counted, L = 1024. Where it departs from running MDLM's code, and why:
+docs/evaluation.md#mdlms-protocol.
 """
 
 from __future__ import annotations

@@ -1,20 +1,17 @@
-"""Zero-shot evaluation of an export: bounds per dataset, with the protocol that produced them.
+"""The scoring of an export on the zero-shot datasets: the bound on each, with the protocol that
+produced it (the bounds of ``unmask eval``, before its samples and report).
 
-For each dataset: read and detokenize (``evaluation.bounds.datasets``) with the split, units and
-detokenizer of the protocol (``evaluation.bounds.protocols``: ours by default, or MDLM's), tokenize
-with the model's own tokenizer, wrap into blocks as the protocol does (ours: EOS after every
-document, ``seq_len`` blocks, the last one padded and its padding not scored), then estimate
-the bound (``evaluation.bounds.estimator``): the continuous-time NELBO with K low-discrepancy time
-samples per block (or the T-step bound), or the exact likelihood of an autoregressive export.
-Bits per byte divide the total by the UTF-8 bytes of the detokenized text, so they do not
-depend on the tokenizer.
+    scores = score_datasets(exported, ScoringConfig(datasets=("ptb", "val"), data_dir="../shared/data",
+                                                    shards="shards/"), device=torch.device("cpu"))
+    scores.datasets["ptb"].perplexity_bound, scores.protocol.name
 
-The ``val`` dataset is the val split of the training shards: its sequences are the blocks
-(already packed with EOS), and the manifest gives its UTF-8 bytes. Its tokenizer must be the
-export's; anything else is refused, and so is ``val`` under a protocol other than ours.
-
-Every number comes with the protocol that produced it (``EvalScores.protocol`` and each
-dataset's own record, ``evaluation.results``), so it can be reproduced.
+Each dataset is read and detokenized as its protocol says (``evaluation.bounds.protocols``),
+tokenized with the model's own tokenizer, wrapped into blocks and scored by the estimator
+(``evaluation.bounds.estimator``); bits per byte divide the total by the UTF-8 bytes of the
+detokenized text. ``val`` is the val split of the training shards (their tokenizer must be the
+export's; ours is the only protocol that reads it). Every number carries the record of what was
+read and how (``DatasetResult.dataset``) and ``Scores.protocol`` every setting, so it can be
+reproduced; every rank returns the same scores. See docs/evaluation.md#the-protocol.
 """
 
 from __future__ import annotations
@@ -49,14 +46,15 @@ from evaluation.bounds.estimator import (
 )
 from evaluation.bounds.protocols import DEFAULT_PROTOCOL, PROTOCOLS, UNMASK, ZeroShotProtocol, get_protocol
 from evaluation.inference import COMPILE_SETTINGS, inference_mode, should_compile
-from evaluation.results import ABSENT, DatasetResult, EvalScores, PerTimeContributions, Protocol
+from evaluation.results import ABSENT, DatasetResult, PerTimeContributions, ProtocolRecord
 from model.autoregressive import Autoregressive
 from model.process import DiffusionProcess
 from model.transformer import TransformerConfig
 from pipeline.interchange.export import Exported
 from pipeline.training.engine import choose_inference_batch, device_memory_bytes
 
-__all__ = ["EvalConfig", "check_datasets", "evaluate_dataset", "evaluate", "VAL_DATASET", "default_batch_size"]
+__all__ = ["VAL_DATASET", "Scores", "ScoringConfig", "check_datasets", "default_batch_size", "score_dataset",
+           "score_datasets"]
 
 VAL_DATASET = "val"
 VAL_NEEDS_SHARDS = ("dataset 'val' needs --shards DIR (the training data of `unmask prep`; a run of `unmask run` "
@@ -72,8 +70,16 @@ LARGEST_GPU_BATCH = 256
 AllReduce = Callable[[list[float]], list[float]]
 
 
+@dataclass(frozen=True, kw_only=True)
+class Scores:
+    """What ``score_datasets`` measures: the bound on every dataset, and the protocol that made them."""
+
+    datasets: dict[str, DatasetResult]
+    protocol: ProtocolRecord
+
+
 @dataclass(frozen=True)
-class EvalConfig:
+class ScoringConfig:
     """The protocol of an evaluation (recorded verbatim in the results)."""
 
     datasets: tuple[str, ...]
@@ -123,7 +129,7 @@ class EvalConfig:
         check_datasets(self, shards_pending=shards_pending)
 
 
-def check_datasets(config: EvalConfig, *, shards_pending: bool = False) -> None:
+def check_datasets(config: ScoringConfig, *, shards_pending: bool = False) -> None:
     """Every dataset of ``config`` names something that can be read: a known name whose file
     is under ``data_dir`` (and has ``split``), ``val`` with ``shards`` holding a manifest (not
     looked at when ``shards_pending``: `unmask run` makes them), or an existing file. Checked
@@ -149,14 +155,15 @@ def check_datasets(config: EvalConfig, *, shards_pending: bool = False) -> None:
                 check_text_file(Path(name), config.detokenizer or "identity")
             else:
                 raise UserError(f"unknown dataset {name!r}: choose from "
-                                f"{', '.join(DATASET_NAMES + (VAL_DATASET,))}, or give a .txt/.jsonl/.parquet file path")
+                                f"{', '.join(DATASET_NAMES + (VAL_DATASET,))}, or give a .txt/.jsonl/.parquet "
+                                f"file path")
         except UserError as err:
             problems.append(str(err))
     if problems:
         raise UserError(f"--datasets {','.join(config.datasets)}: " + "; and ".join(problems))
 
 
-def _read_dataset(name: str, config: EvalConfig, protocol: ZeroShotProtocol) -> EvalDataset:
+def _read_dataset(name: str, config: ScoringConfig, protocol: ZeroShotProtocol) -> EvalDataset:
     if name in DATASET_NAMES:
         if config.data_dir is None:
             raise UserError(f"dataset {name!r} needs --data-dir (the ../shared/data layout; see SOURCES.md)")
@@ -174,7 +181,7 @@ def _read_dataset(name: str, config: EvalConfig, protocol: ZeroShotProtocol) -> 
     return dataset
 
 
-def _text_blocks(dataset: EvalDataset, exported: Exported, seq_len: int, config: EvalConfig,
+def _text_blocks(dataset: EvalDataset, exported: Exported, seq_len: int, config: ScoringConfig,
                  protocol: ZeroShotProtocol) -> tuple[Blocks, dict]:
     """The dataset's blocks under ``protocol``, and its record (what was read, how it was wrapped)."""
     tokenizer = exported.tokenizer
@@ -194,8 +201,8 @@ def _val_blocks(exported: Exported, shards: str | None) -> tuple[Blocks, int, di
         raise UserError(VAL_NEEDS_SHARDS)
     manifest = read_manifest(shards)
     if manifest.tokenizer.get("sha256") != exported.tokenizer.sha256:
-        raise UserError(f"{shards}: its tokenizer (sha256 {str(manifest.tokenizer.get('sha256'))[:12]}...) differs from "
-                        f"the model's ({exported.tokenizer.sha256[:12]}...): the bound would be meaningless")
+        raise UserError(f"{shards}: its tokenizer (sha256 {str(manifest.tokenizer.get('sha256'))[:12]}...) differs "
+                        f"from the model's ({exported.tokenizer.sha256[:12]}...): the bound would be meaningless")
     split = manifest.splits.get(VAL_DATASET)
     if split is None or split.sequences == 0:
         raise UserError(f"{shards} has no val split; prep with --val-fraction > 0")
@@ -211,7 +218,7 @@ def _val_blocks(exported: Exported, shards: str | None) -> tuple[Blocks, int, di
     return Blocks(tokens, positions), split.utf8_bytes, record
 
 
-def evaluate_dataset(name: str, exported: Exported, config: EvalConfig, *, device: torch.device,
+def score_dataset(name: str, exported: Exported, config: ScoringConfig, *, device: torch.device,
                      rank: int = 0, world_size: int = 1, all_reduce: AllReduce | None = None) -> DatasetResult:
     """The bound on one dataset (all ranks get the same one; only rank 0's has ``per_t``)."""
     protocol = get_protocol(config.protocol)
@@ -241,14 +248,14 @@ def default_batch_size(network: TransformerConfig, seq_len: int, device: torch.d
     return choose_inference_batch(network, seq_len, "bf16", device_memory_bytes(device), LARGEST_GPU_BATCH)
 
 
-def _scored_tokens(blocks: Blocks, config: EvalConfig, world_size: int) -> int:
+def _scored_tokens(blocks: Blocks, config: ScoringConfig, world_size: int) -> int:
     """Tokens one rank passes through the network: its blocks x length x time samples (at
     least; a target error may add samples)."""
     per_replicate = min(config.blocks_per_replicate or blocks.num_blocks, blocks.num_blocks)
     return math.ceil(per_replicate / world_size) * blocks.tokens.shape[1] * config.samples_per_block
 
 
-def _scoring_bar(record: dict, blocks: Blocks, config: EvalConfig, common: dict):
+def _scoring_bar(record: dict, blocks: Blocks, config: ScoringConfig, common: dict):
     """Rank 0's bar over the (time sample, block) pairs it scores: minutes per dataset on a
     CPU deserve a rate and an ETA. Unknown length with --target-rel-error (it adds samples)."""
     per_replicate = min(config.blocks_per_replicate or blocks.num_blocks, blocks.num_blocks)
@@ -258,7 +265,7 @@ def _scoring_bar(record: dict, blocks: Blocks, config: EvalConfig, common: dict)
                         disable=common["rank"] != 0)
 
 
-def _seq_len(exported: Exported, config: EvalConfig, protocol: ZeroShotProtocol) -> int:
+def _seq_len(exported: Exported, config: ScoringConfig, protocol: ZeroShotProtocol) -> int:
     """The block length: --seq-len, else the protocol's, else the model's training length."""
     max_seq_len = exported.network.config.max_seq_len
     seq_len = config.seq_len or protocol.block_length or max_seq_len
@@ -273,7 +280,7 @@ def _seq_len(exported: Exported, config: EvalConfig, protocol: ZeroShotProtocol)
     return seq_len
 
 
-def _estimate(record: dict, blocks: Blocks, utf8_bytes: int, exported: Exported, network, config: EvalConfig,
+def _estimate(record: dict, blocks: Blocks, utf8_bytes: int, exported: Exported, network, config: ScoringConfig,
               common: dict, all_reduce: AllReduce | None) -> DatasetResult:
     rank = common["rank"]
     # The blocks hold ids of the export's own tokenizer: no value checks (each a host sync).
@@ -292,7 +299,7 @@ def _estimate(record: dict, blocks: Blocks, utf8_bytes: int, exported: Exported,
     return _record(record, estimate, utf8_bytes, per_t)
 
 
-def _per_t(diffusion: DiffusionProcess, network, blocks: Blocks, config: EvalConfig,
+def _per_t(diffusion: DiffusionProcess, network, blocks: Blocks, config: ScoringConfig,
            common: dict) -> PerTimeContributions:
     """Per-time contributions of the first PER_T_BLOCKS blocks, one time sample each (rank 0)."""
     count = min(blocks.num_blocks, PER_T_BLOCKS)
@@ -314,9 +321,9 @@ def _record(dataset: dict, estimate: BoundEstimate, utf8_bytes: int,
     return result
 
 
-def evaluate(exported: Exported, config: EvalConfig, *, device: torch.device, rank: int = 0,
-             world_size: int = 1, all_reduce: AllReduce | None = None,
-             progress: Callable[[str], None] = lambda message: None) -> EvalScores:
+def score_datasets(exported: Exported, config: ScoringConfig, *, device: torch.device, rank: int = 0,
+                   world_size: int = 1, all_reduce: AllReduce | None = None,
+                   progress: Callable[[str], None] = lambda message: None) -> Scores:
     """The bound on every dataset of ``config``, and the protocol that produced them."""
     config.check()
     torch.manual_seed(config.seed)
@@ -324,9 +331,9 @@ def evaluate(exported: Exported, config: EvalConfig, *, device: torch.device, ra
     datasets = {}
     for name in config.datasets:
         progress(f"evaluating {name}")
-        datasets[name] = evaluate_dataset(name, exported, config, device=device, rank=rank,
+        datasets[name] = score_dataset(name, exported, config, device=device, rank=rank,
                                           world_size=world_size, all_reduce=all_reduce)
-    return EvalScores(datasets=datasets, protocol=_protocol(exported, config, world_size))
+    return Scores(datasets=datasets, protocol=_protocol(exported, config, world_size))
 
 
 def _bound_in_words(estimator: str, block_size: int | None) -> str:
@@ -338,12 +345,12 @@ def _bound_in_words(estimator: str, block_size: int | None) -> str:
             "given the clean blocks before it, t in (0, 1] (no training-time clipping)")
 
 
-def _protocol(exported: Exported, config: EvalConfig, world_size: int) -> Protocol:
+def _protocol(exported: Exported, config: ScoringConfig, world_size: int) -> ProtocolRecord:
     objective = exported.config["objective"]
     estimator = "autoregressive" if objective == "autoregressive" else (
         "discrete" if config.discrete_steps else "continuous")
     protocol = get_protocol(config.protocol)
-    return Protocol(
+    return ProtocolRecord(
         name=protocol.name, seq_len=_seq_len(exported, config, protocol),
         samples_per_block=config.samples_per_block, seed=config.seed, estimator=estimator,
         discrete_steps=config.discrete_steps, target_rel_error=config.target_rel_error,

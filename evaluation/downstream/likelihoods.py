@@ -7,72 +7,15 @@ lm-evaluation-harness asks a language model (``evaluation.downstream.lm_eval_mod
     scores[0].log_likelihood, scores[0].standard_error, scores[0].is_greedy
     documents = score_documents(model, [document_ids], settings, eos_id=eos, pad_id=eos)
 
-**Continuations, diffusion models.** log p(c | x) >= -NELBO(c | x): the process's own bound
-(``nelbo`` with ``positions``) on the row x + c with only the continuation's positions scored.
-The context is never noised and stays visible like a prompt, so the bound is one on
--log p(c | x): the conditional ELBO, endpoint terms included, which with the exact conditionals
-equals -log p(c | x) (as the unconditional bound equals -log p(x); tested on the oracle) and is
-tight for a one-token continuation with any denoiser. Its Monte Carlo estimate is the zero-shot
-estimator's (``evaluation.bounds.estimator.replicate_terms``, as ``unmask eval --quick`` draws it): K
-replicates; in each, every request gets one time, stratified over the call's distinct contexts
-in a random order, and one z_t from its context's generator (below). A request's log-likelihood
-is minus the mean of its K terms, with the standard error std / sqrt(K) of them. The replicates
-are independent, so that error is honest for each request and for any sum of requests (a task's
-mean log-likelihood takes its own from the replicate totals: ``Score.replicates``).
-
-The terms are heavy-tailed when few tokens are scored: a one-token continuation costs
-w(t) (-log p) when its token is masked and nothing otherwise, whose second moment grows like
-log(1 / endpoint_eps) (about 9 times the square of the mean at eps = 1e-4), so K = 16 leaves
-a standard error of about 70% of such a request's value. Multiple-choice accuracy compares
-such estimates: take K large when the choices are close (BENCHMARKS.md: accuracy against K).
-
-Common random numbers: requests that share a context (the choices of a multiple-choice
-document) take the same draws in every replicate, the same time and the same mask uniforms
-position by position (``replicate_terms``'s keys), so the same continuation positions are masked
-at the same t. Each bound stays unbiased, and their difference, which decides the accuracy, loses
-the noise they share (mostly w(t) and how many tokens are masked).
-
-Requests are scored in groups of equal length (context + continuation): every row of a forward
-pass is a real sequence without padding, which a bidirectional model would otherwise see. A
-request's estimate depends on the seed and on the contexts scored with it (their times are
-stratified together); the same requests and seed give the same numbers.
-
-``is_greedy`` is an approximation: whether every continuation token is the argmax of the
-denoiser's one prediction at the state its sampler starts from at t = 1 (the continuation all
-masked; uniform noise for the uniform process). A diffusion model's greedy decode depends on the
-order it unmasks in; this asks whether one pass predicts the whole continuation.
-
-**Block diffusion** (``model.block_size``): the same bound under the block factorization,
-continuation blocks scored given the clean context blocks before them (and the context
-tokens of their own block, visible); a row is filled up to whole blocks with EOS before its
-context (a document's start, never scored). ``is_greedy`` reads the one block-diffusion pass
-with the continuation masked.
-
-**Autoregressive models** are exact: the causal network reads [start, x, c without its last
-token] and -log p(c | x) sums its losses at c (standard error 0); ``is_greedy`` compares each
-token with the argmax before it, as lm-eval's HFLM does.
-
-**Too long.** A row longer than the model's ``max_seq_len`` loses context from the left, as
-HFLM's does (``Score.context_dropped`` counts the tokens dropped); a continuation that alone
-exceeds it is refused (UserError).
-
-**Documents** (lm-eval's ``loglikelihood_rolling``) are scored as ``unmask eval`` scores a
-dataset under our protocol: each document's tokens and an EOS, cut into blocks of the model's
-``max_seq_len``, the last padded (its padding visible to a bidirectional model, never scored),
-the K replicates of the estimator seeded by ``seed``, all documents of a call in one set of
-blocks; or the exact AR likelihood. Each document gets its own blocks (lm-eval scores documents
-apart); a set of one document gives ``unmask eval``'s bound on it exactly.
-
-**Batching.** Rows per forward pass: ``batch_rows``, or by the device's capacity
-(``capacity_rows``): on a GPU what half its free memory holds by the training estimate of
-``pipeline.training.engine.activation_memory_bytes`` (a forward without gradients keeps far less),
-halved after an out-of-memory error; on a CPU ``CPU_TOKENS_PER_BATCH`` tokens. The numbers do
-not depend on it. bf16 autocast on GPU (``evaluation.inference.inference_mode``); sums float64.
-
-**Host and device.** Requests, blocks and every generator (the estimator's, the greedy pass's
-uniform noise) live on the host, so a score does not depend on the device; each batch's tokens,
-positions and uniforms cross to the network's device as it is scored, and per-row sums come back
-once per batch.
+A diffusion model's continuation gets its conditional ELBO, a lower bound on log p(c | x) with
+the context never noised, estimated as the zero-shot estimator estimates a bound
+(``evaluation.bounds.estimator.replicate_terms``: K replicates, independent, so the standard
+error is honest for each request and any sum of them); the choices of one context share their
+draws (common random numbers). ``is_greedy`` is an approximation for diffusion models. An
+autoregressive model is exact (standard error 0). A document is scored as ``unmask eval``
+scores a dataset. Requests are scored in groups of equal length (no padding a bidirectional
+model would see); every generator lives on the host, so the numbers depend neither on the
+device nor on the batch. Why, and the variance: docs/downstream.md#how-a-diffusion-model-answers-lm-eval.
 """
 
 from __future__ import annotations
@@ -151,7 +94,7 @@ class Score:
     log_likelihood: float      # nats: minus the mean of the replicate terms
     standard_error: float      # Monte Carlo, of log_likelihood: 0 when exact, NaN with K = 1
     replicates: np.ndarray     # float64 [K]: the log-likelihood of each replicate ([1] when exact)
-    is_greedy: bool = False    # continuations only (see the module docstring)
+    is_greedy: bool = False    # continuations only (an approximation for diffusion models)
     context_dropped: int = 0   # context tokens cut from the left to fit max_seq_len
 
 

@@ -7,41 +7,14 @@ or learned, or autoregressive) scored as lm-eval scores every language model.
                                       tasks=["lambada_openai"])
     results = lm_eval.simple_evaluate(model=UnmaskLM("runs/tiny"), tasks=["hellaswag"])
 
-From a shell, ``python -m evaluation.downstream.lm_eval_model --model unmask --model_args path=runs/tiny
---tasks lambada_openai ...`` is lm-eval's own command line, every flag as lm-eval documents it,
-with this model registered: lm-eval 0.4 looks models up in its own registry only (no entry
-points), so its ``lm_eval`` script cannot find a model that lives outside its source tree
-without a fork. ``unmask lm-eval`` (``evaluation.lm_eval``) runs the same harness and adds
-the report and MLflow.
-
-Model arguments (``--model_args``, or keywords): ``path`` (a training run with an export, or an
-export; required), ``samples`` (K time samples per loglikelihood request of a diffusion model,
-default 16), ``seed`` (0), ``batch_size`` (rows per forward pass, or ``auto``: by the device's
-capacity), ``max_batch_size`` (a cap on ``auto``), ``device`` (default: cuda when available),
-and how ``generate_until`` samples a diffusion model (``model.sampling``): ``gen_sampler``
-(``ancestral``, the default, ``first-hitting``, ``confidence`` or ``remdm``, as the process
-allows), ``gen_steps`` (its budget of network calls; default one per generated token, and
-for first-hitting the exact sampler) and ``gen_grid`` (``uniform`` or ``cosine``). Any other
-name is refused in one line.
-
-The requests (``evaluation.downstream.likelihoods`` says how each number is made):
-
-- ``loglikelihood``: log p(continuation | context), a Monte Carlo lower bound for diffusion
-  models (the conditional ELBO with K time samples; its standard error is kept in ``records``),
-  exact for autoregressive ones; ``is_greedy`` is an approximation for diffusion models.
-  Contexts are encoded as lm-eval's ``TemplateLM`` encodes them (trailing spaces move to the
-  continuation; an empty context becomes the EOS token, which precedes every document in
-  training).
-- ``loglikelihood_rolling``: the document's bound under ``unmask eval``'s protocol, so
-  lm-eval's perplexity and bits per byte agree with our reports.
-- ``generate_until``: a sample with the context kept as a prompt (cut from the left to leave
-  ``max_gen_toks`` positions, as HFLM does), of ``max_gen_toks`` tokens, decoded up to the first
-  EOS and cut at the first stop sequence (``until``). ``do_sample: false`` (lm-eval's default)
-  draws each token as the argmax (the smallest nucleus); ``true`` samples at the task's
-  ``temperature`` (default 1; 0 is greedy) with its ``top_p``. A diffusion model generates all
-  ``max_gen_toks`` positions at once and the text is cut afterwards. Request i of a call is
-  sample i of the ``seed`` (``evaluation.generation.generate.continue_tokens``): the same answer
-  whatever the other requests.
+``python -m evaluation.downstream.lm_eval_model`` is lm-eval's own command line with this model
+registered (lm-eval 0.4 finds models only in its own registry); ``unmask lm-eval``
+(``evaluation.downstream.run``) runs the same harness and adds the report and MLflow. The
+requests are answered by ``evaluation.downstream.likelihoods`` (``loglikelihood``,
+``loglikelihood_rolling``) and ``evaluation.generation.generate.continue_tokens``
+(``generate_until``: request i of a call is sample i of the seed, whatever the others). A model
+argument it does not know is refused in one line. The arguments and what each request means:
+docs/downstream.md#lm-evals-own-command-line-and-python-api.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """The user's lm-eval task YAMLs, read before lm-eval reads them (``unmask lm-eval``).
 
-lm-eval indexes every YAML under an ``--include-path`` directory and skips one it cannot read
-without a word, so a syntax error came back as "unknown task"; a YAML named in ``--tasks``
-failed with the YAML library's error and no position; and ``!function module.fn`` in a task
-YAML makes lm-eval import ``module.py`` from the YAML's directory: it runs that code.
-``check_task_yamls`` reads the YAMLs the user gives (every ``*.yaml`` under the include paths,
-as lm-eval finds them, the ``--tasks`` paths, and the files they ``include:``) as YAML nodes,
-constructing nothing and importing nothing, and refuses, in one line naming the file, line
-and column:
-
-- a YAML that is not valid YAML;
-- a ``!function`` tag, unless ``allow_code`` (``--allow-code``: the user trusts the Python
-  next to those YAMLs). Our own tasks (``evaluation.downstream.tasks``) and lm-eval's, which are
-  installed code like the rest of the harness, are not read here;
-- an ``include:`` that does not exist;
-- a local ``dataset_kwargs.data_files`` path that matches no file: the cure is the path, not
-  the Hugging Face Hub. Relative paths are read from the working directory (a packaged builder
-  such as ``json``) or from ``dataset_path`` when it is a local directory; the files of a Hub
-  dataset are not checked here.
+``check_task_yamls`` reads every ``*.yaml`` under the include paths, the ``--tasks`` paths and
+the files they ``include:``, as YAML nodes (constructing nothing, importing nothing), and
+refuses in one line naming the file, line and column: invalid YAML, a ``!function`` tag (lm-eval
+would import and run the Python beside it) unless ``allow_code``, an ``include:`` that does not
+exist, and a local ``dataset_kwargs.data_files`` path that matches no file. Our own tasks and
+lm-eval's are installed code and are not read here. Why: docs/downstream.md#tasks-without-a-download.
 """
 
 from __future__ import annotations

@@ -1,2 +1,3 @@
 """Text generation from an export, and the quality of what it generates (generative perplexity, the
-sampler sweep)."""
+sampler sweep). See docs/sampling.md.
+"""

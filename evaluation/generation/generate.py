@@ -1,6 +1,5 @@
-"""Text generation from an export, unconditionally, after a prompt, or by infilling (the
-library behind ``unmask sample``, whose command line is ``orchestration.commands.sample``;
-also what ``unmask eval`` samples for its report, and what an lm-eval harness calls).
+"""Text generation from an export, unconditionally, after a prompt, or by infilling: the library
+behind ``unmask sample``, what ``unmask eval`` samples for its report, and what lm-eval calls.
 
     exported = load_export(resolve_export(Path("runs/tiny")))
     plan = SamplingPlan(sampler="first-hitting", top_p=0.9, seed=1)
@@ -8,47 +7,13 @@ also what ``unmask eval`` samples for its report, and what an lm-eval harness ca
     print(samples[0].text, samples[0].network_calls)
     answers = complete(exported, plan, ["Q: 2 + 2 =", "ROMEO:"], max_new_tokens=16)  # one per prompt
 
-``generate`` draws ``num`` samples of one prompt (or template); ``complete`` one continuation
-per prompt, each the same as ``generate``'s sample of that index and prompt: the API an
-evaluation harness's ``generate_until`` calls (it cuts the text at its own stop strings).
-
-Diffusion exports sample with their process's ``sample`` and the plan's sampler
-(``model.sampling``: ancestral, first-hitting, confidence or remdm, as the process allows)
-under the process and schedule they were trained with (a learned schedule with its trained
-theta). Conditioning is a tensor of kept tokens and mask ids: ``prompt`` keeps its tokens
-at the start of the sequence and generates the rest; ``infill`` takes a template whose
-literal text is kept in place and whose placeholders (``INFILL_SYNTAX``) are generated, as is
-everything after the template. ``seq_len`` beyond the network's ``max_seq_len`` needs the
-plan's ``block_len`` (semi-autoregressive blocks). A block diffusion export (``model.block_size``)
-samples in its own blocks with a KV cache, any ``seq_len`` (``model.sampling.blocks``), and with
-the plan's ``until_eos`` stops at EOS (``until_eos_plan``). Autoregressive exports sample left to
-right (the plan's temperature and nucleus; its sampler must be ``ancestral``, the default)
-and continue a ``prompt``; they cannot infill. Bad arguments raise ``UserError`` naming the
-flag of ``unmask sample`` that sets them; ``check_plan`` checks a plan against an export
-before any work.
-
-Text. ``Sample.tokens`` is the whole sampled sequence (``seq_len`` ids). ``Sample.text``
-decodes it up to, not including, the first EOS after the last kept token (the prompt's
-last token, or the template's last literal token): the model marks a document's end with
-EOS and what follows belongs to an unrelated document. An EOS generated between kept
-tokens stays (a SentencePiece EOS decodes to nothing). ``Sample.text_tokens`` is how many
-leading ids the text decodes: what sample quality (``evaluation.generation.sample_quality``) scores.
-Every sample also records how it was drawn: the plan, and its ``index`` under the plan's seed.
-
-Cost. ``Sample.network_calls`` counts the network evaluations that sample needed (the
-sampler counts them per row, ``SamplingStats.row_calls``). With caching the ancestral
-sampler of the absorbing process needs at most one per generated position however many
-steps; first-hitting exactly one per generated token; the uniform and learned processes
-need the network at every step where a row changed (and at every step for a
-time-conditioned network). An autoregressive sample costs one evaluation per generated
-token (no KV cache: each one re-reads the whole prefix).
-
-Determinism. Sample i draws from its own generator, seeded by (the plan's seed, i)
-(``model.sampling.sample_generators``, CPU generators whatever the device): the same export,
-plan and arguments give the same samples whatever ``batch_size``, and on any device up to the
-network's floating-point differences between devices and batch shapes (bit-identical on CPU
-in our tests). Conditioning is built on the host and moved to the network's device once per
-batch; the samplers keep their own rule of what stays on the host (``model.sampling.core``).
+Invariants: sample i draws from its own generator, seeded by (the plan's seed, i), so the same
+export, plan and arguments give the same samples whatever ``batch_size`` (``complete``'s answer
+to prompt i is ``generate``'s sample i of that prompt); ``Sample.text`` decodes up to the first
+EOS after the last kept token; ``Sample.network_calls`` counts the network evaluations that
+sample needed. Bad arguments raise ``UserError`` naming the flag of ``unmask sample``;
+``check_plan`` checks a plan against an export before any work. Samplers, budgets, prompts,
+templates and blocks: docs/sampling.md.
 """
 
 from __future__ import annotations
@@ -194,7 +159,7 @@ def generate(exported: Exported, plan: SamplingPlan, *, num: int, seq_len: int |
              prompt: str | None = None, infill: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
              device: str | None = None) -> list[Sample]:
     """Draw ``num`` samples (numbered 0 to num - 1) from ``exported`` as ``plan`` says, all with
-    the same ``prompt`` or ``infill`` template; see the module docstring.
+    the same ``prompt`` or ``infill`` template (docs/sampling.md).
 
     ``seq_len`` defaults to the network's ``max_seq_len``; longer needs ``plan.block_len``.
     Bad arguments raise ``UserError`` naming the CLI flag.

@@ -5,27 +5,14 @@ reference autoregressive model, and their unigram entropy.
     quality = score_samples(samples, exported.tokenizer, reference)
     quality.generative_perplexity.perplexity, quality.mean_unigram_entropy, quality.scores[0]
 
-The reference (``--reference PATH``) is an unmask autoregressive export (or a training run with
-one), or a Hugging Face causal LM directory on disk, loaded with ``transformers`` when it is
-installed (safetensors weights only, no remote code, nothing downloaded): a directory whose
-``model_type`` is no causal LM of the installed transformers (its own code would have to run,
-``auto_map``) is refused before any sample is drawn.
-
-Generative perplexity: exp(total NLL / total tokens) of the samples' texts under the
-reference, the tokens of all samples pooled (MDLM's metric pools them the same way). What is
-scored is each sample's ``text``: up to its first EOS after the kept tokens, the prompt
-included. When the reference shares the sampler's tokenizer (an unmask export with the same
-sha256), the sampled ids are scored as they are. Otherwise the tokenizers differ, and the
-decoded text is re-encoded with the reference's tokenizer (``retokenized``), as MDLM does.
-Each text is scored from a start token, so every one of its tokens counts: our start id V for
-an unmask export, the tokenizer's BOS (else its EOS: GPT-2 starts a document after
-``<|endoftext|>``) for a Hugging Face model. A text longer than the reference's context is
-scored in consecutive windows, each from a fresh start token, as MDLM splits it.
-
-Unigram entropy: of the empirical distribution of a sample's own token ids (those its text
-decodes), in nats; the report gives the mean over samples. A sampler that repeats itself
-gets a low entropy and a flattering generative perplexity, so read the two together. An
-empty text has entropy 0 and adds nothing to the perplexity.
+The reference is an unmask autoregressive export (or a run with one), or a Hugging Face causal
+LM directory on disk (safetensors only, no remote code, nothing downloaded; one that would need
+its own code is refused before any sample is drawn). Generative perplexity is exp(total NLL /
+total tokens) of the samples' texts, all samples pooled, each text scored from a start token in
+windows of the reference's context: the sampled ids when the reference shares the tokenizer,
+the decoded text re-encoded otherwise (``retokenized``). Unigram entropy is of a sample's own
+token ids, in nats; read the two together (a repetitive sampler flatters the perplexity).
+See docs/sampling.md#sample-quality-as-the-papers-report-it.
 """
 
 from __future__ import annotations

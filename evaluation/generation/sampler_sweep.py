@@ -6,12 +6,13 @@
 For every sampler the export's process takes (``model.sampling``) and every budget of network
 calls (``SWEEP_BUDGETS`` by default: 16 to 1024), ``num`` samples are drawn with the base
 plan's temperature, nucleus, grid (first-hitting has none) and seed and that sampler's default
-options, and scored (``evaluation.generation.sample_quality``): the mean network calls a sample actually needed, the
-generative perplexity of their text under the reference (None without one) and their mean
-unigram entropy. Read the two together: a sampler that repeats itself gets a low entropy and
+options, and scored (``evaluation.generation.sample_quality``): the mean network calls a
+sample actually needed, the generative perplexity of their text under the reference (None
+without one) and their mean unigram entropy. Read the two together: a sampler that repeats itself gets a low entropy and
 a flattering perplexity. ``unmask eval --sample-sweep`` puts the table and its plot in the
 report; ``bench/sampler_quality.py`` prints it for BENCHMARKS.md. An autoregressive export has
 one way to sample and no budget: ``sweep_samplers`` refuses it (a UserError).
+See docs/sampling.md#which-sampler-at-which-budget.
 """
 
 from __future__ import annotations

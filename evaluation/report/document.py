@@ -8,7 +8,7 @@ self-contained HTML page.
 Text is given as it should read; each renderer escapes it for its format. A plain ``str`` is
 prose, ``Code`` is shown verbatim in monospace, ``Quote`` is a verbatim block (a sample) and
 ``Plot`` a PNG image with a caption: linked by relative path in Markdown, inlined as a data URI
-in HTML, so the page needs nothing beside it.
+in HTML, so the page needs nothing beside it. See docs/evaluation.md#the-report.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@
 
 Plots use matplotlib's Agg canvas through the object-oriented API: no pyplot, no global
 state, no display needed. The same data gives the same PNG bytes.
+See docs/evaluation.md#the-report.
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
-"""Published perplexities to place our numbers next to (docs/MATH.md, "Reference numbers").
+"""Published perplexities to place our numbers next to (docs/math.md#reference-numbers).
 
     references_for("wikitext2")   # GPT-2, SEDD absorb, MD4 (small and medium; MD4 Table 1), MDLM
     references_for("owt")         # OpenWebText held-out: AR, SEDD, MDLM (MDLM paper)
 
-Every entry is a GPT-2 BPE model evaluated at sequence length 1024. GPT-2 was trained on
-WebText, the others on OpenWebText. GPT-2 and AR values are exact perplexities, the
-diffusion values are upper bounds (``is_bound``). The evaluation protocol alone (split,
-BOS/EOS handling, detokenizer, wrapping) moves these numbers by 5 to 15 percent across
-papers, so a comparison needs the same tokenizer and the same protocol.
-
-MDLM's own zero-shot row (its paper's table, measured with the ``mdlm`` protocol of
-``evaluation.bounds.protocols``) is listed next to MD4's, but its numbers are not in our sources
-(docs/MATH.md and the seeds hold no MDLM zero-shot table), so every value is missing
-(``value`` None) rather than quoted from memory.
+Every entry is a GPT-2 BPE model evaluated at sequence length 1024 (GPT-2 trained on WebText,
+the others on OpenWebText); GPT-2 and AR values are exact perplexities, diffusion values upper
+bounds (``is_bound``). The protocol alone moves these numbers by 5 to 15 percent across
+papers, so a comparison needs the same tokenizer and protocol. MDLM's own zero-shot row is
+listed next to MD4's with every value missing (``value`` None): docs/math.md and the seeds hold
+no MDLM zero-shot table, and nothing is quoted from memory. See docs/evaluation.md#the-report.
 """
 
 from __future__ import annotations
@@ -31,7 +27,7 @@ OPENWEBTEXT = "OpenWebText"
 MD4_TABLE_1 = "MD4 paper, Table 1"
 MDLM_PAPER = "MDLM paper"
 MDLM_ZERO_SHOT = "MDLM paper, zero-shot table"
-MISSING_VALUE = "missing (not in our sources: docs/MATH.md, seeds)"
+MISSING_VALUE = "missing (not in our sources: docs/math.md, seeds)"
 # The columns of MD4 Table 1, under our dataset names (1BW is lm1b).
 ZERO_SHOT_DATASETS = ("lambada", "wikitext2", "ptb", "wikitext103", "lm1b")
 OWT = "owt"

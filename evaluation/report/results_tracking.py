@@ -6,21 +6,11 @@ costs that record (a warning), never the results nor the report.
         tracking.record, tracking.curves   # the run (for results.json), the training curves
         tracking.upload_report(out_dir)    # once the report is written
 
-The metrics (``eval/DATASET/nelbo_per_token``, ``perplexity_bound``, ``bits_per_byte``,
-``standard_error``, at the checkpoint's step; for a learned schedule
-``eval/schedule/exponent_min``, ``_median``, ``_max`` and the tags
-``eval/schedule/unmask_first``, ``unmask_last``; with samples
-``eval/samples/mean_unigram_entropy``, ``eval/samples/mean_network_calls`` and, with a
-reference model, ``eval/samples/generative_perplexity``, and the sampling plan as the tags
-``eval/sampling/FIELD``, and a block diffusion's ``eval/block_size``: tags, because the
-training's run may be evaluated again with another plan and MLflow params never change) go
-to the training's own MLflow run when the export belongs to one, or, with a tracking URI, to a new run in the ``unmask-eval``
-experiment tagged with the checkpoint.
-
-``track_downstream`` logs ``unmask lm-eval``'s tasks to the same run (the same rules find it):
-``lm_eval/TASK/METRIC`` for every numeric metric lm-eval reports (``acc,none`` becomes ``acc``,
-another filter ``acc_FILTER``) with ``..._stderr`` beside it, and for the tasks that score
-log-likelihoods ``lm_eval/TASK/mean_log_likelihood`` and ``lm_eval/TASK/monte_carlo_error``.
+``track_results`` logs ``unmask eval``'s metrics (``eval/...``) at the checkpoint's step to the
+training's own MLflow run when the export belongs to one, or, with a tracking URI, to a new run
+in the ``unmask-eval`` experiment tagged with the checkpoint; ``track_downstream`` logs
+``unmask lm-eval``'s (``lm_eval/TASK/METRIC``) to the same run. What is logged, and why some
+are tags: docs/evaluation.md#the-report and docs/downstream.md.
 """
 
 from __future__ import annotations
@@ -33,10 +23,17 @@ from pathlib import Path
 
 from mlflow.exceptions import MlflowException
 
-from evaluation.downstream.task_results import DOWNSTREAM_JSON, DownstreamResults
 from evaluation.report.plots import Curves
 from evaluation.report.write import JSON_NAME
-from evaluation.results import EvalResults, MlflowRecord, ModelRecord, SamplingRecord, ScheduleRecord
+from evaluation.results import (
+    DOWNSTREAM_JSON,
+    DownstreamResults,
+    EvalResults,
+    MlflowRecord,
+    ModelRecord,
+    SamplingRecord,
+    ScheduleRecord,
+)
 from pipeline.tracking.tracker import Tracker, TrackingUnreachable, flatten_params
 
 __all__ = ["CURVE_METRICS", "DOWNSTREAM_PREFIX", "EVAL_EXPERIMENT", "REPORT_ARTIFACT_DIR", "VAL_METRIC",

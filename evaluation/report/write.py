@@ -3,27 +3,14 @@
     files = write_report(results, Path("eval/run1"), curves={"train/loss": [(100, 4.2), ...]})
     files.markdown, files.html, files.json, files.plots
 
-``results`` is an ``EvalResults`` (``evaluation.results`` has the schema), or its JSON object;
-every number in the report comes from it. The directory ``out_dir`` appears whole (written
-beside its place and renamed there: a reader never sees half a report), and replaces only an
-earlier report (``REPORT_KIND``, ``common.outputs``). It holds:
-
-* ``results.json``: ``results`` verbatim (indented, sorted keys); the record to reproduce from.
-* ``plots/*.png``: the training curves given as ``curves`` and each dataset's contributions
-  against t, when there is data for them (``evaluation.report.plots``).
-* ``mlflow_run.json``: the MLflow run a report of its own logs to (``evaluation.report.results_tracking``),
-  kept from the directory it replaces.
-* ``report.md`` and ``report.html``: the same document (title, results table with each
-  number's protocol, downstream tasks, training, a learned schedule's exponents, comparison,
-  reference numbers with MDLM's row next to MD4's, samples with their unigram entropy and
-  generative perplexity, plots, protocol), built here from its sections and rendered by
-  ``evaluation.report.document``.
-
-* ``downstream.json`` and ``lm_eval_results.json``: what ``unmask lm-eval`` measured (our record,
-  ``evaluation.downstream.task_results``, and lm-eval's own results), with the "Downstream tasks"
-  section in the documents; with ``results=None`` the report holds that section alone (an
-  export scored by lm-eval before ``unmask eval``), and no results.json is written. A later
-  ``unmask eval`` keeps them, as it keeps ``mlflow_run.json`` (``KEPT_FILES``).
+``results`` is an ``EvalResults`` or its JSON object (checked whole first), and every number in
+the report comes from it. Everything is rendered before the first file is written, and the
+directory appears whole, replacing only an earlier report (``REPORT_KIND``,
+``common.outputs``): malformed results or a failed write leave it as it was. It keeps the
+``KEPT_FILES`` other steps write there (MLflow's record, ``unmask lm-eval``'s records, whose
+"Downstream tasks" section it shows; with ``results=None`` that section alone). The documents
+are built here from their sections and rendered by ``evaluation.report.document``. What the
+directory holds: docs/evaluation.md#the-report.
 """
 
 from __future__ import annotations
@@ -38,8 +25,7 @@ from typing import Any, TypeVar
 
 from common.atomic_files import atomic_write_bytes
 from common.outputs import OutputKind, holds_only, json_object, new_output_dir
-from evaluation.bounds.protocols import DEFAULT_PROTOCOL
-from evaluation.downstream.task_results import DOWNSTREAM_JSON, LM_EVAL_JSON, DownstreamResults, TaskResult
+from evaluation.bounds.protocols import UNMASK
 from evaluation.report.document import (
     Block,
     Code,
@@ -62,13 +48,16 @@ from evaluation.report.references import (
 )
 from evaluation.results import (
     ABSENT,
-    Absent,
+    DOWNSTREAM_JSON,
+    LM_EVAL_JSON,
     DatasetResult,
+    DownstreamResults,
     EvalResults,
     ModelRecord,
     SampleRecord,
     SamplingRecord,
     ScheduleToken,
+    TaskResult,
 )
 from pipeline.run_dir.layout import MLFLOW_RECORD
 
@@ -164,15 +153,15 @@ def _header_blocks(results: EvalResults | DownstreamResults) -> list[Block]:
     return blocks
 
 
-def _protocol_name(record: DatasetResult, evaluation: str | Absent = ABSENT) -> str:
-    """The protocol a number used (``evaluation``'s when the record does not say); results from
-    before protocols had names were made with ours."""
-    return record.dataset.get("protocol") or evaluation or DEFAULT_PROTOCOL
+def _protocol_name(record: DatasetResult) -> str:
+    """The protocol a number used: its dataset record names it, but for the training shards' val
+    split, which only ours reads."""
+    return record.dataset.get("protocol", UNMASK.name)
 
 
-def _protocol_of(record: DatasetResult, evaluation: str | Absent = ABSENT) -> str:
+def _protocol_of(record: DatasetResult) -> str:
     """The protocol a number used and the split it scored, e.g. "mdlm, valid split"."""
-    return f"{_protocol_name(record, evaluation)}, {record.dataset.get('split', '?')} split"
+    return f"{_protocol_name(record)}, {record.dataset.get('split', '?')} split"
 
 
 def _results_row(name: str, protocol: str, record: DatasetResult, exact: bool) -> tuple[Inline, ...]:
@@ -190,7 +179,7 @@ def _results_blocks(results: EvalResults) -> list[Block]:
     header = (("dataset", "protocol", "tokens", "NLL/token (nats)", "perplexity (exact)", "bits/byte") if exact else
               ("dataset", "protocol", "tokens", "NELBO/token (nats ± SE)", "perplexity bound (95% interval)",
                "bits/byte"))
-    rows = tuple(_results_row(name, _protocol_of(record, results.protocol.name), record, exact)
+    rows = tuple(_results_row(name, _protocol_of(record), record, exact)
                  for name, record in results.datasets.items())
     explanation = (
         "Exact negative log-likelihood per token of the causal model; perplexity = "
@@ -270,7 +259,7 @@ def _our_reference_row(results: EvalResults, record: DatasetResult) -> tuple[Inl
     # The training data column stays empty: the results do not name this run's corpus.
     return (f"this run ({model.objective}, step {_count(model.step)})", value, _our_scale(model.network),
             f"{model.tokenizer.kind} (vocab {_count(model.tokenizer.vocab_size)})", MISSING,
-            _protocol_of(record, results.protocol.name), "this report")
+            _protocol_of(record), "this report")
 
 
 def _reference_row(reference: Reference) -> tuple[Inline, ...]:
@@ -290,7 +279,7 @@ def _comparability_caveats(results: EvalResults) -> list[str]:
     if protocol.seq_len != REFERENCE_SEQ_LEN:
         caveats.append(f"This run's sequence length is {protocol.seq_len}, the references' "
                        f"{REFERENCE_SEQ_LEN}.")
-    if protocol.max_documents not in (ABSENT, None):
+    if protocol.max_documents is not None:
         caveats.append("This run scored only the first max_documents documents of each set (see the "
                        "protocol); the references scored whole sets.")
     return caveats
@@ -314,7 +303,7 @@ def _reference_blocks(results: EvalResults) -> list[Block]:
     header = ("model", "perplexity", "scale", "tokenizer", "training data", "protocol", "source")
     for name, record, references in compared:
         blocks.append(Heading(3, name))
-        note = protocol_note(name, _protocol_name(record, results.protocol.name))
+        note = protocol_note(name, _protocol_name(record))
         if note:
             blocks.append(paragraph(f"Protocol difference: {note}."))
         rows = (_our_reference_row(results, record), *map(_reference_row, references))
@@ -418,7 +407,7 @@ def _comparison_blocks(results: EvalResults) -> list[Block]:
     note = ("Both models share the tokenizer, so the per-token gap compares the same tokens."
             if _same_tokenizer(ours, theirs) else "The tokenizers differ: only the bits-per-byte gap is comparable.")
     differing = [name for name, record in results.datasets.items() if name in other.datasets
-                 and _protocol_of(record, results.protocol.name) != _protocol_of(other.datasets[name])]
+                 and _protocol_of(record) != _protocol_of(other.datasets[name])]
     if differing:
         note += (f" The two evaluations read {', '.join(differing)} with different protocols or splits: "
                  f"those gaps compare different tokens.")
@@ -444,7 +433,9 @@ def _metric(value: float | None) -> str:
 
 def _downstream_documents(record: TaskResult) -> str:
     documents = _count(record.documents)
-    return documents if record.documents_total == record.documents else f"{documents} of {_count(record.documents_total)}"
+    if record.documents_total == record.documents:
+        return documents
+    return f"{documents} of {_count(record.documents_total)}"
 
 
 def _downstream_likelihood_row(task: str, record: TaskResult, exact: bool) -> tuple[Inline, ...]:
@@ -473,8 +464,8 @@ def _downstream_blocks(downstream: DownstreamResults | None, step: int | None) -
         f"context kept visible, from {settings.get('samples')} time samples per request (seed "
         f"{settings.get('seed')}). Accuracies compare these bounds and perplexities are upper bounds; the acc of "
         f"LAMBADA-style tasks uses is_greedy, approximated by the argmax of one prediction at the all-masked "
-        f"continuation (evaluation.downstream.likelihoods). The ± of a metric is lm-eval's, over documents; the Monte Carlo "
-        f"error of the bounds is in the second table (of the task's mean, and the median request's own).")
+        f"continuation (evaluation.downstream.likelihoods). The ± of a metric is lm-eval's, over documents; the "
+        f"Monte Carlo error of the bounds is in the second table (of the task's mean, and the median request's own).")
     blocks: list[Block] = [
         Heading(2, "Downstream tasks"),
         paragraph(f"lm-evaluation-harness {downstream.lm_eval_version} on the export at step "

@@ -1,4 +1,4 @@
-"""The ``unmask lm-eval`` command: its flags, and the summary it prints (``evaluation.lm_eval``
+"""The ``unmask lm-eval`` command: its flags, and the summary it prints (``evaluation.downstream.run``
 does the work)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 
 from common.logs import configure_logging
-from evaluation.downstream.task_results import DownstreamResults
 from evaluation.inference import DEVICE_HELP
+from evaluation.results import DownstreamResults
 from model.sampling import SAMPLERS
 
 RAW = argparse.RawDescriptionHelpFormatter
@@ -57,7 +57,7 @@ def _limit(text: str) -> float | int:
 
 def _cmd_lm_eval(args: argparse.Namespace) -> int:
     # Imported when the command runs: lm-eval, datasets and MLflow would slow every other command.
-    from evaluation.lm_eval import DownstreamConfig, DownstreamOptions, run_downstream
+    from evaluation.downstream.run import DownstreamConfig, DownstreamOptions, run_downstream
 
     configure_logging()
     config = DownstreamConfig(

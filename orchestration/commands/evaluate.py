@@ -10,7 +10,7 @@ from pathlib import Path
 from common.logs import configure_logging
 from evaluation.bounds.detokenizers import DETOKENIZERS
 from evaluation.bounds.protocols import DEFAULT_PROTOCOL, PROTOCOLS
-from evaluation.bounds.scoring import EvalConfig
+from evaluation.bounds.scoring import ScoringConfig
 from evaluation.inference import COMPILE_SETTINGS, DEVICE_HELP
 from evaluation.results import EvalResults
 from orchestration.commands.sampling_flags import (
@@ -43,8 +43,8 @@ examples:
 QUICK_BLOCKS_PER_REPLICATE = 64
 
 
-def _eval_config(args: argparse.Namespace) -> EvalConfig:
-    return EvalConfig(
+def _eval_config(args: argparse.Namespace) -> ScoringConfig:
+    return ScoringConfig(
         datasets=tuple(name.strip() for name in args.datasets.split(",") if name.strip()),
         data_dir=args.data_dir, shards=args.shards, split=args.split, protocol=args.protocol,
         detokenizer=args.detokenizer, samples_per_block=args.samples,
@@ -75,7 +75,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _print_summary(results: EvalResults, report: Path) -> None:
     bound = "perplexity" if results.model.objective == "autoregressive" else "perplexity <="
-    print(f"protocol: {results.protocol.name or DEFAULT_PROTOCOL}")
+    print(f"protocol: {results.protocol.name}")
     for name, record in results.datasets.items():
         low, high = record.perplexity_interval
         print(f"{name:>24}: {bound} {record.perplexity_bound:.3f} (95% {low:.3f}-{high:.3f}), "

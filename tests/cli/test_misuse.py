@@ -17,7 +17,7 @@ import torch
 
 from common.errors import UserError
 from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
-from evaluation.bounds.scoring import EvalConfig
+from evaluation.bounds.scoring import ScoringConfig
 from evaluation.zero_shot import ReportOptions, run_zero_shot
 from model.absorbing import AbsorbingDiffusion
 from model.sampling import PlanError, RemaskOptions, SamplingPlan, parse_sampler_options
@@ -123,7 +123,7 @@ def test_an_evaluation_whose_samples_fail_still_writes_the_report_of_its_bounds(
 
     monkeypatch.setattr("evaluation.zero_shot.generate", out_of_memory)
     out = tmp_path / "report"
-    config = EvalConfig(datasets=(str(text_file),), samples_per_block=2)
+    config = ScoringConfig(datasets=(str(text_file),), samples_per_block=2)
     launcher = {name: os.environ.get(name) for name in DISTRIBUTED_ENV}
     with pytest.raises(RuntimeError, match="CUDA out of memory"):
         run_zero_shot(exports["diffusion"], config, ReportOptions(num_samples=1, out=out), device="cpu")
@@ -308,7 +308,7 @@ def test_a_recorded_first_hitting_plan_with_a_grid_reads_back_as_the_plan_it_was
 
 
 def test_the_lm_eval_library_refuses_a_limit_lm_eval_would_cut():
-    from evaluation.lm_eval import DownstreamConfig
+    from evaluation.downstream.run import DownstreamConfig
 
     for limit in (1.5, 0, -2):
         with pytest.raises(UserError, match=r"--limit must be a whole number of documents N >= 1, or a fraction"):
@@ -319,7 +319,7 @@ def test_the_lm_eval_library_refuses_a_limit_lm_eval_would_cut():
 
 def test_the_hub_probe_goes_through_the_proxy_the_environment_names(monkeypatch):
     """Behind a proxy the Hub's host is not reached directly: the probe must not refuse --download there."""
-    from evaluation.lm_eval import check_hub_reachable
+    from evaluation.downstream.run import check_hub_reachable
 
     for name in ("no_proxy", "NO_PROXY", "all_proxy", "ALL_PROXY", "HTTPS_PROXY"):
         monkeypatch.delenv(name, raising=False)

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
 from mlflow.tracking import MlflowClient
 
+from common.errors import UserError
+from evaluation.bounds.scoring import ScoringConfig
+from evaluation.zero_shot import ReportOptions, run_zero_shot
+from tests.evaluation.report.test_write import make_results
 from tests.support.cli_runner import run_unmask
 from tests.support.paths import SHARED, require_shared
 from tests.support.shard_fixtures import write_numbered_split
@@ -144,3 +149,19 @@ def test_an_autoregressive_run_without_ema_gets_its_exact_perplexity_from_its_li
     assert ours["comparison"]["model"]["objective"] == "autoregressive"
     markdown = (tmp_path / "cmp" / "report.md").read_text()
     assert "## Comparison" in markdown and f"{gap:.4f}" in markdown
+
+
+def test_compare_refuses_the_results_of_an_older_layout_with_how_to_redo_them(tmp_path):
+    own = tmp_path / "own.txt"
+    own.write_text("a paragraph\n")
+    results = make_results()
+    results["datasets"] = {str(own): results["datasets"]["lambada"]}
+    del results["protocol"]["name"]   # written before protocols had names
+    other = tmp_path / "other" / "results.json"
+    other.parent.mkdir()
+    other.write_text(json.dumps(results))
+    refusal = (f"--compare {other}: not the results.json of an `unmask eval` (it lacks protocol.name); rerun "
+               f"`unmask eval` to write it anew")
+    with pytest.raises(UserError, match=f"^{re.escape(refusal)}$"):
+        run_zero_shot(tmp_path / "run", ScoringConfig(datasets=(str(own),)), ReportOptions(compare=other))
+    assert not (tmp_path / "run").exists()

@@ -6,6 +6,7 @@ Each function takes lm-eval's task metadata as keywords and reads ``data_dir`` f
 ``unmask lm-eval --data-dir DIR``, or by lm-eval's ``--metadata '{"data_dir": "DIR"}'``), else
 from the environment variable ``UNMASK_DATA_DIR``. A missing directory or file is a
 ``UserError`` naming the path and where to get the file.
+See docs/downstream.md#tasks-without-a-download.
 """
 
 from __future__ import annotations

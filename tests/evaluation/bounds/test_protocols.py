@@ -23,7 +23,7 @@ from data_prep.tokenizer.load import load_tokenizer
 from evaluation.bounds.datasets import load_dataset
 from evaluation.bounds.detokenizers import DETOKENIZERS
 from evaluation.bounds.protocols import MDLM, MDLM_BLOCK_LENGTH, UNMASK, frame_blocks, get_protocol
-from evaluation.bounds.scoring import EvalConfig
+from evaluation.bounds.scoring import ScoringConfig
 from evaluation.zero_shot import ReportOptions, is_up_to_date
 from orchestration.cli import build_parser
 from orchestration.commands.evaluate import _eval_config
@@ -216,7 +216,7 @@ def test_every_detokenizer_is_reachable_from_unmask_eval(detokenizer):
 ])
 def test_bad_protocol_settings_are_refused_before_any_work(config, message):
     with pytest.raises(UserError, match=message):
-        EvalConfig(**config).check()
+        ScoringConfig(**config).check()
 
 
 # ------------------------------------------------------------------ unmask eval --protocol mdlm
@@ -247,9 +247,9 @@ def test_unmask_eval_protocol_mdlm_end_to_end(gpt2_export, tmp_path, capsys):
         assert record["dataset"]["protocol"] == "mdlm" and record["dataset"]["split"] == MDLM_SPLITS[name]
     markdown = (out / "report.md").read_text(encoding="utf-8")
     assert "| ptb | mdlm, valid split | 1,024 |" in markdown
-    assert "| MDLM | missing (not in our sources: docs/MATH.md, seeds) |" in markdown
+    assert "| MDLM | missing (not in our sources: docs/math.md, seeds) |" in markdown
     # `unmask run` redoes an evaluation made with another protocol.
-    config = EvalConfig(datasets=("ptb", "wikitext2", "lambada"), samples_per_block=2, protocol="mdlm")
+    config = ScoringConfig(datasets=("ptb", "wikitext2", "lambada"), samples_per_block=2, protocol="mdlm")
     assert is_up_to_date(gpt2_export, config, ReportOptions(out=out))
     assert not is_up_to_date(gpt2_export, replace(config, protocol="unmask"), ReportOptions(out=out))
 

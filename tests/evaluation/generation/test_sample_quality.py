@@ -15,7 +15,7 @@ import torch
 from common.errors import UserError
 from data_prep.tokenizer.load import load_tokenizer
 from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
-from evaluation.bounds.scoring import EvalConfig
+from evaluation.bounds.scoring import ScoringConfig
 from evaluation.generation.generate import generate
 from evaluation.generation.sample_quality import (
     HF_KIND,
@@ -229,7 +229,7 @@ def test_unmask_eval_sweeps_every_sampler_over_the_budgets(exports, tmp_path):
     assert unmask_in_process(["eval", str(exports["diffusion"]), "--datasets", str(text), "--samples", "2",
                               "--num-samples", "2", "--sampler", "first-hitting", "--sample-sweep",
                               "--reference", str(exports["ar"]), "--out", str(out)]) == 0
-    config, plan = EvalConfig(datasets=(str(text),), samples_per_block=2), SamplingPlan(sampler="first-hitting")
+    config, plan = ScoringConfig(datasets=(str(text),), samples_per_block=2), SamplingPlan(sampler="first-hitting")
     options = ReportOptions(num_samples=2, sampling=plan, sample_sweep=True, out=out)
     assert is_up_to_date(exports["diffusion"], config, options)  # unmask run would skip it...
     assert not is_up_to_date(exports["diffusion"], config, replace(options, sampling=replace(plan, seed=1)))

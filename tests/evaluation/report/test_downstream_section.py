@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from evaluation.downstream.task_results import DownstreamResults
 from evaluation.report.results_tracking import downstream_metrics
 from evaluation.report.write import JSON_NAME, write_report
+from evaluation.results import DownstreamResults
 from tests.evaluation.report.test_write import make_results
 
 LAMBADA = {"acc,none": 0.3125, "acc_stderr,none": 0.0064, "perplexity,none": 41.5, "perplexity_stderr,none": 1.2}

@@ -10,7 +10,8 @@ import pytest
 
 from evaluation.bounds.estimator import Z_95
 from evaluation.report.references import REFERENCES, references_for
-from evaluation.report.write import write_report
+from evaluation.report.write import read_record, write_report
+from evaluation.results import EvalResults
 from model.sampling import SamplingPlan
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -26,7 +27,7 @@ def _dataset_record(name: str, nelbo: float, se: float, tokens: int, utf8_bytes:
     record = {
         "dataset": {"name": name, "split": "test", "path": f"/data/{name}/test.txt",
                     "sha256": SHA, "detokenizer": name, "unit": "sentence per line",
-                    "documents": 100, "dropped_empty": 0, "utf8_bytes": utf8_bytes},
+                    "documents": 100, "dropped_empty": 0, "utf8_bytes": utf8_bytes, "protocol": "unmask"},
         "estimate": {"nelbo_per_token": nelbo, "standard_error": se, "num_tokens": tokens,
                      "num_blocks": 10, "samples_per_block": 16, "kind": "continuous",
                      "discrete_steps": None, "seed": 0, "error_method": "replicates",
@@ -49,10 +50,11 @@ def make_results(objective: str = "diffusion", *, per_t: bool = True, samples: b
                   "network": {"n_layers": 12, "d_model": 768, "n_heads": 12, "vocab_size": 50258,
                               "max_seq_len": 1024},
                   "tokenizer": {"kind": "gpt2-bpe", "sha256": SHA, "vocab_size": 50258}},
-        "protocol": {"seq_len": 1024, "samples_per_block": 16, "seed": 0,
+        "protocol": {"name": "unmask", "seq_len": 1024, "samples_per_block": 16, "seed": 0,
                      "estimator": "autoregressive" if objective == "autoregressive" else "continuous",
-                     "discrete_steps": None, "target_rel_error": 0.002, "add_eos": True,
-                     "wrapping": "documents + EOS concatenated | cut into blocks",
+                     "discrete_steps": None, "target_rel_error": 0.002, "add_eos": True, "split": "test",
+                     "max_documents": None, "wrapping": "documents + EOS concatenated | cut into blocks",
+                     "bound": "continuous-time NELBO with both endpoint terms",
                      "precision": "float32 weights; sums float64", "world_size": 2},
         "datasets": {
             "lambada": _dataset_record("lambada", 3.5, 0.01, 245_569, 1_000_000, per_t),
@@ -99,7 +101,6 @@ def test_results_rows_carry_numbers_and_interval(report):
             "| bits/byte |") in markdown
     lambada = _row(markdown, "lambada")
     bits_per_byte = f"{3.5 * 245_569 / (math.log(2) * 1e6):.4f}"
-    # Results written before protocols had names were made with ours.
     for text in ("| unmask, test split |", "245,569", "3.5000 ± 0.0100", "33.12 (32.47 – 33.77)", bits_per_byte):
         assert text in lambada
     wikitext = _row(markdown, "wikitext2")
@@ -134,7 +135,7 @@ def test_reference_rows_are_labelled(report):
                        and reference.scale in line)
             assert "GPT-2 BPE" in row and reference.training_data in row and reference.source in row
         mdlm = _row(section, "MDLM")  # next to MD4's: no number our sources hold, none invented
-        assert "missing (not in our sources: docs/MATH.md, seeds)" in mdlm and "| mdlm |" in mdlm
+        assert "missing (not in our sources: docs/math.md, seeds)" in mdlm and "| mdlm |" in mdlm
         assert "MD4 paper, Table 1" in section.splitlines()[section.splitlines().index(mdlm) - 1]
     assert "small ~ 124M" in html and "GPT-2 BPE" in html
 
@@ -228,6 +229,22 @@ def test_malformed_results_write_nothing(tmp_path):
     with pytest.raises(ValueError, match="datasets.lambada.bits_per_byte"):
         write_report(results, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("key", ["name", "split", "max_documents", "bound"])
+def test_results_of_an_older_layout_are_refused_with_how_to_redo_them(tmp_path, caplog, key):
+    # Before the protocol recorded its name, split, document limit and bound, unmask eval wrote
+    # results without them: they are not read (not guessed to be ours), in one line.
+    results = make_results()
+    del results["protocol"][key]
+    refusal = rf"results lack protocol\.{key} \(see evaluation.results for the schema\); rerun `unmask eval`"
+    with pytest.raises(ValueError, match=f"^{refusal} to write them anew$"):
+        write_report(results, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    assert read_record(path, EvalResults.read) is None   # a report built beside it leaves it out, and says why
+    assert re.search(f"{re.escape(str(path))}: left out of the report \\({refusal}", caplog.text)
 
 
 def test_references_as_data():

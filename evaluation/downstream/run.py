@@ -1,41 +1,18 @@
-"""Downstream zero-shot tasks through lm-evaluation-harness, end to end: the library behind
-``unmask lm-eval``.
+"""Downstream tasks through lm-evaluation-harness, end to end: the library behind ``unmask lm-eval``.
 
     config = DownstreamConfig(tasks=("lambada_openai_local", "ptb_word_order"), data_dir="../shared/data")
     report = run_downstream(Path("runs/tiny"), config, DownstreamOptions())
     report.results.tasks["ptb_word_order"].metrics["acc,none"], report.files.markdown
 
-In order:
-
-1. every argument is checked before any work: the flags, the ``include_path`` directories, ``out``,
-   the user's task YAMLs (``evaluation.downstream.task_yamls``: valid YAML, named by file, line and
-   column; no ``!function``, which would run the Python next to them, unless ``allow_code``;
-   local ``data_files`` that exist), and with ``download`` that the Hub answers;
-2. a training run without an export is exported first, as ``unmask eval`` does;
-3. the tasks are looked up: this package's local tasks (``evaluation/downstream/tasks``) and
-   ``include_path`` first, lm-eval's own ~15,000 only when a name is not among them (indexing
-   them takes seconds). An unknown name is refused before the model is loaded, with the closest
-   names; a task whose data cannot be read (a missing file, a dataset neither on disk nor in
-   the Hugging Face cache) is refused, naming it, before anything is scored;
-4. lm-eval's ``simple_evaluate`` scores them with the ``unmask`` model
-   (``evaluation.downstream.lm_eval_model``), ``limit`` and ``num_fewshot`` as lm-eval means them (the
-   first N documents of each task; examples per prompt);
-5. the outputs, in the report directory, which is written again whole (``evaluation.report.write``):
-   ``lm_eval_results.json``, lm-eval's own results as its command line writes them (metric
-   keys such as ``acc,none``), ``downstream.json`` (``evaluation.downstream.task_results``: lm-eval's
-   metrics and our Monte Carlo errors), and a "Downstream tasks" section beside the bounds of
-   ``results.json`` (alone when ``unmask eval`` has not run); the metrics go to the MLflow run
-   of the perplexity bounds (``evaluation.report.results_tracking.track_downstream``).
-
-**Offline.** Unless ``download``, lm-eval runs with ``HF_DATASETS_OFFLINE=1`` and
-``HF_HUB_OFFLINE=1`` (set in the environment and in the Hugging Face libraries already
-imported, restored afterwards): a dataset that is on disk or in the Hugging Face cache loads,
-any other fails at once instead of waiting on a network that is not there. With ``download``
-lm-eval fetches the standard tasks' datasets from the Hub into its cache, as it always does;
-first one connection to the Hub's host (``HF_ENDPOINT``, ``HUB_PROBE_TIMEOUT_S``) says whether
-there is a network, so that its absence is one line, not a minute of retries. Advice to rerun
-with ``download`` is given only when the Hub is the cure (the dataset is neither on disk nor
-in the cache), not for a file of this machine that is missing.
+In order: every argument is checked before any work (the flags, the report's directory, the
+user's task YAMLs: ``evaluation.downstream.task_yamls``, and with ``download`` that the Hub
+answers); a training run without an export is exported first; the tasks are looked up (ours
+and ``include_path`` first, lm-eval's own only for the names left), and an unknown name or
+unreadable data is refused before the model is loaded; lm-eval scores them with the ``unmask``
+model (``evaluation.downstream.lm_eval_model``); ``lm_eval_results.json``, ``downstream.json``
+(``evaluation.results``) and the report are written into the report directory, the metrics
+logged to the MLflow run of the bounds. lm-eval runs offline unless ``download``
+(``hub_offline``). See docs/downstream.md.
 """
 
 from __future__ import annotations
@@ -61,13 +38,12 @@ import numpy as np
 
 from common.errors import UserError
 from common.provenance import git_commit, package_version
-from evaluation.downstream.task_results import LM_EVAL_JSON, DownstreamResults, TaskResult
 from evaluation.downstream.task_yamls import check_task_yamls, task_yaml_paths
 from evaluation.downstream.tasks import TASKS_DIR
 from evaluation.inference import resolve_device
 from evaluation.report.results_tracking import track_downstream
 from evaluation.report.write import JSON_NAME, ReportFiles, read_record, write_report
-from evaluation.results import EvalResults
+from evaluation.results import LM_EVAL_JSON, DownstreamResults, EvalResults, TaskResult
 from evaluation.zero_shot import ReportOptions, check_report_dir, export_if_missing, model_record, report_dir
 from model.sampling import MAX_STEPS
 from pipeline.interchange.export import resolve_export, training_run_of
@@ -232,8 +208,8 @@ def _task_manager(config: DownstreamConfig):
     unknown = _unknown(manager, config.tasks)
     if unknown:
         raise UserError("; ".join(_unknown_message(name, manager.all_tasks) for name in unknown)
-                        + "; list the tasks with `python -m evaluation.downstream.lm_eval_model ls tasks`, or add your own "
-                          "YAMLs with --include-path DIR")
+                        + "; list the tasks with `python -m evaluation.downstream.lm_eval_model ls tasks`, or add "
+                          "your own YAMLs with --include-path DIR")
     return manager
 
 
@@ -344,7 +320,7 @@ def _check_installed() -> None:
 # ------------------------------------------------------------------ the entry point
 def run_downstream(target: Path, config: DownstreamConfig, options: DownstreamOptions) -> DownstreamReport:
     """Score ``target`` (a training run, exported first if needed, or an export) on the tasks of
-    ``config`` with lm-evaluation-harness and write the outputs; see the module docstring. What
+    ``config`` with lm-evaluation-harness and write the outputs (module docstring). What
     the user can fix raises UserError, before any work when it can be known then."""
     target = Path(target)
     config.check()

@@ -23,9 +23,9 @@ from common.errors import UserError
 from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
 from evaluation.downstream.lm_eval_model import UnmaskLM, sample_continuation
 from evaluation.downstream.lm_eval_model import main as lm_eval_main
+from evaluation.downstream.run import hub_offline
 from evaluation.downstream.tasks import TASKS_DIR
 from evaluation.downstream.tasks.local_data import ptb_word_order
-from evaluation.lm_eval import hub_offline
 from pipeline.interchange.export import load_export
 from pipeline.run_dir.layout import RunLayout
 from tests.support.cli_runner import unmask_in_process
