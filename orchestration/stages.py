@@ -118,7 +118,7 @@ class RunRequest:
 
     def eval_config(self) -> EvalConfig:
         evaluation = self.evaluation
-        return EvalConfig(datasets=evaluation.bounds.datasets, data_dir=evaluation.data_dir, shards=str(self.layout.data),
+        return EvalConfig(datasets=evaluation.datasets, data_dir=evaluation.data_dir, shards=str(self.layout.data),
                           samples_per_block=evaluation.samples_per_block,
                           blocks_per_replicate=evaluation.blocks_per_replicate)
 
