@@ -110,7 +110,7 @@ def test_mdlm_s_model_goes_through_import_and_hf_export_with_its_logits(transfor
 
 
 def test_the_modeling_file_implements_every_network_field(transformers):
-    path = REPO / "pipeline" / "hf_modeling" / HF_MODELING_FILE
+    path = REPO / "pipeline" / "interchange" / "hf_modeling" / HF_MODELING_FILE
     spec = importlib.util.spec_from_file_location("modeling_unmask", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
