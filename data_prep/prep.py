@@ -43,7 +43,7 @@ from typing import Iterable, Iterator, Sequence
 
 from common.atomic_files import atomic_write_bytes, remove_temporaries
 from common.errors import UserError
-from common.outputs import InputPath, OutputKind, check_output_dir, claim_output_dir, json_object, staged_directory
+from common.outputs import InputPath, OutputKind, check_output_dir, claim_output_dir, staged_directory
 from common.progress import bar as progress_bar
 from common.ray_runtime import ray_session
 from data_prep.ledger import Ledger
@@ -98,15 +98,8 @@ LOUD_SHARE = 0.01
 PADDING_WARN_SHARE = 0.5
 
 
-def _is_unmarked_prep(directory: Path) -> bool:
-    """A prep written before the marker existed: its manifest, or its unfinished work."""
-    manifest = json_object(directory / MANIFEST_NAME)
-    return (manifest is not None and "prep_config_sha256" in manifest) or \
-        (directory / WORK_DIR / IDENTITY_NAME).is_file()
-
-
 # What `unmask prep --out` (and `unmask run`'s RUN/data) holds: shards, manifest, tokenizer.
-PREP_KIND = OutputKind("prep", "the shards of `unmask prep`", whole=False, unmarked=_is_unmarked_prep)
+PREP_KIND = OutputKind("prep", "the shards of `unmask prep`", whole=False)
 
 
 @dataclass(frozen=True)
@@ -464,7 +457,7 @@ def _run(config: PrepConfig, tokenizer: Tokenizer, out: Path, files: list[InputF
     identity = _identity(config, tokenizer, files)
     finished, policy_change = _prepare_output(out, identity, run.overwrite, run.tokenizer_follows_inputs)
     if finished is not None:
-        _keep_tokenizer(tokenizer, out / TOKENIZER_DIR)  # a prep written before it was kept there
+        _keep_tokenizer(tokenizer, out / TOKENIZER_DIR)  # put back if it was removed since
         return PrepResult(finished, True, 0, 0, 0, 0, 0, time.perf_counter() - started)
     work = out / WORK_DIR
     ledger = Ledger(work / "ledger")
