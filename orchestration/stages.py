@@ -1,6 +1,6 @@
 """``unmask run``: prep -> train -> export -> eval (with its report), in one run directory.
 
-Each stage calls its library (``data_prep.prepare``, ``pipeline.training.trainer.train`` or
+Each stage calls its library (``data_prep.prep``, ``pipeline.training.trainer.train`` or
 ``orchestration.cluster.ray_train.launch``, ``pipeline.interchange.export.export``, ``evaluation.zero_shot``)
 in this process with the typed request below, and each is skipped when its output is
 already up to date, so rerunning a finished run does nothing and rerunning a failed or
@@ -32,9 +32,9 @@ from typing import Callable
 from common.errors import UserError
 from common.outputs import InputPath, claim_output_dir, json_object
 from data_prep.builtin_corpus import write_cpython_corpus
-from data_prep.prep import DEFAULT_VAL_FRACTION, MAX_SEQ_LEN, PrepConfig
-from data_prep.prepare import PrepRequest, prepare
+from data_prep.prep import PrepRequest, prep
 from data_prep.readers import ReadOptions, local_roots
+from data_prep.write_shards import DEFAULT_VAL_FRACTION, MAX_SEQ_LEN, PrepConfig
 from evaluation.bounds.scoring import EvalConfig
 from evaluation.generation.generate import check_sampling
 from evaluation.results import EvalResults, TrainingRecord
@@ -100,7 +100,7 @@ class RunRequest:
         evaluation = self.evaluation
         checks = [("--prep-workers", self.prep_workers >= 1, "must be >= 1"),
                   ("--seq-len", self.seq_len is None or 2 <= self.seq_len <= MAX_SEQ_LEN,
-                   f"must lie in [2, {MAX_SEQ_LEN}] (data_prep.prep.MAX_SEQ_LEN)"),
+                   f"must lie in [2, {MAX_SEQ_LEN}] (data_prep.write_shards.MAX_SEQ_LEN)"),
                   ("--val-fraction", self.val_fraction is None or 0 <= self.val_fraction < 1,
                    "must lie in [0, 1)"),
                   ("--num-samples", evaluation.num_samples >= 0, "must be >= 0")]
@@ -184,9 +184,9 @@ def _stage_prep(request: RunRequest, context: StageContext) -> str:
     config = PrepConfig(inputs=inputs, seq_len=_seq_len(request), seed=request.config.train.seed,
                         val_fraction=DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction,
                         read=request.read)
-    result = prepare(PrepRequest(config, layout.data, tokenizer=request.tokenizer,
-                                 vocab_size=None if request.tokenizer else request.vocab_size,
-                                 workers=request.prep_workers, ray_address=request.ray_address))
+    result = prep(PrepRequest(config, layout.data, tokenizer=request.tokenizer,
+                              vocab_size=None if request.tokenizer else request.vocab_size,
+                              workers=request.prep_workers, ray_address=request.ray_address))
     for note in result.notes():
         say(f"unmask run: note: {note}")
     for warning in result.warnings():

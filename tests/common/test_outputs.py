@@ -24,11 +24,11 @@ from common.outputs import (
     new_output_dir,
     read_marker,
 )
-from data_prep.prep import PrepConfig, prep
 from data_prep.shards.format import Manifest
 from data_prep.tokenizer.base import Tokenizer
 from data_prep.tokenizer.load import load_tokenizer
 from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
+from data_prep.write_shards import PrepConfig, write_shards
 from evaluation.report.write import REPORT_KIND
 from pipeline.interchange.export import EXPORT_KIND
 from pipeline.run_dir.layout import RUN_KIND
@@ -286,7 +286,7 @@ def _small_prep(root: Path) -> tuple[PrepConfig, Tokenizer, Path]:
     corpus.write_text("\n\n".join(f"the {w} sat on mat {i}" for i, w in enumerate(WORDS * 30)))
     tokenizer = train_sentencepiece([corpus.read_text()], root / "tok", vocab_size=300)
     config = PrepConfig(inputs=(str(corpus),), seq_len=16, val_fraction=0.1)
-    prep(config, tokenizer, root / "data", progress=False)
+    write_shards(config, tokenizer, root / "data", progress=False)
     return config, tokenizer, root / "data"
 
 
@@ -297,7 +297,7 @@ def test_a_prep_clears_what_killed_shard_writers_left(tmp_path):
     assert is_temporary(left.name)
     left.write_bytes(shard.read_bytes()[:100])
     (out / "manifest.json").unlink()  # the prep did not finish
-    prep(config, tokenizer, out, progress=False)
+    write_shards(config, tokenizer, out, progress=False)
     assert not left.exists()
     assert sorted(p.name for p in shard.parent.iterdir()) == sorted(
         Path(s.path).name for s in Manifest.read(out).splits["train"].shards)
@@ -313,11 +313,11 @@ def test_a_prep_without_its_marker_is_refused_and_a_rerun_puts_back_a_removed_to
     finished = tree_bytes(out)
     with pytest.raises(UserError, match=rf"--out {out}: is not the shards of `unmask prep`: it holds manifest.json, "
                                         r"tokenizer/, train/ and 1 more; choose a new or empty directory for --out"):
-        prep(config, tokenizer, out, progress=False)
+        write_shards(config, tokenizer, out, progress=False)
     assert tree_bytes(out) == finished
     (out / MARKER).write_bytes(marker)
     shutil.rmtree(out / "tokenizer")
-    again = prep(config, tokenizer, out, progress=False)
+    again = write_shards(config, tokenizer, out, progress=False)
     assert again.nothing_to_do and read_marker(out)["kind"] == "prep"
     assert load_tokenizer(out / "tokenizer").sha256 == tokenizer.sha256
 
