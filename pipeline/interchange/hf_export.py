@@ -1,4 +1,4 @@
-"""The Hugging Face format: a model as a directory that transformers loads.
+"""The Hugging Face format: a model as a directory that transformers loads (``write_hf_export``).
 
     OUT/config.json           model_type "unmask", auto_map to the modeling file, the network's
                               fields (``network``), the unmask export's config (``unmask``) and,
@@ -8,13 +8,10 @@
     OUT/<tokenizer files>     the tokenizer's own files, and transformers' files where they
                               give the same ids (GPT-2's BPE, a tokenizer.json)
 
-The directory appears whole and replaces only an earlier one of its kind (``HF_EXPORT_KIND``,
-``common.outputs``). ``AutoModelForMaskedLM.from_pretrained(OUT, trust_remote_code=True)`` gives the logits of
-``pipeline.interchange.export.load_export`` on the same input; for a block diffusion model (``block_size`` in
-config.json), ``model(x_t, clean_ids=x_0)`` gives its training and evaluation forward over
-[x_t ; x_0] (``model.block_attention``). A sentencepiece tokenizer is shipped as
-its ``tokenizer.model`` only: transformers' sentencepiece tokenizers normalize and split
-differently from unmask's, so ``AutoTokenizer`` is not offered ids that would differ.
+``AutoModelForMaskedLM.from_pretrained(OUT, trust_remote_code=True)`` gives the logits of
+``pipeline.interchange.export.load_export`` on the same input. The directory appears whole and
+replaces only an earlier one of its kind (``HF_EXPORT_KIND``, ``common.outputs``). The
+manual: docs/import-export.md, "Hugging Face format".
 """
 
 from __future__ import annotations
