@@ -1,24 +1,15 @@
 """``unmask run``: prep -> train -> export -> eval (with its report), in one run directory.
 
 Each stage calls its library (``data_prep.prep``, ``pipeline.training.trainer.train`` or
-``orchestration.cluster.ray_train.launch``, ``pipeline.interchange.export.export``, ``evaluation.zero_shot``)
-in this process with the typed request below, and each is skipped when its output is
-already up to date, so rerunning a finished run does nothing and rerunning a failed or
-killed one continues where it stopped:
-
-- prep: the prep itself finds a matching manifest in ``RUN/data`` and does nothing;
-- train: skipped when the latest checkpoint is at ``train.max_steps``; otherwise resumed;
-- export: skipped when ``RUN/export`` holds the latest checkpoint;
-- eval: skipped when ``RUN/report/results.json`` scored that export on the same datasets.
-
-A train stage stopped by SIGTERM or SIGINT (a preemption) has written its checkpoint but not
-finished: ``run_pipeline`` raises ``Preempted`` instead of going on to the export, and
-``unmask run`` exits with ``orchestration.exit_codes.PREEMPTED``. The run directory is
-claimed as a run's first (``common.outputs``), before any stage.
-
-With no inputs the corpus is the documentation text shipped with CPython
-(``data_prep.builtin_corpus``) and the config ``configs/demo.yaml``: a demo that needs no
-download and finishes in minutes on a laptop CPU.
+``orchestration.cluster.ray_train.launch``, ``pipeline.interchange.export.export``,
+``evaluation.zero_shot``) in this process with the typed request below, and is skipped when its
+output is up to date (docs/concepts.md, "Concepts": the table's last column), so rerunning a
+finished run does nothing and rerunning a failed or killed one continues where it stopped. The
+run directory is claimed as a run's (``common.outputs``) before any stage. A train stage
+stopped by SIGTERM or SIGINT raises ``Preempted`` instead of going on to the export, and
+``unmask run`` exits with ``orchestration.exit_codes.PREEMPTED``. With no inputs the corpus is
+the documentation text shipped with CPython (``data_prep.builtin_corpus``) and the config
+``configs/demo.yaml``.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def test_a_replaced_tokenizer_is_named_with_what_differs_and_the_failed_run_leav
 def test_the_start_up_handler_is_in_place_before_the_cli_imports_anything_heavy():
     """The first import of ``orchestration.cli`` installs it, in the unmask command's own process,
     for a training command only (the CLI's other imports take seconds: torch)."""
-    probe = ("import signal, sys; sys.argv = [{program!r}, *{args!r}]; import orchestration.preemption; "
+    probe = ("import signal, sys; sys.argv = [{program!r}, *{args!r}]; import orchestration.startup_preemption; "
              "print(getattr(signal.getsignal(signal.SIGTERM), '__name__', 'default'), 'torch' in sys.modules)")
     for program, args, installed in (("/venv/bin/unmask", ["train", "--config", "c.yaml"], "_stop"),
                                      ("/repo/orchestration/cli.py", ["run"], "_stop"),
