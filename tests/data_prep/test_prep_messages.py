@@ -1,4 +1,4 @@
-"""What `unmask prep` tells the user about the input it was given (issue 26, items 9, 10, 11):
+"""What `unmask prep` tells the user about the input it was given:
 documents repaired or skipped are counted with the flag that changes it, and loudly when they
 are many; a sequence length beyond any model, a split that is mostly padding, and an input
 without a document are not passed over in silence."""

@@ -1,5 +1,5 @@
 """A damaged export (an interrupted copy, a download of something else, a newer format) is
-refused in one line naming the file and the fix, by every command that reads one (issue 33):
+refused in one line naming the file and the fix, by every command that reads one:
 `unmask sample`, `eval`, `lm-eval` and `export --format hf`. Exports record the size and
 sha256 of their files (in their marker), checked at load."""
 
