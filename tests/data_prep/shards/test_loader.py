@@ -337,8 +337,8 @@ def test_a_manifest_of_format_1_is_refused_in_one_line_with_the_fix(tmp_path):
     for shard in manifest["splits"]["train"]["shards"]:
         del shard["chunks"]
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(UserError, match=r"manifest.json: shard format version 1, this unmask reads version 2 .*"
-                                        r"rerun `unmask prep`") as caught:
+    with pytest.raises(UserError, match=r"manifest.json: shard format version 1, this unmask reads version 2; "
+                                        r"rerun `unmask prep` with --overwrite") as caught:
         StreamingLoader(tmp_path, "train", 1)
     assert "\n" not in str(caught.value)
 
