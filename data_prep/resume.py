@@ -90,8 +90,8 @@ def _resume_with_policy(out: Path, changes: dict[str, tuple[str, str]], new_toke
 
 
 def _format_version(manifest_path: Path) -> object:
-    """The shard format a manifest declares (None if it is not one): an earlier format is
-    replaced like a different prep, with --overwrite."""
+    """The shard format a manifest declares (None if it is not one): a manifest of another
+    format is replaced like a different prep's, with --overwrite."""
     try:
         return json.loads(manifest_path.read_text()).get("format_version")
     except (ValueError, AttributeError):
