@@ -39,11 +39,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from data_prep.prep import PrepConfig, prep  # noqa: E402
 from data_prep.shards.format import chunk_rows  # noqa: E402
 from data_prep.shards.loader import StreamingLoader  # noqa: E402
 from data_prep.shards.storage import READ_STATS, ChunkCache  # noqa: E402
 from data_prep.tokenizer.gpt2_bpe import GPT2BPETokenizer  # noqa: E402
+from data_prep.write_shards import PrepConfig, write_shards  # noqa: E402
 from tests.support.mlflow_server import free_port  # noqa: E402
 from tests.support.s3_server import CREDENTIALS  # noqa: E402
 from tests.support.shard_fixtures import write_numbered_split  # noqa: E402
@@ -74,8 +74,8 @@ def _sources(loader: StreamingLoader, tokenizer: GPT2BPETokenizer) -> list[list[
 def bench_mixing(tmp: Path) -> None:
     tokenizer = GPT2BPETokenizer.from_directory(GPT2_DIR)
     out = tmp / "mix"
-    prep(PrepConfig(inputs=(str(PTB_TRAIN), str(SHAKESPEARE)), seq_len=MIX_SEQ_LEN, val_fraction=0.0), tokenizer,
-         out, workers=1, progress=False)
+    config = PrepConfig(inputs=(str(PTB_TRAIN), str(SHAKESPEARE)), seq_len=MIX_SEQ_LEN, val_fraction=0.0)
+    write_shards(config, tokenizer, out, workers=1, progress=False)
     for seed in (0, 1):
         for label, window in (("stretch (window = 1 global batch)", MIX_BATCH), ("default window", 1 << 18)):
             batches = _sources(StreamingLoader(out, "train", MIX_BATCH, seed=seed, shuffle_window=window), tokenizer)

@@ -56,12 +56,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests/ holds the reference GPT-2 BPE
 
-from data_prep.prep import PrepConfig, prep  # noqa: E402
 from data_prep.readers import ReadCounters, ReadOptions, plan_units, read_unit, resolve_inputs  # noqa: E402
 from data_prep.shards.loader import StreamingLoader  # noqa: E402
 from data_prep.tokenizer.gpt2_bpe import GPT2BPETokenizer  # noqa: E402
 from data_prep.tokenizer.load import load_tokenizer  # noqa: E402
 from data_prep.tokenizer.sentencepiece_model import SentencePieceTokenizer, train_sentencepiece  # noqa: E402
+from data_prep.write_shards import PrepConfig, write_shards  # noqa: E402
 from tests.support.tokenizer_fixtures import reference_gpt2  # noqa: E402
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -175,8 +175,8 @@ def bench_prep(paths: list[str], tokenizer_path: str, workers: int, out: Path, s
                name: str = "prep") -> float:
     """One prep with ``workers`` workers, between two raw measurements; its tokens/s."""
     raw_before = _raw_near(paths, tokenizer_path)
-    result = prep(PrepConfig(inputs=tuple(paths), seq_len=seq_len), load_tokenizer(tokenizer_path), out,
-                  workers=workers, progress=False)
+    result = write_shards(PrepConfig(inputs=tuple(paths), seq_len=seq_len), load_tokenizer(tokenizer_path), out,
+                          workers=workers, progress=False)
     raw = (raw_before + _raw_near(paths, tokenizer_path)) / 2
     documents = sum(split.documents for split in result.manifest.splits.values())
     text_tokens = result.tokens_run - documents  # as the raw encoder counts: no EOS
@@ -260,7 +260,8 @@ def bench_startup(directory: Path, seq_len: int) -> None:
                     str(seq_len), "--tokenizer", str(GPT2_DIR), "--no-progress"], check=True, capture_output=True)
     command = time.perf_counter() - started
     tokenizer = load_tokenizer(GPT2_DIR)
-    result = prep(PrepConfig(inputs=(str(tiny),), seq_len=seq_len), tokenizer, directory / "call", progress=False)
+    result = write_shards(PrepConfig(inputs=(str(tiny),), seq_len=seq_len), tokenizer, directory / "call",
+                          progress=False)
     print(json.dumps({"bench": "prep_startup", "workers": 1, "command_seconds": round(command, 2),
                       "prep_call_seconds": round(result.seconds, 3)}))
 
@@ -286,8 +287,8 @@ def run_sentencepiece(tmp: Path, args: argparse.Namespace) -> None:
     train_sentencepiece((Path(p).read_text() for p in paths[:1]), tokenizer_dir, args.vocab_size)
     print(json.dumps({"bench": "corpus", "case": "sentencepiece", "bytes": sum(Path(p).stat().st_size for p in paths)}))
     if args.loader_only:
-        prep(PrepConfig(inputs=tuple(paths), seq_len=args.seq_len), load_tokenizer(tokenizer_dir),
-             tmp / "out-1", workers=1, progress=False)
+        write_shards(PrepConfig(inputs=tuple(paths), seq_len=args.seq_len), load_tokenizer(tokenizer_dir),
+                     tmp / "out-1", workers=1, progress=False)
     else:
         bench_ceiling(paths, tokenizer_dir)
         rates = {w: bench_prep(paths, tokenizer_dir, w, tmp / f"out-{w}", args.seq_len) for w in (1, 2)}

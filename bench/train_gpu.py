@@ -87,10 +87,10 @@ from eval_throughput import measure as measure_evaluation
 from eval_throughput import synchronize  # noqa: E402
 from prep_and_load import SHARED_DATA, SOURCES  # noqa: E402
 
-from data_prep.prep import PrepConfig, prep  # noqa: E402
 from data_prep.shards.format import Manifest  # noqa: E402
 from data_prep.shards.loader import StreamingLoader  # noqa: E402
 from data_prep.tokenizer.load import load_tokenizer  # noqa: E402
+from data_prep.write_shards import PrepConfig, write_shards  # noqa: E402
 from evaluation.downstream.likelihoods import ScoringModel, ScoringSettings, score_continuations  # noqa: E402
 from evaluation.inference import inference_mode  # noqa: E402
 from model.absorbing import AbsorbingDiffusion  # noqa: E402
@@ -203,8 +203,8 @@ def prepare_data(args: argparse.Namespace, scratch: Path) -> Path:
         raise SystemExit(f"{missing[0]} is absent: pass --data (an `unmask prep` output) or --inputs and "
                          f"--tokenizer")
     out = scratch / "shards"
-    prep(PrepConfig(inputs=tuple(inputs), seq_len=args.seq_len), load_tokenizer(args.tokenizer), out,
-         workers=1, progress=False)
+    write_shards(PrepConfig(inputs=tuple(inputs), seq_len=args.seq_len), load_tokenizer(args.tokenizer), out,
+                 workers=1, progress=False)
     return out
 
 

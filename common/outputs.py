@@ -1,43 +1,22 @@
 """Output paths: the one owner of every directory, and every file, that a command writes.
 
-Finished work must never be lost to a mistyped path, and a half-written output must never
-pass for a finished one. Every command that writes a directory (``unmask export`` in both
-formats, ``import mdlm``, ``prep``, ``tokenizer train``, ``train``, ``eval`` and ``unmask
-run`` stage by stage) goes through this module, which holds the rule:
+Every command that writes a directory goes through this module and relies on its rules (the
+reasoning: docs/concepts.md, "Output directories"):
 
-1. **Checked before any work** (``check_output_dir``). A path that is a file, lies below a
-   file or cannot be written is refused; so is one that is an input of the command, lies
-   inside one or contains one (``InputPath``): an export never goes into the checkpoints it
-   reads, a prep never into its corpus, a report never over the export it scores.
-2. **One kind of output per directory.** Each kind (``OutputKind``: an export, a Hugging Face
-   export, the shards of a prep, a tokenizer, a training run, a report) marks its directory
-   with ``MARKER``: the kind, and for a directory that is replaced whole the size and sha256
-   of every file it was written with, at every depth (``common.file_records``). A command
-   writes into a new or empty directory, or one marked with its own kind; never into one
-   marked with another kind or holding anything else. A directory of a kind that carries no
-   marker (written before the marker existed, or where a tool wrote first: Ray Train's
-   records in RUN/ray_train) is recognized by the kind's ``unmarked`` test, conservatively
-   (more than one name: the names and records only we write, at every depth), and is marked
-   when next written.
-3. **Outputs that appear whole** (exports, tokenizers, reports: ``new_output_dir``) are
-   written into a new hidden sibling, ``.NAME.unmask-new-PID``, and renamed into place: a
-   reader sees the old directory or the complete new one, and a failure leaves the old one
-   and no trace of the new, not even the parent directories it created. The old one is
-   replaced only while it holds nothing but the files its marker records, unchanged, at any
-   depth: a figure someone put in a report's plots/, a note in an export's tokenizer/ or an
-   edited report.md is never deleted with it. The files other steps of unmask add to it
-   (``OutputKind.carried``: a report's MLflow record) are carried over into the new one.
-4. **Outputs that grow in place** and resume after a kill (the shards of a prep, a training
-   run: ``claim_output_dir``) are created and marked before the work; a command that fails
-   before writing anything worth keeping gives the directory back (``OutputClaim.abandon``):
-   the marker, the directories it created, and what it wrote there that holds nothing yet.
-5. **Output files** (``check_output_file``, ``write_output_file``: samples) are checked the
-   same way and written atomically; an existing file is replaced only when it is recognized
-   as one of ours.
-6. **Refusals are one line**: the flag, the path, what is in the way, and the fix.
-
-Sub-directories of an output the caller owns already (the tokenizer inside a prep) are
-replaced with ``staged_directory``: the same sibling and rename, without the checks.
+1. ``check_output_dir`` refuses, before any work, a path that is a file, cannot be written, or
+   is, contains or lies inside an input of the command (``InputPath``).
+2. Each kind of output (``OutputKind``) marks its directory with ``MARKER``. A command writes
+   into a new or empty directory, or one marked with its own kind; a directory of its kind that
+   another writer filled before the marker (``OutputKind.unmarked``) is taken, and marked.
+3. Whole outputs (``new_output_dir``) are written in a hidden sibling and renamed into place:
+   their marker records every file's size and sha256, they replace only an output holding
+   nothing but those files, unchanged (``OutputKind.carried`` files are carried over), and a
+   failure leaves the old one and no trace. ``staged_directory`` does the same, unchecked, for
+   a directory inside an output the caller owns.
+4. Outputs that grow in place (``claim_output_dir``) are marked before the work, and given back
+   (``OutputClaim.abandon``) by a command that fails before writing anything worth keeping.
+5. Output files (``check_output_file``, ``write_output_file``) are checked the same way and
+   written atomically. Every refusal is one ``UserError`` line: the flag, the path, the fix.
 """
 
 from __future__ import annotations
@@ -74,13 +53,14 @@ def _never(path: Path) -> bool:
 
 @dataclass(frozen=True)
 class OutputKind:
-    """One kind of output directory (module docstring, rule 2)."""
+    """One kind of output directory."""
 
     name: str        # recorded in the marker: "export", "prep", "run", ...
     noun: str        # what the messages call it, article included: "an unmask export"
     whole: bool      # True: written in a sibling and renamed (new_output_dir); False: filled
                      # in place and resumed (claim_output_dir)
-    # Recognizes a directory of this kind without the marker (of an earlier version, say).
+    # Recognizes a directory of this kind that carries no marker yet because another writer
+    # came first (Ray Train's records in a run directory, a report's MLflow record).
     unmarked: Callable[[Path], bool] = field(default=_never, compare=False)
     # Top-level files that other steps of unmask write into a whole output after it appeared
     # (a report's MLflow record): not compared with the marker, and carried into a replacement.
@@ -89,7 +69,7 @@ class OutputKind:
 
 @dataclass(frozen=True)
 class InputPath:
-    """A path the command reads, which its output must keep clear of (rule 1)."""
+    """A path the command reads, which its output must keep clear of."""
 
     path: str | Path
     what: str                      # for the message: "--input", "the checkpoints it exports"
@@ -118,7 +98,7 @@ def read_marker(directory: Path) -> dict | None:
 
 def marked_files(directory: Path) -> dict[str, FileRecord] | None:
     """The files the marker of a whole output records (``{relative path: record}``), or None
-    when it records none (no marker, or one of an earlier version)."""
+    when it records none (no marker, or one of an older layout)."""
     files = (read_marker(directory) or {}).get("files")
     return files if isinstance(files, dict) else None
 
@@ -195,12 +175,9 @@ def _not_ours(directory: Path, kind: OutputKind, flag: str) -> str | None:
     """What in the whole output ``directory`` its replacement would delete that the command
     did not write (rule 3), with the fix; None when it holds only its recorded files."""
     records = marked_files(directory)
-    if records is None:  # marked by an earlier version, which recorded top-level names only
-        if kind.unmarked(directory):
-            return None
-        return (f"holds {kind.noun} of an earlier version, which did not record its files, and files it does "
-                f"not write ({_listed(directory, list(entry_names(directory)))}); move yours out, or choose "
-                f"another {flag}")
+    if records is None:
+        return (f"holds {kind.noun} of an older layout (its {MARKER} records no files), which this unmask does "
+                f"not replace; move it away, or choose another {flag}")
     present = _present_files(directory, skip=tuple(kind.carried))
     foreign = sorted(set(present) - set(records))
     if foreign:

@@ -1,583 +1,73 @@
-"""``unmask prep``: raw corpora -> tokenized, packed WebDataset shards and a manifest.
+"""``unmask prep`` as one call: the tokenizer loaded or trained, then the shards written (or
+found up to date) by ``data_prep.write_shards``. What ``unmask prep`` and the prep stage of
+``unmask run`` both run; the manual: docs/data-preparation.md.
 
-Two Ray Data stages (``data_prep.tokenize_stage``, ``data_prep.shard_stage``), each recorded
-in a ledger so that a killed prep resumes where it stopped; this module drives them:
-
-1. tokenize: work units (byte ranges of text, row groups of Parquet; ``data_prep.readers``)
-   go to actors that hold the tokenizer. Each actor reads its unit, encodes every document,
-   appends EOS, assigns the document to train or val by a keyed hash of its content, and
-   writes the unit's token stream per split to ``.prep-work/units``.
-2. shards: the corpus order is the order of the units, so once every unit is done the token
-   offset of each unit is known and every shard (a fixed range of sequences) can be cut and
-   written independently, in parallel: ``DIR/{train,val}/shard-NNNNNN.tar``.
-
-The shards therefore depend only on the inputs, the tokenizer and the config, never on the
-number of workers or on where a previous run was killed. Each split's token count is
-exactly the sum over its documents of (tokens + 1 EOS); its last sequence is padded with
-the tokenizer's pad id (EOS when it has none) and the padding is counted in the manifest.
-Finally the tokenizer's files are kept in ``DIR/tokenizer`` (the manifest names that copy
-and its sha256, so the directory trains and exports wherever it is copied), ``manifest.json``
-is written (atomically) and the work directory removed.
-
-The output directory is claimed as a prep's (``PREP_KIND``, ``common.outputs``): a run
-directory, an export, the corpus itself or anything else is refused before any work.
-
-A rerun of an unfinished prep that changes only --bad-utf8 / --bad-json (say, after one that
-stopped on a broken JSONL line) goes on without --overwrite: the units whose counters show no
-document the change acts on are kept, the others redone (``_resume_with_policy``).
+    result = prep(PrepRequest(PrepConfig(inputs=("corpus/",), seq_len=1024), Path("shards"),
+                              vocab_size=32000))
+    result.nothing_to_do   # True when the shards already matched
+    result.warnings()      # what the user must know: binary inputs, many repaired documents, padding
+    result.notes()         # documents repaired or skipped, counted, with the flag that changes it
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import itertools
-import json
-import logging
-import shutil
-import time
-import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
-from common.atomic_files import atomic_write_bytes, remove_temporaries
 from common.errors import UserError
-from common.outputs import InputPath, OutputKind, check_output_dir, claim_output_dir, json_object, staged_directory
-from common.progress import bar as progress_bar
-from common.ray_runtime import ray_session
-from data_prep.ledger import Ledger
-from data_prep.readers import (
-    DEFAULT_UNIT_BYTES,
-    InputFile,
-    ReadCounters,
-    ReadOptions,
-    WorkUnit,
-    local_roots,
-    plan_units,
-    resolve_inputs,
-)
-from data_prep.shard_stage import SplitLayout, plan_shards, shard_key, write_one_shard
-from data_prep.shards.format import (
-    FORMAT_VERSION,
-    MANIFEST_NAME,
-    SPLITS,
-    TOKENIZER_DIR,
-    Manifest,
-    ShardInfo,
-    SplitInfo,
-    chunk_rows,
-    token_dtype,
-)
-from data_prep.tokenize_stage import UnitTokenizer, unit_key
-from data_prep.tokenizer.base import Tokenizer
+from common.outputs import InputPath, check_output_dir, claim_output_dir
+from data_prep.readers import local_roots
+from data_prep.tokenizer.hugging_face import NO_SPECIAL_TOKENS, ROLE_FLAGS, SpecialTokens
 from data_prep.tokenizer.load import load_tokenizer
+from data_prep.tokenizer.training import TrainingRequest, prep_tokenizer
+from data_prep.write_shards import PREP_KIND, PrepConfig, PrepResult, write_shards
 
-WORK_DIR = ".prep-work"
-IDENTITY_NAME = "identity.json"
-# Target size of a shard: large enough that a cluster streams few files, small enough that
-# every rank of a large job gets several (the loader balances at sequence granularity).
-DEFAULT_SHARD_BYTES = 128 << 20
-# Held-out share of documents: 0.5% of OpenWebText is ~40k documents, plenty for a bound.
-DEFAULT_VAL_FRACTION = 0.005
-# The read flags that decide what happens to bad input, not what good input is, with the
-# counters of the documents each one acts on. A prep that stopped unfinished may go on with
-# other values of them: only the units whose counters show such documents are redone.
-POLICY_COUNTERS = {"bad_utf8": ("bad_utf8_repaired", "bad_utf8_skipped"),
-                   "bad_json": ("bad_json_skipped",)}
-# The longest sequence a prep packs: 128k tokens, the longest context of open models (Llama 3.1).
-# Attention's memory and time grow with the square of the length, and every preset is far
-# below it (medium: 1024); above it, --seq-len is a typo (1000000000 would pack a 2 GB shard of
-# padding out of 30 KB of text). Raise it here for a model that truly needs more.
-MAX_SEQ_LEN = 1 << 17
-# Documents repaired or skipped beyond this share of those read are more than stray bytes:
-# the input is likely in another encoding, or the flag drops most of it.
-LOUD_SHARE = 0.01
-# A split whose padding exceeds this share of its token slots is mostly padding: --seq-len is
-# long for the corpus.
-PADDING_WARN_SHARE = 0.5
-
-
-def _is_unmarked_prep(directory: Path) -> bool:
-    """A prep written before the marker existed: its manifest, or its unfinished work."""
-    manifest = json_object(directory / MANIFEST_NAME)
-    return (manifest is not None and "prep_config_sha256" in manifest) or \
-        (directory / WORK_DIR / IDENTITY_NAME).is_file()
-
-
-# What `unmask prep --out` (and `unmask run`'s RUN/data) holds: shards, manifest, tokenizer.
-PREP_KIND = OutputKind("prep", "the shards of `unmask prep`", whole=False, unmarked=_is_unmarked_prep)
+__all__ = ["PrepRequest", "prep"]
 
 
 @dataclass(frozen=True)
-class PrepConfig:
-    """Everything that determines the shards (workers and Ray address do not)."""
+class PrepRequest:
+    """One prep: what determines the shards, where they go, the tokenizer, how to run it."""
 
-    inputs: tuple[str, ...]
-    seq_len: int
-    val_fraction: float = DEFAULT_VAL_FRACTION
-    seed: int = 0
-    read: ReadOptions = field(default_factory=ReadOptions)
-    shard_bytes: int = DEFAULT_SHARD_BYTES
-    unit_bytes: int = DEFAULT_UNIT_BYTES
+    config: PrepConfig
+    out_dir: Path
+    tokenizer: str | Path | None = None  # load it: a .model, a trained directory, a GPT-2 directory,
+                                         # a tokenizer.json (or a directory holding one)
+    vocab_size: int | None = None        # or train a sentencepiece tokenizer of this size first
+    special_tokens: SpecialTokens = NO_SPECIAL_TOKENS  # roles for a tokenizer.json (--eos-token ...)
+    workers: int = 1                     # 1: in this process; more: Ray actors
+    ray_address: str | None = None       # None: a local Ray (for more than one worker)
+    overwrite: bool = False              # replace a different prep in out_dir
+    progress: bool = True
 
     def __post_init__(self) -> None:
-        if not self.inputs:
-            raise UserError("--input: give at least one file, directory or glob")
-        if not 2 <= self.seq_len <= MAX_SEQ_LEN:
-            raise UserError(f"--seq-len must lie in [2, {MAX_SEQ_LEN}] (data_prep.prep.MAX_SEQ_LEN: the longest "
-                            f"sequence unmask packs), got {self.seq_len}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise UserError(f"--val-fraction must lie in [0, 1), got {self.val_fraction}")
-        if self.shard_bytes < 1 or self.unit_bytes < 1:
-            raise UserError("--shard-bytes and --unit-bytes must be positive")
+        if (self.tokenizer is None) == (self.vocab_size is None):
+            raise UserError("give either --tokenizer (a tokenizer to load) or --vocab-size (the size "
+                            "of one to train)")
+        if self.workers < 1:
+            raise UserError(f"--workers must be >= 1, got {self.workers}")
+        if self.tokenizer is None and self.special_tokens.given():
+            flags = ", ".join(ROLE_FLAGS[role] for role in self.special_tokens.given())
+            raise UserError(f"{flags}: special tokens go with --tokenizer TOKENIZER_JSON; a tokenizer trained "
+                            f"with --vocab-size has its own")
 
 
-@dataclass
-class PrepResult:
-    manifest: Manifest
-    nothing_to_do: bool
-    units_resumed: int       # units found finished in the ledger at the start
-    units_run: int
-    shards_resumed: int
-    shards_written: int
-    tokens_run: int          # tokens produced by the units this run tokenized
-    seconds: float
-    tokenize_seconds: float = 0.0   # stage 1 alone (Ray startup and planning excluded)
-    worker_seconds: float = 0.0     # stage 1 busy time summed over workers
-    policy_change: str = ""         # what a changed --bad-utf8 / --bad-json made this run redo
-
-    def warnings(self) -> list[str]:
-        """What the user must know about the inputs and the shards: the files skipped as
-        binary, documents repaired or skipped beyond ``LOUD_SHARE`` of those read, splits
-        that are mostly padding."""
-        skipped = [entry for entry in self.manifest.inputs if entry.get("skipped")]
-        lines = [] if not skipped else [
-            f"skipped {len(skipped)} input file(s) as binary (manifest.json: counts.binary_files_skipped"
-            f"); leave them out, or convert UTF-16 text to UTF-8 (iconv -f UTF-16 -t UTF-8 IN > OUT.txt):",
-            *(f"  {entry['uri']}: {entry['skipped']}" for entry in skipped)]
-        counts = self.manifest.counts
-        read = _documents_read(counts)
-        for affected, what in _affected_documents(counts):
-            if affected > LOUD_SHARE * read:
-                lines.append(f"{affected / read:.1%} of the documents ({affected:,} of {read:,}) {what}")
-        return lines + _padding_warnings(self.manifest)
-
-    def notes(self) -> list[str]:
-        """The documents repaired or skipped, counted, with the flag that changes each, when
-        they stay within ``LOUD_SHARE`` of those read (``warnings`` names the others)."""
-        counts = self.manifest.counts
-        read = _documents_read(counts)
-        return [f"{affected:,} of {read:,} documents {what}" for affected, what in _affected_documents(counts)
-                if 0 < affected <= LOUD_SHARE * read]
-
-    def summary(self) -> str:
-        splits = self.manifest.splits
-        docs = sum(s.documents for s in splits.values())
-        tokens = sum(s.tokens for s in splits.values())
-        text_bytes = sum(s.utf8_bytes for s in splits.values())
-        shards = sum(len(s.shards) for s in splits.values())
-        if self.nothing_to_do:
-            return (f"nothing to do: the shards match this config ({docs:,} documents, {tokens:,} tokens, "
-                    f"{shards} shards)")
-        rate = self.tokens_run / self.tokenize_seconds if self.tokenize_seconds > 0 else 0.0
-        resumed = (f"; resumed {self.units_resumed} units and {self.shards_resumed} shards"
-                   if self.units_resumed or self.shards_resumed else "")
-        if self.policy_change:
-            resumed += f"; {self.policy_change}"
-        return (f"{docs:,} documents, {tokens:,} tokens, {text_bytes:,} bytes of text -> {shards} shards "
-                f"(train {splits['train'].sequences:,} / val {splits['val'].sequences:,} sequences) in "
-                f"{self.seconds:.1f} s, tokenizing at {rate:,.0f} tokens/s{resumed}")
-
-
-def _documents_read(counts: dict) -> int:
-    """The documents the readers met, kept or not (the denominator of the shares above)."""
-    return sum(counts.get(name, 0) for name in ("documents", "empty_skipped", "bad_utf8_skipped", "bad_json_skipped"))
-
-
-def _affected_documents(counts: dict) -> list[tuple[int, str]]:
-    """(count, what happened to them and the flag that changes it) of each nonzero policy."""
-    fix = "; if the input is in another encoding (Latin-1, say), convert it: iconv -f LATIN1 -t UTF-8 IN > OUT"
-    described = [
-        (counts.get("bad_utf8_repaired", 0), "held invalid UTF-8, repaired with U+FFFD (--bad-utf8 replace; "
-                                             f"--bad-utf8 skip leaves them out){fix}"),
-        (counts.get("bad_utf8_skipped", 0), "held invalid UTF-8 and were left out (--bad-utf8 skip; --bad-utf8 "
-                                            f"replace keeps them, repaired with U+FFFD){fix}"),
-        (counts.get("bad_json_skipped", 0), "were JSONL lines that are not JSON or lack the text field, left out "
-                                            "(--bad-json skip; --bad-json error stops at the first)"),
-    ]
-    return [(count, what) for count, what in described if count]
-
-
-def _padding_warnings(manifest: Manifest) -> list[str]:
-    lines = []
-    for name, split in manifest.splits.items():
-        slots = split.sequences * manifest.seq_len
-        if split.documents and split.padding_tokens > PADDING_WARN_SHARE * slots:
-            lines.append(f"split {name}: {split.padding_tokens:,} of its {slots:,} token slots "
-                         f"({split.padding_tokens / slots:.0%}) are padding: --seq-len {manifest.seq_len} is long for "
-                         f"its {split.tokens:,} tokens; lower --seq-len, or give more text")
-    return lines
-
-
-# ------------------------------------------------------------------------- driver
-def _identity(config: PrepConfig, tokenizer: Tokenizer, files: Sequence[InputFile]) -> dict:
-    identity = {"format_version": FORMAT_VERSION, "config": asdict(config),
-                "tokenizer_sha256": tokenizer.sha256,
-                "inputs": [{"uri": f.uri, "size": f.size} for f in files]}
-    identity["config"]["inputs"] = list(config.inputs)
-    identity["sha256"] = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-    return identity
-
-
-def _shards_intact(out: Path, manifest: Manifest) -> bool:
-    return all((out / shard.path).is_file() and (out / shard.path).stat().st_size == shard.bytes
-               for split in manifest.splits.values() for shard in split.shards)
-
-
-def _policy_changes(old: dict, new: dict, tokenizer_follows: bool) -> dict[str, tuple[str, str]] | None:
-    """The POLICY_COUNTERS flags whose values differ between two prep identities, as
-    ``{name: (old, new)}``, when nothing else differs; None when anything else does. With
-    ``tokenizer_follows`` (prep trained the tokenizer from these inputs and flags), the
-    tokenizer may differ too."""
-    def read(identity: dict) -> dict:
-        config = identity.get("config")
-        return config.get("read") or {} if isinstance(config, dict) else {}
-
-    def rest(identity: dict) -> dict:
-        identity = json.loads(json.dumps(identity))  # as identity.json holds it
-        identity.pop("sha256", None)
-        if tokenizer_follows:
-            identity.pop("tokenizer_sha256", None)
-        for name in POLICY_COUNTERS:
-            read(identity).pop(name, None)
-        return identity
-
-    if not read(old) or rest(old) != rest(new):
-        return None
-    return {name: (read(old).get(name), read(new).get(name))
-            for name in POLICY_COUNTERS if read(old).get(name) != read(new).get(name)}
-
-
-def _resume_with_policy(out: Path, changes: dict[str, tuple[str, str]], new_tokenizer: bool) -> str:
-    """Keep an unfinished prep's work that a change of the error-policy flags leaves as it is.
-
-    A unit whose counters show no document that a changed flag acts on (no invalid UTF-8 for
-    --bad-utf8, no broken JSONL line for --bad-json) reads the same under either value, so its
-    tokens stand; the others are forgotten and tokenized again. When any is, the shards (cut
-    from the units' tokens) are cut again too. The output is then the one an uninterrupted
-    prep with the new flags writes. A tokenizer that the change retrained (``new_tokenizer``)
-    changes every unit."""
-    ledger = Ledger(out / WORK_DIR / "ledger")
-    counters = [counter for name in changes for counter in POLICY_COUNTERS[name]]
-    units = ledger.keys("unit-")
-    redo = [key for key in units
-            if new_tokenizer or any(ledger.get(key)["counters"].get(c, 0) for c in counters)]
-    for key in redo:
-        ledger.forget(key)
-    if redo:
-        for key in ledger.keys("shard-"):
-            ledger.forget(key)
-        for split in SPLITS:
-            shutil.rmtree(out / split, ignore_errors=True)
-    flags = ", ".join(f"--{name.replace('_', '-')} {old} -> {new}" for name, (old, new) in changes.items())
-    retrained = ", which retrained the tokenizer" if new_tokenizer else ""
-    return (f"{flags} since the unfinished prep{retrained}: kept {len(units) - len(redo)} of its "
-            f"{len(units)} finished units, redid the {len(redo)} that the change affects")
-
-
-def _format_version(manifest_path: Path) -> object:
-    """The shard format a manifest declares (None if it is not one): an earlier format is
-    replaced like a different prep, with --overwrite."""
+def prep(request: PrepRequest) -> PrepResult:
+    """Run (or resume, or skip) a prep, with the tokenizer it names: loaded, or trained into
+    OUT/tokenizer and reused on a rerun while its training request is unchanged. Either way
+    the prep keeps the tokenizer's files in OUT/tokenizer (``data_prep.write_shards``)."""
+    config, out = request.config, Path(request.out_dir)
+    corpus = [InputPath(root, "--input") for root in local_roots(config.inputs)]
+    check_output_dir(out, PREP_KIND, "--out", corpus)  # before training a tokenizer into it
+    run = dict(workers=request.workers, ray_address=request.ray_address, overwrite=request.overwrite,
+               progress=request.progress)
+    if request.tokenizer is not None:
+        return write_shards(config, load_tokenizer(request.tokenizer, request.special_tokens), out, **run)
+    training = TrainingRequest(config.inputs, request.vocab_size, seed=config.seed, read=config.read)
+    claim = claim_output_dir(out, PREP_KIND, "--out", corpus)
     try:
-        return json.loads(manifest_path.read_text()).get("format_version")
-    except (ValueError, AttributeError):
-        return None
-
-
-def _prepare_output(out: Path, identity: dict, overwrite: bool,
-                    tokenizer_follows: bool = False) -> tuple[Manifest | None, str]:
-    """Return the finished manifest when it matches; refuse or clear a different prep. Unfinished
-    work that differs only in --bad-utf8 / --bad-json goes on (_resume_with_policy); the second
-    value says so ("" otherwise)."""
-    work = out / WORK_DIR
-    manifest_path, identity_path = out / MANIFEST_NAME, work / IDENTITY_NAME
-    note = ""
-    if manifest_path.is_file() and (version := _format_version(manifest_path)) != FORMAT_VERSION:
-        what = f"a prep in shard format {version} (this unmask writes format {FORMAT_VERSION})"
-    elif manifest_path.is_file():
-        manifest = Manifest.read(out)
-        if manifest.prep_config_sha256 == identity["sha256"] and _shards_intact(out, manifest):
-            return manifest, note
-        what = "a different prep's manifest" if manifest.prep_config_sha256 != identity["sha256"] \
-            else "a manifest whose shards are missing or damaged"
-    elif identity_path.is_file() and (unfinished := json.loads(identity_path.read_text()))["sha256"] \
-            != identity["sha256"]:
-        changes = _policy_changes(unfinished, identity, tokenizer_follows)
-        if changes:
-            new_tokenizer = unfinished.get("tokenizer_sha256") != identity["tokenizer_sha256"]
-            what, note = None, _resume_with_policy(out, changes, new_tokenizer)
-        else:
-            what = "unfinished work of a different prep"
-    else:
-        what = None
-    if what is not None:
-        if not overwrite:
-            raise UserError(f"{out} holds {what}; pass --overwrite to replace it, or choose another --out")
-        for name in (MANIFEST_NAME, WORK_DIR, *SPLITS):
-            target = out / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-    (work / "units").mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(identity_path, json.dumps(identity, sort_keys=True).encode())
-    return None, note
-
-
-def _run_stage(rows: Iterable[dict], description: str, total: int, progress: bool) -> tuple[int, float]:
-    """Drive a stage's rows to completion with a progress bar.
-
-    Returns the sums of the rows' ``tokens`` and ``seconds`` (worker busy time) where
-    present. Workers report a user's mistake in an ``error`` column; the first one stops
-    the prep (finished items stay in the ledger, so nothing done is lost)."""
-    tokens, busy = 0, 0.0
-    start = time.perf_counter()
-    with progress_bar(total=total, desc=description, unit="item", disable=not progress) as bar:
-        for row in rows:
-            if row["error"]:
-                raise UserError(row["error"])
-            bar.update(1)
-            if "tokens" in row:
-                tokens, busy = tokens + int(row["tokens"]), busy + float(row["seconds"])
-                bar.set_postfix_str(f"{tokens / (time.perf_counter() - start):,.0f} tokens/s")
-    return tokens, busy
-
-
-def _runs_in_process(workers: int, ray_address: str | None) -> bool:
-    """Whether the prep runs in this process, without Ray: one worker on no named cluster.
-    Ray's start-up (a local instance, an actor that imports Ray Data, a task pool, the
-    shutdown: 6 to 9 s of a one-worker prep on two cores) buys one worker nothing, and the
-    output is the same either way (it never depends on the workers)."""
-    return workers == 1 and ray_address is None
-
-
-@contextlib.contextmanager
-def _ray_data(ray_address: str | None, workers: int) -> Iterator[None]:
-    """A Ray session (``ray_session``) with Ray Data quiet."""
-    with ray_session(ray_address, num_cpus=workers + 1 if ray_address is None else None):
-        import ray.data
-
-        # Ray Data logs its plan and progress on every run; the console is for our own
-        # progress bar and summary (set after the import, which configures its loggers).
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
-        # Our own bar replaces Ray Data's; Ray says so at WARNING, which is no news to the user.
-        logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
-        ray.data.DataContext.get_current().enable_progress_bars = False
-        yield
-
-
-def _tokenize_rows(pending_units: list[int], workers: int, actor_args: tuple) -> Iterable[dict]:
-    """The rows of stage 1 on Ray: each pending unit tokenized by one of ``workers`` actors."""
-    import ray.data
-
-    with warnings.catch_warnings():
-        # max_restarts has no named parameter yet in this Ray; the catch-all is deprecated.
-        warnings.filterwarnings("ignore", message=".*ray_remote_args.* is deprecated", category=Warning)
-        return ray.data.from_items([{"index": i} for i in pending_units]).map_batches(
-            UnitTokenizer, batch_size=1, compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1,
-            fn_constructor_args=actor_args,
-            # No actor restarts: a dead actor fails the stage, and a rerun resumes from the ledger.
-            # Restartable actors built from arguments in the object store (Ray Data keeps the
-            # UDF there) make Ray's core worker print an error line on every prep.
-            max_restarts=0).iter_rows()
-
-
-def _shard_rows(in_process: bool, pending_shards: list[dict], workers: int, shard_args: dict) -> Iterable[dict]:
-    """The rows of stage 2: each pending shard written, here or by ``workers`` Ray tasks."""
-    if in_process:
-        return (write_one_shard(row, **shard_args) for row in pending_shards)
-    import ray.data
-
-    return ray.data.from_items(pending_shards).map(
-        write_one_shard, compute=ray.data.TaskPoolStrategy(size=workers), num_cpus=1,
-        fn_kwargs=shard_args).iter_rows()
-
-
-@dataclass(frozen=True)
-class PrepRun:
-    """How a prep runs (none of it changes the shards): ``prep``'s keyword arguments."""
-
-    workers: int
-    ray_address: str | None
-    overwrite: bool
-    progress: bool
-    tokenizer_follows_inputs: bool
-
-
-def _inputs_of(config: PrepConfig, tokenizer: Tokenizer, out: Path) -> list[InputPath]:
-    """What the prep reads, which its output must keep clear of: the corpus, and the tokenizer
-    unless it is the prep's own copy (``DIR/tokenizer``, given back as --tokenizer)."""
-    inputs = [InputPath(root, "--input") for root in local_roots(config.inputs)]
-    own = (out / TOKENIZER_DIR).resolve()
-    if tokenizer.path and not Path(tokenizer.path).resolve().is_relative_to(own):
-        inputs.append(InputPath(tokenizer.path, "--tokenizer"))
-    return inputs
-
-
-def prep(config: PrepConfig, tokenizer: Tokenizer, out_dir: str | Path, *, workers: int = 1,
-         ray_address: str | None = None, overwrite: bool = False, progress: bool = True,
-         tokenizer_follows_inputs: bool = False) -> PrepResult:
-    """Run (or resume, or skip) a prep; see the module docstring. One worker without
-    ``ray_address`` runs in this process (``_runs_in_process``), more in Ray.
-    ``tokenizer_follows_inputs``: the tokenizer was trained from these inputs and read flags
-    (``unmask prep --vocab-size``), so a change of --bad-utf8 / --bad-json may have changed it too.
-    A prep that fails before any unit was tokenized leaves no trace of itself in ``out_dir``."""
-    if workers < 1:
-        raise UserError(f"--workers must be >= 1, got {workers}")
-    started = time.perf_counter()
-    out, inputs = Path(out_dir), _inputs_of(config, tokenizer, Path(out_dir))
-    check_output_dir(out, PREP_KIND, "--out", inputs)
-    files = resolve_inputs(config.inputs)
-    with _claimed(out, inputs):
-        return _run(config, tokenizer, out, files, started, PrepRun(workers, ray_address, overwrite, progress,
-                                                                    tokenizer_follows_inputs))
-
-
-@contextlib.contextmanager
-def _claimed(out: Path, inputs: list[InputPath]) -> Iterator[None]:
-    """``out`` claimed as a prep's for the block; a failure before any unit was tokenized
-    leaves no trace of the prep there (its work, its marker, the directory it made)."""
-    claim = claim_output_dir(out, PREP_KIND, "--out", inputs)
-    try:
-        yield
+        tokenizer = prep_tokenizer(training, out)
     except BaseException:
-        ledger = out / WORK_DIR / "ledger"
-        if not (ledger.is_dir() and any(ledger.iterdir())):
-            shutil.rmtree(out / WORK_DIR, ignore_errors=True)
-        claim.abandon()
+        claim.abandon()  # nothing was trained: the directory goes if the claim made it
         raise
-
-
-def _run(config: PrepConfig, tokenizer: Tokenizer, out: Path, files: list[InputFile], started: float,
-         run: PrepRun) -> PrepResult:
-    identity = _identity(config, tokenizer, files)
-    finished, policy_change = _prepare_output(out, identity, run.overwrite, run.tokenizer_follows_inputs)
-    if finished is not None:
-        _keep_tokenizer(tokenizer, out / TOKENIZER_DIR)  # a prep written before it was kept there
-        return PrepResult(finished, True, 0, 0, 0, 0, 0, time.perf_counter() - started)
-    work = out / WORK_DIR
-    ledger = Ledger(work / "ledger")
-    units = plan_units(files, config.read, config.unit_bytes)
-    pending_units = [u.index for u in units if not ledger.done(unit_key(u.index))]
-    dtype = token_dtype(tokenizer.vocab_size)
-    workers, progress = run.workers, run.progress
-    in_process = _runs_in_process(workers, run.ray_address)
-    with contextlib.nullcontext() if in_process else _ray_data(run.ray_address, workers):
-        tokens_run, busy, tokenize_started = 0, 0.0, time.perf_counter()
-        if pending_units:
-            actor_args = (tokenizer, units, config.read, config.seed, config.val_fraction, str(work))
-            if in_process:
-                rows = map(UnitTokenizer(*actor_args).tokenize, pending_units)
-            else:
-                rows = _tokenize_rows(pending_units, min(workers, len(pending_units)), actor_args)
-            tokens_run, busy = _run_stage(rows, "tokenize", len(pending_units), progress)
-        tokenize_seconds = time.perf_counter() - tokenize_started
-        _refuse_an_empty_corpus(config, ledger, units, out)
-        layouts = _layouts(ledger, units, config.seq_len, tokenizer)
-        rows_per_chunk = chunk_rows(config.seq_len, dtype)
-        per_shard = max(rows_per_chunk,
-                        config.shard_bytes // (config.seq_len * dtype.itemsize) // rows_per_chunk * rows_per_chunk)
-        shards = [row for layout in layouts.values() for row in plan_shards(layout, per_shard)]
-        pending_shards = [r for r in shards if not ledger.done(shard_key(r["split"], r["index"]))]
-        if pending_shards:
-            shard_args = {"layouts": layouts, "work": str(work), "out": str(out), "dtype": dtype,
-                          "rows_per_chunk": rows_per_chunk}
-            _run_stage(_shard_rows(in_process, pending_shards, workers, shard_args), "shards",
-                       len(pending_shards), progress)
-    for split in SPLITS:  # every writer has finished: what killed ones left is garbage
-        remove_temporaries(out / split)
-    _keep_tokenizer(tokenizer, out / TOKENIZER_DIR)
-    manifest = _assemble_manifest(config, tokenizer, identity, ledger, units, layouts, shards, rows_per_chunk)
-    manifest.write(out)
-    shutil.rmtree(work)
-    return PrepResult(manifest, False, len(units) - len(pending_units), len(pending_units),
-                      len(shards) - len(pending_shards), len(pending_shards), tokens_run,
-                      time.perf_counter() - started, tokenize_seconds, busy, policy_change)
-
-
-def _keep_tokenizer(tokenizer: Tokenizer, directory: Path) -> None:
-    """The tokenizer's files in ``directory`` (DIR/tokenizer, which the manifest names), unless
-    they are there already: training and export find them there wherever the data directory
-    is copied, and a tokenizer given roles by flags (--eos-token) is only complete there."""
-    try:
-        if load_tokenizer(directory).sha256 == tokenizer.sha256:
-            return
-    except UserError:  # absent, or not a tokenizer
-        pass
-    with staged_directory(directory) as staging:
-        tokenizer.save(staging)
-
-
-def _read_counters(ledger: Ledger, units: Sequence[WorkUnit]) -> ReadCounters:
-    counters = ReadCounters()
-    for unit in units:
-        counters = counters + ReadCounters(**ledger.get(unit_key(unit.index))["counters"])
-    return counters
-
-
-def _refuse_an_empty_corpus(config: PrepConfig, ledger: Ledger, units: Sequence[WorkUnit], out: Path) -> None:
-    """Stop a prep whose inputs hold no document: shards of nothing train nothing. The work,
-    which holds nothing, goes (and the output directory with it, when the prep made it)."""
-    counters = _read_counters(ledger, units)
-    if counters.documents:
-        return
-    dropped = [(counters.empty_skipped, "empty"),
-               (counters.bad_utf8_skipped, "skipped for invalid UTF-8 (--bad-utf8 skip)"),
-               (counters.bad_json_skipped, "skipped as broken JSONL lines (--bad-json skip)")]
-    read = ", ".join(f"{count:,} {what}" for count, what in dropped if count) or "none found"
-    binary = (f"; {counters.binary_files_skipped} file(s) skipped as binary" if counters.binary_files_skipped
-              else "")
-    shutil.rmtree(out / WORK_DIR, ignore_errors=True)
-    raise UserError(f"--input {' '.join(config.inputs)}: no documents to prepare (documents: {read}{binary}); "
-                    f"check the files, --text-format, --text-field or --text-column, and --bad-utf8")
-
-
-def _pad_id(tokenizer: Tokenizer) -> int:
-    return tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.eos_id
-
-
-def _layouts(ledger: Ledger, units: Sequence[WorkUnit], seq_len: int, tokenizer: Tokenizer,
-             ) -> dict[str, SplitLayout]:
-    entries = [ledger.get(unit_key(u.index)) for u in units]
-    layouts = {}
-    for split in SPLITS:
-        counts = [e["splits"][split]["tokens"] for e in entries]
-        layouts[split] = SplitLayout(split, [u.index for u in units],
-                                      [0, *itertools.accumulate(counts)], seq_len, _pad_id(tokenizer))
-    return layouts
-
-
-def _assemble_manifest(config: PrepConfig, tokenizer: Tokenizer, identity: dict, ledger: Ledger,
-                       units: Sequence[WorkUnit], layouts: dict[str, SplitLayout], shards: list[dict],
-                       rows_per_chunk: int) -> Manifest:
-    entries = [ledger.get(unit_key(u.index)) for u in units]
-    counters = _read_counters(ledger, units)
-    splits = {}
-    for split, layout in layouts.items():
-        infos = [ShardInfo.from_dict(ledger.get(shard_key(split, r["index"]))) for r in shards if r["split"] == split]
-        splits[split] = SplitInfo(
-            documents=sum(e["splits"][split]["documents"] for e in entries), tokens=layout.tokens,
-            utf8_bytes=sum(e["splits"][split]["utf8_bytes"] for e in entries),
-            sequences=layout.sequences, padding_tokens=layout.sequences * layout.seq_len - layout.tokens,
-            shards=infos)
-    binary = {entry["binary_file"]["uri"]: entry["binary_file"]["reason"] for entry in entries
-              if "binary_file" in entry}
-    inputs = [{**item, "skipped": binary[item["uri"]]} if item["uri"] in binary else item
-              for item in identity["inputs"]]
-    return Manifest(
-        format_version=FORMAT_VERSION, tokenizer={**tokenizer.describe(), "path": TOKENIZER_DIR},
-        seq_len=config.seq_len,
-        dtype=token_dtype(tokenizer.vocab_size).str, chunk_rows=rows_per_chunk, pad_id=_pad_id(tokenizer),
-        prep_config=identity["config"], prep_config_sha256=identity["sha256"], inputs=inputs,
-        counts=counters.to_dict(), splits=splits)
+    return write_shards(config, tokenizer, out, tokenizer_follows_inputs=True, **run)

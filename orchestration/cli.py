@@ -7,12 +7,12 @@ import argparse
 import platform
 import sys
 
-import orchestration.preemption  # noqa: F401  first: a SIGTERM from here on is a preemption (its docstring)
+import orchestration.startup_preemption  # noqa: F401  first: a SIGTERM from here on is a preemption (its docstring)
 from common.errors import UserError
 from common.provenance import package_version
 from orchestration.commands import config, data, downstream, evaluate, importing, jobs, run, sample, train
 from orchestration.exit_codes import PREEMPTED, USER_ERROR
-from orchestration.preemption import StoppedDuringStartup, preemptible_startup
+from orchestration.startup_preemption import StoppedDuringStartup, preemptible_startup
 from pipeline.training.hooks import TrainHooks
 
 DESCRIPTION = """\

@@ -1,24 +1,15 @@
 """``unmask run``: prep -> train -> export -> eval (with its report), in one run directory.
 
-Each stage calls its library (``data_prep.prepare``, ``pipeline.training.trainer.train`` or
-``orchestration.cluster.ray_train.launch``, ``pipeline.interchange.export.export``, ``evaluation.zero_shot``)
-in this process with the typed request below, and each is skipped when its output is
-already up to date, so rerunning a finished run does nothing and rerunning a failed or
-killed one continues where it stopped:
-
-- prep: the prep itself finds a matching manifest in ``RUN/data`` and does nothing;
-- train: skipped when the latest checkpoint is at ``train.max_steps``; otherwise resumed;
-- export: skipped when ``RUN/export`` holds the latest checkpoint;
-- eval: skipped when ``RUN/report/results.json`` scored that export on the same datasets.
-
-A train stage stopped by SIGTERM or SIGINT (a preemption) has written its checkpoint but not
-finished: ``run_pipeline`` raises ``Preempted`` instead of going on to the export, and
-``unmask run`` exits with ``orchestration.exit_codes.PREEMPTED``. The run directory is
-claimed as a run's first (``common.outputs``), before any stage.
-
-With no inputs the corpus is the documentation text shipped with CPython
-(``data_prep.builtin_corpus``) and the config ``configs/demo.yaml``: a demo that needs no
-download and finishes in minutes on a laptop CPU.
+Each stage calls its library (``data_prep.prep``, ``pipeline.training.trainer.train`` or
+``orchestration.cluster.ray_train.launch``, ``pipeline.interchange.export.export``,
+``evaluation.zero_shot``) in this process with the typed request below, and is skipped when its
+output is up to date (docs/concepts.md, "Concepts": the table's last column), so rerunning a
+finished run does nothing and rerunning a failed or killed one continues where it stopped. The
+run directory is claimed as a run's (``common.outputs``) before any stage. A train stage
+stopped by SIGTERM or SIGINT raises ``Preempted`` instead of going on to the export, and
+``unmask run`` exits with ``orchestration.exit_codes.PREEMPTED``. With no inputs the corpus is
+the documentation text shipped with CPython (``data_prep.builtin_corpus``) and the config
+``configs/demo.yaml``.
 """
 
 from __future__ import annotations
@@ -32,9 +23,9 @@ from typing import Callable
 from common.errors import UserError
 from common.outputs import InputPath, claim_output_dir, json_object
 from data_prep.builtin_corpus import write_cpython_corpus
-from data_prep.prep import DEFAULT_VAL_FRACTION, MAX_SEQ_LEN, PrepConfig
-from data_prep.prepare import PrepRequest, prepare
+from data_prep.prep import PrepRequest, prep
 from data_prep.readers import ReadOptions, local_roots
+from data_prep.write_shards import DEFAULT_VAL_FRACTION, MAX_SEQ_LEN, PrepConfig
 from evaluation.bounds.scoring import ScoringConfig
 from evaluation.generation.generate import check_sampling
 from evaluation.results import EvalResults, TrainingRecord
@@ -100,7 +91,7 @@ class RunRequest:
         evaluation = self.evaluation
         checks = [("--prep-workers", self.prep_workers >= 1, "must be >= 1"),
                   ("--seq-len", self.seq_len is None or 2 <= self.seq_len <= MAX_SEQ_LEN,
-                   f"must lie in [2, {MAX_SEQ_LEN}] (data_prep.prep.MAX_SEQ_LEN)"),
+                   f"must lie in [2, {MAX_SEQ_LEN}] (data_prep.write_shards.MAX_SEQ_LEN)"),
                   ("--val-fraction", self.val_fraction is None or 0 <= self.val_fraction < 1,
                    "must lie in [0, 1)"),
                   ("--num-samples", evaluation.num_samples >= 0, "must be >= 0")]
@@ -184,9 +175,9 @@ def _stage_prep(request: RunRequest, context: StageContext) -> str:
     config = PrepConfig(inputs=inputs, seq_len=_seq_len(request), seed=request.config.train.seed,
                         val_fraction=DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction,
                         read=request.read)
-    result = prepare(PrepRequest(config, layout.data, tokenizer=request.tokenizer,
-                                 vocab_size=None if request.tokenizer else request.vocab_size,
-                                 workers=request.prep_workers, ray_address=request.ray_address))
+    result = prep(PrepRequest(config, layout.data, tokenizer=request.tokenizer,
+                              vocab_size=None if request.tokenizer else request.vocab_size,
+                              workers=request.prep_workers, ray_address=request.ray_address))
     for note in result.notes():
         say(f"unmask run: note: {note}")
     for warning in result.warnings():

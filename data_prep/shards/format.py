@@ -1,20 +1,15 @@
 """The shard format: WebDataset tar files of packed token sequences, and their manifest.
 
 A shard ``DIR/{split}/shard-NNNNNN.tar`` holds fixed-length sequences packed from documents
-separated by EOS. Sequences are grouped into chunks of ``chunk_sequences`` rows (the last
-chunk of a shard may be shorter); each chunk is one tar member ``SSSSSS-CCCCCC.tokens.npy``
-holding a ``[rows, seq_len]`` uint16 or uint32 array. A member per sequence would spend a
-512-byte tar header (and up to 511 bytes of padding) on every 2 KiB sequence; a chunk of
-about ``CHUNK_BYTES`` keeps the overhead near 0.1%.
-
-Tar headers carry no time, owner or host, so the same sequences always give the same
-bytes: shards are reproducible and their sha256 (in the manifest) identifies their content.
-The manifest also lists each chunk's byte range and sha256 (``ChunkInfo``, format 2): the
-loader fetches a chunk with one range request and checks it as it reads it, without reading
-the rest of the shard. This module owns the format: the writer, the readers (``decode_chunk``
-for one chunk's bytes; WebDataset's tar iterator, ``iter_chunks``, for a whole shard) and
-the manifest (``MANIFEST_NAME``, fields in ``Manifest``). Beside them, ``DIR/tokenizer``
-(``TOKENIZER_DIR``) holds the files of the tokenizer the shards were made with.
+separated by EOS, in chunks of about ``CHUNK_BYTES``: each chunk is one tar member
+``SSSSSS-CCCCCC.tokens.npy`` holding a ``[rows, seq_len]`` uint16 or uint32 array (the last
+chunk of a shard may be shorter). Tar headers carry no time, owner or host, so the same
+sequences always give the same bytes. The manifest (``MANIFEST_NAME``, ``Manifest``) lists
+every shard and every chunk's byte range and sha256 (``ChunkInfo``): a reader fetches a chunk
+with one range request and checks it as it reads it. This module owns the format: the
+writer, the readers (``decode_chunk`` for one chunk's bytes, ``iter_chunks`` for a whole
+shard) and the manifest; ``DIR/tokenizer`` (``TOKENIZER_DIR``) holds the tokenizer the shards
+were made with. The reasoning: docs/data-preparation.md, "What comes out".
 """
 
 from __future__ import annotations
@@ -34,8 +29,8 @@ from common.atomic_files import atomic_write_bytes, temporary_path
 from common.errors import UserError
 from common.file_records import sha256_file
 
-# 2: each shard lists its chunks (byte range, rows, sha256), so a reader fetches only the
-# chunks it needs and checks each as it reads it (version 1 had one sha256 per shard).
+# The manifest's format_version, the one this unmask writes and reads: a manifest of another
+# is refused in one line (docs/concepts.md, "Formats and versions").
 FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 TOKENIZER_DIR = "tokenizer"  # the tokenizer's files, in the data directory: the manifest's tokenizer path
@@ -242,9 +237,7 @@ class Manifest:
             raw = json.loads(text)
             version = raw.get("format_version")
             if version != FORMAT_VERSION:
-                raise UserError(f"{source}: shard format version {version}, this unmask reads version "
-                                f"{FORMAT_VERSION} (per-chunk checksums); rerun `unmask prep` with --overwrite "
-                                "(the same tokens, in the new format)")
+                raise UserError(_another_format(source, version))
             raw["splits"] = {name: SplitInfo(**{**split, "shards": [ShardInfo.from_dict(s) for s in split["shards"]]})
                              for name, split in raw["splits"].items()}
             manifest = cls(**raw)
@@ -258,3 +251,12 @@ class Manifest:
     def sha256(self) -> str:
         """Identity of the data (tags training runs)."""
         return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+
+def _another_format(source: str, version: object) -> str:
+    """The one line for a manifest of another format than this unmask reads, with the fix."""
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        return (f"{source}: shard format version {version}, newer than this unmask reads ({FORMAT_VERSION}); "
+                f"upgrade unmask")
+    return (f"{source}: shard format version {version}, this unmask reads version {FORMAT_VERSION}; rerun `unmask "
+            f"prep` with --overwrite (the same tokens, in this format)")

@@ -1,49 +1,21 @@
 """The streaming loader: ``LongTensor[batch, seq_len]`` batches from the shards of a split.
 
-Order of an epoch (a pure function of the manifest, the seed, the epoch number and the
-shuffle window; G is the global batch size: all ranks and micro-batches of an optimizer step):
-- the stream: the split's shards in a permutation drawn from (seed, epoch), each shard's
-  chunks in order, the rows of every chunk permuted by (seed, epoch, shard, chunk). The
-  remainder past the last whole global batch (fewer than G sequences) is left out;
-- windows: the stream is cut into windows of ``shuffle_window`` sequences (rounded down to
-  whole global batches; the last may be shorter). A window spans many shards: 2^18
-  sequences, MosaicML Streaming's block, are 512 shards of 1 MiB chunks at seq_len 1024;
-- inside a window of J global batches, its pieces (a chunk, or the part of one that lies in
-  the window) are put in an order drawn from (seed, epoch, window), and that sequence of
-  pieces is cut into G lanes of J sequences: lane p is the window's sequences [p J, p J + J)
-  in the drawn order. Row j of a lane is its sequence sigma_p(j) (sigma_p a permutation of
-  (seed, epoch, window, p)), and global batch j of the window is row j of every lane: its
-  G sequences come from G stretches spread over the whole window, so a global batch mixes
-  the corpus whatever order the files were prepped in;
-- the G sequences of a global batch are W x A slots of ``batch_size`` sequences (W ranks, A
-  micro-batches per rank): micro-batch m of rank r takes slot m W + r, the slot order of the
-  training times (``pipeline.training.objective.MicroBatchSlot``), so the global batches do not
-  depend on the number of ranks and a run resumed on another number of ranks sees the same
-  data. Every rank yields A batches per global batch: uneven ranks would hang training.
-
-Reading (``data_prep.shards.storage``): a rank needs only its lanes, A stretches of ``batch_size``
-consecutive lanes, which are about 1 / W of each window's pieces; it reads those chunks, one
-range request each, and nothing else (BENCHMARKS.md has the bytes per rank for W = 1, 8,
-64). The lanes of a rank are split among its DataLoader workers, each reading only its own,
-and the main process joins their parts into the rank's batches: the same batches for any
-number of workers. A process holds its share of the window it serves and of the next one,
-read ahead in a thread: about 2 x window x bytes per sequence / (W x workers). Each chunk's
-sha256 is checked as it is read (the manifest lists it), so a truncated or altered shard
-stops the run with its name; a DataLoader worker hands such a ``UserError`` to the main
-process, which raises it as itself: one line, whatever the number of workers.
-
-Without shuffling (validation, evaluation) a window is one global batch and nothing is
-permuted: the batches are the corpus in order.
-
-``state_dict()`` is the position in global batches (epoch, global batches consumed, and the
-micro-batches of the next one this rank consumed): a loader restored from it yields exactly
-the batches an uninterrupted one would have yielded next, on any number of ranks and
-micro-batch size with the same global batch size and shuffle window.
+The order of an epoch is a pure function of the manifest, the seed, the epoch and the
+shuffle window: the split's shards permuted, cut into windows, and each window's chunks
+dealt into G lanes (G: the global batch size), so that a global batch takes one row of every
+lane. Micro-batch m of rank r is slot m W + r of the global batch, the slot order of the
+training times (``pipeline.training.objective.MicroBatchSlot``): the global batches do not
+depend on the number of ranks, micro-batches or DataLoader workers, and every rank yields the
+same number of batches. A rank reads only the chunks of its own lanes, and checks each
+chunk's sha256 as it reads it; a ``UserError`` met in a DataLoader worker reaches the caller
+as itself. ``state_dict()`` is the position in global batches: a loader restored from it
+yields exactly the batches an uninterrupted one would have yielded next, on any number of
+ranks with the same global batch size and window; a position of another order is refused.
+The reasoning and the measurements: docs/data-at-scale.md.
 """
 
 from __future__ import annotations
 
-import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,8 +31,6 @@ from data_prep.shards.storage import ChunkCache, ShardStore, read_manifest
 
 __all__ = ["DEFAULT_SHUFFLE_WINDOW", "StreamingLoader"]
 
-log = logging.getLogger("unmask.loader")
-
 # Sequences per shuffle window: MosaicML Streaming's default block (2^18), which spans
 # hundreds of shards; a split smaller than that is shuffled whole.
 DEFAULT_SHUFFLE_WINDOW = 1 << 18
@@ -68,7 +38,8 @@ DEFAULT_SHUFFLE_WINDOW = 1 << 18
 PREFETCH_PARTS = 4
 # Chunk reads in flight per process: range requests to a remote store overlap their latency.
 READ_THREADS = 8
-# The order the loader's positions refer to; a position of another order resumes with a warning.
+# The order of the data that a loader's position refers to, recorded in it (``state_dict``):
+# a position of another order is refused, since it would not resume the batches that come next.
 ORDER_VERSION = 2
 # What a loader's position must agree on to be resumed (the number of ranks and the
 # micro-batch size may differ).
@@ -113,7 +84,7 @@ class _Windows:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class _StreamPlan:
     """What a worker process needs to rebuild the stream (picklable)."""
 
     store: ShardStore
@@ -235,7 +206,7 @@ class _Plan:
                     yield torch.from_numpy(picked.astype(np.int64))
 
 
-def _read_all(plan: _Plan, epoch: int, pieces: list[_Piece]) -> Iterator["np.ndarray | _Permuted"]:
+def _read_all(plan: _StreamPlan, epoch: int, pieces: list[_Piece]) -> Iterator["np.ndarray | _Permuted"]:
     """The permuted rows of each piece's chunk in order, READ_THREADS reads in flight."""
     with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
         futures: list[Future] = []
@@ -278,7 +249,7 @@ class _WorkerFailure:
 
 
 class _EpochStream(IterableDataset):
-    def __init__(self, plan: _Plan, epoch: int, first_global: int) -> None:
+    def __init__(self, plan: _StreamPlan, epoch: int, first_global: int) -> None:
         self.plan, self.epoch, self.first_global = plan, epoch, first_global
 
     def __iter__(self) -> Iterator[torch.Tensor | _WorkerFailure]:
@@ -324,7 +295,7 @@ class StreamingLoader:
                             f"of {global_batch_size} ({world_size} rank(s) x batch {batch_size} x "
                             f"{global_batch_size // (batch_size * world_size)} micro-batches)")
         window_batches = min(global_batches, max(1, shuffle_window // global_batch_size)) if shuffle else 1
-        self.plan = _Plan(ShardStore(data, cache), tuple(info.shards), _usable_rows(info.shards, counts),
+        self.plan = _StreamPlan(ShardStore(data, cache), tuple(info.shards), _usable_rows(info.shards, counts),
                           manifest.seq_len, manifest.dtype, batch_size, rank, world_size, global_batch_size,
                           global_batches, window_batches, seed, shuffle)
         self.shuffle_window = shuffle_window
@@ -376,13 +347,10 @@ class StreamingLoader:
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (of this or another number of ranks, see the module docstring)."""
         plan, mine = self.plan, self.state_dict()
-        if "global_batches" not in state:
-            state = self._from_earlier_version(state)
         if state.get("order") != ORDER_VERSION:
-            log.warning("the data loader's position comes from an earlier version, which ordered the data "
-                        "without shuffle windows: epoch %d continues in this version's order, which may repeat "
-                        "or skip some of its sequences", state["epoch"])
-            state = {**state, "shuffle_window": self.shuffle_window}
+            raise UserError(f"cannot resume the data loader: its position refers to another order of the data "
+                            f"(order {state.get('order')!r}; this unmask resumes order {ORDER_VERSION}); train again "
+                            f"in a new --run-dir")
         differ = [f"{key}: checkpoint {state.get(key)!r}, now {mine[key]!r}"
                   for key in _RESUME_KEYS if state.get(key) != mine[key]]
         if differ:
@@ -396,15 +364,3 @@ class StreamingLoader:
                             f"of {plan.global_batches}")
         self.epoch = state["epoch"]
         self.batches = state["global_batches"] * plan.micro_batches + state["micro_batches"]
-
-    def _from_earlier_version(self, state: dict) -> dict:
-        """A position of a loader before global batches: the batches this rank consumed. It
-        maps onto the same number of global batches of this version's order."""
-        plan = self.plan
-        if (state.get("batch_size"), state.get("world_size")) != (plan.batch_size, plan.world_size):
-            raise UserError(f"cannot resume the data loader of an earlier version (batch {state.get('batch_size')} "
-                            f"on {state.get('world_size')} ranks) with batch {plan.batch_size} on "
-                            f"{plan.world_size} ranks; resume it with the number of ranks it was written by")
-        global_batches, micro_batches = divmod(state["batches"], plan.micro_batches)
-        return {**state, "global_batch_size": plan.global_batch_size,
-                "global_batches": min(global_batches, plan.global_batches), "micro_batches": micro_batches}

@@ -15,6 +15,8 @@ Remote reads:
   an outage of a few minutes stalls training, it does not kill it.
 - ``ChunkCache``: a local directory of verified chunks, named by their sha256, kept under a
   size limit (least recently used first out), shared by the ranks and workers of a node.
+
+The manual: docs/data-at-scale.md, "Training from a bucket".
 """
 
 from __future__ import annotations

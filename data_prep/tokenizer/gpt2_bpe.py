@@ -59,11 +59,10 @@ class GPT2BPETokenizer(Tokenizer):
     """GPT-2's byte-level BPE from OpenAI's ``encoder.json`` and ``vocab.bpe``.
 
     ``sha256`` is the hash of the bytes of ``encoder.json`` followed by those of
-    ``vocab.bpe``: it names the files, not the encoder, so shards made before tiktoken
-    (with the ``tokenizers`` BPE, the same ids) keep their identity. Following GPT-2,
-    ``<|endoftext|>`` is both eos and bos, and there is no pad. Text that contains the string
-    ``<|endoftext|>`` is encoded as ordinary text, as GPT-2's own encoder and our earlier one
-    did, so a document cannot forge a boundary; ``decode`` of its id gives the string.
+    ``vocab.bpe``: it names the files, not the library that encodes with them. Following
+    GPT-2, ``<|endoftext|>`` is both eos and bos, and there is no pad. Text that contains the
+    string ``<|endoftext|>`` is encoded as ordinary text, as GPT-2's own encoder does, so a
+    document cannot forge a boundary; ``decode`` of its id gives the string.
     """
 
     kind = "gpt2-bpe"

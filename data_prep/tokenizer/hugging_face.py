@@ -12,11 +12,8 @@ truncates and pads nothing, and reads special tokens written in the text as text
 that holds a special token as an ordinary piece of its vocabulary (the library's Unigram
 trainer puts them there) may still choose that piece for the text: that is the file's model.
 
-Exactness, ``decode(encode(text)) == text``, is the pipeline's: a byte-level BPE (GPT-2's
-pre-tokenizer and decoder, without a prefix space) is exact for every string. Lossy are
-normalizers (lowercasing, NFKC, accent stripping), pre-tokenizers that drop whitespace
-(WordPiece's BERT pre-tokenizer), models that emit an unknown token for characters outside
-their vocabulary (no byte fallback), and a Metaspace pre-tokenizer for a literal U+2581.
+Exactness, ``decode(encode(text)) == text``, is the pipeline's: a byte-level BPE is exact, a
+normalizer or a whitespace-dropping pre-tokenizer is not (docs/data-preparation.md, "Tokenizers").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``load_tokenizer``: the tokenizer a path holds, whatever its kind (SentencePiece, GPT-2's
-BPE or a Hugging Face ``tokenizer.json``), and the files a tokenizer directory of ours holds.
+BPE or a Hugging Face ``tokenizer.json``).
 """
 
 from __future__ import annotations
@@ -11,24 +11,18 @@ from data_prep.tokenizer.base import Tokenizer
 from data_prep.tokenizer.gpt2_bpe import GPT2_ENCODER_FILE, GPT2_MERGES_FILE, GPT2BPETokenizer
 from data_prep.tokenizer.hugging_face import (
     NO_SPECIAL_TOKENS,
-    SPECIAL_TOKENS_MAP_FILE,
     TOKENIZER_JSON_FILE,
     HuggingFaceTokenizer,
     SpecialTokens,
 )
 from data_prep.tokenizer.sentencepiece_model import (
     SP_MODEL_FILE,
-    SP_VOCAB_FILE,
     TOKENIZER_KINDS,
     SentencePieceTokenizer,
 )
 
-__all__ = ["SAVED_TOKENIZER_FILES", "load_tokenizer"]
+__all__ = ["load_tokenizer"]
 
-# Every file a tokenizer directory of ours holds: what ``save`` writes, of any kind, and the
-# listing ``train_sentencepiece`` adds.
-SAVED_TOKENIZER_FILES = frozenset({SP_MODEL_FILE, SP_VOCAB_FILE, GPT2_ENCODER_FILE, GPT2_MERGES_FILE,
-                                   TOKENIZER_JSON_FILE, SPECIAL_TOKENS_MAP_FILE})
 
 def load_tokenizer(path: str | Path, special_tokens: SpecialTokens = NO_SPECIAL_TOKENS) -> Tokenizer:
     """Load the tokenizer at ``path``: a SentencePiece ``.model`` file, a directory holding

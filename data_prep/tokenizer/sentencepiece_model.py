@@ -1,17 +1,13 @@
-"""SentencePiece tokenizers: loading a trained model, and training one on a corpus.
+"""SentencePiece tokenizers: ``SentencePieceTokenizer`` (a trained model, loaded) and
+``train_sentencepiece`` (a model trained on texts).
 
-SentencePiece and GPT-2's BPE are exact: ``decode(encode(text)) == text`` for every string.
-SentencePiece gets there by training with an identity normalizer and byte fallback (characters
-outside the vocabulary become UTF-8 byte pieces, never ``<unk>``); GPT-2's BPE works on bytes
-by construction. A ``tokenizer.json`` is as exact as its pipeline.
-
-A tokenizer pickles with its model bytes rather than a path, so a Ray actor on another
-machine gets the same tokenizer without shared storage. ``sha256`` identifies the model
-files and goes into the data manifest with the rest of ``describe()``.
-
-Training reads its documents once, as a stream, and keeps a bounded reservoir sample of
-their lines, so the corpus may be far larger than memory. With the same documents and seed
-the trained ``tokenizer.model`` is byte-identical.
+Exact: trained with an identity normalizer and byte fallback (characters outside the
+vocabulary become UTF-8 byte pieces, never ``<unk>``), ``decode(encode(text)) == text`` for
+every string. A tokenizer pickles with its model bytes, not a path, so a Ray actor on another
+machine gets the same tokenizer; ``sha256`` identifies the model files. Training streams its
+documents once and keeps a bounded reservoir sample of their lines: with the same documents
+and seed the trained ``tokenizer.model`` is byte-identical. The manual:
+docs/data-preparation.md, "Tokenizers".
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from common.atomic_files import atomic_write_bytes
-from common.outputs import InputPath, OutputKind, holds_only, json_object, new_output_dir, staged_directory
+from common.outputs import InputPath, OutputKind, new_output_dir, staged_directory
 from data_prep.readers import (
     ReadCounters,
     ReadOptions,
@@ -31,9 +31,7 @@ from data_prep.shards.format import TOKENIZER_DIR
 from data_prep.tokenizer.base import Tokenizer
 from data_prep.tokenizer.load import load_tokenizer
 from data_prep.tokenizer.sentencepiece_model import (
-    SP_METADATA_FILE,
     SP_MODEL_FILE,
-    SP_VOCAB_FILE,
     SentencePieceTokenizer,
     train_sentencepiece,
 )
@@ -45,17 +43,8 @@ __all__ = ["TOKENIZER_KIND", "TRAINING_REQUEST_NAME", "CorpusText", "TrainedToke
 TRAINING_REQUEST_NAME = "training_request.json"
 
 
-def _is_unmarked_tokenizer(directory: Path) -> bool:
-    """A directory of `unmask tokenizer train` written before the marker existed: its files
-    only, with the record of its training."""
-    record = json_object(directory / SP_METADATA_FILE)
-    return (holds_only(directory, {SP_MODEL_FILE, SP_VOCAB_FILE, SP_METADATA_FILE}.__contains__)
-            and record is not None and record.get("kind") == SentencePieceTokenizer.kind)
-
-
 # What `unmask tokenizer train --out` writes: a directory that appears whole.
-TOKENIZER_KIND = OutputKind("tokenizer", "a tokenizer of `unmask tokenizer train`", whole=True,
-                            unmarked=_is_unmarked_tokenizer)
+TOKENIZER_KIND = OutputKind("tokenizer", "a tokenizer of `unmask tokenizer train`", whole=True)
 
 
 @dataclass(frozen=True)

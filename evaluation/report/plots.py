@@ -27,7 +27,7 @@ import numpy as np
 from evaluation.report.document import Plot
 from evaluation.results import EvalResults, PerTimeContributions, SweepRow
 
-__all__ = ["CURVES_PLOT", "PLOTS_DIR", "SWEEP_PLOT", "Curves", "is_plot_name", "report_plots"]
+__all__ = ["CURVES_PLOT", "PLOTS_DIR", "SWEEP_PLOT", "Curves", "report_plots"]
 
 PLOTS_DIR = "plots"
 CURVES_PLOT = "curves.png"
@@ -40,11 +40,6 @@ SHORT_SERIES_POINTS = 50       # curves this short (validation) get markers on t
 _FILE_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 Curves = dict[str, list[tuple[int, float]]]  # metric name -> (step, value) points
-
-
-def is_plot_name(name: str) -> bool:
-    """Whether ``name`` (a file name in ``PLOTS_DIR``) is one a report's plots take."""
-    return name in (CURVES_PLOT, SWEEP_PLOT) or (name.startswith(PER_T_PREFIX) and name.endswith(".png"))
 
 
 def _render_png(draw: Callable[[Any], None]) -> bytes:

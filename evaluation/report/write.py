@@ -38,7 +38,7 @@ from evaluation.report.document import (
     render_html,
     render_markdown,
 )
-from evaluation.report.plots import PLOTS_DIR, Curves, is_plot_name, report_plots
+from evaluation.report.plots import Curves, report_plots
 from evaluation.report.references import (
     REFERENCE_SEQ_LEN,
     REFERENCE_TOKENIZER,
@@ -79,23 +79,15 @@ UNKNOWN_PROTOCOL = "the paper's own (not recorded in our sources)"
 # Files that other steps write into a report directory (the MLflow record of a report's own run,
 # written when tracking starts; `unmask lm-eval`'s records): a rewritten report keeps them.
 KEPT_FILES = (MLFLOW_RECORD, DOWNSTREAM_JSON, LM_EVAL_JSON)
-_REPORT_FILES = {JSON_NAME, MARKDOWN_NAME, HTML_NAME, *KEPT_FILES}
-
-
-def _is_report_file(name: str) -> bool:
-    """Whether ``name`` (relative to a report) is a file a report holds: its own, or a plot."""
-    folder, _, plot = name.rpartition("/")
-    return name in _REPORT_FILES or (folder == PLOTS_DIR and is_plot_name(plot))
 
 
 def _is_unmarked_report(directory: Path) -> bool:
-    """A report written before the marker existed: its files only, at every depth, with its
-    results.json (or the MLflow record its evaluation wrote first) among them, holding what
-    ours hold (a file of that name alone could be anyone's)."""
-    results, record = json_object(directory / JSON_NAME), json_object(directory / MLFLOW_RECORD)
-    ours = ((results is not None and {"model", "datasets"} <= results.keys())
-            or (record is not None and {"run_id", "tracking_uri"} <= record.keys()))
-    return ours and holds_only(directory, _is_report_file)
+    """A report directory that its evaluation's tracking wrote into before the report (the
+    MLflow record of a report's own run): nothing but ``KEPT_FILES``, with that record among
+    them, holding what ours hold (a file of that name alone could be anyone's)."""
+    record = json_object(directory / MLFLOW_RECORD)
+    return (record is not None and {"run_id", "tracking_uri"} <= record.keys()
+            and holds_only(directory, set(KEPT_FILES).__contains__))
 
 
 # What `unmask eval` writes (RUN/report, --out): a directory that appears whole.

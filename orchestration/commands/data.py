@@ -8,12 +8,13 @@ import json
 import sys
 from pathlib import Path
 
-from data_prep.prep import DEFAULT_SHARD_BYTES, DEFAULT_VAL_FRACTION, WORK_DIR, PrepConfig
-from data_prep.prepare import PrepRequest, prepare
+from data_prep.prep import PrepRequest, prep
 from data_prep.readers import DEFAULT_UNIT_BYTES, ReadOptions
+from data_prep.resume import WORK_DIR
 from data_prep.shards.storage import check_no_credentials, default_cache_dir, is_remote, upload_data
 from data_prep.tokenizer.hugging_face import ROLE_FLAGS, SpecialTokens
 from data_prep.tokenizer.training import TrainingRequest, train_tokenizer
+from data_prep.write_shards import DEFAULT_SHARD_BYTES, DEFAULT_VAL_FRACTION, PrepConfig
 
 RAW = argparse.RawDescriptionHelpFormatter
 
@@ -83,10 +84,10 @@ def _cmd_prep(args: argparse.Namespace) -> int:
                         unit_bytes=args.unit_bytes)
     special_tokens = SpecialTokens(eos=args.eos_token, bos=args.bos_token, pad=args.pad_token)
     out = _local_out(args.out)
-    result = prepare(PrepRequest(config, out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
-                                 special_tokens=special_tokens, workers=args.workers,
-                                 ray_address=args.ray_address, overwrite=args.overwrite,
-                                 progress=not args.no_progress))
+    result = prep(PrepRequest(config, out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+                              special_tokens=special_tokens, workers=args.workers,
+                              ray_address=args.ray_address, overwrite=args.overwrite,
+                              progress=not args.no_progress))
     _warn("prep", result.notes(), level="note")
     _warn("prep", result.warnings())
     print(result.summary())

@@ -1,31 +1,16 @@
-"""Import BD3-LM's released checkpoints (Arriola et al. 2025) as unmask exports.
+"""Import BD3-LM's released checkpoints (Arriola et al. 2025) as unmask exports: ``import_bd3lm``.
 
-BD3-LM publishes its block-diffusion models (kuleshov-group/bd3lm-owt-block_size4, 8, 16) as
-Hugging Face directories: ``config.json`` (``model_type: bd3lm``) and ``model.safetensors``,
-whose keys are the DiT backbone's, prefixed ``backbone.`` (the network of MDLM's DiT:
-``pipeline.interchange.dit_import``), plus ``sampling_eps_min`` and ``sampling_eps_max``, the interval its
-training clipped each block's masking rate to (recorded in the export, not used: our bound
-integrates the full t in (0, 1]).
-
-How BD3-LM runs the network (``models/hf/modeling_bd3lm.py``), and what it is here:
-
-- training and evaluation run one forward over [x_t ; x_0] (2L rows, L = ``model_length``)
-  under ``block_diff_mask``: noisy block b attends to itself and to clean blocks < b, clean
-  block b to clean blocks <= b; rotary positions 0..L-1 for each half; logits of the noisy
-  half. That is our block model's forward (``model.block_attention``), mask and positions
-  alike, at ``block_size``: the export's spec is block diffusion at the release's block size.
-- ``attn_backend`` ``flex`` or ``sdpa`` computes that same mask (its evaluation swaps flex
-  for SDPA itself); the mask id is ``vocab_size - 1`` (GPT-2 has no mask token), which is ours,
-  V; the output layer's V + 1 logits with the mask's at -inf is SUBS.
-- adaLN (``adaln: true``, the releases) is fed sigma = 0, the time conditioning being off:
-  our ``adaptive_norm``. Without adaLN the blocks are plain pre-norm blocks: ours.
-
-Refused, each naming its field: ``cross_attn: false`` (the network then attends over x_t
-alone, every noisy block seeing every other, which is no block model), ``causal: true``,
-another ``attn_backend``, time conditioning with adaLN (BD3-LM feeds the network one sigma
-per sequence; our block diffusion runs a time-free network, one time per block), a block size
-that does not divide ``model_length``; and, as for MDLM, a vocabulary other than the
-tokenizer's, a shape, a missing or unknown tensor.
+SOURCE is a Hugging Face directory: ``config.json`` (``model_type: bd3lm``) and
+``model.safetensors``, the DiT backbone's tensors prefixed ``backbone.``
+(``pipeline.interchange.dit_import``). BD3-LM's forward over [x_t ; x_0] under its
+``block_diff_mask`` is our block model's (``model.block_attention``), so the export is block
+diffusion at the release's ``block_size``, with BD3-LM's schedule; ``sampling_eps_min`` and
+``sampling_eps_max`` are recorded, not used. What our block model cannot compute exactly
+(``cross_attn: false``, ``causal: true``, another ``attn_backend``, time conditioning with adaLN,
+a block size that does not divide ``model_length``), and anything that does not fit (the
+vocabulary, a shape, a missing or unknown tensor), is refused with a ``UserError`` naming the
+field or tensor. The mapping, field by field: docs/import-export.md, "Importing BD3-LM's
+checkpoints".
 """
 
 from __future__ import annotations

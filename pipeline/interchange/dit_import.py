@@ -1,19 +1,15 @@
 """The DiT of MDLM and BD3-LM (SEDD's backbone), read from a release onto ``model.transformer.Transformer``.
 
-MDLM (``pipeline.interchange.mdlm_import``) and BD3-LM (``pipeline.interchange.bd3lm_import``) release one network, the
-DiT of SEDD's ``models/dit.py``, under the same tensor names (prefixed ``backbone.``):
-``vocab_embed.embedding`` (V + 1 rows, the mask's last), ``sigma_map.mlp.{0,2}`` (the time
-embedding of 256 frequencies), per block ``norm1``, ``attn_qkv``, ``attn_out``, ``norm2``,
-``mlp.{0,2}`` and ``adaLN_modulation``, then ``output_layer.{norm_final,linear,adaLN_modulation}``
-and the rotary frequencies ``rotary_emb.inv_freq`` (a buffer: checked, not imported). BD3-LM's
-may leave out the adaLN tensors (``adaln: false``). What differs between the two, the
-configuration and how the network is run, lives in their modules; this one maps the tensors,
-checks every name and shape, and writes the export.
-
-The network takes the options that reproduce the DiT exactly (``dit_network``): biases on the
-MLP and the head, an untied head with V + 1 rows (the mask's logit is dropped, which is SUBS),
-adaLN fed by the 256-frequency embedding of the log-linear total noise sigma(t) (sigma = 0 when
-the model is not time-conditioned), the DiT's rounding of the rotary angles.
+MDLM (``pipeline.interchange.mdlm_import``) and BD3-LM (``pipeline.interchange.bd3lm_import``)
+release one network, the DiT of SEDD's ``models/dit.py``, under the same tensor names
+(prefixed ``backbone.``): ``vocab_embed.embedding`` (V + 1 rows, the mask's last),
+``sigma_map.mlp.{0,2}``, per block ``norm1``, ``attn_qkv``, ``attn_out``, ``norm2``,
+``mlp.{0,2}`` and ``adaLN_modulation`` (BD3-LM may leave those out), then
+``output_layer.{norm_final,linear,adaLN_modulation}`` and ``rotary_emb.inv_freq`` (a buffer:
+checked, not imported). This module maps the tensors, checks every name and shape, and writes
+the export; ``dit_network`` gives the network the options that reproduce the DiT exactly. The
+configuration and how each codebase runs the network live in their modules; the manual:
+docs/import-export.md.
 """
 
 from __future__ import annotations

@@ -2,28 +2,17 @@
 
     RUN/export/model.safetensors   float32 EMA weights, gathered from any ZeRO stage: the network's,
                                    and a learned schedule's as ``schedule.theta``
-    RUN/export/config.json         the model's spec (network shape, objective, process, schedule), provenance
+    RUN/export/config.json         the model's spec (network shape, objective, process, schedule),
+                                   provenance, and ``format_version`` (``EXPORT_FORMAT_VERSION``)
     RUN/export/tokenizer/          the tokenizer the model was trained with
 
-The EMA lives in our own per-rank files (``rank-NNNNN.pt``), so export reads them off line:
-under ZeRO-3 each holds one flat slice per parameter and the slices are concatenated;
-under ZeRO-1/2 every rank holds the whole EMA and rank 0's is used. ``weights="model"``
-exports the live weights instead, through DeepSpeed's own ZeRO-to-fp32 conversion.
-
-``format="hf"`` (default ``RUN/export-hf``) and ``export_to_hf`` (of an existing export) write
-the same model as a transformers directory instead (``pipeline.interchange.hf_export``). Every exported
-file gets the mode the user's umask gives new files.
-
-An export directory appears whole (``common.outputs``): it is written beside its place and
-renamed there, and it replaces only an earlier export (``EXPORT_KIND``), never the run it
-comes from, its checkpoints or anything else.
-
-Integrity: the marker records the size and sha256 of every file, and ``load_export`` checks
-them before reading anything (``verify_export``): the sizes always, the digest of a file whose
-modification time is not the one recorded (a file copied, edited or replaced since it was
-written). Hashing every load would cost a third of loading a medium export (BENCHMARKS.md:
-"Export integrity"). A damaged export (an interrupted copy, a file of something else in its
-place, a config.json that is not JSON or of a newer format) is named in one line with the fix.
+``weights="model"`` exports the live weights instead, through DeepSpeed's ZeRO-to-fp32
+conversion; ``format="hf"`` and ``export_to_hf`` write a transformers directory
+(``pipeline.interchange.hf_export``). An export directory appears whole and replaces only an
+earlier export (``EXPORT_KIND``, ``common.outputs``). ``load_export`` checks the files against
+the sizes and sha256 its marker records before reading anything (``verify_export``), and
+refuses a damaged export, or one of another format, in one line with the fix. The manual:
+docs/import-export.md.
 """
 
 from __future__ import annotations
@@ -46,14 +35,12 @@ from common.outputs import (
     InputPath,
     OutputKind,
     check_output_dir,
-    holds_only,
-    json_object,
     marked_files,
     new_output_dir,
     read_marker,
 )
 from data_prep.tokenizer.base import Tokenizer
-from data_prep.tokenizer.load import SAVED_TOKENIZER_FILES, load_tokenizer
+from data_prep.tokenizer.load import load_tokenizer
 from model.spec import ModelSpec, Process, build_network, build_process, build_trainable
 from model.trainable import NETWORK_PREFIX, split_state
 from model.transformer import Transformer, TransformerConfig, unpadded_state
@@ -73,8 +60,9 @@ from pipeline.training.ema import full_state
 from pipeline.training.objective import model_spec
 
 __all__ = ["export", "checkpoint_tensors", "has_ema", "resolve_export", "training_run_of", "write_export",
-           "load_export", "Exported", "canonical_name", "export_to_hf", "export_directory", "export_files", "ExportFormat",
-           "EXPORT_KIND", "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_DIR", "damaged_export", "verify_export"]
+           "load_export", "Exported", "canonical_name", "export_to_hf", "export_directory", "export_files",
+           "ExportFormat", "EXPORT_KIND", "EXPORT_FORMAT_VERSION", "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_DIR",
+           "damaged_export", "verify_export"]
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -92,22 +80,8 @@ _WRAPPER_PREFIX = "_checkpoint_wrapped_module."
 EXPORT_DRAWS = 1
 
 
-def _is_export_file(name: str) -> bool:
-    """Whether ``name`` (relative to an export) is a file an export holds."""
-    folder, _, file = name.rpartition("/")
-    return name in (CONFIG_FILE, WEIGHTS_FILE) or (folder == TOKENIZER_DIR and file in SAVED_TOKENIZER_FILES)
-
-
-def _is_unmarked_export(directory: Path) -> bool:
-    """An export written before the marker existed: its files and nothing else, at every depth,
-    with the config.json only an export writes."""
-    config = json_object(directory / CONFIG_FILE)
-    return (config is not None and {"format_version", "network"} <= config.keys()
-            and holds_only(directory, _is_export_file))
-
-
 # What `unmask export` and `unmask import` write: a directory that appears whole.
-EXPORT_KIND = OutputKind("export", "an unmask export", whole=True, unmarked=_is_unmarked_export)
+EXPORT_KIND = OutputKind("export", "an unmask export", whole=True)
 
 
 def canonical_name(name: str) -> str:
@@ -311,7 +285,7 @@ class Exported:
 def verify_export(directory: Path) -> str | None:
     """What in the export ``directory`` differs from what was written (module docstring:
     Integrity), naming the file; None when nothing does, or when the export records no files
-    (one of an earlier version, or copied without its marker: only reading it checks it)."""
+    (copied without its marker: only reading it checks it)."""
     marker = read_marker(directory) or {}
     records = marked_files(directory) if marker.get("kind") == EXPORT_KIND.name else None
     if records is None:
@@ -323,12 +297,17 @@ def verify_export(directory: Path) -> str | None:
     return f"{directory / name} {how}"
 
 
+def _export_again(directory: Path) -> str:
+    """How to get a sound export in the place of ``directory``."""
+    run = training_run_of(directory)
+    return (f"move {directory} away and export again: `unmask export {run}`" if run is not None else
+            "export it again from its training run (`unmask export RUN --out DIR`), or copy it again")
+
+
 def damaged_export(problem: str, directory: Path) -> UserError:
     """The one line for a damaged export: ``problem`` (naming the file) and how to get a sound one."""
-    run = training_run_of(directory)
-    fix = (f"move {directory} away and export again: `unmask export {run}`" if run is not None else
-           "export it again from its training run (`unmask export RUN --out DIR`), or copy it again")
-    return UserError(f"{problem}; the export is damaged (an interrupted copy, or another file in its place): {fix}")
+    return UserError(f"{problem}; the export is damaged (an interrupted copy, or another file in its place): "
+                     f"{_export_again(directory)}")
 
 
 def _read_config(directory: Path) -> dict:
@@ -340,7 +319,11 @@ def _read_config(directory: Path) -> dict:
         raise damaged_export(f"{path}: not JSON ({err})", directory) from None
     if not isinstance(config, dict):
         raise damaged_export(f"{path}: not a JSON object", directory)
-    version = config.get("format_version", EXPORT_FORMAT_VERSION)  # the fixtures of tests write none
+    version = config.get("format_version")
+    if version is None or (isinstance(version, int) and not isinstance(version, bool)
+                           and version < EXPORT_FORMAT_VERSION):
+        raise UserError(f"{path}: format_version {version}, an export of an older layout than this unmask reads "
+                        f"({EXPORT_FORMAT_VERSION}); {_export_again(directory)}")
     if not isinstance(version, int) or isinstance(version, bool):
         raise damaged_export(f"{path}: format_version {version!r} is not a number", directory)
     if version > EXPORT_FORMAT_VERSION:

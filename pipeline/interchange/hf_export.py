@@ -1,4 +1,4 @@
-"""The Hugging Face format: a model as a directory that transformers loads.
+"""The Hugging Face format: a model as a directory that transformers loads (``write_hf_export``).
 
     OUT/config.json           model_type "unmask", auto_map to the modeling file, the network's
                               fields (``network``), the unmask export's config (``unmask``) and,
@@ -8,13 +8,10 @@
     OUT/<tokenizer files>     the tokenizer's own files, and transformers' files where they
                               give the same ids (GPT-2's BPE, a tokenizer.json)
 
-The directory appears whole and replaces only an earlier one of its kind (``HF_EXPORT_KIND``,
-``common.outputs``). ``AutoModelForMaskedLM.from_pretrained(OUT, trust_remote_code=True)`` gives the logits of
-``pipeline.interchange.export.load_export`` on the same input; for a block diffusion model (``block_size`` in
-config.json), ``model(x_t, clean_ids=x_0)`` gives its training and evaluation forward over
-[x_t ; x_0] (``model.block_attention``). A sentencepiece tokenizer is shipped as
-its ``tokenizer.model`` only: transformers' sentencepiece tokenizers normalize and split
-differently from unmask's, so ``AutoTokenizer`` is not offered ids that would differ.
+``AutoModelForMaskedLM.from_pretrained(OUT, trust_remote_code=True)`` gives the logits of
+``pipeline.interchange.export.load_export`` on the same input. The directory appears whole and
+replaces only an earlier one of its kind (``HF_EXPORT_KIND``, ``common.outputs``). The
+manual: docs/import-export.md, "Hugging Face format".
 """
 
 from __future__ import annotations
@@ -29,12 +26,10 @@ import torch
 from safetensors.torch import save_file
 
 from common.atomic_files import atomic_write_bytes
-from common.outputs import OutputKind, holds_only, json_object, new_output_dir
+from common.outputs import OutputKind, new_output_dir
 from data_prep.tokenizer.base import Tokenizer
 from data_prep.tokenizer.gpt2_bpe import GPT2_ENCODER_FILE, GPT2_EOS_TOKEN, GPT2_MERGES_FILE
-from data_prep.tokenizer.hugging_face import SPECIAL_TOKENS_MAP_FILE, TOKENIZER_JSON_FILE
 from data_prep.tokenizer.load import load_tokenizer
-from data_prep.tokenizer.sentencepiece_model import SP_MODEL_FILE
 from model.spec import ModelSpec, build_network
 
 __all__ = ["HF_EXPORT_KIND", "HF_MODELING_FILE", "HF_MODEL_TYPE", "write_hf_export"]
@@ -49,23 +44,9 @@ _MODULE = HF_MODELING_FILE.removesuffix(".py")
 AUTO_MAP = {"AutoConfig": f"{_MODULE}.UnmaskConfig", "AutoModelForMaskedLM": f"{_MODULE}.UnmaskForMaskedLM"}
 # transformers' names for GPT-2's two files (the same bytes as OpenAI's encoder.json and vocab.bpe).
 HF_GPT2_VOCAB_FILE, HF_GPT2_MERGES_FILE = "vocab.json", "merges.txt"
-# Every name a directory of this format holds: the model's files, and the tokenizer's of any kind.
-_HF_ENTRIES = {HF_CONFIG_FILE, HF_WEIGHTS_FILE, HF_MODELING_FILE, HF_TOKENIZER_CONFIG_FILE, HF_GPT2_VOCAB_FILE,
-               HF_GPT2_MERGES_FILE, GPT2_ENCODER_FILE, GPT2_MERGES_FILE, SP_MODEL_FILE, TOKENIZER_JSON_FILE,
-               SPECIAL_TOKENS_MAP_FILE}
-
-
-def _is_unmarked_hf_export(directory: Path) -> bool:
-    """A directory of this format written before the marker existed: its names only, with our
-    modeling file and a config.json of our model type."""
-    config = json_object(directory / HF_CONFIG_FILE)
-    return (holds_only(directory, _HF_ENTRIES.__contains__) and (directory / HF_MODELING_FILE).is_file()
-            and config is not None and config.get("model_type") == HF_MODEL_TYPE)
-
 
 # What `unmask export --format hf` writes: a directory that appears whole.
-HF_EXPORT_KIND = OutputKind("hf-export", "a transformers directory of `unmask export --format hf`", whole=True,
-                            unmarked=_is_unmarked_hf_export)
+HF_EXPORT_KIND = OutputKind("hf-export", "a transformers directory of `unmask export --format hf`", whole=True)
 
 
 def write_hf_export(out: Path, tensors: Mapping[str, torch.Tensor], config: dict, tokenizer_dir: Path) -> None:

@@ -1,22 +1,13 @@
 """Reading the tensors of a torch file that also pickles arbitrary objects, without running code.
 
-Other codebases' checkpoints (PyTorch Lightning's ``.ckpt``) pickle more than tensors:
-hyper-parameters as OmegaConf objects, a tokenizer, a sampler's numpy state. ``torch.load``
-either runs whatever those pickles name (weights_only off) or refuses the file
-(``weights_only=True``), so unmask reads such a file with an unpickler of its own:
-
-- the only callables it ever hands to the pickle machine are listed in ``_ALLOWED``: its own
-  rebuilders of tensors and parameters, ``OrderedDict`` and the built-in ``set`` and
-  ``frozenset``;
-- every other global the file names (a class, ``os.system``, ``builtins.eval``) becomes an
-  ``InertObject`` subclass of that name, which records what the file passes to it and does
-  nothing else. A ``__reduce__`` payload therefore builds a record of its own call;
-- a tensor is a ``TensorRef`` (storage, dtype, offset, shape, stride) until
-  ``InertArchive.tensor`` reads it, so the optimizer states of a multi-gigabyte checkpoint are
-  never read when only the weights are wanted. Storages come from the archive's own records,
-  checked against their declared sizes.
-
-Only torch's zip format (``torch.save`` since torch 1.6, as Lightning writes it) is read.
+Other codebases' checkpoints (PyTorch Lightning's ``.ckpt``) pickle hyper-parameters, tokenizers
+and more beside their tensors, which ``torch.load`` either runs or refuses. This unpickler hands
+the pickle machine only the callables in ``_ALLOWED`` (its own rebuilders of tensors and
+parameters, ``OrderedDict``, ``set``, ``frozenset``); every other global the file names becomes
+an ``InertObject`` that records what it is passed and does nothing else. A tensor is a
+``TensorRef`` until ``InertArchive.tensor`` reads it from the archive's own records, checked
+against their declared sizes. Only torch's zip format (``torch.save`` since torch 1.6) is read.
+The manual: docs/security.md.
 """
 
 from __future__ import annotations

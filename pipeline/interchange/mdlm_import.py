@@ -1,24 +1,15 @@
-"""Import MDLM's released checkpoints (Sahoo et al. 2024) as unmask exports.
+"""Import MDLM's released checkpoints (Sahoo et al. 2024) as unmask exports: ``import_mdlm``.
 
-MDLM publishes its models in two layouts, both read here:
-
-- a Hugging Face directory: ``config.json`` (``model_type: mdlm``: ``hidden_dim``, ``cond_dim``,
-  ``n_blocks``, ``n_heads``, ``vocab_size``, ``model_length``, ``time_conditioning``) and
-  ``model.safetensors``, whose keys are the DiT backbone's, prefixed ``backbone.``;
-- a PyTorch Lightning ``.ckpt`` of its training code: ``state_dict`` (the same keys, the live
-  weights), ``ema.shadow_params`` (the EMA, a list in the order of the backbone's parameters)
-  and ``hyper_parameters.config`` (an OmegaConf tree: ``model.n_heads``, ``model.length``,
-  ``time_conditioning``, ``parameterization``, ``noise.type``). The file also pickles objects
-  of other libraries; ``pipeline.interchange.inert_pickle`` reads it without running any of them.
-
-The DiT maps onto ``model.transformer.Transformer`` with the options that reproduce it
-exactly (``pipeline.interchange.dit_import``, shared with BD3-LM's import): biases on the MLP and the
-head, an untied head with V + 1 rows (the mask's logit is dropped, which is SUBS), adaLN
-always on, fed by the 256-frequency embedding of the log-linear total noise sigma(t)
-(sigma = 0 when MDLM's time conditioning is off), MDLM's rounding of the rotary angles. The
-export's spec takes MDLM's schedule (``loglinear``, eps 1e-3), under which our t is MDLM's
-t. Anything that does not fit, a vocabulary other than the tokenizer's, a shape, a missing
-or unknown tensor, is refused with a ``UserError`` naming the tensor or field.
+SOURCE is either of MDLM's layouts: a Hugging Face directory (``config.json`` with
+``model_type: mdlm``, ``model.safetensors`` with the DiT backbone's tensors prefixed
+``backbone.``), or a PyTorch Lightning ``.ckpt`` of its training code (``state_dict``, the EMA's
+``ema.shadow_params`` in the backbone's parameter order, ``hyper_parameters.config``), read by
+``pipeline.interchange.inert_pickle`` without running any of the objects it pickles. The DiT
+maps onto ``model.transformer.Transformer`` exactly (``pipeline.interchange.dit_import``), and
+the export takes MDLM's schedule (``loglinear``, eps 1e-3), under which our t is MDLM's t.
+Anything that does not fit (the vocabulary, a shape, a missing or unknown tensor) is refused
+with a ``UserError`` naming the tensor or field. The manual: docs/import-export.md, "Importing
+MDLM's checkpoints".
 """
 
 from __future__ import annotations
@@ -127,7 +118,8 @@ def _read_lightning(path: Path, weights: WeightsChoice) -> tuple[dict[str, torch
 
 def _ema_refs(ema: Any, live: Mapping[str, Any], path: Path) -> dict[str, Any]:
     """The EMA's tensors named as the live ones: ``shadow_params`` follow the backbone's
-    parameter order (``pipeline.interchange.dit_import.dit_parameter_names``); buffers (the rotary frequencies) have no EMA."""
+    parameter order (``pipeline.interchange.dit_import.dit_parameter_names``); buffers (the
+    rotary frequencies) have no EMA."""
     if not isinstance(ema, dict) or not isinstance(ema.get("shadow_params"), list):
         raise UserError(f"{path}: holds no EMA (no ema.shadow_params); import its live weights with --weights model")
     names = [theirs for theirs, _ in dit_parameter_names(block_count(live))]

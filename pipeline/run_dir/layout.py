@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.outputs import InputPath, OutputKind, entry_names, holds_only, json_object, read_marker
+from common.outputs import InputPath, OutputKind, entry_names, holds_only, read_marker
 
 __all__ = ["MLFLOW_RECORD", "RUN_KIND", "RunLayout", "step_tag", "training_data", "TAG_PATTERN"]
 
@@ -84,12 +84,6 @@ class RunLayout:
         """What `unmask train` writes before its first step (nothing worth keeping yet)."""
         return (self.lock, self.config, self.tokenizer, self.metrics, self.mlflow_record, self.checkpoints)
 
-    def entry_names(self) -> set[str]:
-        """Every name a run directory holds at its top (the module docstring's)."""
-        paths = (self.config, self.metrics, self.lock, self.tokenizer, self.checkpoints, self.ray_train,
-                 self.mlflow_record, self.export, self.hf_export, self.report, self.data, self.corpus, self.summary)
-        return {path.name for path in paths}
-
     def is_training_run(self) -> bool:
         """Whether ``root`` holds a training run (its checkpoints folder marks it)."""
         return self.checkpoints.is_dir()
@@ -132,32 +126,13 @@ class RunLayout:
         return self.root / "run_summary.json"
 
 
-# Two of these make a run written before the marker (one file name alone could be anyone's).
-_RUN_SIGNS = 2
 # The file `unmask run` writes into RUN/corpus without --input (data_prep.builtin_corpus).
 _BUILTIN_CORPUS = re.compile(r"cpython-[\w.+]+-docs\.jsonl")
 
 
 def _is_prep(directory: Path) -> bool:
-    """Whether ``directory`` holds a prep (marked so, or with a prep's manifest): RUN/data."""
-    manifest = json_object(directory / "manifest.json")
-    return (read_marker(directory) or {}).get("kind") == "prep" or (
-        manifest is not None and "prep_config_sha256" in manifest)
-
-
-def _run_signs(layout: RunLayout) -> int:
-    """How many of the things only a training run holds ``layout.root`` holds: a checkpoint
-    with its state, a checkpoints/latest naming one, the resolved config, the tokenizer
-    directory, metrics records, the summary of `unmask run`."""
-    config, summary = json_object(layout.config), json_object(layout.summary)
-    first_record = _first_line(layout.metrics)
-    signs = [any(layout.checkpoints.glob("step-*/unmask_state.json")),
-             layout.latest.is_file() and TAG_PATTERN.match(_first_line(layout.latest).strip()) is not None,
-             config is not None and {"model", "train", "data"} <= config.keys(),
-             layout.tokenizer.is_dir(),
-             first_record.startswith('{"step": '),
-             summary is not None and "stages" in summary]
-    return sum(signs)
+    """Whether ``directory`` is marked as a prep's (RUN/data)."""
+    return (read_marker(directory) or {}).get("kind") == "prep"
 
 
 def _first_line(path: Path) -> str:
@@ -168,21 +143,27 @@ def _first_line(path: Path) -> str:
         return ""
 
 
+def _is_restored_checkpoint(layout: RunLayout) -> bool:
+    """Whether RUN/checkpoints holds what the Ray Train launcher restores from --storage into a
+    run directory it finds empty (``orchestration.cluster.ray_train.restore_newer_checkpoint``):
+    a checkpoint with its state, and a checkpoints/latest naming one."""
+    return (any(layout.checkpoints.glob("step-*/unmask_state.json"))
+            and TAG_PATTERN.match(_first_line(layout.latest).strip()) is not None)
+
+
 def _is_unmarked_run(directory: Path) -> bool:
-    """A run directory without the marker (of an earlier version, or one where Ray Train wrote
-    its records first): nothing but names a run holds, and either two of the things only a run
-    holds (``_run_signs``) or nothing but what a run holds before its first step (the corpus
-    and data of `unmask run`, Ray Train's records). A user's directory of notes and their own
-    metrics.jsonl or config.json is not taken for one."""
+    """A run directory that training has not marked yet because another writer came first: the
+    corpus and data of `unmask run` (or a prep into RUN/data), Ray Train's records (RUN/ray_train)
+    and the checkpoint it restores from --storage. Nothing else, and each only as that writer
+    leaves it: a folder of the user's named data/ or corpus/ is not taken for a run."""
     layout = RunLayout(directory)
     names = entry_names(directory)
-    if not names or not names <= layout.entry_names():
+    written_first = {layout.data.name, layout.corpus.name, layout.ray_train.name, layout.checkpoints.name}
+    if not names or not names <= written_first:
         return False
-    before_first_step = {layout.data.name, layout.corpus.name, layout.ray_train.name}
-    if names <= before_first_step:  # each what `unmask run` (or Ray Train) writes there, not a folder of that name
-        return ((not layout.data.exists() or _is_prep(layout.data))
-                and (not layout.corpus.exists() or holds_only(layout.corpus, _BUILTIN_CORPUS.fullmatch)))
-    return _run_signs(layout) >= _RUN_SIGNS
+    return ((not layout.data.exists() or _is_prep(layout.data))
+            and (not layout.corpus.exists() or holds_only(layout.corpus, _BUILTIN_CORPUS.fullmatch))
+            and (not layout.checkpoints.exists() or _is_restored_checkpoint(layout)))
 
 
 # What `unmask train --run-dir` and `unmask run --run-dir` write: a directory that grows in place.

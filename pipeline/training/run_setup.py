@@ -43,14 +43,11 @@ def find_tokenizer(manifest: Manifest, data_dir: Path) -> Tokenizer:
     """The tokenizer the shards were made with, checked against the manifest's sha256.
 
     A prep keeps the tokenizer's files in the data directory's ``tokenizer/`` (the manifest's
-    path), so a data directory trains wherever it is copied. A prep of an earlier version
-    recorded the path it was given: it is tried after that, as is, then relative to the data
-    directory.
+    path), so a data directory trains wherever it is copied.
     """
     recorded = manifest.tokenizer.get("path") or ""
     expected = manifest.tokenizer["sha256"]
-    candidates = list(dict.fromkeys([data_dir / TOKENIZER_DIR, *([Path(recorded), data_dir / recorded]
-                                                                  if recorded else [])]))
+    candidates = [data_dir / TOKENIZER_DIR]
     found = []  # what is at each candidate that is not the tokenizer of the shards
     for path in candidates:
         if not path.exists():

@@ -1,4 +1,4 @@
-"""Every flag a message, hint or help text names exists where it says (issue 26, item 8): the
+"""Every flag a message, hint or help text names exists where it says: the
 flags are collected from the source of every package and from the `unmask ...` spans of README.md
 and the manual (docs/), and checked against the real ``unmask`` parser and the config's fields.
 Every command line of their ```bash blocks is parsed whole by that parser, as ``unmask`` would."""

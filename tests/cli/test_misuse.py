@@ -1,4 +1,4 @@
-"""Misuse that used to cost work, run on without a bound or pass without a word (issue 33, part B):
+"""Misuse that used to cost work, run on without a bound or pass without a word:
 absurd sampling budgets against their named limits, checks that wait for no stage, flags that
 would change nothing, and lm-eval's task YAMLs read before lm-eval runs their code.
 

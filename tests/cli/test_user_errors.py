@@ -1,5 +1,5 @@
 """Mistakes a user can make on the command line end in one clear message (no traceback, exit 2)
-before any work is done, and lose nothing already done (issue 14).
+before any work is done, and lose nothing already done.
 
 Most cases call ``orchestration.cli.main`` in this process (an escaped exception fails the test just
 as a traceback would); a few run the installed ``unmask`` to see what a user sees."""
@@ -216,7 +216,7 @@ def test_sample_checks_out_before_sampling(capsys, a_file, tmp_path):
     base = ["sample", str(tmp_path / "run"), "--num", "1", "--steps", "2"]
     assert "is a directory; give a file name" in _cli(capsys, *base, "--out", str(tmp_path))
     assert "cannot write this file" in _cli(capsys, *base, "--out", str(a_file / "s.jsonl"))
-    # Issue 33: not into the export (the next `unmask export` would refuse to replace it).
+    # Not into the export (the next `unmask export` would refuse to replace it).
     export = tmp_path / "export"
     err = _cli(capsys, "sample", str(export), "--num", "1", "--out", str(export / "samples.jsonl"))
     assert f"--out {export / 'samples.jsonl'}: lies inside the export it samples ({export}), which the command " \

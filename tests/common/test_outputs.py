@@ -1,6 +1,6 @@
 """Output paths (``common.outputs``): no command deletes finished work, writes where it reads, or
-leaves a trace when it fails (issue 26, items 1, 2 and 14). The rule is tested once on its
-owner, then through every command that writes a directory, on a real training run."""
+leaves a trace when it fails. The rule is tested once on its owner, then through every command
+that writes a directory, on a real training run."""
 
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ from common.outputs import (
     new_output_dir,
     read_marker,
 )
-from data_prep.prep import PrepConfig, prep
 from data_prep.shards.format import Manifest
 from data_prep.tokenizer.base import Tokenizer
 from data_prep.tokenizer.load import load_tokenizer
 from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
+from data_prep.write_shards import PrepConfig, write_shards
 from evaluation.report.write import REPORT_KIND
 from pipeline.interchange.export import EXPORT_KIND
 from pipeline.run_dir.layout import RUN_KIND
@@ -115,25 +115,34 @@ def test_outputs_keep_clear_of_what_they_read(tmp_path):
     check_output_dir(run, RUN_KIND, "--run-dir", [InputPath(run / "data", "--data", may_lie_inside=True)])
 
 
-def test_outputs_written_before_the_marker_are_recognized_conservatively(tmp_path):
+def test_outputs_without_their_marker_are_refused_unless_another_writer_came_first(tmp_path):
+    """Only a writer that comes before the marker makes an unmarked directory one of ours (a
+    report's MLflow record, written when its tracking starts); the files of an output alone,
+    of an older layout or copied without the marker, are refused in one line with the fix."""
     report = tmp_path / "report"
-    (report / "plots").mkdir(parents=True)
+    report.mkdir()
+    (report / "mlflow_run.json").write_text("{}")
+    with pytest.raises(UserError, match="is not a report"):  # a file named mlflow_run.json is not enough
+        check_output_dir(report, REPORT_KIND, "--out")
+    (report / "mlflow_run.json").write_text(json.dumps({"tracking_uri": "sqlite:///m.db", "run_id": "r"}))
+    check_output_dir(report, REPORT_KIND, "--out")  # what tracking writes first: the report's own
+    (report / "plots").mkdir()
     for name in ("results.json", "report.md", "report.html"):
-        (report / name).write_text("{}")
-    with pytest.raises(UserError, match="is not a report"):  # a file named results.json is not enough
-        check_output_dir(report, REPORT_KIND, "--out")
-    (report / "results.json").write_text(json.dumps({"model": {}, "datasets": {}}))
-    check_output_dir(report, REPORT_KIND, "--out")  # an earlier version's report: replaced by the next
-    (report / "notes.txt").write_text("mine")
-    with pytest.raises(UserError, match="is not a report of `unmask eval`: it holds notes.txt, plots/"):
-        check_output_dir(report, REPORT_KIND, "--out")
+        (report / name).write_text(json.dumps({"model": {}, "datasets": {}}))
+    with pytest.raises(UserError, match=r"is not a report of `unmask eval`: it holds mlflow_run.json, plots/, "
+                                        r"report.html and 2 more; choose a new or empty directory for --out") as caught:
+        check_output_dir(report, REPORT_KIND, "--out")  # a report's files without the marker
+    assert "\n" not in str(caught.value)
     export = tmp_path / "export"
     (export / "tokenizer").mkdir(parents=True)
     (export / "model.safetensors").write_bytes(b"")
     (export / "config.json").write_text(json.dumps({"format_version": 1, "network": {}}))
-    check_output_dir(export, EXPORT_KIND, "--out")
-    (export / "config.json").write_text(json.dumps({"model_type": "bert"}))  # someone else's model
-    with pytest.raises(UserError, match="is not an unmask export"):
+    with pytest.raises(UserError, match=r"is not an unmask export: it holds config.json, model.safetensors, "
+                                        r"tokenizer/; choose a new or empty directory for --out"):
+        check_output_dir(export, EXPORT_KIND, "--out")
+    (export / MARKER).write_text(json.dumps({"kind": "export", "what": "an unmask export"}))  # records no files
+    with pytest.raises(UserError, match=r"holds an unmask export of an older layout \(its .unmask-output.json "
+                                        r"records no files\), which this unmask does not replace; move it away"):
         check_output_dir(export, EXPORT_KIND, "--out")
 
 
@@ -160,11 +169,17 @@ def test_export_never_writes_over_the_run_or_a_directory_of_other_files(run, tmp
         assert f"--out {mixed}: is not {kind}" in err and "it holds config.json, notes.txt;" in err
     assert tree_bytes(run) == finished and (mixed / "notes.txt").read_text() == "mine"
     assert unmask_in_process(["export", str(run)]) == 0
-    (run / "export" / MARKER).unlink()  # as an export written before the marker existed
     assert unmask_in_process(["export", str(run)]) == 0
-    assert read_marker(run / "export")["kind"] == "export"  # an export replaces an export, and marks it
-    (run / MARKER).unlink()  # a run of an earlier version: recognized by its own files
-    check_output_dir(run, RUN_KIND, "--run-dir")
+    assert read_marker(run / "export")["kind"] == "export"  # an export replaces an export
+    marker = (run / "export" / MARKER).read_bytes()
+    (run / "export" / MARKER).unlink()  # as an export copied without its marker: not replaced
+    assert f"--out {run / 'export'}: is not an unmask export" in _cli(capsys, "export", run)
+    (run / "export" / MARKER).write_bytes(marker)
+    run_marker = (run / MARKER).read_bytes()
+    (run / MARKER).unlink()  # a run without its marker: its own files do not make it one
+    with pytest.raises(UserError, match="is not an unmask training run: it holds checkpoints/, config.json"):
+        check_output_dir(run, RUN_KIND, "--run-dir")
+    (run / MARKER).write_bytes(run_marker)
     err = _cli(capsys, "export", run / "export", "--format", "hf", "--out", run / "export")
     assert "is the export it converts" in err
     assert "holds an unmask export (its .unmask-output.json says so), not a transformers directory" in _cli(
@@ -231,7 +246,7 @@ def test_a_failed_command_leaves_no_output_directory(run, mdlm_model, tmp_path, 
     for argv in failures:
         _cli(capsys, *argv)
         assert not (tmp_path / "new").exists(), argv
-    # `unmask run` failing in its prep stage (issue 33): RUN does not stay behind holding its marker alone.
+    # `unmask run` failing in its prep stage: RUN does not stay behind holding its marker alone.
     assert unmask_in_process(["run", "--input", str(empty), "--run-dir", str(new), "--tokenizer",
                               str(run / "tokenizer")]) == 2
     assert "unmask run: error: stage prep failed" in capsys.readouterr().err
@@ -271,7 +286,7 @@ def _small_prep(root: Path) -> tuple[PrepConfig, Tokenizer, Path]:
     corpus.write_text("\n\n".join(f"the {w} sat on mat {i}" for i, w in enumerate(WORDS * 30)))
     tokenizer = train_sentencepiece([corpus.read_text()], root / "tok", vocab_size=300)
     config = PrepConfig(inputs=(str(corpus),), seq_len=16, val_fraction=0.1)
-    prep(config, tokenizer, root / "data", progress=False)
+    write_shards(config, tokenizer, root / "data", progress=False)
     return config, tokenizer, root / "data"
 
 
@@ -282,24 +297,32 @@ def test_a_prep_clears_what_killed_shard_writers_left(tmp_path):
     assert is_temporary(left.name)
     left.write_bytes(shard.read_bytes()[:100])
     (out / "manifest.json").unlink()  # the prep did not finish
-    prep(config, tokenizer, out, progress=False)
+    write_shards(config, tokenizer, out, progress=False)
     assert not left.exists()
     assert sorted(p.name for p in shard.parent.iterdir()) == sorted(
         Path(s.path).name for s in Manifest.read(out).splits["train"].shards)
 
 
-def test_outputs_of_an_earlier_version_are_replaced_by_a_rerun(tmp_path):
-    """A prep written before the marker (and before it kept its tokenizer) is recognized: its rerun
-    does nothing but mark it and keep the tokenizer; an export of then is replaced by a new one."""
+def test_a_prep_without_its_marker_is_refused_and_a_rerun_puts_back_a_removed_tokenizer(tmp_path):
+    """The files of a prep without its marker (of an older layout, or copied without it) are not
+    taken for a prep; a finished prep whose tokenizer/ was removed gets it back from a rerun,
+    which has nothing else to do."""
     config, tokenizer, out = _small_prep(tmp_path)
+    marker = (out / MARKER).read_bytes()
     (out / MARKER).unlink()
+    finished = tree_bytes(out)
+    with pytest.raises(UserError, match=rf"--out {out}: is not the shards of `unmask prep`: it holds manifest.json, "
+                                        r"tokenizer/, train/ and 1 more; choose a new or empty directory for --out"):
+        write_shards(config, tokenizer, out, progress=False)
+    assert tree_bytes(out) == finished
+    (out / MARKER).write_bytes(marker)
     shutil.rmtree(out / "tokenizer")
-    again = prep(config, tokenizer, out, progress=False)
+    again = write_shards(config, tokenizer, out, progress=False)
     assert again.nothing_to_do and read_marker(out)["kind"] == "prep"
     assert load_tokenizer(out / "tokenizer").sha256 == tokenizer.sha256
 
 
-# ---------------------------------------------------------------- issue 33: at every depth, and more than a name
+# ---------------------------------------------------------------- at every depth, and more than a name
 @pytest.fixture(scope="module")
 def small_tokenizer(tmp_path_factory) -> tuple[Tokenizer, Path]:
     root = tmp_path_factory.mktemp("tok")
@@ -323,13 +346,17 @@ def test_a_report_is_replaced_only_while_it_holds_nothing_but_what_was_written_a
                                         r"the directory would delete them"):
         write_report(make_results(), report)
     assert figure.read_bytes() == b"the user's figure"
-    # The same report as an earlier version marked it (top-level names only): recognized by its files.
+    # The same report marked as an older layout did (top-level names only): refused, its own files or not.
     marker = read_marker(report)
+    written = (report / MARKER).read_bytes()
     (report / MARKER).write_text(json.dumps({"kind": "report", "what": marker["what"], "entries": sorted(
         entry_names(report))}))
-    with pytest.raises(UserError, match="of an earlier version, which did not record its files"):
+    with pytest.raises(UserError, match="holds a report of `unmask eval` of an older layout"):
         write_report(make_results(), report)
     figure.unlink()
+    with pytest.raises(UserError, match=r"records no files\), which this unmask does not replace; move it away"):
+        write_report(make_results(), report)
+    (report / MARKER).write_bytes(written)
     write_report(make_results(), report)  # its own files only: replaced, and marked with them
     edited = report / "report.md"
     edited.write_text(edited.read_text() + "\nmy notes\n")
@@ -360,12 +387,14 @@ def test_an_export_keeps_a_file_the_user_put_in_its_tokenizer(tmp_path, small_to
     with pytest.raises(UserError, match=r"holds tokenizer/NOTES.txt beside an unmask export"):
         write_untrained_export(export, tokenizer, saved)
     assert notes.read_text() == "where this tokenizer came from"
-    (export / MARKER).unlink()  # as an export written before the marker: not recognized with the note
-    config = json.loads((export / "config.json").read_text())
-    (export / "config.json").write_text(json.dumps({**config, "format_version": 1}))
-    with pytest.raises(UserError, match="is not an unmask export"):
+    marker = (export / MARKER).read_bytes()
+    (export / MARKER).unlink()  # as an export copied without its marker: not replaced, with the note or without
+    with pytest.raises(UserError, match="is not an unmask export: it holds config.json, model.safetensors, tokenizer/"):
         write_untrained_export(export, tokenizer, saved)
     notes.unlink()
+    with pytest.raises(UserError, match="is not an unmask export"):
+        write_untrained_export(export, tokenizer, saved)
+    (export / MARKER).write_bytes(marker)
     write_untrained_export(export, tokenizer, saved)
     assert read_marker(export)["kind"] == "export"
 
@@ -387,9 +416,10 @@ def test_a_directory_of_the_users_own_files_is_not_taken_for_a_run(tmp_path, cap
         err = _cli(capsys, "train", "--data", data, "--run-dir", directory)
         assert f"--run-dir {directory}: is not an unmask training run: it holds" in err, name
         assert {p.name: p.read_text() for p in directory.iterdir()} == files, name
-    # Two things only a run holds (its resolved config and its tokenizer), and nothing else: a run.
+    # Two things only a run holds (its resolved config and its tokenizer) do not make a run without its marker.
     (tmp_path / "config-alone" / "tokenizer").mkdir()
-    check_output_dir(tmp_path / "config-alone", RUN_KIND, "--run-dir")
+    with pytest.raises(UserError, match="is not an unmask training run: it holds config.json, tokenizer/"):
+        check_output_dir(tmp_path / "config-alone", RUN_KIND, "--run-dir")
     # A folder named data/ or corpus/ is not `unmask run`'s before its first step unless it holds what that writes.
     own = tmp_path / "own"
     (own / "corpus").mkdir(parents=True)
@@ -398,3 +428,15 @@ def test_a_directory_of_the_users_own_files_is_not_taken_for_a_run(tmp_path, cap
         check_output_dir(own, RUN_KIND, "--run-dir")
     (own / "corpus" / "my-book.txt").rename(own / "corpus" / "cpython-3.11.7-docs.jsonl")
     check_output_dir(own, RUN_KIND, "--run-dir")
+    # What the Ray Train launcher writes before training marks the directory: its records, and the
+    # checkpoint it restores from --storage (a step-N with its state, and checkpoints/latest naming it).
+    restored = tmp_path / "restored"
+    (restored / "ray_train").mkdir(parents=True)
+    check_output_dir(restored, RUN_KIND, "--run-dir")
+    step = restored / "checkpoints" / "step-00000004"
+    step.mkdir(parents=True)
+    (step / "unmask_state.json").write_text("{}")
+    with pytest.raises(UserError, match="is not an unmask training run: it holds checkpoints/, ray_train/"):
+        check_output_dir(restored, RUN_KIND, "--run-dir")  # without latest: not what the launcher leaves
+    (restored / "checkpoints" / "latest").write_text("step-00000004")
+    check_output_dir(restored, RUN_KIND, "--run-dir")

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from common.errors import UserError
-from data_prep.prep import WORK_DIR, PrepConfig, prep
 from data_prep.readers import ReadCounters, ReadOptions, plan_units, read_unit, resolve_inputs
+from data_prep.resume import WORK_DIR
 from data_prep.shards.format import Manifest, iter_chunks
 from data_prep.tokenizer.load import load_tokenizer
+from data_prep.write_shards import PrepConfig, write_shards
 from tests.support.cli_runner import cli_env, run_unmask
 from tests.support.paths import GPT2, PTB, REPO, TINY, needs_shared
 from tests.support.shard_fixtures import tree_bytes
@@ -56,7 +57,7 @@ def reference(ray_local, gpt2, tmp_path_factory):
     """An uninterrupted prep of tinyshakespeare + PTB test with one worker."""
     out = tmp_path_factory.mktemp("reference")
     config = PrepConfig(inputs=(str(TINY), str(PTB)), **SMALL)
-    return config, prep(config, gpt2, out, workers=1, progress=False), out
+    return config, write_shards(config, gpt2, out, workers=1, progress=False), out
 
 
 def _documents(config: PrepConfig) -> list[str]:
@@ -111,11 +112,11 @@ def test_shards_hold_exactly_the_documents_with_eos(reference, gpt2):
 
 def test_same_output_with_one_or_two_workers_and_rerun_does_nothing(reference, gpt2, tmp_path):
     config, _, out = reference  # one worker: in this process, without Ray
-    two = prep(config, gpt2, tmp_path, workers=2, progress=False)  # two Ray actors
+    two = write_shards(config, gpt2, tmp_path, workers=2, progress=False)  # two Ray actors
     assert tree_bytes(tmp_path) == tree_bytes(out)
     assert not (tmp_path / WORK_DIR).exists()
     stamps = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
-    again = prep(config, gpt2, tmp_path, workers=2, progress=False)
+    again = write_shards(config, gpt2, tmp_path, workers=2, progress=False)
     assert again.nothing_to_do and not two.nothing_to_do
     assert "nothing to do" in again.summary()
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == stamps
@@ -123,9 +124,10 @@ def test_same_output_with_one_or_two_workers_and_rerun_does_nothing(reference, g
 
 def test_a_one_worker_prep_runs_without_ray(tmp_path):
     """Ray's start-up would be most of a small prep's time, and one worker gains nothing from it."""
-    script = ("import sys; from data_prep.prep import PrepConfig, prep; from data_prep.tokenizer.load import "
-              f"load_tokenizer; prep(PrepConfig(inputs=({str(PTB)!r},), seq_len=64), load_tokenizer({str(GPT2)!r}), "
-              f"{str(tmp_path)!r}, progress=False); assert 'ray' not in sys.modules, 'Ray was imported'")
+    script = ("import sys; from data_prep.write_shards import PrepConfig, write_shards; from data_prep.tokenizer.load "
+              f"import load_tokenizer; write_shards(PrepConfig(inputs=({str(PTB)!r},), seq_len=64), "
+              f"load_tokenizer({str(GPT2)!r}), {str(tmp_path)!r}, progress=False); assert 'ray' not in sys.modules, "
+              f"'Ray was imported'")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -179,9 +181,9 @@ def test_a_different_prep_in_the_output_is_refused_unless_overwrite(reference, g
     shutil.copytree(out, target)
     other = PrepConfig(inputs=config.inputs, **{**SMALL, "seq_len": 64})
     with pytest.raises(UserError, match="holds a different prep's manifest; pass --overwrite"):
-        prep(other, gpt2, target, progress=False)
+        write_shards(other, gpt2, target, progress=False)
     assert tree_bytes(target) == tree_bytes(out), "a refusal must not touch the output"
-    result = prep(other, gpt2, target, overwrite=True, progress=False)
+    result = write_shards(other, gpt2, target, overwrite=True, progress=False)
     assert result.manifest.seq_len == 64 and not (target / "train" / "shard-000100.tar").exists()
 
 
@@ -191,12 +193,13 @@ def test_bad_input_is_reported_by_file_and_line_through_ray(ray_local, gpt2, tmp
     config = PrepConfig(inputs=(str(corpus),), seq_len=16)
     for workers in (1, 2):  # in this process, and through Ray's actors
         with pytest.raises(UserError, match=r"corpus.jsonl:3"):
-            prep(config, gpt2, tmp_path / f"out-{workers}", workers=workers, progress=False)
+            write_shards(config, gpt2, tmp_path / f"out-{workers}", workers=workers, progress=False)
     skipping = PrepConfig(inputs=(str(corpus),), seq_len=16, read=ReadOptions(bad_json="skip"))
-    manifest = prep(skipping, gpt2, tmp_path / "out2", progress=False).manifest
+    manifest = write_shards(skipping, gpt2, tmp_path / "out2", progress=False).manifest
     assert manifest.counts["bad_json_skipped"] == 1 and manifest.counts["documents"] == 2
     with pytest.raises(UserError, match="missing.txt"):
-        prep(PrepConfig(inputs=(str(tmp_path / "missing.txt"),), seq_len=16), gpt2, tmp_path / "o3", progress=False)
+        write_shards(PrepConfig(inputs=(str(tmp_path / "missing.txt"),), seq_len=16), gpt2, tmp_path / "o3",
+                     progress=False)
 
 
 def test_repaired_skipped_and_empty_documents_are_counted(ray_local, gpt2, tmp_path):
@@ -205,7 +208,7 @@ def test_repaired_skipped_and_empty_documents_are_counted(ray_local, gpt2, tmp_p
     for mode, kept, counter in (("replace", 3, "bad_utf8_repaired"), ("skip", 2, "bad_utf8_skipped")):
         config = PrepConfig(inputs=(str(tmp_path / "a.txt.gz"),), seq_len=8, val_fraction=0.0,
                             read=ReadOptions(text_format="lines", bad_utf8=mode))
-        manifest = prep(config, gpt2, tmp_path / mode, progress=False).manifest
+        manifest = write_shards(config, gpt2, tmp_path / mode, progress=False).manifest
         assert manifest.counts["documents"] == kept and manifest.counts[counter] == 1
         assert manifest.counts["empty_skipped"] == 1 and manifest.splits["val"].documents == 0
 
@@ -216,8 +219,8 @@ def test_binary_inputs_are_skipped_counted_and_named(ray_local, gpt2, tmp_path):
     (corpus / "a.txt").write_text("first paragraph\n\nsecond one\n")
     (corpus / "logo").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR" * 10)
     (corpus / "notes.txt").write_bytes("UTF-16 notes\n".encode("utf-16"))
-    result = prep(PrepConfig(inputs=(str(corpus),), seq_len=8, val_fraction=0.0), gpt2, tmp_path / "out",
-                  progress=False)
+    result = write_shards(PrepConfig(inputs=(str(corpus),), seq_len=8, val_fraction=0.0), gpt2, tmp_path / "out",
+                          progress=False)
     manifest = result.manifest
     assert manifest.counts["binary_files_skipped"] == 2 and manifest.counts["documents"] == 2
     skipped = {Path(entry["uri"]).name: entry.get("skipped") for entry in manifest.inputs}
@@ -243,23 +246,23 @@ def test_a_changed_error_policy_resumes_a_failed_prep_to_the_uninterrupted_outpu
     units = plan_units(resolve_inputs(inputs), ReadOptions(), 400)
     out = tmp_path / "out"
     with pytest.raises(UserError, match=r"c.jsonl:21: not valid JSON.*--bad-json skip"):
-        prep(PrepConfig(**small), gpt2, out, progress=False)
+        write_shards(PrepConfig(**small), gpt2, out, progress=False)
     assert len(list((out / WORK_DIR / "ledger").glob("unit-*.json"))) == len(units) - 1
     final = ReadOptions(bad_json="skip", bad_utf8="skip")
-    resumed = prep(PrepConfig(**small, read=final), gpt2, out, progress=False)  # no --overwrite needed
+    resumed = write_shards(PrepConfig(**small, read=final), gpt2, out, progress=False)  # no --overwrite needed
     # Only the unit with the invalid UTF-8 (--bad-utf8 changed) and the failed one are redone.
     assert (resumed.units_resumed, resumed.units_run) == (len(units) - 2, 2)
     assert "--bad-utf8 replace -> skip" in resumed.summary() and "--bad-json error -> skip" in resumed.summary()
     assert resumed.manifest.counts["bad_utf8_skipped"] == 1 and resumed.manifest.counts["bad_json_skipped"] == 1
     reference = tmp_path / "reference"
-    prep(PrepConfig(**small, read=final), gpt2, reference, progress=False)
+    write_shards(PrepConfig(**small, read=final), gpt2, reference, progress=False)
     assert tree_bytes(out) == tree_bytes(reference)
     # Any other change to an unfinished prep is still a different prep.
     (out / "manifest.json").unlink()
     (out / WORK_DIR / "units").mkdir(parents=True)
     (out / WORK_DIR / "identity.json").write_text(json.dumps({"sha256": "another", "config": {"read": {}}}))
     with pytest.raises(UserError, match="unfinished work of a different prep; pass --overwrite"):
-        prep(PrepConfig(**small, read=final), gpt2, out, progress=False)
+        write_shards(PrepConfig(**small, read=final), gpt2, out, progress=False)
 
 
 def test_a_policy_change_that_retrained_the_tokenizer_redoes_every_unit(ray_local, gpt2, tmp_path):
@@ -271,15 +274,15 @@ def test_a_policy_change_that_retrained_the_tokenizer_redoes_every_unit(ray_loca
     small = dict(inputs=inputs, seq_len=16, val_fraction=0.2, unit_bytes=400)
     out = tmp_path / "out"
     with pytest.raises(UserError, match="not valid JSON"):
-        prep(PrepConfig(**small), gpt2, out, progress=False)
+        write_shards(PrepConfig(**small), gpt2, out, progress=False)
     final = PrepConfig(**small, read=ReadOptions(bad_json="skip"))
     retrained = train_sentencepiece(_documents(final), tmp_path / "tokenizer", 300)
     with pytest.raises(UserError, match="unfinished work of a different prep"):  # a tokenizer given by the user
-        prep(final, retrained, out, progress=False)
-    resumed = prep(final, retrained, out, progress=False, tokenizer_follows_inputs=True)
+        write_shards(final, retrained, out, progress=False)
+    resumed = write_shards(final, retrained, out, progress=False, tokenizer_follows_inputs=True)
     assert resumed.units_resumed == 0 and "retrained the tokenizer" in resumed.summary()
     reference = tmp_path / "reference"
-    prep(final, retrained, reference, progress=False)
+    write_shards(final, retrained, reference, progress=False)
     assert tree_bytes(out) == tree_bytes(reference)
 
 

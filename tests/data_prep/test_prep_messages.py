@@ -1,4 +1,4 @@
-"""What `unmask prep` tells the user about the input it was given (issue 26, items 9, 10, 11):
+"""What `unmask prep` tells the user about the input it was given:
 documents repaired or skipped are counted with the flag that changes it, and loudly when they
 are many; a sequence length beyond any model, a split that is mostly padding, and an input
 without a document are not passed over in silence."""
@@ -10,9 +10,9 @@ import random
 import pytest
 
 from common.errors import UserError
-from data_prep.prep import LOUD_SHARE, MAX_SEQ_LEN, PrepConfig
 from data_prep.shards.format import Manifest
 from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
+from data_prep.write_shards import LOUD_SHARE, MAX_SEQ_LEN, PrepConfig
 from tests.support.cli_runner import unmask_in_process
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "ran", "far", "away", "caf\u00e9", "na\u00efve"]
@@ -62,7 +62,8 @@ def test_a_few_repaired_documents_are_counted_without_alarm(tmp_path, tokenizer,
 
 
 def test_a_sequence_length_beyond_any_model_is_refused_before_any_work(tmp_path, tokenizer, capsys):
-    with pytest.raises(UserError, match=rf"--seq-len must lie in \[2, {MAX_SEQ_LEN}\] \(data_prep.prep.MAX_SEQ_LEN"):
+    with pytest.raises(UserError,
+                       match=rf"--seq-len must lie in \[2, {MAX_SEQ_LEN}\] \(data_prep.write_shards.MAX_SEQ_LEN"):
         PrepConfig(inputs=("corpus.txt",), seq_len=1_000_000_000)
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n\n".join(_paragraphs(20)))

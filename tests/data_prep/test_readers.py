@@ -451,7 +451,7 @@ def test_jsonl_lines_parse_as_json_loads_parses_them(tmp_path):
         problem = f"{path}:2: not valid JSON ({error.value.msg.removesuffix(' at')} at column {error.value.colno})"
         with pytest.raises(UserError, match=re.escape(problem)):
             read_pieces([path], ReadOptions())
-    # json's "Unterminated string starting at" once said "at at column 10" (issue 26, item 15).
+    # json's "Unterminated string starting at" once said "at at column 10".
     with pytest.raises(UserError, match=re.escape("(Unterminated string starting at column 10)")):
         read_pieces([path], ReadOptions())
 

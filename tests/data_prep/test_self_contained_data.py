@@ -1,4 +1,4 @@
-"""A data directory stands on its own (issue 26, item 3): the prep keeps its tokenizer's files in
+"""A data directory stands on its own: the prep keeps its tokenizer's files in
 DATA/tokenizer and the manifest names that copy, so a data directory moved to another directory
 or machine trains and exports as it is, whatever --tokenizer the prep was given."""
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from model.learned import LearnedSchedule
 from model.trainable import SCHEDULE_PREFIX
 from model.transformer import Transformer, preset
-from pipeline.interchange.export import write_export
+from pipeline.interchange.export import EXPORT_FORMAT_VERSION, write_export
 
 if TYPE_CHECKING:
     from data_prep.tokenizer.base import Tokenizer
@@ -25,8 +25,8 @@ def write_untrained_export(out: Path, tokenizer: Tokenizer, tokenizer_dir: Path,
     in ``tokenizer_dir``, and ``config`` (e.g. a schedule) added to the export's config."""
     shape = {**SMALL_NETWORK, "causal": objective == "autoregressive", **network}
     model = Transformer(preset("tiny", tokenizer.vocab_size, **shape))
-    record = {"network": vars(model.config), "objective": objective, **(config or {}), "weights": "ema", "step": 0,
-              "tokenizer_sha256": tokenizer.sha256}
+    record = {"format_version": EXPORT_FORMAT_VERSION, "network": vars(model.config), "objective": objective,
+              **(config or {}), "weights": "ema", "step": 0, "tokenizer_sha256": tokenizer.sha256}
     tensors = model.state_dict()
     if record.get("process") == "learned":  # the learned schedule's theta, at its initial value
         tensors.update({f"{SCHEDULE_PREFIX}{name}": value for name, value in

@@ -41,9 +41,9 @@ def make_tinyshakespeare_shards(root: Path, seq_len: int = 64, vocab_size: int =
                            max_bytes: int | None = 400_000) -> Path:
     """Tokenizer + shards of (the start of) tinyshakespeare, made by the real prep."""
     require_shared(TINY)
-    from data_prep.prep import PrepConfig, prep
     from data_prep.readers import ReadCounters, ReadOptions, plan_units, read_unit, resolve_inputs
     from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
+    from data_prep.write_shards import PrepConfig, write_shards
 
     text = TINY.read_text(encoding="utf-8")
     source = root / "input.txt"
@@ -53,8 +53,8 @@ def make_tinyshakespeare_shards(root: Path, seq_len: int = 64, vocab_size: int =
                  for piece in read_unit(unit, options, ReadCounters()))
     tokenizer = train_sentencepiece(documents, root / "tokenizer", vocab_size)
     out = root / "shards"
-    prep(PrepConfig(inputs=(str(source),), seq_len=seq_len, val_fraction=0.1, read=options), tokenizer, out,
-         workers=1, progress=False)
+    write_shards(PrepConfig(inputs=(str(source),), seq_len=seq_len, val_fraction=0.1, read=options), tokenizer, out,
+                 workers=1, progress=False)
     return out
 
 

@@ -6,26 +6,19 @@ Written by ``unmask export --format hf`` beside ``config.json`` and ``model.safe
     model = AutoModelForMaskedLM.from_pretrained(DIR, trust_remote_code=True).eval()
     logits = model(input_ids, t=t).logits      # [B, L, V] over the V clean tokens
 
-``input_ids`` holds ids 0..V-1 and the mask id V (``config.mask_id``); ``t`` ([B], in [0, 1])
-is the diffusion time, required when ``config.network["time_conditioning"]`` and ignored
-otherwise. The logits never include the mask (SUBS): softmax over them is the model's
-prediction of the clean token at each position. The network is unmask's
-``model.transformer.Transformer`` for inference (no dropout), with the same parameter names;
-``config.unmask`` holds the export's spec (process, schedule) and provenance.
+``input_ids`` holds ids 0..V-1 and the mask id V (``config.mask_id``); ``t`` ([B], in [0, 1]) is
+the diffusion time, required when ``config.network["time_conditioning"]``, ignored otherwise.
+The logits never include the mask: softmax over them predicts the clean token at each
+position. ``config.unmask`` holds the export's spec (process, schedule) and provenance.
 
-A block diffusion model (BD3-LM; ``config.block_size`` L' set, None otherwise) predicts each
-block of L' tokens given the clean blocks before it, and takes that clean copy too:
+A block diffusion model (``config.block_size`` L' set) also takes the clean copy x_0:
 
     logits = model(input_ids, clean_ids=x0).logits  # [B, L, V]: input_ids is x_t, clean_ids x_0
 
-It is unmask's training and evaluation forward: one pass over [x_t ; x_0] (2L rows) in which
-noisy block b attends to itself and to clean blocks < b, clean block b to clean blocks <= b,
-both halves at rotary positions 0..L-1; the logits are the noisy half's. So the logits of
-block b depend only on ``input_ids``' block b and ``clean_ids``' blocks before it: to denoise
-block b after a generated prefix, put the prefix in ``clean_ids`` (its later blocks are not
-read) and block b's noisy tokens in ``input_ids``. L must be a multiple of L'; the network is
-time-free (``t`` is ignored). A block model called without ``clean_ids``, or another model
-with it, is refused (ValueError).
+The logits of block b depend only on ``input_ids``' block b and ``clean_ids``' blocks before
+it: to denoise block b after a generated prefix, put the prefix in ``clean_ids`` and block b's
+noisy tokens in ``input_ids``. L must be a multiple of L', and ``t`` is ignored. A block model
+called without ``clean_ids``, or another model with it, raises ValueError.
 """
 
 from __future__ import annotations

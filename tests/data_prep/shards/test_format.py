@@ -90,7 +90,7 @@ def test_manifest_round_trip_and_errors(tmp_path):
     raw = json.loads((tmp_path / MANIFEST_NAME).read_text())
     raw["format_version"] = 99
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(raw))
-    with pytest.raises(UserError, match="format version 99"):
+    with pytest.raises(UserError, match="format version 99, newer than this unmask reads .2.; upgrade unmask"):
         Manifest.read(tmp_path)
     (tmp_path / MANIFEST_NAME).write_text("{not json")
     with pytest.raises(UserError, match="not a valid unmask manifest"):
@@ -115,10 +115,10 @@ def test_the_chunk_ranges_are_the_members_data_with_their_sha256(tmp_path):
         np.concatenate([decode_chunk(data[c.offset:c.offset + c.bytes], "s.tar") for c in written.chunks]), seqs)
 
 
-def test_a_prep_of_the_earlier_format_is_replaced_only_with_overwrite(tmp_path):
-    """The loader asks to rerun `unmask prep --overwrite` on format-1 data: prep itself must
+def test_a_prep_of_an_older_format_is_replaced_only_with_overwrite(tmp_path):
+    """The loader asks to rerun `unmask prep --overwrite` on older data: prep itself must
     then replace it (and without --overwrite say so), not fail on the old manifest."""
-    from data_prep.prep import _prepare_output
+    from data_prep.resume import start_or_resume
 
     write_numbered_split(tmp_path, [4])
     raw = json.loads((tmp_path / MANIFEST_NAME).read_text())
@@ -126,6 +126,6 @@ def test_a_prep_of_the_earlier_format_is_replaced_only_with_overwrite(tmp_path):
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(raw))
     with pytest.raises(UserError, match=r"holds a prep in shard format 1 \(this unmask writes format 2\); pass "
                                         r"--overwrite"):
-        _prepare_output(tmp_path, {"sha256": "new"}, overwrite=False)
-    assert _prepare_output(tmp_path, {"sha256": "new"}, overwrite=True) == (None, "")
+        start_or_resume(tmp_path, {"sha256": "new"}, overwrite=False)
+    assert start_or_resume(tmp_path, {"sha256": "new"}, overwrite=True) == (None, "")
     assert not (tmp_path / MANIFEST_NAME).exists() and not (tmp_path / "train").exists()

@@ -146,15 +146,17 @@ def test_resume_refuses_another_global_batch_and_a_position_inside_one(data_dir)
     assert _ids(list(same)) == _ids(list(StreamingLoader(data_dir, "train", 2, global_batch_size=6, seed=1)))[4:]
 
 
-def test_a_position_of_an_earlier_version_resumes_on_one_rank(data_dir):
-    """Checkpoints before global batches recorded the batches a rank consumed; on one rank
-    the order was the same."""
+def test_a_position_counted_in_batches_of_a_rank_is_refused_in_one_line_with_the_fix(data_dir):
+    """A position that counts the batches of one rank, not global batches, records no order of
+    the data: it is refused, not mapped onto this order."""
     loader = StreamingLoader(data_dir, "train", 2, global_batch_size=4, seed=2)
-    earlier = {"epoch": 0, "batches": 4, "seed": 2, "shuffle": True, "batch_size": 2, "rank": 0, "world_size": 1,
+    counted = {"epoch": 0, "batches": 4, "seed": 2, "shuffle": True, "batch_size": 2, "rank": 0, "world_size": 1,
                "data_sha256": loader.data_sha256}
-    expected = _ids(list(StreamingLoader(data_dir, "train", 2, global_batch_size=4, seed=2)))[4:]
-    loader.load_state_dict(earlier)
-    assert _ids(list(loader)) == expected
+    with pytest.raises(UserError, match=r"cannot resume the data loader: its position refers to another order of "
+                                        r"the data \(order None; this unmask resumes order 2\); train again in a "
+                                        r"new --run-dir") as caught:
+        loader.load_state_dict(counted)
+    assert "\n" not in str(caught.value)
 
 
 def test_resume_with_a_different_setup_is_refused(data_dir):
@@ -335,20 +337,22 @@ def test_a_manifest_of_format_1_is_refused_in_one_line_with_the_fix(tmp_path):
     for shard in manifest["splits"]["train"]["shards"]:
         del shard["chunks"]
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(UserError, match=r"manifest.json: shard format version 1, this unmask reads version 2 .*"
-                                        r"rerun `unmask prep`") as caught:
+    with pytest.raises(UserError, match=r"manifest.json: shard format version 1, this unmask reads version 2; "
+                                        r"rerun `unmask prep` with --overwrite") as caught:
         StreamingLoader(tmp_path, "train", 1)
     assert "\n" not in str(caught.value)
 
 
-def test_a_position_from_before_shuffle_windows_resumes_in_this_order_with_a_warning(data_dir, caplog):
-    """Checkpoints before issue 32 hold no order version nor window: the position (global
-    batches consumed) carries over to this version's order, said once in the log."""
+def test_a_position_without_the_order_of_the_data_is_refused_and_the_loader_stays_at_the_start(data_dir):
+    """A position records the order of the data it refers to (``ORDER_VERSION``): one without
+    it, or of another, would resume other batches than an uninterrupted run's next ones."""
     loader = StreamingLoader(data_dir, "train", 2, global_batch_size=6, seed=2)
-    state = {key: value for key, value in loader.state_dict().items() if key not in ("order", "shuffle_window")}
-    state["global_batches"] = 2
-    expected = _ids(list(StreamingLoader(data_dir, "train", 2, global_batch_size=6, seed=2)))[6:]
-    with caplog.at_level("WARNING", logger="unmask.loader"):
-        loader.load_state_dict(state)
-    assert _ids(list(loader)) == expected
-    assert "ordered the data without shuffle windows" in caplog.text
+    state = {**loader.state_dict(), "global_batches": 2}
+    for other in ({key: value for key, value in state.items() if key not in ("order", "shuffle_window")},
+                  {**state, "order": 1}):
+        with pytest.raises(UserError, match=r"its position refers to another order of the data .*train again in "
+                                            r"a new --run-dir"):
+            loader.load_state_dict(other)
+    assert loader.state_dict()["global_batches"] == 0
+    loader.load_state_dict(state)  # a position of this order resumes
+    assert _ids(list(loader)) == _ids(list(StreamingLoader(data_dir, "train", 2, global_batch_size=6, seed=2)))[6:]

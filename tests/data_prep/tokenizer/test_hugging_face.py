@@ -13,12 +13,12 @@ import pytest
 from tokenizers import normalizers
 
 from common.errors import UserError
-from data_prep.prep import PrepConfig
-from data_prep.prepare import PrepRequest, prepare
+from data_prep.prep import PrepRequest, prep
 from data_prep.shards.format import Manifest, iter_chunks
 from data_prep.tokenizer.hugging_face import SPECIAL_TOKENS_MAP_FILE, HuggingFaceTokenizer, SpecialTokens
 from data_prep.tokenizer.load import load_tokenizer
 from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
+from data_prep.write_shards import PrepConfig
 from tests.support.cli_runner import run_unmask
 from tests.support.paths import GPT2 as GPT2_DIR
 from tests.support.paths import TINY as SHAKESPEARE
@@ -238,8 +238,8 @@ def test_unmask_prep_with_a_tokenizer_json_and_flags_through_ray(files, tmp_path
 @pytest.mark.parametrize("kind", ["wordpiece", "unigram"])
 def test_prep_with_other_model_types_counts_every_document(files, tmp_path, kind):
     corpus = _corpus(tmp_path)
-    result = prepare(PrepRequest(PrepConfig(inputs=(str(corpus),), seq_len=32), tmp_path / "out",
-                                 tokenizer=files[kind], progress=False))
+    result = prep(PrepRequest(PrepConfig(inputs=(str(corpus),), seq_len=32), tmp_path / "out",
+                              tokenizer=files[kind], progress=False))
     tokenizer = load_tokenizer(files[kind])
     paragraphs = [p for p in corpus.read_text(encoding="utf-8").split("\n\n") if p.strip()]
     assert result.manifest.counts["documents"] == len(paragraphs)
@@ -270,7 +270,7 @@ def test_gpt2_shards_are_the_same_with_either_encoder(tmp_path):
     for name, tokenizer, special in (("tiktoken", GPT2_DIR, SpecialTokens()),
                                      ("reference", as_json, SpecialTokens(eos="<|endoftext|>"))):
         request = PrepRequest(config, tmp_path / name, tokenizer=tokenizer, special_tokens=special, progress=False)
-        manifests[name] = prepare(request).manifest
+        manifests[name] = prep(request).manifest
     shards = {name: [(s.path, s.sha256) for split in m.splits.values() for s in split.shards]
               for name, m in manifests.items()}
     assert shards["tiktoken"] == shards["reference"] and len(shards["tiktoken"]) >= 2

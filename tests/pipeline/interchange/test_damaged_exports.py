@@ -1,5 +1,5 @@
 """A damaged export (an interrupted copy, a download of something else, a newer format) is
-refused in one line naming the file and the fix, by every command that reads one (issue 33):
+refused in one line naming the file and the fix, by every command that reads one:
 `unmask sample`, `eval`, `lm-eval` and `export --format hf`. Exports record the size and
 sha256 of their files (in their marker), checked at load."""
 
@@ -80,7 +80,7 @@ def test_load_export_names_the_damaged_file_and_the_fix_with_or_without_records(
     fix = f"move {export} away and export again: `unmask export {export.parent}`"
     with pytest.raises(UserError, match=rf"{export / name}.*; the export is damaged .*: {fix}"):
         load_export(export)
-    (export / MARKER).unlink()  # an export of an earlier version: found by reading it
+    (export / MARKER).unlink()  # an export copied without its marker: found by reading it
     with pytest.raises(UserError, match=rf"{export / name}: not (a readable safetensors file|JSON) .*{fix}"):
         load_export(export)
 
@@ -107,6 +107,21 @@ def test_a_newer_format_asks_for_a_newer_unmask(sound, tmp_path):
     with pytest.raises(UserError, match=r"config.json: format_version 99 is newer than this unmask reads \(1\); "
                                         r"upgrade unmask"):
         load_export(export)
+
+
+def test_an_export_of_an_older_format_is_refused_in_one_line_with_the_fix(sound, tmp_path):
+    export = tmp_path / "export"
+    shutil.copytree(sound, export)
+    config = json.loads((export / "config.json").read_text())
+    (export / MARKER).unlink()  # as copied without its marker: only reading it checks it
+    for older in ({key: value for key, value in config.items() if key != "format_version"},
+                  {**config, "format_version": 0}):
+        (export / "config.json").write_text(json.dumps(older))
+        with pytest.raises(UserError, match=r"config.json: format_version (None|0), an export of an older layout "
+                                            r"than this unmask reads \(1\); export it again from its training run "
+                                            r"\(`unmask export RUN --out DIR`\)") as caught:
+            load_export(export)
+        assert "\n" not in str(caught.value)
 
 
 def test_sample_eval_and_export_hf_refuse_a_damaged_export_in_one_line(damaged, tmp_path, capsys):

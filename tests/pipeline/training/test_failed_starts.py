@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.prep import PrepConfig, prep
 from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
+from data_prep.write_shards import PrepConfig, write_shards
 from orchestration.exit_codes import PREEMPTED
 from tests.support.cli_runner import cli_env, run_unmask
 from tests.support.paths import REPO
@@ -28,7 +28,8 @@ def data(tmp_path_factory) -> Path:
     corpus = root / "c.txt"
     corpus.write_text("\n\n".join(f"the {w} sat on mat {i}" for i, w in enumerate(WORDS * 30)))
     tokenizer = train_sentencepiece([corpus.read_text()], root / "tok", vocab_size=300)
-    prep(PrepConfig(inputs=(str(corpus),), seq_len=16, val_fraction=0.1), tokenizer, root / "data", progress=False)
+    write_shards(PrepConfig(inputs=(str(corpus),), seq_len=16, val_fraction=0.1), tokenizer, root / "data",
+                 progress=False)
     return root / "data"
 
 
@@ -65,7 +66,7 @@ def test_a_replaced_tokenizer_is_named_with_what_differs_and_the_failed_run_leav
 def test_the_start_up_handler_is_in_place_before_the_cli_imports_anything_heavy():
     """The first import of ``orchestration.cli`` installs it, in the unmask command's own process,
     for a training command only (the CLI's other imports take seconds: torch)."""
-    probe = ("import signal, sys; sys.argv = [{program!r}, *{args!r}]; import orchestration.preemption; "
+    probe = ("import signal, sys; sys.argv = [{program!r}, *{args!r}]; import orchestration.startup_preemption; "
              "print(getattr(signal.getsignal(signal.SIGTERM), '__name__', 'default'), 'torch' in sys.modules)")
     for program, args, installed in (("/venv/bin/unmask", ["train", "--config", "c.yaml"], "_stop"),
                                      ("/repo/orchestration/cli.py", ["run"], "_stop"),

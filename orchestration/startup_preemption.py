@@ -1,19 +1,13 @@
-"""A SIGTERM while a training command starts up is a preemption, not a failure.
+"""A SIGTERM while a training command starts up is a preemption (exit 75), not a failure (143).
 
-Schedulers stop a job with SIGTERM and read its exit status: 75 (``exit_codes.PREEMPTED``)
-is retried, 143 (killed by the signal) counts as a failure. The training loop turns SIGTERM
-into a checkpoint and 75 (``pipeline.training.trainer``); before it takes the signal over, while the
-command starts up (its imports take seconds, then the data and the engine), and between the
-stages of `unmask run`, SIGTERM raises ``StoppedDuringStartup`` here, which ``cli.main``
-turns into 75: nothing finished is lost, and a run directory the training had just created is
-given back (``pipeline.training.trainer.train``).
-
-The handler is installed as early as the process allows: when this module is imported, first
-of all by ``orchestration.cli``, if the process is the ``unmask`` command itself (the console
-script, or ``python -m orchestration.cli`` under torchrun, DeepSpeed or a Ray job) running a
-training command; and by ``cli.main`` around the command it runs (a script or a test calling
-``main`` in its own process), which puts the previous handler back at the end. A child forked
-from the process (a DataLoader worker) inherits the handler and dies of the signal as before.
+Before the training loop takes the signal over (``pipeline.training.trainer``), while ``unmask
+train`` or ``unmask run`` starts up and between the stages of ``unmask run``, SIGTERM raises
+``StoppedDuringStartup`` here, which ``orchestration.cli.main`` turns into
+``exit_codes.PREEMPTED``. The handler is installed when this module is imported, first of all
+by ``orchestration.cli``, in the ``unmask`` command's own process running a training command;
+and by ``preemptible_startup`` around the command ``main`` runs in a script or a test, which
+puts the previous handler back at the end. A forked child (a DataLoader worker) dies of the
+signal as before. The manual: docs/cluster.md, "Preemption and exit codes".
 """
 
 from __future__ import annotations
