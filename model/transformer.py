@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.block_attention import AttentionLayout, BlockAttention, CleanBlocksDenoiser, training_layout
-from model.cross_entropy import CompiledCrossEntropy, chunked_cross_entropy, rows_cross_entropy
+from model.cross_entropy import CompiledCrossEntropy, chunked_cross_entropy
 from model.denoiser import Denoiser
 
 __all__ = ["TransformerConfig", "Transformer", "ParameterCounts", "PRESETS", "preset",
@@ -428,9 +428,11 @@ class Transformer(nn.Module, Denoiser):
             x = _modulate(x, shift, scale)
         if selected is not None:
             x = x.flatten(0, 1).index_select(0, selected)  # [B, L, d] -> [N, d], rows in row-major order
-        if targets is not None:
-            return self._nll(x, targets, chunk_rows)
-        return self.output_logits(x)
+        if targets is None:
+            return self.output_logits(x)
+        if self._compiled_loss is not None:  # the same ops under torch.compile (compile_parts)
+            return self._compiled_loss(x, targets, chunk_rows)
+        return chunked_cross_entropy(x, targets, self._padded_logits, chunk_rows or None)
 
     def _training_layout(self, z: Tensor, clean: Tensor, block_size: int | None) -> AttentionLayout:
         if clean.shape != z.shape or block_size is None:
@@ -450,15 +452,6 @@ class Transformer(nn.Module, Denoiser):
         if not self.config.time_conditioning:
             t = torch.zeros(z.shape[0], device=z.device)
         return self.time_embed(t)
-
-    def _nll(self, hidden: Tensor, targets: Tensor, chunk_rows: int | None) -> Tensor:
-        """-log softmax(head(hidden))[targets], float32, of the shape of ``targets``."""
-        if self._compiled_loss is not None:
-            return self._compiled_loss(hidden, targets, chunk_rows)
-        if chunk_rows:
-            return chunked_cross_entropy(hidden, targets, self._padded_logits, chunk_rows)
-        return rows_cross_entropy(self._padded_logits, hidden.reshape(-1, hidden.shape[-1]),
-                                  targets.reshape(-1)).view(targets.shape)
 
     # ------------------------------------------------------------------- as a Denoiser
     def logits(self, z_t: Tensor, t: Tensor | None = None) -> Tensor:

@@ -205,6 +205,19 @@ def test_theta_gradient_is_unbiased(oracle, draws):
     assert z_scores(torch.stack(gradients), torch.tensor(finite_differences, dtype=torch.float64)).max() < Z_LIMIT
 
 
+def test_a_bound_of_some_positions_reaches_theta():
+    """With scored positions (padding never masked, never scored) the surrogate still carries
+    theta's gradient."""
+    process = learned()
+    x0 = torch.tensor([[0, 1, 2], [2, 2, 1]])
+    positions = torch.tensor([[True, True, False], [True, True, True]])
+    denoiser = lambda z, t: torch.zeros(*z.shape, VOCAB)  # noqa: E731 (uniform prediction)
+    t = torch.tensor([0.4, 0.8], dtype=torch.float64)
+    value = process.nelbo(denoiser, x0, t, torch.Generator().manual_seed(0), positions=positions).sum()
+    (gradient,) = torch.autograd.grad(value, process.schedule.theta)
+    assert bool(torch.isfinite(gradient).all()) and bool((gradient != 0).any())
+
+
 def test_surrogate_value_is_the_average_of_the_draws(oracle, sequences):
     """The score term adds gradient, not value: draws=2 averages two draws' estimates."""
     x0 = sequences.repeat(2, 1)
