@@ -35,9 +35,9 @@ from torch import Tensor
 
 from model.generators import Generators
 from model.sampling.core import (
-    AbsorbingProcess,
+    MaskedProcess,
     NetworkCalls,
-    ReverseProcess,
+    ReverseKernelProcess,
     inverse_cdf,
     row_uniforms,
     time_grid,
@@ -48,7 +48,7 @@ from model.sampling.plan import SamplingPlan
 __all__ = ["ancestral_sample", "reverse_sample"]
 
 
-def ancestral_sample(process: AbsorbingProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
+def ancestral_sample(process: MaskedProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
                      network: NetworkCalls) -> Tensor:
     """``plan.steps`` reverse steps from all-mask at t = 1 to t = 0 (module docstring).
 
@@ -73,7 +73,7 @@ def ancestral_sample(process: AbsorbingProcess, plan: SamplingPlan, z: Tensor, g
     return z
 
 
-def reverse_sample(process: ReverseProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
+def reverse_sample(process: ReverseKernelProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
                    network: NetworkCalls) -> Tensor:
     """``plan.steps`` steps of the process's reverse kernel from its prior at t = 1 to t = 0.
 

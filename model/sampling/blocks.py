@@ -32,11 +32,11 @@ import torch
 from torch import Tensor
 
 from model.block_attention import AttentionLayout, KVCache, block_causal_mask
-from model.checks import check_positive_int, check_token_ids
+from model.checks import check_positive_int
 from model.denoiser import Denoiser
 from model.generators import Generators
 from model.sampling.core import NetworkCalls, SamplingStats, sample_generators
-from model.sampling.draw import Sampler
+from model.sampling.draw import Sampler, initial_tokens
 from model.sampling.plan import SamplingPlan
 
 __all__ = ["BlockNetwork", "draw_blocks"]
@@ -129,16 +129,14 @@ def draw_blocks(process, sampler: Sampler, network, plan: SamplingPlan, *, num_s
         raise ValueError(f"block_len {plan.block_len}: a block diffusion model samples in its own blocks of "
                          f"{block_size} tokens")
     context = _context(window, block_size)
-    device = torch.device(device) if device is not None else (
-        prompt.device if prompt is not None else torch.device("cpu"))
-    z = _initial_tokens(process, num_samples, seq_len, prompt, device)
+    z = initial_tokens(process, num_samples, seq_len, prompt, device)
     # A last partial block is sampled whole and cut: dropping its last positions marginalizes them.
     z = torch.cat([z, z.new_full((num_samples, -seq_len % block_size), process.generate_id)], dim=1)
     generator = sample_generators(plan.seed, range(num_samples)) if generator is None else generator
     block_network = BlockNetwork(network, block_size)
     block_network.cache = KVCache() if cache else None
     calls = _RowCalls(block_network, num_samples, process.vocab_size, static_shape=plan.static_shape)
-    finished = torch.zeros(num_samples, dtype=torch.bool, device=device)
+    finished = torch.zeros(num_samples, dtype=torch.bool, device=z.device)
     for start in range(0, z.shape[1], block_size):
         end = start + block_size
         first = 0 if context is None else max(0, start - context)
@@ -158,14 +156,3 @@ def draw_blocks(process, sampler: Sampler, network, plan: SamplingPlan, *, num_s
             block_network.append(z[:, start:end], context)
     return z[:, :seq_len], calls.stats(plan.steps)
 
-
-def _initial_tokens(process, num_samples: int, seq_len: int, prompt: Tensor | None, device: torch.device) -> Tensor:
-    """The prompt (or nothing) as [num_samples, seq_len], ``generate_id`` where to generate."""
-    if prompt is None:
-        return torch.full((num_samples, seq_len), process.generate_id, dtype=torch.long, device=device)
-    if prompt.dim() == 1:
-        prompt = prompt.unsqueeze(0).expand(num_samples, -1)
-    if prompt.dim() != 2 or prompt.shape != (num_samples, seq_len):
-        raise ValueError(f"prompt must have shape [{seq_len}] or [{num_samples}, {seq_len}], got {tuple(prompt.shape)}")
-    check_token_ids(prompt, "prompt", process.generate_id, check_values=process.validate)
-    return prompt.to(device).clone()

@@ -28,13 +28,13 @@ import torch
 from torch import Tensor
 
 from model.generators import Generators
-from model.sampling.core import AbsorbingProcess, NetworkCalls, inverse_cdf, row_uniforms, time_grid, token_probs
+from model.sampling.core import MaskedProcess, NetworkCalls, inverse_cdf, row_uniforms, time_grid, token_probs
 from model.sampling.plan import ConfidenceOptions, SamplingPlan
 
 __all__ = ["confidence_sample", "confidence_scores", "masked_fraction"]
 
 
-def masked_fraction(process: AbsorbingProcess, times: Tensor) -> Tensor:
+def masked_fraction(process: MaskedProcess, times: Tensor) -> Tensor:
     """f(t) = r(t) / r(1) at ``times`` (float64 [T]); per-value rates [T, V] are averaged."""
     with torch.no_grad():
         rate = process.schedule.masking_rate(times).reshape(times.shape[0], -1).mean(-1).cpu()
@@ -49,7 +49,7 @@ def confidence_scores(probs: Tensor, options: ConfidenceOptions) -> Tensor:
     return probs.max(-1).values
 
 
-def confidence_sample(process: AbsorbingProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
+def confidence_sample(process: MaskedProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
                       network: NetworkCalls) -> Tensor:
     """``plan.steps`` steps, each revealing the most confident masked positions (module docstring)."""
     steps = plan.steps

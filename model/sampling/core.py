@@ -42,12 +42,12 @@ from model.generators import Generators, seeded_generators
 from model.sampling.plan import GRIDS, SamplingPlan
 from model.schedules import Schedule
 
-__all__ = ["AbsorbingProcess", "NetworkCalls", "ReverseProcess", "SampledProcess", "SamplingStats", "inverse_cdf",
+__all__ = ["MaskedProcess", "NetworkCalls", "ReverseKernelProcess", "SampledProcess", "SamplingStats", "inverse_cdf",
            "row_uniforms", "sample_generators", "time_grid", "token_probs", "top_p_filter"]
 
 
 class SampledProcess(Protocol):
-    """What every sampler reads of its process."""
+    """What every sampler reads of the process it samples (any ``model.process.DiffusionProcess``)."""
 
     vocab_size: int     # V clean tokens
     validate: bool      # check the prompt's token ids (a host sync)
@@ -57,8 +57,9 @@ class SampledProcess(Protocol):
         """The id (V) that marks, in a prompt, a position to generate."""
 
 
-class AbsorbingProcess(SampledProcess, Protocol):
-    """What the absorbing samplers read of a process (``AbsorbingDiffusion``)."""
+class MaskedProcess(SampledProcess, Protocol):
+    """What the samplers that reveal masks read of a process: ``AbsorbingDiffusion`` and its
+    subclasses (block diffusion, the learned schedules)."""
 
     schedule: Schedule
 
@@ -67,11 +68,12 @@ class AbsorbingProcess(SampledProcess, Protocol):
         """The absorbing state (V)."""
 
 
-class ReverseProcess(SampledProcess, Protocol):
-    """What ``reverse_sample`` reads of a process: its prior and its reverse kernel."""
+class ReverseKernelProcess(SampledProcess, Protocol):
+    """What ``reverse_sample`` reads of a process: its prior and its reverse kernel
+    (``LearnedDiffusion``, ``UniformDiffusion``)."""
 
-    def prior_tokens(self, z: Tensor, free: Tensor, generator: Generators) -> Tensor:
-        """z with its ``free`` positions drawn from the prior at t = 1."""
+    def prior_tokens(self, z: Tensor, free: Tensor, u: Tensor) -> Tensor:
+        """z with its ``free`` positions drawn from the prior at t = 1 by the uniforms ``u`` [B, L]."""
 
     def changeable(self, z: Tensor) -> Tensor:
         """bool [B, L]: the positions whose reverse kernel is not the identity."""

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from model.generators import Generators
-from model.sampling.core import AbsorbingProcess, NetworkCalls, inverse_cdf, row_uniforms, token_probs
+from model.sampling.core import MaskedProcess, NetworkCalls, inverse_cdf, row_uniforms, token_probs
 from model.sampling.plan import SamplingPlan
 
 __all__ = ["first_hitting_sample"]
@@ -55,7 +55,7 @@ __all__ = ["first_hitting_sample"]
 TIME, POSITION, TOKEN = range(3)   # the rows of a call's uniforms
 
 
-def first_hitting_sample(process: AbsorbingProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
+def first_hitting_sample(process: MaskedProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
                          network: NetworkCalls) -> Tensor:
     """Reveal the masks of ``z`` event by event (module docstring); kept tokens never change."""
     schedule = process.schedule

@@ -224,8 +224,6 @@ class SamplingPlan:
         values = dict(record)
         sampler = values.get("sampler", "ancestral")
         options = values.pop("options", None)
-        if sampler == "first-hitting":  # records of earlier versions may name a grid, which it never read
-            values["grid"] = "uniform"
         if options is not None:
             values["options"] = _options_from_record(sampler, options)
         return cls(**values)

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from model.generators import Generators
-from model.sampling.core import AbsorbingProcess, NetworkCalls, inverse_cdf, row_uniforms, time_grid, token_probs
+from model.sampling.core import MaskedProcess, NetworkCalls, inverse_cdf, row_uniforms, time_grid, token_probs
 from model.sampling.plan import RemaskOptions, SamplingPlan
 from model.schedules import Schedule
 
@@ -85,7 +85,7 @@ def remask_steps(schedule: Schedule, steps: int, grid: str, options: RemaskOptio
     return RemaskSteps(time=t_i, reveal=reveal, remask=sigma)
 
 
-def remask_sample(process: AbsorbingProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
+def remask_sample(process: MaskedProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
                   network: NetworkCalls) -> Tensor:
     """``plan.steps`` ReMDM steps from all-mask at t = 1 to t = 0 (module docstring)."""
     schedule = remask_steps(process.schedule, plan.steps, plan.grid, plan.options)

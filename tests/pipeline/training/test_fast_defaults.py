@@ -174,8 +174,11 @@ def test_vocab_multiple_is_validated_and_runs_before_it_resume_with_one():
     assert resumed.model.vocab_multiple == 1 and adopted == ["model.vocab_multiple = 1"]
     assert config_differences(saved, resumed.to_dict()) == []
     assert with_legacy_values(Config(), now) == (Config(), [])  # a checkpoint that has it keeps its own
-    # Exports of those runs have no such key either: their network is unpadded.
-    assert ModelSpec.from_dict({"network": {"vocab_size": VOCAB}}).network.vocab_multiple == 1
+    # Exports of those runs have no such key either: refused, naming it (export again).
+    record = ModelSpec(network=preset("tiny", VOCAB)).to_dict()
+    del record["network"]["vocab_multiple"]
+    with pytest.raises(ValueError, match="no key 'network.vocab_multiple'"):
+        ModelSpec.from_dict(record)
 
 
 # ------------------------------------------------------------------ micro-batch and evaluation batch
