@@ -1,29 +1,12 @@
-"""Block diffusion's sampler: block by block, any sampler inside a block, finished blocks cached.
+"""Block diffusion's sampler: block by block, any absorbing sampler inside a block, finished blocks cached.
 
-A block diffusion model (``model.block_diffusion``) generates blocks of L' = ``block_size``
-tokens left to right. Block b is sampled by any of the absorbing samplers (ancestral,
-first-hitting, confidence, ReMDM) under the plan, as a sequence of L' tokens whose network
-sees the finished blocks before it; then the finished block runs once through the network,
-clean, and its keys and values join the cache (``model.block_attention.KVCache``). A call
-inside block b costs the L' rows of the block, not the whole text.
-
-``cache=False`` recomputes everything at every call: the window of finished blocks and the
-block, block-causal, positions from 0 (what training's forward over [z ; x] computes for the
-block). While the text fits in the window the two are the same computation on the same
-numbers (tested: the same samples).
-
-Any length. ``window`` (the network's ``max_seq_len``) bounds what the network sees: the
-block and the last ``window - L'`` positions before it, rounded down to whole blocks. Past
-it the cache slides (keeps the last whole blocks that fit); the cached keys and values of a
-kept block are those computed when it finished (with the context it had then), and rotary
-positions restart at 0 at the window's start. Uncached, a slid window is recomputed from its
-tokens alone, so the two differ once the text is longer than the window, as a sliding-window
-cache does in any autoregressive model.
-
-EOS. ``plan.until_eos`` (a token id): a sample is finished after the block in which it
-generates that token; its later positions are filled with it and it draws nothing more, and
-generation stops when every sample is finished. A sample still depends only on its own
-generator (``sample_generators``), never on its batch.
+Block b is sampled as a sequence of L' tokens whose network sees the finished blocks before
+it; the finished block then runs once through the network, clean, and its keys and values join
+the cache (``model.block_attention.KVCache``), so a call costs the block's L' rows.
+``cache=False`` recomputes the window at every call: the same samples while the text fits in
+it. Past ``window`` the cache slides by whole blocks, and ``plan.until_eos`` finishes a sample
+after the block in which it generates that token. A sample depends only on its own generator.
+docs/block-diffusion.md#sample.
 """
 
 from __future__ import annotations

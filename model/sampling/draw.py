@@ -1,19 +1,10 @@
 """The one entry point of every sampler: conditioning, generators, semi-autoregressive blocks.
 
-``draw(process, sampler, denoiser, plan, ...)`` is what ``DiffusionProcess.sample`` runs. It
-builds the starting tokens from the prompt (kept tokens, ``generate_id`` where to generate),
-the generators (one per sample from ``plan.seed`` unless given), and runs ``sampler`` once
-over the whole sequence or, with ``plan.block_len``, block by block.
-
-Semi-autoregressive blocks (MDLM's SAR). The sequence is generated in consecutive blocks of
-``block_len`` positions, left to right. Each block is sampled as a sequence of its own whose
-context is the end of the text so far: the network sees at most ``window`` positions (its
-``max_seq_len``), the block and the ``window - block_len`` positions before it, already
-generated and kept. So sequences far longer than the network's context can be generated, and
-a prompt's kept tokens anywhere (an infill template across blocks) stay kept; a block does not
-see kept tokens after it. The plan's budget (``steps``) is per block. Every sample keeps its
-own generator from block to block, and a row with nothing to generate in a block draws
-nothing, so samples still do not depend on the batch.
+``draw(process, sampler, denoiser, plan, ...)`` is what ``DiffusionProcess.sample`` runs: the
+starting tokens from the prompt (kept tokens, ``generate_id`` where to generate), one generator
+per sample from ``plan.seed`` unless given, then ``sampler`` over the whole sequence or, with
+``plan.block_len``, block by block left to right, each block seeing at most ``window``
+positions (MDLM's semi-autoregressive generation). docs/sampling.md#semi-autoregressive-blocks.
 """
 
 from __future__ import annotations
