@@ -237,7 +237,7 @@ class LearnedDiffusion(AbsorbingDiffusion):
         check_reconstruction(reconstruction)
         t = self._times(t, x0, generator)
         draws = self._draw(x0, t, generator, positions)
-        loss = self._continuous_loss(denoiser, draws).view(x0.shape[0], self.draws)
+        loss = self._rate_divergence(denoiser, draws).view(x0.shape[0], self.draws)
         return NelboTerms(
             t=t,
             diffusion=self._surrogate(loss, draws.log_q),
@@ -269,9 +269,10 @@ class LearnedDiffusion(AbsorbingDiffusion):
         dtype = torch.promote_types(logits.dtype, torch.float32)
         return rows, draws.x[draws.masked], torch.log_softmax(logits.to(dtype), dim=-1)
 
-    def _continuous_loss(self, denoiser: DenoiserLike, draws: _Draws) -> Tensor:
-        """lambda_x (-log mu_x) + sum_v mu_v (lambda_v - lambda_x) summed over the masked positions
-        of each draw, float64 [BK]."""
+    def _rate_divergence(self, denoiser: DenoiserLike, draws: _Draws) -> Tensor:
+        """The diffusion term at t: the generalized KL between the true and the model's reverse
+        jump rates, lambda_x (-log mu_x) + sum_v mu_v (lambda_v - lambda_x) summed over the masked
+        positions of each draw (docs/math.md#learned-schedules-genmd4), float64 [BK]."""
         rows, target, log_mu = self._prediction(denoiser, draws)
         hazard = self.schedule.weight(draws.t).to(device=log_mu.device, dtype=log_mu.dtype)[rows]  # [N, V]
         hazard_x = hazard.gather(1, target[:, None])                                               # [N, 1]

@@ -94,7 +94,7 @@ class UniformDiffusion(DiffusionProcess):
         z_t = self._corrupt(x0, t, generator, positions)
         return NelboTerms(
             t=t,
-            diffusion=self._continuous_loss(denoiser, x0, z_t, t, scored_positions(x0, positions)),
+            diffusion=self._rate_divergence(denoiser, x0, z_t, t, scored_positions(x0, positions)),
             reconstruction=self._reconstruction(denoiser, x0, generator, reconstruction, positions),
             prior=self._prior(x0, positions),
             num_masked=(z_t != x0).sum(-1),
@@ -113,13 +113,14 @@ class UniformDiffusion(DiffusionProcess):
                 + self._reconstruction(denoiser, x0, generator, "model", positions)
                 + self._prior(x0, positions))
 
-    def _continuous_loss(self, denoiser: DenoiserLike, x0: Tensor, z_t: Tensor, t: Tensor, scored: Tensor) -> Tensor:
-        """(-alpha'_t / (V alpha_t)) sum over the scored positions of sum_{j != z} (g_j - r_j
-        - r_j log(g_j / r_j)) (docs/math.md#uniform-diffusion), float64 [B]."""
+    def _rate_divergence(self, denoiser: DenoiserLike, x0: Tensor, z_t: Tensor, t: Tensor, scored: Tensor) -> Tensor:
+        """The diffusion term at t: the generalized KL between the true and the model's reverse
+        jump rates, (-alpha'_t / (V alpha_t)) sum over the scored positions of sum_{j != z}
+        (g_j - r_j - r_j log(g_j / r_j)) (docs/math.md#uniform-diffusion), float64 [B]."""
         rows, x, z, log_mu = self._prediction(denoiser, x0, z_t, t, scored)
         t = t.to(torch.float64)
         rho = self._signal_to_noise(t).to(device=log_mu.device, dtype=log_mu.dtype)[rows, None]
-        divergence = sum_by_row(self._rate_divergence(x, z, log_mu.exp(), rho), rows, x0.shape[0])
+        divergence = sum_by_row(self._jump_divergence(x, z, log_mu.exp(), rho), rows, x0.shape[0])
         return self._jump_rate(t).to(x0.device) * divergence
 
     def _step_kl(self, denoiser: DenoiserLike, x0: Tensor, z_t: Tensor, t: Tensor, s: Tensor,
@@ -141,8 +142,8 @@ class UniformDiffusion(DiffusionProcess):
         dtype = torch.promote_types(logits.dtype, torch.float32)
         return rows, x0[scored], z_t[scored], torch.log_softmax(logits.to(dtype), dim=-1)
 
-    def _rate_divergence(self, x: Tensor, z: Tensor, mu: Tensor, rho: Tensor) -> Tensor:
-        """sum_{j != z} (g_j - r_j - r_j log(g_j / r_j)) per position, as r_j phi((g_j - r_j) / r_j),
+    def _jump_divergence(self, x: Tensor, z: Tensor, mu: Tensor, rho: Tensor) -> Tensor:
+        """sum_{j != z} (g_j - r_j - r_j log(g_j / r_j)) per position [N], as r_j phi((g_j - r_j) / r_j),
         phi(u) = u - log(1 + u), from the difference g_j - r_j in closed form (no cancellation)."""
         x_hot = F.one_hot(x, self.vocab_size).to(mu.dtype)
         x_is_z = (x == z).to(mu.dtype)[:, None]
