@@ -80,15 +80,6 @@ def test_a_record_with_an_unknown_field_is_refused():
         SamplingPlan.from_dict({"sampler": "remdm", "steps": 4, "options": {"speed": 2}})
 
 
-def test_a_first_hitting_record_with_a_time_grid_is_refused():
-    """First-hitting has no time grid: a record naming one is not a plan (the plan refuses it)."""
-    record = SamplingPlan(sampler="first-hitting").to_dict()
-    assert record["grid"] == "uniform" and SamplingPlan.from_dict(record) == SamplingPlan(sampler="first-hitting")
-    with pytest.raises(PlanError, match="first-hitting sampler has no time grid") as caught:
-        SamplingPlan.from_dict({**record, "grid": "cosine"})
-    assert caught.value.field == "grid"
-
-
 def test_options_from_the_command_line_are_typed():
     assert parse_sampler_options("remdm", ["schedule=loop", "eta=0.05", "alpha-on=0.8"]) == \
         RemaskOptions(schedule="loop", eta=0.05, alpha_on=0.8)
