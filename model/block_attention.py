@@ -1,23 +1,12 @@
 """Attention layouts of block diffusion (BD3-LM): which rows attend to which, and where they sit.
 
-Training runs one forward over [z ; x], the noised sequence and the clean one (length 2L),
-cut into blocks of ``block_size`` tokens (MATH.md, "Block diffusion"):
-
-    query in       key in         attends when
-    noisy block b  noisy block c  c == b        (bidirectional inside the block)
-    noisy block b  clean block c  c <  b        (the clean prefix)
-    clean block b  noisy block c  never
-    clean block b  clean block c  c <= b        (block-causal)
-
-Both copies take the positions 0..L-1 (rotary embeddings see noisy block b and clean block b
-at the same place), so the noisy half's output at block b is exactly what a forward of
-(x^<b, z^b) alone, block-causal, gives: the naive loop and the KV-cached sampler.
-
-The mask exists in two forms, entry for entry the same (tested): a dense boolean matrix
-[2L, 2L] for SDPA (CPU, and the fallback) and FlexAttention's ``BlockMask``, built once per
-(length, block size, device) from ``block_mask_mod`` on tiles of ``FLEX_TILE`` and skipping
-the tiles it leaves empty (GPU). ``AttentionLayout`` carries one of them, the rotary
-positions of the rows and, when sampling, a ``KVCache`` of the finished blocks.
+Training runs one forward over [z ; x], the noised sequence and the clean one (2L rows, both
+at positions 0..L-1), in blocks of ``block_size`` (``_block_rule``), so the noisy half's output
+at block b is exactly that of a forward of (x^<b, z^b) alone. The mask exists as a dense
+boolean matrix [2L, 2L] for SDPA (CPU, and the fallback) and as FlexAttention's ``BlockMask``
+on tiles of ``FLEX_TILE`` (GPU), entry for entry the same (tested). ``AttentionLayout`` carries
+one of them, the rows' rotary positions and, when sampling, a ``KVCache`` of the finished
+blocks. docs/block-diffusion.md, docs/math.md#block-diffusion.
 """
 
 from __future__ import annotations
@@ -42,7 +31,14 @@ MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 def _block_rule(q_idx: Tensor, k_idx: Tensor, length: int, block_size: int) -> Tensor:
-    """The table of the module docstring, for row indices in [0, 2L): < L noisy, >= L clean."""
+    """Whether query row ``q_idx`` attends key row ``k_idx``, for rows in [0, 2L): < L noisy, >= L clean.
+
+        query in       key in         attends when
+        noisy block b  noisy block c  c == b        (bidirectional inside the block)
+        noisy block b  clean block c  c <  b        (the clean prefix)
+        clean block b  noisy block c  never
+        clean block b  clean block c  c <= b        (block-causal)
+    """
     q_noisy, k_noisy = q_idx < length, k_idx < length
     q_block, k_block = (q_idx % length) // block_size, (k_idx % length) // block_size
     noisy_noisy = q_noisy & k_noisy & (q_block == k_block)

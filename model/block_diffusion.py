@@ -1,28 +1,13 @@
-"""Block diffusion (BD3-LM, Arriola et al. 2025): autoregressive over blocks, masked diffusion inside.
+"""Block diffusion (BD3-LM): autoregressive over blocks of L' tokens, absorbing diffusion inside each.
 
-Split x [B, L] into L / L' blocks of L' = ``block_size`` tokens. The bound (MATH.md):
-
-    -log p(x) = sum_b -log p(x^b | x^<b)  <=  sum_b NELBO_b,
-    NELBO_b   = E_{t_b} E_{z^b ~ q_{t_b}(. | x^b)} [ w(t_b) sum_{i masked in z^b} -log p(x^b_i | z^b, x^<b) ]
-                + the endpoint terms of block b (the same per token as MDLM's)
-
-with one time per block. Block size L is MDLM (one block); block size 1 is an autoregressive
-model: E_t of the one-token term is exactly -log p(x_b | x_<b) (up to the endpoint guard).
-
-Times. ``t`` is [B, blocks] (one per block; training draws them stratified over the global
-batch's blocks, ``pipeline.training.objective``), or [B] as every other process takes them: row i's
-blocks then get ``(t_i + b / blocks) mod 1``, each marginally U[0, 1), so the estimate stays
-unbiased and the blocks of a row cover [0, 1) evenly (with one block it is t_i itself, which
-makes block size L today's MDLM estimate, draw for draw). The masks are drawn exactly as
-MDLM draws them (one uniform per position, compared with its block's masking rate).
-
-Denoiser. Block b's prediction may see z^b and the clean blocks before it, nothing else. A
-denoiser says so through ``given_clean(x0, block_size)``, which returns an ordinary
-``Denoiser`` of z_t [B, L] closed over x0: ``model.transformer.Transformer`` runs its
-vectorized forward over [z ; x] (``model.block_attention``); ``model.oracle`` gives the
-exact conditionals. Training-only variance reduction (clipping each block's masking rate to
-[beta, omega]) lives with the training objective; every bound here is the full one over
-t in (0, 1], with the endpoint terms of ``AbsorbingDiffusion``.
+``BlockDiffusion`` is ``AbsorbingDiffusion`` with one time per block and a denoiser that sees
+the clean blocks before the one it predicts (``BlockDenoiser.given_clean``); its bound is the
+sum over blocks of each block's NELBO, with the same endpoint terms
+(docs/math.md#block-diffusion). Times are [B, blocks], or [B]: row i's blocks then get
+``(t_i + b / blocks) mod 1`` (``spread_over_blocks``), so one block of L is MDLM's estimate
+draw for draw. The masks are drawn as the absorbing process draws them. Training's clipping
+of the masking rates lives with the objective (``pipeline.training.objective``); every bound
+here is the full one. The manual: docs/block-diffusion.md.
 """
 
 from __future__ import annotations
@@ -33,7 +18,7 @@ import torch
 from torch import Tensor
 
 from model.absorbing import AbsorbingDiffusion
-from model.checks import check_positions, check_reconstruction
+from model.checks import check_reconstruction
 from model.denoiser import Denoiser, DenoiserLike, as_denoiser
 from model.generators import Generators, batch_generator, uniforms
 from model.process import NelboTerms, Reconstruction, low_discrepancy_times
@@ -54,7 +39,8 @@ class BlockDenoiser(Protocol):
 
 
 def spread_over_blocks(t: Tensor, blocks: int) -> Tensor:
-    """Row times [B] -> block times [B, blocks]: ``(t_i + b / blocks) mod 1`` (module docstring)."""
+    """Row times [B] -> block times [B, blocks]: ``(t_i + b / blocks) mod 1``, each marginally
+    U[0, 1) (the estimate stays unbiased) and a row's blocks spread evenly over [0, 1)."""
     offsets = torch.arange(blocks, dtype=torch.float64, device=t.device) / blocks
     return torch.remainder(t.to(torch.float64)[:, None] + offsets[None, :], 1.0)
 
@@ -98,6 +84,7 @@ class BlockDiffusion(AbsorbingDiffusion):
                            cache=kv_cache)
 
     def num_blocks(self, length: int) -> int:
+        """L / L'; ValueError when the block size does not divide ``length``."""
         if length % self.block_size:
             raise ValueError(f"block_size {self.block_size} must divide the sequence length {length}")
         return length // self.block_size
@@ -113,10 +100,6 @@ class BlockDiffusion(AbsorbingDiffusion):
             raise ValueError(f"t must lie in [0, 1], got values in [{float(t.min())}, {float(t.max())}]")
         return spread_over_blocks(t, blocks) if t.dim() == 1 else t.to(torch.float64)
 
-    def _position_rates(self, rates: Tensor) -> Tensor:
-        """Per-block values [B, blocks] -> per-position [B, L] (each block's value on its tokens)."""
-        return rates.repeat_interleave(self.block_size, dim=1)
-
     def _corrupt(self, x0: Tensor, t: Tensor, generator: Generators,
                  positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Masks of z_t: ``t`` [B, blocks], or [B] for every block at its row's time (the t = 0 term)."""
@@ -124,7 +107,7 @@ class BlockDiffusion(AbsorbingDiffusion):
         times = times[:, None].expand(-1, self.num_blocks(x0.shape[1])) if times.dim() == 1 else times
         rates = self.schedule.masking_rate(times)
         u = uniforms(x0.shape, generator, x0.device)  # the draws AbsorbingDiffusion makes
-        masked = u < self._position_rates(rates.to(x0.device))
+        masked = u < rates.to(x0.device).repeat_interleave(self.block_size, dim=1)  # [B, blocks] -> [B, L]
         if positions is not None:
             masked &= positions
         return torch.where(masked, self.mask_id, x0), masked
@@ -133,20 +116,20 @@ class BlockDiffusion(AbsorbingDiffusion):
     def nelbo_terms(self, denoiser: DenoiserLike, x0: Tensor, t: Tensor | None = None,
                     generator: Generators = None, *, reconstruction: Reconstruction = "model",
                     positions: Tensor | None = None) -> NelboTerms:
-        """The per-block bound summed over blocks, its terms kept apart; ``t`` [B] or [B, blocks]
-        (None: low-discrepancy row times over this batch, spread over the blocks)."""
-        self._check_tokens(x0, "x0", allow_mask=False)
-        check_positions(positions, x0)
+        """The per-block bound summed over blocks, its terms kept apart (docs/math.md#block-diffusion):
+        the diffusion term sum_b w(t_b) sum_{n masked in block b} -log p(x_n | z^b, x^<b), and the
+        endpoint terms of ``AbsorbingDiffusion``. ``t`` [B] or [B, blocks] (None: low-discrepancy
+        row times over this batch, spread over the blocks)."""
+        self._check_x0(x0, positions)
         check_reconstruction(reconstruction)
         if t is None:
             t = low_discrepancy_times(x0.shape[0], batch_generator(generator, "t"), device=x0.device)
-        times = self._block_times(t, x0)
-        weight = self.schedule.weight(times).to(x0.device)                        # [B, blocks]
+        times = self._block_times(t, x0)                                              # [B, blocks]
+        weight = self.schedule.weight(times).to(x0.device)                            # w(t_b)
         z_t, masked = self._corrupt(x0, times, generator, positions)
-        cross_entropy = self.block_token_nll(denoiser, z_t, x0, masked)           # [B, blocks]
         return NelboTerms(
             t=t,
-            diffusion=(weight * cross_entropy).sum(-1),
+            diffusion=(weight * self.masked_nll(denoiser, z_t, None, x0, masked)).sum(-1),
             reconstruction=self._reconstruction(denoiser, x0, generator, reconstruction, positions),
             prior=self._prior(x0, positions),
             num_masked=masked.sum(-1),
@@ -157,8 +140,7 @@ class BlockDiffusion(AbsorbingDiffusion):
                        positions: Tensor | None = None) -> Tensor:
         """The T-step bound of every block (grid i/T), one step per block picked by its
         uniform (``u`` [B] spread over the blocks, or [B, blocks]), endpoint terms as ``nelbo``."""
-        self._check_tokens(x0, "x0", allow_mask=False)
-        check_positions(positions, x0)
+        self._check_x0(x0, positions)
         if u is None:
             u = low_discrepancy_times(x0.shape[0], batch_generator(generator, "u"), device=x0.device)
         uniform = self._block_times(u, x0)
@@ -167,23 +149,12 @@ class BlockDiffusion(AbsorbingDiffusion):
         alpha_t, alpha_s = self.schedule.alpha(t), self.schedule.alpha(s)
         step_weight = (steps * (alpha_s - alpha_t) / self.schedule.masking_rate(t)).to(x0.device)
         z_t, masked = self._corrupt(x0, t, generator, positions)
-        cross_entropy = self.block_token_nll(denoiser, z_t, x0, masked)
-        return ((step_weight * cross_entropy).sum(-1)
+        return ((step_weight * self.masked_nll(denoiser, z_t, None, x0, masked)).sum(-1)
                 + self._reconstruction(denoiser, x0, generator, "model", positions)
                 + self._prior(x0, positions))
 
-    def masked_token_nll(self, denoiser: DenoiserLike, z_t: Tensor, t: Tensor, x0: Tensor,
-                         masked: Tensor) -> Tensor:
-        """Per sequence, float64 [B]: the sum over blocks of ``block_token_nll`` (the t = 0 term)."""
-        return self.block_token_nll(denoiser, z_t, x0, masked).sum(-1)
-
-    def block_token_nll(self, denoiser: DenoiserLike, z_t: Tensor, x0: Tensor, masked: Tensor) -> Tensor:
-        """Sum over block b's masked positions of -log p(x0 | z^b, x0^<b), float64 [B, blocks]."""
-        # Runs of L' positions are the blocks, (row, block) in row-major order.
-        nll = self.masked_nll_by_group(self._given_clean(denoiser, x0), z_t, None, x0, masked, self.block_size)
-        return nll.view(x0.shape[0], -1)  # [B * blocks] -> [B, blocks]
-
-    def _given_clean(self, denoiser: DenoiserLike, x0: Tensor) -> Denoiser:
+    def _block_denoiser(self, denoiser: DenoiserLike, x0: Tensor) -> Denoiser:
+        """The denoiser of z_t given x0's clean blocks (``BlockDenoiser.given_clean``)."""
         if not isinstance(denoiser, BlockDenoiser):
             raise ValueError(f"block diffusion needs a denoiser that sees clean blocks (a BlockDenoiser: "
                              f"given_clean(x0, block_size)), got {type(denoiser).__name__}")

@@ -1,36 +1,19 @@
-"""Cross-entropy through the output head, in chunks of rows: no [N, V] float32 logits kept.
+"""Cross-entropy through the output head, optionally in chunks of rows: no [N, V] float32 logits kept.
 
-The training loss needs -log softmax(head(h_n))[x_n] at the N scored rows. Computed in one
-go, the head's [N, V] logits, their float32 copy and the float32 log-softmax all exist at
-once, and autograd keeps the log-softmax until the backward: with V = 50257 and 8192
-masked tokens in a micro-batch that is 1.6 GB held per micro-batch, more than a GPT-2
-medium block's activations.
-
-``chunked_cross_entropy`` runs exactly the same ops (projection, float32 cast,
-cross-entropy) on ``chunk_rows`` rows at a time, each chunk under non-reentrant activation
-checkpointing: the forward keeps only the chunk's inputs (views of h), and the backward
-recomputes one chunk's logits at a time. The head's memory is then bounded by
-chunk_rows x V, whatever N; the price is one more forward projection of the head (a third
-more head FLOPs). Each row's arithmetic is that of the one-shot path, so the loss agrees
-with it to float rounding (bit for bit where the matmul's result does not depend on how
-many rows it multiplies); the head weight's gradient is a sum of per-chunk products rather
-than one product, equal up to float rounding.
-
-``CompiledCrossEntropy`` is the same computation under ``torch.compile`` (the fp32 cast,
-log-softmax and target pick fused into a few kernels). The number of scored rows changes
-every micro-batch (it is the number of masked tokens), so the compiled function takes them
-padded up to a multiple of ``row_multiple`` with rows whose target is ``ignore_index``
-(exactly 0 loss and 0 gradient), and with that dimension marked dynamic: one graph serves
-every count (rather than one graph per bucket of counts: no compile after the first steps,
-and at most ``row_multiple - 1`` wasted rows), and the compiler never sees the sizes 0 and 1
-it specializes on. Chunks, when asked for, go through the same graph under activation
-checkpointing.
+``chunked_cross_entropy(hidden, targets, project, chunk_rows)`` is -log softmax(project(h_n))[x_n]
+per scored row, the log-softmax in float32. With ``chunk_rows`` it runs the same ops on that
+many rows at a time, each chunk under activation checkpointing, so the head's memory is bounded
+by chunk_rows x V whatever N (the loss agrees with the one-shot path to float rounding; one more
+forward projection of the head). ``CompiledCrossEntropy`` is the same computation under
+``torch.compile``, rows padded to a multiple of ``row_multiple`` with ignored targets so that one
+graph serves every row count. Why and what it costs: docs/model-api.md#the-cross-entropy-through-the-head.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -46,15 +29,17 @@ Projection = Callable[[Tensor], Tensor]
 IGNORE_INDEX = -100
 
 
-def chunked_cross_entropy(hidden: Tensor, targets: Tensor, project: Projection, chunk_rows: int) -> Tensor:
+def chunked_cross_entropy(hidden: Tensor, targets: Tensor, project: Projection, chunk_rows: int | None) -> Tensor:
     """-log softmax(project(hidden))[targets] per row, float32, of the shape of ``targets``.
 
     ``hidden`` is [..., d] with leading shape that of ``targets`` (LongTensor of class ids);
     ``project`` maps [n, d] to logits [n, V] (the output head). At most ``chunk_rows`` rows
-    of logits exist at a time, in the forward and in the backward.
+    of logits exist at a time, in the forward and in the backward; None: every row at once.
     """
-    check_positive_int("chunk_rows", chunk_rows)
     rows, flat_targets = _flat(hidden, targets)
+    if chunk_rows is None:
+        return rows_cross_entropy(project, rows, flat_targets).view(targets.shape)
+    check_positive_int("chunk_rows", chunk_rows)
     # Without autograd nothing is kept for a backward: chunking alone bounds the memory.
     nll = _checkpointed_rows_nll if torch.is_grad_enabled() else rows_cross_entropy
     pieces = [nll(project, chunk, chunk_targets)
@@ -82,9 +67,14 @@ def _flat(hidden: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class CompiledCrossEntropy:
-    """``rows_cross_entropy`` (or chunked) through ``project`` under ``torch.compile``, rows
-    padded to a multiple of ``row_multiple`` (module docstring). ``compile_options`` go to
-    ``torch.compile`` (a test passes ``backend="eager"``)."""
+    """``rows_cross_entropy`` (or chunked) through ``project`` under ``torch.compile``.
+
+    The number of scored rows changes every micro-batch, so they are padded up to a multiple
+    of ``row_multiple`` with rows whose target is ``IGNORE_INDEX`` (0 loss, 0 gradient) and
+    the row dimension is marked dynamic: one graph serves every count, and the compiler never
+    sees the sizes 0 and 1 it specializes on. ``compile_options`` go to ``torch.compile``
+    (a test passes ``backend="eager"``).
+    """
 
     def __init__(self, project: Projection, row_multiple: int, **compile_options: Any) -> None:
         check_positive_int("row_multiple", row_multiple)

@@ -1,26 +1,11 @@
 """The denoiser interface: what the processes and the samplers ask of a network.
 
-MATH.md's denoiser is a function f(z_t, t) -> logits over the V clean tokens at every
-position (SUBS: no mask logit). The bounds need f only at some positions (the masked ones),
-and the training loss only -log softmax(f)[x] there; a network can compute those for much
-less than all the logits: the output projection is the largest matmul at GPT-2 sizes, and
-the float32 logits of every scored token the largest activation of the loss. A
-``Denoiser`` answers four questions:
-
-- ``logits(z_t, t)``: logits [B, L, V] at every position (the samplers);
-- ``logits_at(z_t, t, selected)``: logits [N, V] at the N positions where ``selected``
-  (bool [B, L]) is True, in row-major order;
-- ``nll_at(z_t, t, selected, targets, chunk_rows)``: -log softmax(f)[targets], [N], in float32
-  at those positions, with at most ``chunk_rows`` rows of logits alive at a time (None: all);
-  ``fused_nll`` says whether it computes them without the [N, V] logits (from the network's
-  hidden states), in which case the bounds always ask for it;
-- ``time_independent``: whether the output depends on z_t alone, so that a sampler may reuse
-  an output computed at another time (MDLM's caching).
-
-Only ``logits`` must be written: the others default to selecting rows of it, to "not
-fused" and to "depends on t". ``model.transformer.Transformer`` implements all four efficiently. A plain
-function ``(z_t, t) -> logits`` is a denoiser too: every process and sampler takes one and
-adapts it with ``as_denoiser``; wrap it in ``FunctionDenoiser`` to declare it time-independent.
+A denoiser is f(z_t, t) -> logits over the V clean tokens at every position (SUBS: no mask
+logit). ``Denoiser`` answers ``logits`` (the only method to write), ``logits_at`` (at selected
+positions only), ``nll_at`` (-log p of targets there; ``fused_nll``: without ever holding the
+[N, V] logits) and ``time_independent`` (whether samplers may reuse an output across times).
+``model.transformer.Transformer`` implements all four efficiently. A plain function
+``(z_t, t) -> logits`` is a denoiser too (``as_denoiser``). The guide: docs/model-api.md.
 """
 
 from __future__ import annotations
@@ -37,7 +22,7 @@ DenoiserFunction = Callable[[Tensor, Tensor], Tensor]
 
 
 class Denoiser(ABC):
-    """A network predicting the clean tokens of z_t; see the module docstring.
+    """A network predicting the clean tokens of z_t (docs/model-api.md).
 
     Calling a denoiser, ``denoiser(z_t, t)``, returns ``logits(z_t, t)``, so every
     denoiser is also the plain function of the manual's contract (docs/model-api.md).

@@ -1,67 +1,11 @@
-"""GenMD4: masked diffusion with a learned, state-dependent schedule (one per token value).
+"""GenMD4: masked diffusion with a learned schedule per token value.
 
-Notation as in MATH.md: clean tokens v in 0..V-1, mask m = V, x_n the clean token at
-position n, mu = softmax(f(z_t, t)) the prediction at a position.
-
-Schedule (seed 002). Token value v has its own polynomial schedule, guarded as in
-``model.schedules``:
-
-    alpha_{t,v} = (1 - 2 eps) (1 - t^{w_v}) + eps,     w_v = softplus(theta_v) > 0,
-    lambda_v(t) = -alpha'_{t,v} / (1 - alpha_{t,v})    (the masking hazard of value v).
-
-Since t^w is 0 at t = 0 and 1 at t = 1 for every w > 0, alpha_{0,v} = 1 - eps and
-alpha_{1,v} = eps for EVERY v: the endpoint terms (reconstruction at t = 0, prior at t = 1)
-are exactly those of ``AbsorbingDiffusion`` with the same eps, and carry no gradient for theta.
-
-Forward process: position n is masked at time t with probability 1 - alpha_{t, x_n}.
-
-Reverse process. For a masked position with clean token x, the posterior is
-
-    q(z_s = x | z_t = m, x) = (alpha_{s,x} - alpha_{t,x}) / (1 - alpha_{t,x}) =: a_x,
-    q(z_s = m | z_t = m, x) = (1 - alpha_{s,x}) / (1 - alpha_{t,x})           = 1 - a_x,
-
-and the model mixes these posteriors with the prediction, p(z_s | z_t) = sum_v mu_v q(z_s | z_t, v):
-
-    p(z_s = v | z_t) = mu_v a_v,      p(z_s = m | z_t) = sum_v mu_v (1 - a_v),
-
-so how likely a position is to unmask now depends on the token the network predicts there.
-Unmasked positions are carried over. With mu_v = P(x_n = v | z_t), which under this forward
-process weighs each completion x of z_t by prod_{masked k} (1 - alpha_{t, x_k}) and so depends
-on t, this is the exact reverse of each position.
-
-Discrete-time bound. Per masked position, KL(q(z_s | z_t, x) || p(z_s | z_t)) is
-
-    a_x (-log mu_x) + (1 - a_x) [log(1 - a_x) - log sum_v mu_v (1 - a_v)]
-
-(the unmasking outcome contributes a_x log(a_x / (mu_x a_x))); when every a_v is the same a
-the second part vanishes and it is MD4's a (-log mu_x). NELBO_T sums it over the masked
-positions and the T steps, plus the endpoint terms.
-
-Continuous-time bound. Let s = t - dt: a_v = lambda_v dt + O(dt^2), hence
-(1 - a_x)[log(1 - a_x) - log(1 - sum_v mu_v a_v)] = (sum_v mu_v lambda_v - lambda_x) dt + O(dt^2),
-and the KL per unit time at a masked position is
-
-    lambda_x (-log mu_x) + sum_v mu_v lambda_v - lambda_x
-      = lambda_x (-log mu_x) + sum_v mu_v (lambda_v - lambda_x).                        (*)
-
-This is the generalized KL between the true reverse jump rates (lambda_x, to x) and the model's
-(mu_v lambda_v, to each v), so it is >= 0; in seed 002's vector form it is
--(alpha'/(1 - alpha))^T [x - mu + x x^T log mu]. Summed over masked positions, averaged over
-t ~ U[0, 1] and z_t ~ q(z_t | x), plus the endpoint terms, it gives NELBO(x) >= -log p(x),
-with equality (up to the endpoint terms) for the exact posterior above. With equal
-exponents the second part of (*) is 0 and NELBO is MD4's.
-
-Gradient w.r.t. theta. theta enters f through lambda (pathwise) and the law of z_t (masks):
-grad E_{z ~ q_theta}[f_theta(z)] = E[grad f_theta(z)] + E[f_theta(z) grad log q_theta(z | x, t)],
-where log q_theta(z | x, t) = sum_n [z_n = m] log(1 - alpha_{t,x_n}) + [z_n != m] log alpha_{t,x_n}.
-The second term is estimated by REINFORCE with MD4's leave-one-out baseline: each sequence gets
-K >= 2 independent draws z^1..z^K at its own time t, b_k = mean_{j != k} f(z^j), and the surrogate
-
-    S = (1/K) sum_k [ f(z^k) + sg(f(z^k) - b_k) (log q(z^k) - sg(log q(z^k))) ]      (sg: stop-gradient)
-
-has the value (1/K) sum_k f(z^k), an unbiased NELBO estimate, and the gradient
-(1/K) sum_k [grad f(z^k) + (f(z^k) - b_k) grad log q(z^k)], unbiased because b_k does not
-depend on z^k given (x, t) while E[grad log q(z^k) | x, t] = 0.
+Token value v masks at its own rate, alpha_{t,v} = (1 - 2 eps)(1 - t^{w_v}) + eps with
+w_v = softplus(theta_v) (``LearnedSchedule``, theta [V] trained with the network). Every
+value has alpha_{0,v} = 1 - eps and alpha_{1,v} = eps, so the endpoint terms are
+``AbsorbingDiffusion``'s. ``LearnedDiffusion.nelbo`` is a surrogate: its value is the bound,
+its gradient reaches theta through the pathwise term and a leave-one-out REINFORCE term over
+K draws of z_t per sequence. The math: docs/math.md#learned-schedules-genmd4.
 """
 
 from __future__ import annotations
@@ -75,7 +19,6 @@ from torch import Tensor, nn
 
 from model.absorbing import AbsorbingDiffusion
 from model.checks import (
-    check_positions,
     check_positive_int,
     check_reconstruction,
     check_schedule_times,
@@ -214,24 +157,17 @@ class _Draws:
 
 
 class LearnedDiffusion(AbsorbingDiffusion):
-    """GenMD4 (see the module docstring): ``AbsorbingDiffusion``'s interface and endpoint terms,
-    with the state-dependent forward process, bound and sampler.
+    """GenMD4: ``AbsorbingDiffusion``'s interface and endpoint terms, with the learned
+    schedule's forward process, bound and sampler.
 
-    ``draws`` (K) z_t are drawn per sequence at its time t. The returned estimates are their
-    averages and ``nelbo``/``nelbo_discrete`` are surrogates: their value is the bound
-    estimate, their gradient the pathwise + leave-one-out REINFORCE estimate for theta (and
-    the plain gradient for the network). The leave-one-out baseline is built from draws of
-    the SAME sequence at the SAME time, inside this call, so a trainer forms its batch as for
-    ``AbsorbingDiffusion`` (one row per sequence, one time per row) and pays K network passes per
-    sequence. A baseline from other rows would also be unbiased (their masks are drawn
-    independently, whatever their times), but useless: f scales with lambda(t) ~ w/t and
-    with the sequence, so it hardly predicts f of this row. ``draws=1`` keeps the score
-    term without a baseline (unbiased, noisy): meant for evaluation, where no gradient is
-    taken and one network pass per sequence suffices.
-
-    Evaluate with the same schedule parameters that were trained. Exponents below 1/2 give
-    the one-sample estimator infinite variance (masked tokens near t = 0 weigh lambda ~ w t^{w-1}
-    / eps); trainers should watch ``schedule.exponents().min()`` (MD4 reports it).
+    ``nelbo`` and ``nelbo_discrete`` average ``draws`` (K) draws of z_t per sequence at its
+    time, as surrogates: the value is the bound estimate, the gradient the pathwise plus
+    leave-one-out REINFORCE estimate for theta (docs/math.md#learned-schedules-genmd4). The
+    baseline comes from the K draws of the same sequence, inside this call, so a trainer
+    forms its batch as for ``AbsorbingDiffusion`` and pays K network passes per sequence.
+    ``draws=1`` (no baseline, unbiased, noisy) is for scoring without a gradient. Evaluate
+    with the schedule that was trained; exponents below 1/2 give the estimator infinite
+    variance (watch ``schedule.exponents().min()``).
     """
 
     schedule_type = LearnedSchedule
@@ -271,7 +207,7 @@ class LearnedDiffusion(AbsorbingDiffusion):
         masked = uniforms((batch, self.draws, length), generator, x0.device) < rate.detach()
         log_q = torch.where(masked, rate.log(), clean.log())
         if positions is not None:  # padding is never masked: no randomness, no score
-            masked &= positions[:, None]
+            masked = masked & positions[:, None]  # not in place: log_q's backward reads the draws
             log_q = torch.where(positions[:, None], log_q, 0.0)
         x = x0.repeat_interleave(self.draws, 0)
         masked = masked.reshape(batch * self.draws, length)
@@ -279,8 +215,8 @@ class LearnedDiffusion(AbsorbingDiffusion):
                       z_t=torch.where(masked, self.mask_id, x), masked=masked, log_q=log_q.sum(-1))
 
     def _surrogate(self, loss: Tensor, log_q: Tensor) -> Tensor:
-        """Mean over the K draws of f plus the leave-one-out score term (module docstring):
-        the value of the mean, the gradient of pathwise + RLOO REINFORCE. loss, log_q: [B, K]."""
+        """Mean over the K draws of f plus the leave-one-out score term: the value of the mean,
+        the gradient of pathwise + RLOO REINFORCE (docs/math.md#learned-schedules-genmd4). loss, log_q: [B, K]."""
         draws = loss.shape[1]
         if draws > 1:
             baseline = (loss.sum(1, keepdim=True) - loss) / (draws - 1)
@@ -294,14 +230,14 @@ class LearnedDiffusion(AbsorbingDiffusion):
                     generator: Generators = None, *,
                     reconstruction: Reconstruction = "model",
                     positions: Tensor | None = None) -> NelboTerms:
-        """``AbsorbingDiffusion.nelbo_terms`` for GenMD4: ``diffusion`` is the surrogate of (*)
-        (module docstring) over the K draws, ``num_masked`` their mean masked count."""
-        self._check_tokens(x0, "x0", allow_mask=False)
-        check_positions(positions, x0)
+        """``AbsorbingDiffusion.nelbo_terms`` for GenMD4: ``diffusion`` is the surrogate of the
+        rate divergence summed over the masked positions (docs/math.md#learned-schedules-genmd4)
+        over the K draws, ``num_masked`` their mean masked count."""
+        self._check_x0(x0, positions)
         check_reconstruction(reconstruction)
         t = self._times(t, x0, generator)
         draws = self._draw(x0, t, generator, positions)
-        loss = self._continuous_loss(denoiser, draws).view(x0.shape[0], self.draws)
+        loss = self._rate_divergence(denoiser, draws).view(x0.shape[0], self.draws)
         return NelboTerms(
             t=t,
             diffusion=self._surrogate(loss, draws.log_q),
@@ -314,9 +250,9 @@ class LearnedDiffusion(AbsorbingDiffusion):
                        generator: Generators = None, *, u: Tensor | None = None,
                        positions: Tensor | None = None) -> Tensor:
         """``AbsorbingDiffusion.nelbo_discrete`` for GenMD4: T times the KL of the drawn step
-        (module docstring), averaged over the K draws as a surrogate, plus the endpoint terms."""
-        self._check_tokens(x0, "x0", allow_mask=False)
-        check_positions(positions, x0)
+        (docs/math.md#learned-schedules-genmd4), averaged over the K draws as a surrogate, plus
+        the endpoint terms."""
+        self._check_x0(x0, positions)
         t, s = self._step_times(steps, u, x0, generator)
         draws = self._draw(x0, t, generator, positions)
         loss = steps * self._step_kl(denoiser, draws, s.repeat_interleave(self.draws, 0))
@@ -326,15 +262,17 @@ class LearnedDiffusion(AbsorbingDiffusion):
 
     def _prediction(self, denoiser: DenoiserLike, draws: _Draws) -> tuple[Tensor, Tensor, Tensor]:
         """(rows, clean tokens, log mu) at the masked positions. log mu is float32 for a
-        network (bf16 logits are upcast, as in ``masked_token_nll``), float64 for float64 logits."""
+        network (bf16 logits are upcast, as in ``masked_nll``), float64 for float64 logits."""
         rows = draws.masked.nonzero(as_tuple=True)[0]
         t = draws.t.to(draws.x.device)
         logits = self._logits_at(denoiser, draws.z_t, t, draws.masked, rows.numel())
         dtype = torch.promote_types(logits.dtype, torch.float32)
         return rows, draws.x[draws.masked], torch.log_softmax(logits.to(dtype), dim=-1)
 
-    def _continuous_loss(self, denoiser: DenoiserLike, draws: _Draws) -> Tensor:
-        """(*) summed over the masked positions of each draw, float64 [BK]."""
+    def _rate_divergence(self, denoiser: DenoiserLike, draws: _Draws) -> Tensor:
+        """The diffusion term at t: the generalized KL between the true and the model's reverse
+        jump rates, lambda_x (-log mu_x) + sum_v mu_v (lambda_v - lambda_x) summed over the masked
+        positions of each draw (docs/math.md#learned-schedules-genmd4), float64 [BK]."""
         rows, target, log_mu = self._prediction(denoiser, draws)
         hazard = self.schedule.weight(draws.t).to(device=log_mu.device, dtype=log_mu.dtype)[rows]  # [N, V]
         hazard_x = hazard.gather(1, target[:, None])                                               # [N, 1]
@@ -361,7 +299,7 @@ class LearnedDiffusion(AbsorbingDiffusion):
         return eps + (1.0 - 2.0 * eps) * t
 
     # ---------------------------------------------------------------- sampling
-    # Ancestral sampling runs the state-dependent reverse step (module docstring) through
+    # Ancestral sampling runs the reverse step p(z_s | z_t) = sum_v mu_v q(z_s | z_t, v) through
     # ``reverse_sample``: unmasking depends on the prediction, so every step with a masked
     # position needs the network (an output is reused only for a ``time_independent``
     # denoiser and an unchanged row).

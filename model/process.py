@@ -1,10 +1,11 @@
 """The interface every diffusion process shares, and what its bounds return.
 
 ``DiffusionProcess`` is implemented by the absorbing process (``model.absorbing``), GenMD4's
-learned state-dependent masking (``model.learned``) and D3PM's uniform diffusion
-(``model.uniform``): the same methods, arguments, randomness rules and input validation, so
-one trainer, evaluator and sampler drive any of them. ``low_discrepancy_times`` draws the
-stratified times every bound uses. The math: docs/math.md.
+learned schedules (``model.learned``) and uniform diffusion (``model.uniform``): the same
+methods, arguments, randomness rules and input validation, so one trainer, evaluator and
+sampler drive any of them. Every ``nelbo_terms`` has one shape: check the input, draw the
+times, draw z_t, then the diffusion, reconstruction and prior terms of docs/math.md#the-bound.
+``low_discrepancy_times`` draws the stratified times (docs/math.md#low-discrepancy-times).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import Tensor
 
 from model.checks import (
     check_logits,
+    check_positions,
     check_positive_int,
     check_row_times,
     check_token_ids,
@@ -162,7 +164,8 @@ class DiffusionProcess(ABC):
         uniform prior on the clean token, through its exact expectation: no network call, a
         slightly looser bound (L * (1 - alpha(0)) * log V for the absorbing processes).
         Distributed training uses ``"uniform"`` so every rank makes the same calls.
-        ``positions`` (bool [B, L]) scores only its True tokens; see the module docstring.
+        ``positions`` (bool [B, L]) scores only its True tokens: the others are never noised
+        and never scored, and the endpoint terms count only the scored tokens.
         """
         return self.nelbo_terms(denoiser, x0, t, generator, reconstruction=reconstruction,
                                 positions=positions).total
@@ -188,6 +191,11 @@ class DiffusionProcess(ABC):
         logits = as_denoiser(denoiser).logits_at(z_t, t, selected)
         check_logits(logits, (count, self.vocab_size), self.vocab_size)
         return logits
+
+    def _check_x0(self, x0: Tensor, positions: Tensor | None) -> None:
+        """The clean tokens and the scored positions of a bound or of ``corrupt``."""
+        self._check_tokens(x0, "x0", allow_mask=False)
+        check_positions(positions, x0)
 
     def _check_tokens(self, x: Tensor, name: str, *, allow_mask: bool) -> None:
         """Clean tokens are in [0, V - 1]; ``allow_mask`` also admits V (mask or prompt gap)."""

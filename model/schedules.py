@@ -1,20 +1,10 @@
 """Masking schedules alpha(t): the probability that a token is still clean at time t.
 
-Every schedule is defined by its raw masking rate ``m(t) = 1 - alpha_raw(t)`` (m(0) = 0,
-m(1) = 1, except log-linear, which stops at 1 - eps) and then guarded at both ends, as
-in MD4:
-
-    alpha(t) = (1 - 2 * endpoint_eps) * alpha_raw(t) + endpoint_eps
-
-so alpha(0) = 1 - endpoint_eps and alpha(1) <= endpoint_eps. The guard keeps every weight
-w(t) = -alpha'(t) / (1 - alpha(t)) finite on the closed interval [0, 1]. The price is two
-endpoint terms the bound must then include: a reconstruction term at t = 0 (a token is
-still masked with probability 1 - alpha(0)) and a prior term at t = 1 (a token is still
-clean with probability alpha(1)). ``model.absorbing`` adds both, so the reported NELBO is a
-valid upper bound, not the slightly optimistic number that clamping t gives.
-
-Both ``alpha`` and ``weight`` are computed from ``m(t)`` and ``m'(t)`` in closed form
-(never as ``1 - alpha``), so the small masking rates near t = 0 keep full precision.
+Every schedule is its raw masking rate m(t) = 1 - alpha_raw(t), guarded at both ends as in
+MD4: alpha(t) = (1 - 2 eps) alpha_raw(t) + eps, so every weight w(t) = -alpha'(t) / (1 - alpha(t))
+is finite on [0, 1] and the bound carries both endpoint terms (``model.absorbing``). ``alpha``
+and ``weight`` are computed from m(t) and m'(t) in closed form, never as ``1 - alpha``, so the
+small masking rates near t = 0 keep full precision. docs/math.md#schedules.
 """
 
 from __future__ import annotations
@@ -49,7 +39,7 @@ __all__ = [
 
 
 class Schedule(ABC):
-    """A guarded masking schedule; see the module docstring for the guard."""
+    """A guarded masking schedule (docs/math.md#schedules)."""
 
     name: str
 

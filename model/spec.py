@@ -1,23 +1,14 @@
 """The one spec a model is built from: its network and the process it is trained under.
 
-An export's ``config.json`` holds it (``to_dict``: the keys ``network``, ``objective``,
-``process``, ``schedule``, ``schedule_args``), and training, evaluation and sampling all
-build from it, so a model is always scored and sampled under the process it was trained
-with:
-
-- ``objective="diffusion"``: a diffusion process over the network's V clean tokens, of kind
-  ``process``: ``"absorbing"`` (``AbsorbingDiffusion``, MATH.md), ``"uniform"``
-  (``UniformDiffusion``, D3PM) or ``"learned"`` (``LearnedDiffusion``, GenMD4).
-  ``schedule`` and ``schedule_args`` name a ``model.schedules.make_schedule`` schedule;
-  the learned process has its own per-token schedule, named ``"learned"``, whose arguments
-  are those of ``LearnedSchedule`` (``initial_exponent``, ``endpoint_eps``).
-- ``objective="autoregressive"``: the causal baseline (``Autoregressive``); the process and
-  the schedule are not read.
-
-``build_trainable`` builds what a trainer optimizes: the network, or, for the learned
-process, whose schedule has parameters of its own (theta), a ``model.trainable.DiffusionModel``
-holding the network and the schedule. ``build_process(spec, state=...)`` rebuilds a trained
-process from those parameters (an export's).
+An export's ``config.json`` holds it (``to_dict``; ``from_dict`` refuses a record without
+every key), and training, evaluation and sampling all build from it, so a model is always
+scored and sampled under the process it was trained with. ``objective="diffusion"`` takes a
+``process``: ``"absorbing"`` (``AbsorbingDiffusion``; with ``block_size``, ``BlockDiffusion``),
+``"uniform"`` (``UniformDiffusion``) or ``"learned"`` (``LearnedDiffusion``, whose schedule is
+``"learned"``, with ``LearnedSchedule``'s arguments); the others name a ``make_schedule``
+schedule. ``objective="autoregressive"`` is the causal baseline. ``build_trainable`` builds
+what a trainer optimizes (the network, or a ``NetworkWithSchedule``). The guide:
+docs/model-api.md#modelspec.
 """
 
 from __future__ import annotations
@@ -34,11 +25,11 @@ from model.block_diffusion import BlockDiffusion
 from model.learned import DEFAULT_DRAWS, LearnedDiffusion, LearnedSchedule
 from model.process import DiffusionProcess
 from model.schedules import check_schedule_arguments, make_schedule
-from model.trainable import DiffusionModel
+from model.trainable import NetworkWithSchedule
 from model.transformer import Transformer, TransformerConfig
 from model.uniform import UniformDiffusion
 
-__all__ = ["LEARNED_SCHEDULE", "PROCESS_TYPES", "ModelSpec", "ObjectiveKind", "Process", "ProcessKind",
+__all__ = ["LEARNED_SCHEDULE", "PROCESS_TYPES", "SPEC_KEYS", "ModelSpec", "ObjectiveKind", "Process", "ProcessKind",
            "build_network", "build_process", "build_trainable"]
 
 ObjectiveKind = Literal["diffusion", "autoregressive"]
@@ -47,6 +38,8 @@ ProcessKind = Literal["absorbing", "uniform", "learned"]
 Process = DiffusionProcess | Autoregressive
 # The schedule name of the learned process (GenMD4's per-token schedule, not a make_schedule one).
 LEARNED_SCHEDULE = "learned"
+# The keys of a spec's record (``to_dict``), all required; ``block_size`` is written for block diffusion only.
+SPEC_KEYS = ("network", "objective", "process", "schedule", "schedule_args")
 # The class of each diffusion process: what a config's process kind samples with, before any process is built.
 PROCESS_TYPES: dict[str, type[DiffusionProcess]] = {"absorbing": AbsorbingDiffusion, "uniform": UniformDiffusion,
                                                     "learned": LearnedDiffusion}
@@ -77,20 +70,26 @@ class ModelSpec:
         """The spec as JSON-ready keys (those of an export's config.json)."""
         record = {"network": asdict(self.network), "objective": self.objective, "process": self.process,
                   "schedule": self.schedule, "schedule_args": dict(self.schedule_args)}
-        if self.block_size is not None:  # MDLM's records keep the keys they always had
+        if self.block_size is not None:  # block diffusion's records only
             record["block_size"] = self.block_size
         return record
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> ModelSpec:
-        """The spec in ``record`` (a config.json, which holds other keys too). Only ``network``
-        is required: exports written before a key existed get its default (``process``
-        appeared with the uniform and learned processes; every earlier export is absorbing).
-        Network fields this version does not know are dropped."""
-        known = {f.name for f in fields(TransformerConfig)}
-        network = TransformerConfig(**{k: v for k, v in record["network"].items() if k in known})
+        """The spec in ``record`` (a config.json, which holds other keys too). It must hold every
+        key ``to_dict`` writes and every field of the network; ValueError naming the first one
+        missing, or a network field this version does not know (an export of another version)."""
+        missing = [key for key in SPEC_KEYS if key not in record]
+        if not missing:
+            missing = [f"network.{f.name}" for f in fields(TransformerConfig) if f.name not in record["network"]]
+        unknown = [] if missing else sorted(set(record["network"]) - {f.name for f in fields(TransformerConfig)})
+        if missing or unknown:
+            problem = (f"no key {missing[0]!r}" if missing
+                       else f"a network field this unmask does not know, {unknown[0]!r}")
+            raise ValueError(f"the model spec has {problem}: written by another version of unmask; export (or "
+                             f"import) the model again with this one")
         present = {f.name: record[f.name] for f in fields(cls) if f.name != "network" and f.name in record}
-        return cls(network=network, **present)
+        return cls(network=TransformerConfig(**record["network"]), **present)
 
 
 def _check_kind(name: str, value: str, kind: Any) -> None:
@@ -140,15 +139,16 @@ def build_process(spec: ModelSpec, *, validate: bool = True, cross_entropy_chunk
     schedule = make_schedule(spec.schedule, **spec.schedule_args)
     if spec.block_size is not None:
         return BlockDiffusion(schedule, vocab_size, spec.block_size, validate=validate,
-                                    cross_entropy_chunk_rows=cross_entropy_chunk_rows)
-    return AbsorbingDiffusion(schedule, vocab_size, validate=validate, cross_entropy_chunk_rows=cross_entropy_chunk_rows)
+                              cross_entropy_chunk_rows=cross_entropy_chunk_rows)
+    return AbsorbingDiffusion(schedule, vocab_size, validate=validate,
+                              cross_entropy_chunk_rows=cross_entropy_chunk_rows)
 
 
-def build_trainable(spec: ModelSpec, *, validate: bool = True) -> Transformer | DiffusionModel:
+def build_trainable(spec: ModelSpec, *, validate: bool = True) -> Transformer | NetworkWithSchedule:
     """What a trainer optimizes for ``spec``, freshly initialised (the network from the global
-    RNG): the network, or for the learned process a ``DiffusionModel`` of the network and the
+    RNG): the network, or for the learned process a ``NetworkWithSchedule`` of the network and the
     process (training's ``DEFAULT_DRAWS`` draws), whose forward is the bound."""
     network = build_network(spec)
     if spec.objective == "diffusion" and spec.process == "learned":
-        return DiffusionModel(network, build_process(spec, validate=validate))
+        return NetworkWithSchedule(network, build_process(spec, validate=validate))
     return network

@@ -1,25 +1,12 @@
-"""The module a trainer optimizes when the process has parameters of its own (GenMD4's theta).
+"""What a trainer optimizes when the process has parameters of its own: the network with a learned schedule.
 
-``LearnedDiffusion`` trains its schedule, theta [V] in ``LearnedSchedule``, with the
-network. A trainer hands ONE module to its optimizer, its data-parallel wrapper, its EMA and
-its checkpoints; ``DiffusionModel`` is that module, with two children:
-
-    network    the denoiser f(z_t, t)           parameters ``network.*``
-    schedule   the process's LearnedSchedule    parameters ``schedule.theta``
-
-and its forward is the process's bound:
-
-    forward(x0, t, generator) = NELBO estimate per sequence, nats [B]
-                              = process.nelbo(network, x0, t, generator, reconstruction)
-
-so every parameter the bound reads, the network's and theta, is read during this module's
-forward. A wrapper that materializes parameters only for the forward of the module that owns
-them (DeepSpeed's ZeRO-3) must be told that theta is read here, in the forward of its parent,
-(``deepspeed.zero.register_external_parameter``); outside this forward it may not exist.
-
-A process without parameters (``AbsorbingDiffusion``, ``UniformDiffusion``) needs none of this:
-its trainer optimizes the network alone. ``split_state`` splits a trained module's tensors
-(or an export's, whose network tensors carry no prefix) into the network's and the schedule's.
+``NetworkWithSchedule`` holds the network (parameters ``network.*``) and ``LearnedDiffusion``'s
+schedule (``schedule.theta``) as one module, whose forward is the bound,
+``process.nelbo(network, x0, t, generator, reconstruction)``: a trainer hands this one module
+to its optimizer, its data-parallel wrapper, its EMA and its checkpoints, and every parameter
+the bound reads is read inside its forward (what DeepSpeed's ZeRO-3 needs). A process without
+parameters is trained as the network alone. ``split_state`` splits a trained module's tensors
+(or an export's) into the network's and the schedule's. docs/model-api.md has an example.
 """
 
 from __future__ import annotations
@@ -33,15 +20,15 @@ from model.learned import LearnedDiffusion
 from model.process import Reconstruction
 from model.transformer import Transformer
 
-__all__ = ["NETWORK_PREFIX", "SCHEDULE_PREFIX", "DiffusionModel", "split_state"]
+__all__ = ["NETWORK_PREFIX", "SCHEDULE_PREFIX", "NetworkWithSchedule", "split_state"]
 
-# Parameter names of a DiffusionModel: its children's attribute names, then a dot.
+# Parameter names of a NetworkWithSchedule: its children's attribute names, then a dot.
 NETWORK_PREFIX = "network."
 SCHEDULE_PREFIX = "schedule."
 
 
-class DiffusionModel(nn.Module):
-    """A network and its process's learned schedule as one module; see the module docstring.
+class NetworkWithSchedule(nn.Module):
+    """The network and its process's learned schedule as one module, its forward the bound.
 
     ``process.schedule`` becomes the child ``schedule``: the process keeps reading it, so
     the optimizer's updates of theta are the process's.

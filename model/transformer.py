@@ -1,46 +1,12 @@
-"""The denoiser network: a pre-norm transformer with rotary embeddings (pure nn.Module).
+"""The denoiser network: a pre-norm transformer with rotary embeddings, a pure nn.Module built from its config.
 
-Bidirectional by default (a masked-diffusion denoiser sees the whole sequence); with
-``causal=True`` the same code is the autoregressive baseline (``model.autoregressive``).
-Optional time conditioning uses adaLN-zero as in the DiT backbone of SEDD and MDLM: each
-block's norms are shifted, scaled and gated by a projection of the time embedding,
-initialised to zero so that every block starts as the identity.
-
-Input ids range over V + 1 values (the V clean tokens and the mask id V, which the causal
-model uses as its start token); output logits range over the V clean tokens only, so the
-mask is never predicted (SUBS). Norms, rotary embeddings and the time embedding run in
-float32 under bf16 autocast or bf16 weights.
-
-A few options exist to reproduce another codebase's network exactly, so that its released
-weights can be imported (``pipeline.interchange.dit_import``: the DiT of MDLM and BD3-LM); their defaults
-are unmask's own network, whose parameters and outputs they leave unchanged:
-
-- ``mlp_bias``, ``head_bias``: biases on the MLP's two layers and on the untied head;
-- ``head_mask_row``: the untied head has V + 1 rows, the last one the mask's; its logit is
-  never computed, which is SUBS's "mask logit = -inf" (the softmax over the other V is the same);
-- ``adaptive_norm``: adaLN without time conditioning, modulated by the time embedding of the
-  time input 0, a learned constant (MDLM's DiT with ``time_conditioning: false`` feeds sigma = 0);
-- ``time_frequencies``, ``time_input``: the sinusoidal features of the time embedding, how many
-  and of what: ``"scaled_t"``, ``TIME_SCALE * t``, or ``"loglinear_sigma"``, the total noise
-  ``sigma(t) = -log(1 - (1 - LOGLINEAR_SIGMA_EPS) t)`` of the log-linear schedule, which MDLM's
-  DiT embeds (256 frequencies). Under the spec's ``loglinear`` schedule with
-  ``eps = LOGLINEAR_SIGMA_EPS``, MDLM's masking probability ``1 - exp(-sigma(t)) = (1 - eps) t``
-  is ours at the same t, so our t is MDLM's t;
-- ``rope_angles``: ``"float32"`` computes the rotary angles as MDLM does (inverse frequencies and
-  position x frequency rounded to float32) instead of in float64: at position 1000 the two
-  tables differ by about 1e-4 radians, which an exact import must not add.
-
-Vocabulary padding (``vocab_multiple``, 1 by default: none). The embedding's V + 1 rows and
-the head's rows are padded up to a multiple (128 in training: ``model.vocab_multiple``), so
-the head's matmul, the largest of the network at GPT-2 sizes, has an output dimension that
-tensor-core tiles divide (50257 -> 50304). The head multiplies every padded row and adds
--inf to the logits of the columns past V (the mask's, under tied weights, and the padding),
-so log-softmax, the loss and their gradients are those of the V true columns, and the padded
-rows never get a gradient; the logits the network returns are the V true columns (a view).
-The padded rows start at zero and never change; ``unpadded_state`` drops them for an export.
-
-MDLM's norms are ours already: a weight and no bias, eps 1e-5, computed in float32; so are its
-rotary pairs (i, i + head_dim / 2), its qkv layout and its adaLN chunk order.
+Bidirectional by default; with ``causal=True`` the same code is the autoregressive baseline
+(``model.autoregressive``). Optional time conditioning by adaLN-zero, as in the DiT of SEDD and
+MDLM. Input ids range over V + 1 values (the V clean tokens and the mask id V, the causal
+model's start token); the logits over the V clean tokens only, so the mask is never predicted
+(SUBS). Norms, rotary embeddings and the time embedding run in float32. The options for exact
+imports of MDLM's and BD3-LM's DiT and the vocabulary padding (``vocab_multiple``) leave
+unmask's own network unchanged at their defaults: docs/model-api.md#modeltransformer.
 """
 
 from __future__ import annotations
@@ -54,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.block_attention import AttentionLayout, BlockAttention, CleanBlocksDenoiser, training_layout
-from model.cross_entropy import CompiledCrossEntropy, chunked_cross_entropy, rows_cross_entropy
+from model.cross_entropy import CompiledCrossEntropy, chunked_cross_entropy
 from model.denoiser import Denoiser
 
 __all__ = ["TransformerConfig", "Transformer", "ParameterCounts", "PRESETS", "preset",
@@ -97,7 +63,7 @@ class TransformerConfig:
     rope_base: float = 10_000.0
     norm_eps: float = 1e-5
     init_std: float = 0.02          # GPT-2's initialisation
-    # Options for exact imports (module docstring); the defaults are unmask's own network.
+    # Options for exact imports (docs/model-api.md); the defaults are unmask's own network.
     mlp_bias: bool = False          # biases on the MLP's two layers
     head_bias: bool = False         # a bias on the untied head
     head_mask_row: bool = False     # the untied head has V + 1 rows; the mask's logit is never computed
@@ -105,7 +71,7 @@ class TransformerConfig:
     time_frequencies: int = 0       # sinusoidal features of the time input; 0: time_embed_dim
     time_input: TimeInput = "scaled_t"  # or "loglinear_sigma": MDLM's sigma(t)
     rope_angles: RopeAngles = "float64"  # or "float32": MDLM's rounding of the rotary angles
-    vocab_multiple: int = 1         # embedding and head rows padded to a multiple of this (module docstring)
+    vocab_multiple: int = 1         # embedding and head rows padded to a multiple of this (docs/model-api.md)
 
     def __post_init__(self) -> None:
         checks = {
@@ -321,29 +287,15 @@ def _time_input(t: Tensor, kind: TimeInput) -> Tensor:
 class Transformer(nn.Module, Denoiser):
     """The denoiser: ``(z_t [B, L] ids in [0, V], t [B] or None) -> logits [B, L, V]``.
 
-    With ``output_mask`` (bool [B, L]) it returns logits only at the selected positions,
-    ``[N, V]``; the output projection is the largest matmul at GPT-2 sizes, so computing
-    it at masked positions only saves a sizeable share of the FLOPs. The indices of those
-    positions are read first: their count is the forward's one host synchronization, taken
-    before any of its kernels are queued, so a GPU never drains in the middle of a forward.
-
-    With ``targets`` (LongTensor of the output's leading shape: [N] with ``output_mask``,
-    [B, L] without) it returns -log softmax(logits)[targets] in float32 instead of the
-    logits; with ``chunk_rows`` computed that many rows at a time (``model.cross_entropy``),
-    so the float32 logits of all rows never exist at once. It goes through ``forward``
-    rather than a separate method so that wrappers that only see calls (DeepSpeed's engine
-    and its ZeRO-3 parameter gathering, torch.compile) see it too.
-
-    ``compile_parts`` compiles what carries the FLOPs: each block, and the head with its loss.
-
-    Block diffusion (``model.block_diffusion``): with ``clean`` (x0 [B, L]) and ``block_size``
-    the forward runs over [z ; x0] (2L rows) under the block mask and returns the noisy half's
-    outputs (``given_clean`` wraps it as a denoiser); ``block_attention`` picks the mask's form,
-    "dense" (SDPA) or "flex" (FlexAttention). ``layout`` (``model.block_attention.AttentionLayout``)
-    sets the rows' positions, a mask and a KV cache directly: the block sampler's calls.
-
-    As a ``Denoiser``: ``logits``, ``logits_at`` and ``nll_at`` are these three calls of
-    ``forward``, and it is ``time_independent`` without time conditioning.
+    ``forward`` also takes ``output_mask`` (bool [B, L]: logits [N, V] at its True positions
+    only; their indices are read first, the forward's one host synchronization), ``targets``
+    (-log p of them in float32 instead of the logits, ``chunk_rows`` rows of the head at a
+    time: ``model.cross_entropy``), ``clean`` and ``block_size`` (block diffusion's forward over
+    [z ; x0], its mask's kernel ``block_attention``: "dense" or "flex") and ``layout`` (the block
+    sampler's positions, mask and KV cache). All go through ``forward`` so that wrappers that
+    only see calls (DeepSpeed's engine and ZeRO-3, torch.compile) see them. As a ``Denoiser``,
+    ``logits``, ``logits_at`` and ``nll_at`` are these calls; it is ``time_independent`` without
+    time conditioning. ``compile_parts`` compiles each block and the head with its loss.
     """
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -428,9 +380,11 @@ class Transformer(nn.Module, Denoiser):
             x = _modulate(x, shift, scale)
         if selected is not None:
             x = x.flatten(0, 1).index_select(0, selected)  # [B, L, d] -> [N, d], rows in row-major order
-        if targets is not None:
-            return self._nll(x, targets, chunk_rows)
-        return self.output_logits(x)
+        if targets is None:
+            return self.output_logits(x)
+        if self._compiled_loss is not None:  # the same ops under torch.compile (compile_parts)
+            return self._compiled_loss(x, targets, chunk_rows)
+        return chunked_cross_entropy(x, targets, self._padded_logits, chunk_rows or None)
 
     def _training_layout(self, z: Tensor, clean: Tensor, block_size: int | None) -> AttentionLayout:
         if clean.shape != z.shape or block_size is None:
@@ -450,15 +404,6 @@ class Transformer(nn.Module, Denoiser):
         if not self.config.time_conditioning:
             t = torch.zeros(z.shape[0], device=z.device)
         return self.time_embed(t)
-
-    def _nll(self, hidden: Tensor, targets: Tensor, chunk_rows: int | None) -> Tensor:
-        """-log softmax(head(hidden))[targets], float32, of the shape of ``targets``."""
-        if self._compiled_loss is not None:
-            return self._compiled_loss(hidden, targets, chunk_rows)
-        if chunk_rows:
-            return chunked_cross_entropy(hidden, targets, self._padded_logits, chunk_rows)
-        return rows_cross_entropy(self._padded_logits, hidden.reshape(-1, hidden.shape[-1]),
-                                  targets.reshape(-1)).view(targets.shape)
 
     # ------------------------------------------------------------------- as a Denoiser
     def logits(self, z_t: Tensor, t: Tensor | None = None) -> Tensor:

@@ -1,58 +1,11 @@
-"""Uniform (D3PM) diffusion: tokens are replaced by uniformly random tokens; there is no mask.
+"""Uniform diffusion (D3PM): a token is replaced by a uniformly random token; there is no mask.
 
-Notation as in MATH.md (tokens 0..V-1, alpha(t) a guarded ``Schedule``), per position: x the
-clean token, z = z_t^n the noisy one, mu = softmax(f(z_t, t)) the prediction of x (the
-network sees z_t in [0, V)^L and predicts the clean token: x0 parameterization).
-
-Forward process. q(z_t | x) = alpha_t onehot(x) + (1 - alpha_t) / V, the marginal of a chain
-that at rate beta_t = -alpha'_t / alpha_t replaces the token by a uniform one (possibly itself):
-q(z_t | z_s) has the same form with alpha_{t|s} = alpha_t / alpha_s. We write it
-q_t(j | y) = c_t (1 + rho_t [j = y]) with c_t = (1 - alpha_t) / V and the signal-to-noise
-ratio rho_t = V alpha_t / (1 - alpha_t).
-
-Reverse process. By Bayes, for s < t, q(z_s = j | z_t = z, y) = q(z | j) q_s(j | y) / q_t(z | y)
-= kappa (1 + rho_{t|s} [j = z]) (1 + rho_s [j = y]) / (1 + rho_t [z = y]), kappa = c_{t|s} c_s / c_t,
-rho_{t|s} = V alpha_t / (alpha_s - alpha_t). The model mixes these posteriors with the prediction,
-p(z_s | z_t) = sum_y mu_y q(z_s | z_t, y), which sums in closed form to
-
-    p(z_s = j | z_t = z) = kappa (1 + rho_{t|s} [j = z]) B_j(mu),
-    B_j(mu) = 1 - mu_z rho_t / (1 + rho_t) + rho_s mu_j / (1 + rho_t [j = z]),
-
-and q(z_s | z_t, x) is the same with mu = onehot(x). With mu = P(x_n | z_t) (the exact
-posterior of an enumerable p, which weighs x by prod_n q_t(z_n | x_n)), this is the exact
-reverse of each position.
-
-Discrete-time bound (D3PM). Every position (not only the changed ones) contributes, per step,
-KL(q(z_s | z_t, x) || p(z_s | z_t)) = sum_j q(z_s = j | z_t, x) log(B_j(onehot x) / B_j(mu)),
-plus the endpoint terms below. The factors kappa (1 + rho_{t|s}[j = z]) cancel in the ratio.
-
-Continuous time. As s -> t, the reverse chain jumps from z to j != z at the rate
-(beta_t / V) q_t(j | x) / q_t(z | x) given x (the time reversal of the forward rate beta_t / V),
-and the model at the mixture rate (beta_t / V) g_j with g_j = sum_y mu_y q_t(j | y) / q_t(z | y).
-In closed form, for j != z,
-
-    r_j = q_t(j | x) / q_t(z | x) = (1 + rho_t [j = x]) / (1 + rho_t [z = x]),
-    g_j = 1 + rho_t mu_j - mu_z rho_t / (1 + rho_t),
-    g_j - r_j = rho_t (mu_j - [j = x]) - (rho_t / (1 + rho_t)) (mu_z - [z = x]),
-
-and the per-step KL divided by dt tends to the generalized KL between the two sets of rates:
-
-    NELBO(x) = E_{t ~ U[0,1]} E_{z_t ~ q(.|x)} [ (-alpha'_t / (V alpha_t)) sum_n sum_{j != z_n}
-                   (g_j - r_j - r_j log(g_j / r_j)) ]  + reconstruction + prior,
-
-each summand >= 0 and 0 iff g = r. We evaluate it as r_j phi((g_j - r_j) / r_j) with
-phi(u) = u - log(1 + u), from the difference above, so no two large numbers are subtracted.
-(This is the mixture-of-posteriors counterpart of UDLM's continuous uniform bound.) With the
-exact posterior mu it equals -log p(x) up to the endpoint terms.
-
-Endpoint terms (the guard keeps alpha(0) = 1 - eps < 1 and alpha(1) = eps > 0):
-- reconstruction at t = 0: E_{z_0} sum_n -log p(x_n | z_0) with the denoiser at t = 0 ("model",
-  one network call per sequence), or with the decoder p(x_n | z_0) = q_0(z_0^n | x_n) that
-  ignores the network (Bayes with a uniform prior over clean tokens; the columns of q_0 sum to
-  1), through its exact expectation L H(q_0(. | x)) = L [-(alpha_0 + c_0) log(alpha_0 + c_0)
-  - (V - 1) c_0 log c_0] ("uniform", about L eps (log(V / eps) + 1));
-- prior at t = 1: L KL(q_1(. | x) || Uniform(V)) = L [(alpha_1 + c_1) log(V (alpha_1 + c_1))
-  + (V - 1) c_1 log(V c_1)], about L (V - 1) alpha_1^2 / 2.
+q(z_t | x) = alpha_t onehot(x) + (1 - alpha_t) / V per position, alpha(t) a guarded
+``Schedule``; the network sees z_t in [0, V)^L and predicts the clean token, and the reverse
+step mixes the posteriors q(z_s | z_t, y) with that prediction. ``nelbo_terms`` is the
+continuous-time bound (the generalized KL between the true and the model's reverse jump
+rates, at every position) with both endpoint terms, ``nelbo_discrete`` D3PM's T-step bound.
+The math, with the closed forms computed here: docs/math.md#uniform-diffusion.
 """
 
 from __future__ import annotations
@@ -61,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.checks import check_positions, check_reconstruction, check_row_times
+from model.checks import check_reconstruction, check_row_times
 from model.denoiser import DenoiserLike
 from model.generators import Generators, uniforms
 from model.positions import count_scored, scored_positions, sum_by_row
@@ -102,9 +55,8 @@ class UniformDiffusion(DiffusionProcess):
                 positions: Tensor | None = None) -> Tensor:
         """Sample z_t ~ q(z_t | x0): each token kept with prob alpha(t), otherwise replaced by a
         uniform token (itself included). Positions where ``positions`` is False are kept."""
-        self._check_tokens(x0, "x0", allow_mask=False)
+        self._check_x0(x0, positions)
         check_row_times(t, x0.shape[0], check_values=self.validate)
-        check_positions(positions, x0)
         return self._corrupt(x0, t, generator, positions)
 
     def _corrupt(self, x0: Tensor, t: Tensor, generator: Generators,
@@ -133,16 +85,16 @@ class UniformDiffusion(DiffusionProcess):
                     generator: Generators = None, *,
                     reconstruction: Reconstruction = "model",
                     positions: Tensor | None = None) -> NelboTerms:
-        """``AbsorbingDiffusion.nelbo_terms`` for the uniform process (module docstring);
-        ``num_masked`` counts the positions the noise changed."""
-        self._check_tokens(x0, "x0", allow_mask=False)
-        check_positions(positions, x0)
+        """``AbsorbingDiffusion.nelbo_terms`` for the uniform process (docs/math.md#uniform-diffusion):
+        the diffusion term is the rate divergence at every scored position; ``num_masked`` counts
+        the positions the noise changed."""
+        self._check_x0(x0, positions)
         check_reconstruction(reconstruction)
         t = self._times(t, x0, generator)
         z_t = self._corrupt(x0, t, generator, positions)
         return NelboTerms(
             t=t,
-            diffusion=self._continuous_loss(denoiser, x0, z_t, t, scored_positions(x0, positions)),
+            diffusion=self._rate_divergence(denoiser, x0, z_t, t, scored_positions(x0, positions)),
             reconstruction=self._reconstruction(denoiser, x0, generator, reconstruction, positions),
             prior=self._prior(x0, positions),
             num_masked=(z_t != x0).sum(-1),
@@ -154,21 +106,21 @@ class UniformDiffusion(DiffusionProcess):
         """One-sample unbiased estimate of D3PM's T-step NELBO per sequence [B]: step i drawn
         as in ``AbsorbingDiffusion.nelbo_discrete``, T times its KL summed over the scored
         positions, plus the endpoint terms (reconstruction by the model)."""
-        self._check_tokens(x0, "x0", allow_mask=False)
-        check_positions(positions, x0)
+        self._check_x0(x0, positions)
         t, s = self._step_times(steps, u, x0, generator)
         z_t = self._corrupt(x0, t, generator, positions)
         return (steps * self._step_kl(denoiser, x0, z_t, t, s, scored_positions(x0, positions))
                 + self._reconstruction(denoiser, x0, generator, "model", positions)
                 + self._prior(x0, positions))
 
-    def _continuous_loss(self, denoiser: DenoiserLike, x0: Tensor, z_t: Tensor, t: Tensor, scored: Tensor) -> Tensor:
-        """(-alpha'_t / (V alpha_t)) sum over the scored positions of sum_{j != z} (g_j - r_j
-        - r_j log(g_j / r_j)) (module docstring), float64 [B]."""
+    def _rate_divergence(self, denoiser: DenoiserLike, x0: Tensor, z_t: Tensor, t: Tensor, scored: Tensor) -> Tensor:
+        """The diffusion term at t: the generalized KL between the true and the model's reverse
+        jump rates, (-alpha'_t / (V alpha_t)) sum over the scored positions of sum_{j != z}
+        (g_j - r_j - r_j log(g_j / r_j)) (docs/math.md#uniform-diffusion), float64 [B]."""
         rows, x, z, log_mu = self._prediction(denoiser, x0, z_t, t, scored)
         t = t.to(torch.float64)
         rho = self._signal_to_noise(t).to(device=log_mu.device, dtype=log_mu.dtype)[rows, None]
-        divergence = sum_by_row(self._rate_divergence(x, z, log_mu.exp(), rho), rows, x0.shape[0])
+        divergence = sum_by_row(self._jump_divergence(x, z, log_mu.exp(), rho), rows, x0.shape[0])
         return self._jump_rate(t).to(x0.device) * divergence
 
     def _step_kl(self, denoiser: DenoiserLike, x0: Tensor, z_t: Tensor, t: Tensor, s: Tensor,
@@ -190,8 +142,9 @@ class UniformDiffusion(DiffusionProcess):
         dtype = torch.promote_types(logits.dtype, torch.float32)
         return rows, x0[scored], z_t[scored], torch.log_softmax(logits.to(dtype), dim=-1)
 
-    def _rate_divergence(self, x: Tensor, z: Tensor, mu: Tensor, rho: Tensor) -> Tensor:
-        """sum_{j != z} (g_j - r_j - r_j log(g_j / r_j)) per position (module docstring)."""
+    def _jump_divergence(self, x: Tensor, z: Tensor, mu: Tensor, rho: Tensor) -> Tensor:
+        """sum_{j != z} (g_j - r_j - r_j log(g_j / r_j)) per position [N], as r_j phi((g_j - r_j) / r_j),
+        phi(u) = u - log(1 + u), from the difference g_j - r_j in closed form (no cancellation)."""
         x_hot = F.one_hot(x, self.vocab_size).to(mu.dtype)
         x_is_z = (x == z).to(mu.dtype)[:, None]
         mu_z = mu.gather(1, z[:, None])
@@ -218,7 +171,9 @@ class UniformDiffusion(DiffusionProcess):
 
     def _reconstruction(self, denoiser: DenoiserLike, x0: Tensor, generator: Generators,
                         kind: Reconstruction, positions: Tensor | None) -> Tensor:
-        check_reconstruction(kind)
+        """The t = 0 term, E_{z_0} sum_n -log p(x_n | z_0, 0): scored by the denoiser ("model"), or
+        by the decoder p(x_n | z_0) = q_0(z_0^n | x_n) through its exact expectation, L H(q_0(. | x))
+        ("uniform")."""
         if kind == "uniform":
             alpha0 = self._endpoint_alpha(0.0)
             noise = (1.0 - alpha0) / self.vocab_size
@@ -243,7 +198,7 @@ class UniformDiffusion(DiffusionProcess):
         return self.schedule.alpha(torch.tensor(t, dtype=torch.float64))
 
     # ---------------------------------------------------------------- sampling
-    # Ancestral sampling from Uniform(V)^L at t = 1 with p(z_s | z_t) (module docstring) runs
+    # Ancestral sampling from Uniform(V)^L at t = 1 with p(z_s | z_t) (docs/math.md#uniform-diffusion) runs
     # through ``reverse_sample``: every step needs the network (any token may still change).
     def prior_tokens(self, z: Tensor, free: Tensor, u: Tensor) -> Tensor:
         """z with its ``free`` positions drawn from Uniform(V) (the prior at t = 1) by the

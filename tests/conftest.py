@@ -13,7 +13,7 @@ import math  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from model.oracle import EnumerableDistribution  # noqa: E402
+from tests.support.oracle import EnumerableDistribution  # noqa: E402
 
 
 class ConstantDenoiser:

@@ -13,9 +13,11 @@
 - ``first_hitting``: the exact first-hitting sampler (Zheng et al. 2024);
 - ``confidence``: confidence-ordered unmasking (MaskGIT, LLaDA);
 - ``remasking``: ReMDM (Wang et al. 2025);
+- ``blocks``: block diffusion's block-by-block sampler with a KV cache;
 - ``core``: what they share (token distribution, float64 draws, per-row uniforms, network calls).
 
 Which sampler applies to which process is each process's ``samplers`` (``model.absorbing``).
+The guide: docs/sampling.md.
 """
 
 from model.sampling.ancestral import ancestral_sample, reverse_sample

@@ -1,31 +1,13 @@
-"""Ancestral sampling: masked diffusion with lazy network calls, and any process by its reverse kernel.
+"""Ancestral sampling: the absorbing process with lazy network calls, and any process by its reverse kernel.
 
-``ancestral_sample`` (the absorbing process): a reverse step from t to s < t moves a masked
-position to token j with probability (alpha_s - alpha_t) / (1 - alpha_t) * p_theta(j | z_t)
-and leaves it masked otherwise. We draw that in two stages: first whether the position is
-unmasked (a coin whose bias does not involve the network), then which token (from the
-network's prediction). The network is therefore needed only for sequences in which this
-step unmasks something, and only at the positions it unmasks. For a time-independent network
-this is MDLM's caching (a step that changes nothing reuses the last output), so T >> L costs
-at most L calls per sequence; because the coin never looks at the network output, it is
-exact for time-conditioned networks as well.
-
-Both stages draw from float64 uniforms: 2L per row per step, whatever happens, so a run with
-``cache=False`` (the network called every step, the reference) consumes the same random
-numbers and returns the same samples. Tokens are drawn by inverse CDF in float64: float32
-would truncate small probabilities and quietly lower the temperature.
-
-``reverse_sample`` serves processes whose reverse step needs the prediction to decide
-whether a position changes at all (GenMD4's state-dependent unmasking, uniform diffusion):
-at every step, every position that can still change draws z_s from the process's reverse
-kernel p(z_s | z_t) = sum_x mu(x) q(z_s | z_t, x), by inverse CDF from one float64 uniform
-per position per step. The network is then needed at every step; its output is reused only
-when the denoiser is ``time_independent`` (``model.denoiser``: its output depends on z_t
-alone) and the row did not change since it was computed. Again the same uniforms are drawn
-whatever is reused, so ``cache=False`` returns the same samples.
-
-Both take the tokens to start from (kept tokens, ``generate_id`` where to generate), the
-plan, the generators and the ``NetworkCalls`` that count their cost (``model.sampling.draw``).
+``ancestral_sample`` draws each step in two stages, whether a masked position unmasks (a coin
+that does not involve the network) and then its token, so it calls the network only for the
+rows and positions a step unmasks (MDLM's caching, exact for time-conditioned networks too).
+``reverse_sample`` (the learned and uniform processes) draws every position that can still
+change from the process's reverse kernel at every step. Both draw the same float64 uniforms
+whatever they reuse, so ``cache=False`` gives the same samples. Both take the tokens to start
+from, the plan, the generators and the ``NetworkCalls`` that count their cost.
+docs/sampling.md#ancestral-sampling.
 """
 
 from __future__ import annotations
@@ -35,9 +17,9 @@ from torch import Tensor
 
 from model.generators import Generators
 from model.sampling.core import (
-    AbsorbingProcess,
+    MaskedProcess,
     NetworkCalls,
-    ReverseProcess,
+    ReverseKernelProcess,
     inverse_cdf,
     row_uniforms,
     time_grid,
@@ -48,7 +30,7 @@ from model.sampling.plan import SamplingPlan
 __all__ = ["ancestral_sample", "reverse_sample"]
 
 
-def ancestral_sample(process: AbsorbingProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
+def ancestral_sample(process: MaskedProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
                      network: NetworkCalls) -> Tensor:
     """``plan.steps`` reverse steps from all-mask at t = 1 to t = 0 (module docstring).
 
@@ -73,7 +55,7 @@ def ancestral_sample(process: AbsorbingProcess, plan: SamplingPlan, z: Tensor, g
     return z
 
 
-def reverse_sample(process: ReverseProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
+def reverse_sample(process: ReverseKernelProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
                    network: NetworkCalls) -> Tensor:
     """``plan.steps`` steps of the process's reverse kernel from its prior at t = 1 to t = 0.
 

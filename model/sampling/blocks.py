@@ -1,29 +1,12 @@
-"""Block diffusion's sampler: block by block, any sampler inside a block, finished blocks cached.
+"""Block diffusion's sampler: block by block, any absorbing sampler inside a block, finished blocks cached.
 
-A block diffusion model (``model.block_diffusion``) generates blocks of L' = ``block_size``
-tokens left to right. Block b is sampled by any of the absorbing samplers (ancestral,
-first-hitting, confidence, ReMDM) under the plan, as a sequence of L' tokens whose network
-sees the finished blocks before it; then the finished block runs once through the network,
-clean, and its keys and values join the cache (``model.block_attention.KVCache``). A call
-inside block b costs the L' rows of the block, not the whole text.
-
-``cache=False`` recomputes everything at every call: the window of finished blocks and the
-block, block-causal, positions from 0 (what training's forward over [z ; x] computes for the
-block). While the text fits in the window the two are the same computation on the same
-numbers (tested: the same samples).
-
-Any length. ``window`` (the network's ``max_seq_len``) bounds what the network sees: the
-block and the last ``window - L'`` positions before it, rounded down to whole blocks. Past
-it the cache slides (keeps the last whole blocks that fit); the cached keys and values of a
-kept block are those computed when it finished (with the context it had then), and rotary
-positions restart at 0 at the window's start. Uncached, a slid window is recomputed from its
-tokens alone, so the two differ once the text is longer than the window, as a sliding-window
-cache does in any autoregressive model.
-
-EOS. ``plan.until_eos`` (a token id): a sample is finished after the block in which it
-generates that token; its later positions are filled with it and it draws nothing more, and
-generation stops when every sample is finished. A sample still depends only on its own
-generator (``sample_generators``), never on its batch.
+Block b is sampled as a sequence of L' tokens whose network sees the finished blocks before
+it; the finished block then runs once through the network, clean, and its keys and values join
+the cache (``model.block_attention.KVCache``), so a call costs the block's L' rows.
+``cache=False`` recomputes the window at every call: the same samples while the text fits in
+it. Past ``window`` the cache slides by whole blocks, and ``plan.until_eos`` finishes a sample
+after the block in which it generates that token. A sample depends only on its own generator.
+docs/block-diffusion.md#sample.
 """
 
 from __future__ import annotations
@@ -32,11 +15,11 @@ import torch
 from torch import Tensor
 
 from model.block_attention import AttentionLayout, KVCache, block_causal_mask
-from model.checks import check_positive_int, check_token_ids
+from model.checks import check_positive_int
 from model.denoiser import Denoiser
 from model.generators import Generators
 from model.sampling.core import NetworkCalls, SamplingStats, sample_generators
-from model.sampling.draw import Sampler
+from model.sampling.draw import Sampler, initial_tokens
 from model.sampling.plan import SamplingPlan
 
 __all__ = ["BlockNetwork", "draw_blocks"]
@@ -129,16 +112,14 @@ def draw_blocks(process, sampler: Sampler, network, plan: SamplingPlan, *, num_s
         raise ValueError(f"block_len {plan.block_len}: a block diffusion model samples in its own blocks of "
                          f"{block_size} tokens")
     context = _context(window, block_size)
-    device = torch.device(device) if device is not None else (
-        prompt.device if prompt is not None else torch.device("cpu"))
-    z = _initial_tokens(process, num_samples, seq_len, prompt, device)
+    z = initial_tokens(process, num_samples, seq_len, prompt, device)
     # A last partial block is sampled whole and cut: dropping its last positions marginalizes them.
     z = torch.cat([z, z.new_full((num_samples, -seq_len % block_size), process.generate_id)], dim=1)
     generator = sample_generators(plan.seed, range(num_samples)) if generator is None else generator
     block_network = BlockNetwork(network, block_size)
     block_network.cache = KVCache() if cache else None
     calls = _RowCalls(block_network, num_samples, process.vocab_size, static_shape=plan.static_shape)
-    finished = torch.zeros(num_samples, dtype=torch.bool, device=device)
+    finished = torch.zeros(num_samples, dtype=torch.bool, device=z.device)
     for start in range(0, z.shape[1], block_size):
         end = start + block_size
         first = 0 if context is None else max(0, start - context)
@@ -158,14 +139,3 @@ def draw_blocks(process, sampler: Sampler, network, plan: SamplingPlan, *, num_s
             block_network.append(z[:, start:end], context)
     return z[:, :seq_len], calls.stats(plan.steps)
 
-
-def _initial_tokens(process, num_samples: int, seq_len: int, prompt: Tensor | None, device: torch.device) -> Tensor:
-    """The prompt (or nothing) as [num_samples, seq_len], ``generate_id`` where to generate."""
-    if prompt is None:
-        return torch.full((num_samples, seq_len), process.generate_id, dtype=torch.long, device=device)
-    if prompt.dim() == 1:
-        prompt = prompt.unsqueeze(0).expand(num_samples, -1)
-    if prompt.dim() != 2 or prompt.shape != (num_samples, seq_len):
-        raise ValueError(f"prompt must have shape [{seq_len}] or [{num_samples}, {seq_len}], got {tuple(prompt.shape)}")
-    check_token_ids(prompt, "prompt", process.generate_id, check_values=process.validate)
-    return prompt.to(device).clone()

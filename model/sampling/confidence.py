@@ -1,25 +1,10 @@
-"""Confidence-ordered unmasking (MaskGIT, Chang et al. 2022; LLaDA's low-confidence remasking):
-each step predicts every masked position, draws a token for each, and keeps the k positions
-whose prediction is the most confident; the others stay masked for a later step.
+"""Confidence-ordered unmasking (MaskGIT, Chang et al. 2022; LLaDA's low-confidence remasking).
 
-This is a decoding heuristic, not the model's law: which positions are revealed depends on the
-prediction, so the samples follow neither p_theta nor the data distribution even with a
-perfect network (it favours the tokens the model is sure of, like a lowered temperature).
-What it promises: kept tokens stay, every step of the budget is one network call, and the
-most confident positions go first.
-
-Confidence of a position (``ConfidenceOptions.score``), from the plan's token distribution
-(temperature and nucleus applied): ``max-prob``, its largest probability; ``margin``, that
-minus the second largest. Ties go to the leftmost position.
-
-How many per step: as many as the forward process unmasks in expectation on the plan's grid,
-so ``steps`` and ``grid`` mean what they mean for ancestral sampling: after step i, about
-n f(t_(i+1)) of the n positions to generate are still masked, with f(t) = r(t) / r(1) the
-schedule's masking rate relative to t = 1 (a learned schedule's averaged over token values).
-While steps <= n, every step reveals at least one token and leaves at least one for each
-later step, so the sampler makes exactly ``steps`` network calls; with more steps than
-tokens, steps that would reveal nothing are skipped (at most n calls). The network sees the
-grid time t_i of the step, the time whose masked fraction the state has.
+Each step predicts every masked position, draws a token for each, and keeps the most confident
+(``ConfidenceOptions.score``); the others stay masked. A decoding heuristic, not the model's
+law. A step reveals as many positions as the forward process unmasks in expectation on the
+plan's grid, so the sampler makes ``steps`` network calls while steps <= the tokens to
+generate. docs/sampling.md#confidence-ordered-unmasking.
 """
 
 from __future__ import annotations
@@ -28,13 +13,13 @@ import torch
 from torch import Tensor
 
 from model.generators import Generators
-from model.sampling.core import AbsorbingProcess, NetworkCalls, inverse_cdf, row_uniforms, time_grid, token_probs
+from model.sampling.core import MaskedProcess, NetworkCalls, inverse_cdf, row_uniforms, time_grid, token_probs
 from model.sampling.plan import ConfidenceOptions, SamplingPlan
 
 __all__ = ["confidence_sample", "confidence_scores", "masked_fraction"]
 
 
-def masked_fraction(process: AbsorbingProcess, times: Tensor) -> Tensor:
+def masked_fraction(process: MaskedProcess, times: Tensor) -> Tensor:
     """f(t) = r(t) / r(1) at ``times`` (float64 [T]); per-value rates [T, V] are averaged."""
     with torch.no_grad():
         rate = process.schedule.masking_rate(times).reshape(times.shape[0], -1).mean(-1).cpu()
@@ -42,14 +27,15 @@ def masked_fraction(process: AbsorbingProcess, times: Tensor) -> Tensor:
 
 
 def confidence_scores(probs: Tensor, options: ConfidenceOptions) -> Tensor:
-    """The confidence [N] of each row of ``probs`` [N, V] (module docstring)."""
+    """The confidence [N] of each row of ``probs`` [N, V]: its largest probability (``max-prob``),
+    or that minus the second largest (``margin``)."""
     if options.score == "margin":
         top = probs.topk(2, dim=-1).values
         return top[:, 0] - top[:, 1]
     return probs.max(-1).values
 
 
-def confidence_sample(process: AbsorbingProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
+def confidence_sample(process: MaskedProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
                       network: NetworkCalls) -> Tensor:
     """``plan.steps`` steps, each revealing the most confident masked positions (module docstring)."""
     steps = plan.steps

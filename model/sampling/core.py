@@ -1,29 +1,14 @@
 """What every sampler shares: the processes it reads, the token distribution of a plan, float64
 inverse-CDF draws, per-row random numbers, and the network calls with what they cost.
 
-Randomness per row. ``generator`` is one ``torch.Generator`` for the batch or one per row
-(``model.generators``). With one per row, row b draws its uniforms from its own generator,
-a fixed number per step (or per event) whatever the other rows do, and only while it has
-positions to generate: its sample then does not depend on which rows share its batch, nor on
-the batch size. ``sample_generators(seed, indices)`` are the generators of the samples numbered
-``indices``: sample i of a seed is the same in any batch.
-
-Host and device. The tokens ``z``, every mask derived from them and the network's outputs
-live on the device of ``z`` (the network's). On the host: the generators (CPU, one per sample:
-a sample must not depend on the device), the time grid and per-step probabilities (Python
-floats), the per-row bookkeeping of first-hitting and confidence (counts, event rates: [B]
-vectors read by the host to size the next call) and ``NetworkCalls``' counters. They cross
-in one direction at named places: uniforms are drawn on the host and moved to the device once
-per step (``row_uniforms``); the rows and times a call needs are moved to the device at the
-call (``NetworkCalls``), never indexed there with a device mask; host reads of device values
-(``bool(rows.any())``, counts) are the syncs a step needs to size its next call.
-``tests/model/test_host_device.py`` runs every sampler on a pretend device that enforces CUDA's rules.
-
-Network calls. ``NetworkCalls`` asks the denoiser for the rows that need it at this step
-(the others' outputs would be thrown away) and counts calls, rows passed and, per row, the
-calls that row needed. With ``static_shape`` every call passes every row at every position
-(``Denoiser.logits`` of a fixed [B, L]) and keeps what is needed: the same samples, a fixed
-input shape.
+With one generator per row, row b draws a fixed number of uniforms per step (or per event)
+from its own generator, and only while it has positions to generate, so its sample depends
+neither on its batch nor on the batch size (``sample_generators``: sample i of a seed is the
+same in any batch). Tokens, masks and outputs live on the network's device; generators, the
+time grid and per-row bookkeeping on the host, and they cross at named places
+(``row_uniforms``, ``NetworkCalls``): docs/sampling.md#seeds-and-batches. ``NetworkCalls`` asks
+the denoiser only for the rows that need it (with ``static_shape``, every row at every
+position) and counts the calls.
 """
 
 from __future__ import annotations
@@ -42,12 +27,12 @@ from model.generators import Generators, seeded_generators
 from model.sampling.plan import GRIDS, SamplingPlan
 from model.schedules import Schedule
 
-__all__ = ["AbsorbingProcess", "NetworkCalls", "ReverseProcess", "SampledProcess", "SamplingStats", "inverse_cdf",
+__all__ = ["MaskedProcess", "NetworkCalls", "ReverseKernelProcess", "SampledProcess", "SamplingStats", "inverse_cdf",
            "row_uniforms", "sample_generators", "time_grid", "token_probs", "top_p_filter"]
 
 
 class SampledProcess(Protocol):
-    """What every sampler reads of its process."""
+    """What every sampler reads of the process it samples (any ``model.process.DiffusionProcess``)."""
 
     vocab_size: int     # V clean tokens
     validate: bool      # check the prompt's token ids (a host sync)
@@ -57,8 +42,9 @@ class SampledProcess(Protocol):
         """The id (V) that marks, in a prompt, a position to generate."""
 
 
-class AbsorbingProcess(SampledProcess, Protocol):
-    """What the absorbing samplers read of a process (``AbsorbingDiffusion``)."""
+class MaskedProcess(SampledProcess, Protocol):
+    """What the samplers that reveal masks read of a process: ``AbsorbingDiffusion`` and its
+    subclasses (block diffusion, the learned schedules)."""
 
     schedule: Schedule
 
@@ -67,11 +53,12 @@ class AbsorbingProcess(SampledProcess, Protocol):
         """The absorbing state (V)."""
 
 
-class ReverseProcess(SampledProcess, Protocol):
-    """What ``reverse_sample`` reads of a process: its prior and its reverse kernel."""
+class ReverseKernelProcess(SampledProcess, Protocol):
+    """What ``reverse_sample`` reads of a process: its prior and its reverse kernel
+    (``LearnedDiffusion``, ``UniformDiffusion``)."""
 
-    def prior_tokens(self, z: Tensor, free: Tensor, generator: Generators) -> Tensor:
-        """z with its ``free`` positions drawn from the prior at t = 1."""
+    def prior_tokens(self, z: Tensor, free: Tensor, u: Tensor) -> Tensor:
+        """z with its ``free`` positions drawn from the prior at t = 1 by the uniforms ``u`` [B, L]."""
 
     def changeable(self, z: Tensor) -> Tensor:
         """bool [B, L]: the positions whose reverse kernel is not the identity."""
@@ -95,7 +82,7 @@ class SamplingStats:
 def time_grid(steps: int, grid: str, dtype: torch.dtype = torch.float64) -> Tensor:
     """Times t_0 = 1 > t_1 > ... > t_T = 0 visited by the sampler.
 
-    ``uniform``: t_i = 1 - i/T. ``cosine``: the MATH.md grid g(x) = cos(pi/2 (1 - x)) read
+    ``uniform``: t_i = 1 - i/T. ``cosine``: the grid g(x) = cos(pi/2 (1 - x)) (docs/math.md#sampling) read
     from x = 1 down to x = 0, so steps are short near t = 1 (the first tokens committed)
     and long near t = 0.
     """
@@ -121,7 +108,7 @@ def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
 
 def token_probs(logits: Tensor, plan: SamplingPlan) -> Tensor:
     """The plan's distribution over tokens, float64 [N, V]: softmax(logits / temperature), then
-    the nucleus. float64 because float32 truncates small probabilities (MATH.md: Sampling)."""
+    the nucleus. float64 because float32 truncates small probabilities (docs/math.md#sampling)."""
     probs = torch.softmax(logits.to(torch.float64) / plan.temperature, dim=-1)
     if plan.top_p is not None and plan.top_p < 1.0:
         probs = top_p_filter(probs, plan.top_p)

@@ -1,19 +1,10 @@
 """The one entry point of every sampler: conditioning, generators, semi-autoregressive blocks.
 
-``draw(process, sampler, denoiser, plan, ...)`` is what ``DiffusionProcess.sample`` runs. It
-builds the starting tokens from the prompt (kept tokens, ``generate_id`` where to generate),
-the generators (one per sample from ``plan.seed`` unless given), and runs ``sampler`` once
-over the whole sequence or, with ``plan.block_len``, block by block.
-
-Semi-autoregressive blocks (MDLM's SAR). The sequence is generated in consecutive blocks of
-``block_len`` positions, left to right. Each block is sampled as a sequence of its own whose
-context is the end of the text so far: the network sees at most ``window`` positions (its
-``max_seq_len``), the block and the ``window - block_len`` positions before it, already
-generated and kept. So sequences far longer than the network's context can be generated, and
-a prompt's kept tokens anywhere (an infill template across blocks) stay kept; a block does not
-see kept tokens after it. The plan's budget (``steps``) is per block. Every sample keeps its
-own generator from block to block, and a row with nothing to generate in a block draws
-nothing, so samples still do not depend on the batch.
+``draw(process, sampler, denoiser, plan, ...)`` is what ``DiffusionProcess.sample`` runs: the
+starting tokens from the prompt (kept tokens, ``generate_id`` where to generate), one generator
+per sample from ``plan.seed`` unless given, then ``sampler`` over the whole sequence or, with
+``plan.block_len``, block by block left to right, each block seeing at most ``window``
+positions (MDLM's semi-autoregressive generation). docs/sampling.md#semi-autoregressive-blocks.
 """
 
 from __future__ import annotations
@@ -30,20 +21,23 @@ from model.generators import Generators
 from model.sampling.core import NetworkCalls, SampledProcess, SamplingStats, sample_generators
 from model.sampling.plan import SamplingPlan, check_budget
 
-__all__ = ["Sampler", "draw"]
+__all__ = ["Sampler", "draw", "initial_tokens"]
 
 # A sampler: (process, plan, starting tokens [B, L], generators, network calls) -> tokens [B, L].
 Sampler = Callable[[Any, SamplingPlan, Tensor, Generators, NetworkCalls], Tensor]
 
 
-def _initial_tokens(process: SampledProcess, num_samples: int, seq_len: int, prompt: Tensor | None,
-                    device: torch.device) -> Tensor:
-    """The prompt (or nothing) as [num_samples, seq_len], with ``generate_id`` where to generate."""
+def initial_tokens(process: SampledProcess, num_samples: int, seq_len: int, prompt: Tensor | None,
+                   device: torch.device | str | None) -> Tensor:
+    """The prompt (or nothing) as [num_samples, seq_len], with ``generate_id`` where to generate, on
+    ``device`` (None: the prompt's, else the CPU)."""
+    device = torch.device(device) if device is not None else (
+        prompt.device if prompt is not None else torch.device("cpu"))
     if prompt is None:
         return torch.full((num_samples, seq_len), process.generate_id, dtype=torch.long, device=device)
     if prompt.dim() == 1:
         prompt = prompt.unsqueeze(0).expand(num_samples, -1)
-    if prompt.dim() != 2 or prompt.shape[1] != seq_len or prompt.shape[0] != num_samples:
+    if prompt.dim() != 2 or prompt.shape != (num_samples, seq_len):
         raise ValueError(f"prompt must have shape [{seq_len}] or [{num_samples}, {seq_len}], "
                          f"got {tuple(prompt.shape)}")
     check_token_ids(prompt, "prompt", process.generate_id, check_values=process.validate)
@@ -79,9 +73,7 @@ def draw(process: SampledProcess, sampler: Sampler, denoiser: DenoiserLike, plan
                          "samples the whole sequence at once")
     _check_window(plan, seq_len, window)
     check_budget(plan, seq_len)  # before the time grid is built
-    device = torch.device(device) if device is not None else (
-        prompt.device if prompt is not None else torch.device("cpu"))
-    z = _initial_tokens(process, num_samples, seq_len, prompt, device)
+    z = initial_tokens(process, num_samples, seq_len, prompt, device)
     generator = sample_generators(plan.seed, range(num_samples)) if generator is None else generator
     network = NetworkCalls(as_denoiser(denoiser), num_samples, process.vocab_size, static_shape=plan.static_shape)
     if plan.block_len is None:

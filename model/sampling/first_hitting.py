@@ -1,44 +1,13 @@
-"""First-hitting sampling (Zheng et al. 2024, "Masked diffusion models are secretly
-time-agnostic masked models and exploit inaccurate categorical sampling"): the exact law of
-the continuous-time ancestral sampler of the absorbing process, one network call per token.
+"""First-hitting sampling (Zheng et al. 2024): the exact law of the continuous-time ancestral
+sampler of the absorbing process, one network call per token.
 
-Derivation, in MATH.md's terms. Write r(t) = 1 - alpha_t for the masking rate. A reverse step
-from t to s < t leaves a masked position masked with probability (1 - alpha_s) / (1 - alpha_t)
-= r(s) / r(t), independently of the other positions and of the network, which only chooses
-the token of a position that unmasks. Over consecutive steps these ratios telescope, so a
-position masked at t is still masked at s with probability r(s) / r(t) whatever the grid: its
-unmasking time tau has P(tau < s) = r(s) / r(t), i.e. V = r(tau) / r(t) is uniform on (0, 1).
-The n masked positions of z_t have independent such times. Going down from t, the next event
-is the largest of them, whose V is the largest of n uniforms: P(V_max <= v) = v^n, so
-
-    V_max = U^(1/n) with U ~ U(0, 1),   and the event time tau solves  r(tau) = r(t) U^(1/n).
-
-By symmetry the position is uniform among the n masked ones. Nothing changed between t and
-tau, so at tau the reverse process moves it to token j with probability p_theta(j | z_t, tau):
-one network call, at the event's time, reveals one token. Given the event, the other n - 1
-times are again independent with V uniform below V_max (relative to r(tau): uniform on (0, 1)),
-so the sampler restarts from (z_tau, tau) with n - 1 masked positions. This is the limit of
-``ancestral_sample`` as its steps grow: two tokens then never unmask in the same step. It is
-the same law as an any-order autoregressive model that reveals the positions in a uniformly
-random order, each token from the network given the tokens revealed so far.
-
-Endpoint. Under the guard r(0) = eps > 0: when r(t) U^(1/n) < r(0), no position unmasks
-before t = 0, and every remaining mask is filled from p_theta(. | z, 0) in one call, as the
-ancestral sampler's last step does (probability (r(0) / r(t))^n, about n eps). A
-time-independent network makes the times irrelevant but for this rule; a time-conditioned one
-sees each event's time.
-
-Budget. ``plan.steps = None`` (or at least the tokens to generate) is the exact sampler: one
-call per generated token, none wasted. A smaller budget reveals k = ceil(n / steps) tokens per
-call (``k`` per row, from its own n): the k next event times are still exact (the k largest of
-n uniforms: M_1 = U_1^(1/n), M_(j+1) = M_j U_(j+1)^(1/(n-j))), the positions uniform without
-replacement, but the k tokens come from one prediction at the first event's time,
-independently given z: the approximation that every parallel step makes. Events that fall
-below t = 0 leave the rest to a final call that fills them.
-
-Random numbers per row and call: 3k uniforms (event times, positions, tokens), and L more
-for the final fill; a row draws only while it has masks, so its sample does not depend on
-its batch.
+A masked position's unmasking time tau has r(tau) / r(t) uniform, independently of the others
+and of the network, so the next of n events is at r(tau) = r(t) U^(1/n), at a position uniform
+among the n masks, and its token comes from one network call at tau. A budget below the tokens
+to generate reveals k = ceil(n / steps) per call from one prediction (approximate); under the
+endpoint guard, events below t = 0 leave the rest to one final call. A row draws 3k uniforms
+per call (event times, positions, tokens) and L for the fill, only while it has masks.
+The derivation: docs/sampling.md#first-hitting-derived.
 """
 
 from __future__ import annotations
@@ -47,7 +16,7 @@ import torch
 from torch import Tensor
 
 from model.generators import Generators
-from model.sampling.core import AbsorbingProcess, NetworkCalls, inverse_cdf, row_uniforms, token_probs
+from model.sampling.core import MaskedProcess, NetworkCalls, inverse_cdf, row_uniforms, token_probs
 from model.sampling.plan import SamplingPlan
 
 __all__ = ["first_hitting_sample"]
@@ -55,7 +24,7 @@ __all__ = ["first_hitting_sample"]
 TIME, POSITION, TOKEN = range(3)   # the rows of a call's uniforms
 
 
-def first_hitting_sample(process: AbsorbingProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
+def first_hitting_sample(process: MaskedProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
                          network: NetworkCalls) -> Tensor:
     """Reveal the masks of ``z`` event by event (module docstring); kept tokens never change."""
     schedule = process.schedule

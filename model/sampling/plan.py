@@ -1,50 +1,12 @@
 """``SamplingPlan``: everything a sampler needs except the network and what to condition on.
 
 One typed value, recorded and passed as it is by every caller (``unmask sample``, ``unmask
-eval``'s samples, ``unmask run``, the report, MLflow): the sampler and its budget, the time
-grid, the token distribution (temperature, nucleus), the seed, the semi-autoregressive block
-length and the sampler's own options. It is valid by construction: a bad field raises
-``PlanError`` (a ValueError) naming it, so a command line can name its flag.
-
-``steps`` is the budget of network calls per sequence (per block with ``block_len``):
-
-- ``ancestral``: reverse steps on the grid; caching makes it at most one call per step in
-  which the row unmasks a token, so at most min(steps, tokens to generate) for a time-free
-  network;
-- ``first-hitting``: None or steps >= the tokens to generate is the exact sampler, one call
-  per generated token; fewer steps reveal k = ceil(tokens / steps) tokens per call
-  (approximate);
-- ``confidence``: unmasking steps, exactly one call each while steps <= tokens to generate;
-- ``remdm``: reverse steps, at most one call each.
-
-``steps=None`` (the default) is the sampler's default budget: exact first-hitting, and
-``DEFAULT_STEPS`` (1000) steps for the others. First-hitting has no time grid (its event
-times are exact): it takes only the default ``uniform``.
-
-Limits on the budget, each with its reason, checked before any work (a budget past them is a
-slip of the keyboard that would cost hours of host time, or memory, before the first sample):
-
-- ``MAX_STEPS`` (2^20): the step-based samplers build their time grid and per-step tables up
-  front and draw every row's uniforms at every step, network call or not, so the host work
-  grows with the steps whatever the sequence; checked when the plan is made;
-- ``MAX_STEPS_PER_POSITION`` (1024) per position to generate (of a sequence, or a block):
-  past it two of the n positions share an ancestral step with probability below n / T <=
-  1 / 1024, so the samples' law barely changes while every step still costs host work (the
-  exact limit of the absorbing process is first-hitting, at one call per token); ReMDM's
-  remasking does grow with the steps, but a thousand steps per token is far past the budgets
-  it is run at (a few per token);
-- ``MAX_SAMPLE_LEN`` (2^20 tokens) per sample: a sample is held whole ([batch, seq_len]
-  ids) and decoded and scored as one text.
-
-``check_budget(plan, seq_len)`` checks the two that need the sequence length.
-
-``cache``, ``static_shape`` and ``compile`` say how to run, not what to draw: they never
-change the samples (``compile`` up to the compiled kernels' floating-point differences).
-``cache=False`` calls the network at every step (the ancestral samplers' reference);
-``static_shape=True`` passes every row of the batch, at every position, through each call
-(a fixed input shape, for compiled networks and CUDA graphs) and reads only what is needed;
-``compile`` (``COMPILE_SETTINGS``) compiles the network's blocks before sampling: "auto"
-does on a GPU when the work repays the compile time (``evaluation.inference``).
+eval``'s samples, ``unmask run``, the report, MLflow): the sampler and its budget (``steps``,
+network calls per sequence, per block with ``block_len``; None: the sampler's default), the
+time grid, temperature and nucleus, the seed, the blocks and the sampler's options. It is
+valid by construction: a bad field raises ``PlanError`` (a ValueError) naming it, so a command
+line can name its flag. ``cache``, ``static_shape`` and ``compile`` say how to run, never what
+to draw. The budget's limits and their reasons: docs/sampling.md#the-budget.
 """
 
 from __future__ import annotations
@@ -68,7 +30,7 @@ COMPILE_SETTINGS = ("auto", "on", "off")  # as ``unmask eval --compile`` and ``t
 REMASK_ETA = {"cap": 0.008, "rescale": 0.015, "loop": 0.02}
 LOOP_T_ON, LOOP_T_OFF, LOOP_ALPHA_ON = 0.55, 0.05, 0.9
 DEFAULT_STEPS = 1000
-# The budget's limits and their reasons: the module docstring.
+# The budget's limits and their reasons: docs/sampling.md#the-budget.
 MAX_STEPS = 1 << 20
 MAX_STEPS_PER_POSITION = 1024
 MAX_SAMPLE_LEN = 1 << 20
@@ -224,8 +186,6 @@ class SamplingPlan:
         values = dict(record)
         sampler = values.get("sampler", "ancestral")
         options = values.pop("options", None)
-        if sampler == "first-hitting":  # records of earlier versions may name a grid, which it never read
-            values["grid"] = "uniform"
         if options is not None:
             values["options"] = _options_from_record(sampler, options)
         return cls(**values)
@@ -254,7 +214,7 @@ class SamplingPlan:
 
 def check_budget(plan: SamplingPlan, seq_len: int) -> None:
     """PlanError (field ``seq_len`` or ``steps``) when sequences of ``seq_len`` tokens, sampled as
-    ``plan`` says, pass ``MAX_SAMPLE_LEN`` or ``MAX_STEPS_PER_POSITION`` (module docstring)."""
+    ``plan`` says, pass ``MAX_SAMPLE_LEN`` or ``MAX_STEPS_PER_POSITION`` (docs/sampling.md#the-budget)."""
     if seq_len > MAX_SAMPLE_LEN:
         _fail("seq_len", f"a sample of {seq_len:,} tokens is longer than MAX_SAMPLE_LEN = {MAX_SAMPLE_LEN:,}: "
                          f"a sample is held whole and decoded and scored as one text")

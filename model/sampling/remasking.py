@@ -1,33 +1,13 @@
-"""Remasking (ReMDM, Wang et al. 2025, "Remasking discrete diffusion models with inference-time
-scaling"): ancestral sampling of the absorbing process in which a revealed token may be masked
-again, so later steps can correct it, while every marginal q(z_t | x) stays MATH.md's.
+"""Remasking (ReMDM, Wang et al. 2025): ancestral sampling of the absorbing process in which a
+revealed token may be masked again, so that later steps can correct it, while every marginal
+q(z_t | x) stays the forward process's.
 
-The reverse step from t to s < t, per position, given the clean token x (MATH.md's notation),
-with a remasking probability 0 <= sigma_t <= sigma_max = min(1, (1 - alpha_s) / alpha_t):
-
-    z_t = x (revealed):  z_s = m with probability sigma_t, else x;
-    z_t = m (masked):    z_s = x with probability (alpha_s - (1 - sigma_t) alpha_t) / (1 - alpha_t),
-                         else m.
-
-If q(z_t = x | x) = alpha_t, then q(z_s = x | x) = alpha_t (1 - sigma_t) + (1 - alpha_t) (alpha_s
-- (1 - sigma_t) alpha_t) / (1 - alpha_t) = alpha_s: the marginals are the forward process's,
-so the network trained on them serves unchanged (x replaced by its prediction, as in
-ancestral sampling). sigma_t = 0 is ``ancestral_sample``. With the exact denoiser a single
-position (L = 1) is then drawn exactly from the data at any number of steps; several positions
-pay the usual price of drawing a step's tokens independently.
-
-Schedules of sigma_t (``RemaskOptions``): ``cap`` min(eta, sigma_max); ``rescale`` eta
-sigma_max; ``loop``: the grid time t is mapped to a schedule time tau(t) that runs from 1 to
-t* (where alpha(t*) = ``alpha_on``) while t goes from 1 to ``t_on``, stays at t* until
-``t_off``, then runs from t* to 0: no remasking outside the loop; inside it alpha_s = alpha_t =
-alpha_on, so masked tokens are revealed with probability sigma alpha_on / (1 - alpha_on) and
-revealed ones remasked with probability sigma = min(eta, sigma_max): the fraction of masks
-stays 1 - alpha_on while tokens are resampled. The network sees tau.
-
-Cost: like ``ancestral_sample``, a step calls the network only for rows that reveal a token,
-at those positions (remasking needs no prediction), so at most ``steps`` calls. The last step
-reveals every remaining mask and remasks nothing. Random numbers: 3L uniforms per row per step
-(reveal coin, token, remask coin). Kept (prompt) tokens are never remasked.
+A step from t to s < t masks a revealed token with probability sigma_t <= min(1, (1 - alpha_s)
+/ alpha_t) and reveals a mask with probability (alpha_s - (1 - sigma_t) alpha_t) / (1 - alpha_t);
+``RemaskOptions`` picks sigma_t (``cap``, ``rescale``, ``loop``). Like ``ancestral_sample`` it
+calls the network only for rows that reveal a token. A row draws 3L uniforms per step (reveal,
+token, remask); kept (prompt) tokens are never remasked. The derivation and the loop schedule:
+docs/sampling.md#remdm.
 """
 
 from __future__ import annotations
@@ -38,7 +18,7 @@ import torch
 from torch import Tensor
 
 from model.generators import Generators
-from model.sampling.core import AbsorbingProcess, NetworkCalls, inverse_cdf, row_uniforms, time_grid, token_probs
+from model.sampling.core import MaskedProcess, NetworkCalls, inverse_cdf, row_uniforms, time_grid, token_probs
 from model.sampling.plan import RemaskOptions, SamplingPlan
 from model.schedules import Schedule
 
@@ -57,7 +37,7 @@ class RemaskSteps:
 
 
 def _loop_times(schedule: Schedule, times: Tensor, options: RemaskOptions) -> Tensor:
-    """tau(t) of the loop schedule (module docstring) at the grid ``times``."""
+    """tau(t) of the loop schedule (docs/sampling.md#remdm) at the grid ``times``."""
     t_star = schedule.time_at_masking_rate(torch.tensor([1.0 - options.alpha_on], dtype=torch.float64))
     above = t_star + (times - options.t_on) / (1.0 - options.t_on) * (1.0 - t_star)
     below = t_star * times / options.t_off
@@ -85,7 +65,7 @@ def remask_steps(schedule: Schedule, steps: int, grid: str, options: RemaskOptio
     return RemaskSteps(time=t_i, reveal=reveal, remask=sigma)
 
 
-def remask_sample(process: AbsorbingProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
+def remask_sample(process: MaskedProcess, plan: SamplingPlan, z: Tensor, generator: Generators,
                   network: NetworkCalls) -> Tensor:
     """``plan.steps`` ReMDM steps from all-mask at t = 1 to t = 0 (module docstring)."""
     schedule = remask_steps(process.schedule, plan.steps, plan.grid, plan.options)

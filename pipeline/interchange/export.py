@@ -86,7 +86,7 @@ EXPORT_KIND = OutputKind("export", "an unmask export", whole=True)
 
 def canonical_name(name: str) -> str:
     """A parameter's name in the export: in the plain ``Transformer`` (without DeepSpeed,
-    wrapper or ``DiffusionModel`` prefixes), or ``schedule.*`` for a learned schedule's."""
+    wrapper or ``NetworkWithSchedule`` prefixes), or ``schedule.*`` for a learned schedule's."""
     return name.replace(_WRAPPER_PREFIX, "").removeprefix(NETWORK_PREFIX)
 
 

@@ -19,7 +19,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_ac
 
 from common.errors import UserError
 from model.learned import DEFAULT_DRAWS
-from model.trainable import DiffusionModel
+from model.trainable import NetworkWithSchedule
 from model.transformer import Block, Transformer, TransformerConfig, parameter_counts
 from pipeline.config import Config, OptimSection
 from pipeline.training.attention import resolve_attention, resolve_block_attention
@@ -296,13 +296,13 @@ def resolve_activation_checkpointing(config: Config, network: TransformerConfig,
 
 def network_of(model: nn.Module) -> Transformer:
     """The network of a trained module (``model.spec.build_trainable``): itself, or a
-    ``DiffusionModel``'s."""
-    return model.network if isinstance(model, DiffusionModel) else model
+    ``NetworkWithSchedule``'s."""
+    return model.network if isinstance(model, NetworkWithSchedule) else model
 
 
 def prepare_model(model: nn.Module, *, checkpointing: bool, compile: bool, **compile_options: Any) -> None:
     """Apply the network-side optimizations in place, before an engine wraps the model
-    (a network, or a ``DiffusionModel`` holding one).
+    (a network, or a ``NetworkWithSchedule`` holding one).
 
     ``checkpointing`` wraps each block in activation checkpointing. ``compile``
     (``train.compile``) compiles each (wrapped) block and the head with its loss
@@ -387,9 +387,9 @@ def _external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter
     """(module, parameter) pairs where the module's forward reads a parameter it does not own:
     ZeRO-3 gathers a module's own parameters for its forward, and these too once registered.
     The tied head reads the embedding's weight in the network's forward; GenMD4's bound reads
-    the schedule's theta in the ``DiffusionModel``'s."""
+    the schedule's theta in the ``NetworkWithSchedule``'s."""
     network = network_of(model)
     pairs = [(network, network.embed.weight)] if network.head is None else []
-    if isinstance(model, DiffusionModel):
+    if isinstance(model, NetworkWithSchedule):
         pairs += [(model, parameter) for parameter in model.schedule.parameters()]
     return pairs

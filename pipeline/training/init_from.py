@@ -213,7 +213,7 @@ def check_tokenizer(record: InitRecord, tokenizer_sha256: str, data_dir: Path) -
 
 def load_source(model: nn.Module, source: InitSource, network: TransformerConfig) -> None:
     """Copy the source's tensors into ``model`` (a network of ``network``, or a
-    ``DiffusionModel`` with a learned schedule), in place; each must exist in both with one
+    ``NetworkWithSchedule``), in place; each must exist in both with one
     shape (a learned schedule's ``schedule.theta`` too). Vocabulary padding rows stay zero."""
     targets = {canonical_name(name): tensor for name, tensor in model.state_dict().items()}
     ours, theirs = unpadded_state(targets, network), source.tensors  # ours: views of each tensor's true rows

@@ -18,7 +18,7 @@ which ZeRO-3's collective gathers require.
 The process comes from the model's ``ModelSpec`` (``model_spec``), the one export writes.
 A process without parameters (absorbing, uniform) is driven from here, the network as its
 denoiser (``DiffusionObjective``). The learned process's schedule is trained with the
-network, inside the trained module (``model.trainable.DiffusionModel``), whose forward is
+network, inside the trained module (``model.trainable.NetworkWithSchedule``), whose forward is
 the bound (``LearnedScheduleObjective``); ``state_metrics`` reports its exponents.
 """
 
@@ -39,7 +39,7 @@ from model.learned import ExponentSpread, exponent_spread, learned_schedule_argu
 from model.process import DiffusionProcess, low_discrepancy_times
 from model.schedules import make_schedule
 from model.spec import LEARNED_SCHEDULE, ModelSpec, build_process
-from model.trainable import DiffusionModel
+from model.trainable import NetworkWithSchedule
 from model.transformer import Transformer, TransformerConfig
 from pipeline.config import ModelSection
 
@@ -185,7 +185,7 @@ class DiffusionObjective:
 
 
 class LearnedScheduleObjective:
-    """GenMD4's bound, computed by the forward of the trained ``DiffusionModel`` (the network
+    """GenMD4's bound, computed by the forward of the trained ``NetworkWithSchedule`` (the network
     and the schedule, whose theta ZeRO-3 gathers for that forward only): the same times and
     masks as ``DiffusionObjective``, K draws of z_t per sequence inside the call."""
 
@@ -197,7 +197,7 @@ class LearnedScheduleObjective:
         """The spread of the live exponents w_v (below 1/2 the estimator's variance is infinite)."""
         import deepspeed  # imported when needed: evaluation and tests use this module without it
 
-        model: DiffusionModel = getattr(network, "module", network)  # DeepSpeed keeps it in .module
+        model: NetworkWithSchedule = getattr(network, "module", network)  # DeepSpeed keeps it in .module
         with torch.no_grad(), deepspeed.zero.GatheredParameters(list(model.schedule.parameters())):
             return schedule_metrics(exponent_spread(model.schedule.exponents(), count=1))
 

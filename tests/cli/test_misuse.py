@@ -301,10 +301,12 @@ def test_lm_eval_limit_must_be_documents_or_a_fraction(exports, capsys, limit):
                                               f"number of documents (>= 1) nor a fraction of them in (0, 1)")
 
 
-def test_a_recorded_first_hitting_plan_with_a_grid_reads_back_as_the_plan_it_was():
-    """Earlier versions recorded the grid first-hitting never read: their reports still read."""
+def test_a_recorded_first_hitting_plan_with_a_grid_is_refused_naming_the_field():
+    """First-hitting has no time grid: a record that names one is not a plan, and says so."""
     record = {**SamplingPlan(sampler="first-hitting").to_dict(), "grid": "cosine"}
-    assert SamplingPlan.from_dict(record) == SamplingPlan(sampler="first-hitting")
+    with pytest.raises(PlanError, match="the first-hitting sampler has no time grid") as caught:
+        SamplingPlan.from_dict(record)
+    assert caught.value.field == "grid"
 
 
 def test_the_lm_eval_library_refuses_a_limit_lm_eval_would_cut():

@@ -1,4 +1,4 @@
-"""Block diffusion (BD3-LM): the vectorized forward, its masks, and the bound (MATH.md).
+"""Block diffusion (BD3-LM): the vectorized forward, its masks, and the bound (docs/math.md#block-diffusion).
 
 The vectorized training forward over [z ; x] must equal a naive loop that runs each block
 with its clean prefix; FlexAttention's BlockMask must be the dense mask entry for entry (tile

@@ -1,6 +1,6 @@
-"""GenMD4 (learned, state-dependent masking) checked against the exact oracle.
+"""GenMD4 (a learned schedule per token value) checked against the exact oracle.
 
-The oracle (``model.oracle``) builds the forward process from explicit per-position matrices
+The oracle (``tests.support.oracle``) builds the forward process from explicit per-position matrices
 and computes, by brute force over all 4^3 noisy sequences, the exact posterior, the exact
 continuous bound (Gauss-Legendre in t), the exact T-step bound and the exact law of the
 T-step sampler; the process implements the closed forms of ``model.learned``.
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 VOCAB, LENGTH = 3, 3
 ORACLE_SIZE = (VOCAB, LENGTH)  # the conftest's `oracle` fixture
-# Unequal exponents, so the state-dependent terms matter; all >= 1, where the one-sample
+# Unequal exponents, so the per-value terms matter; all >= 1, where the one-sample
 # estimator has finite variance (below 1/2 it has none: the weights grow like t^(w-1)/eps).
 EXPONENTS = (1.0, 2.5, 5.0)
 Z_LIMIT = 4.0  # |estimate - truth| / standard error; fixed seeds, so no flakes
@@ -105,7 +105,7 @@ def test_corrupt_masks_each_token_value_at_its_own_rate():
 
 
 def test_equal_exponents_give_md4():
-    """With one exponent the state-dependent terms cancel: the same numbers as AbsorbingDiffusion."""
+    """With one exponent the per-value terms cancel: the same numbers as AbsorbingDiffusion."""
     genmd4, md4 = learned((2.0,) * VOCAB, draws=1), AbsorbingDiffusion(PolynomialSchedule(2.0), VOCAB)
     x0 = torch.randint(0, VOCAB, (64, 5), generator=torch.Generator().manual_seed(0))
     logits = torch.randn(64, 5, VOCAB, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
@@ -203,6 +203,19 @@ def test_theta_gradient_is_unbiased(oracle, draws):
         value = base.nelbo(oracle, x.repeat(rows, 1), generator=generator, reconstruction="uniform").sum() / rows
         gradients.append(torch.autograd.grad(value, base.schedule.theta)[0].double())
     assert z_scores(torch.stack(gradients), torch.tensor(finite_differences, dtype=torch.float64)).max() < Z_LIMIT
+
+
+def test_a_bound_of_some_positions_reaches_theta():
+    """With scored positions (padding never masked, never scored) the surrogate still carries
+    theta's gradient."""
+    process = learned()
+    x0 = torch.tensor([[0, 1, 2], [2, 2, 1]])
+    positions = torch.tensor([[True, True, False], [True, True, True]])
+    denoiser = lambda z, t: torch.zeros(*z.shape, VOCAB)  # noqa: E731 (uniform prediction)
+    t = torch.tensor([0.4, 0.8], dtype=torch.float64)
+    value = process.nelbo(denoiser, x0, t, torch.Generator().manual_seed(0), positions=positions).sum()
+    (gradient,) = torch.autograd.grad(value, process.schedule.theta)
+    assert bool(torch.isfinite(gradient).all()) and bool((gradient != 0).any())
 
 
 def test_surrogate_value_is_the_average_of_the_draws(oracle, sequences):

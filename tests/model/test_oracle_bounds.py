@@ -1,4 +1,4 @@
-"""The key identity of MATH.md, checked with the exact conditionals of a small distribution.
+"""The exact-conditionals identity (docs/math.md), checked with the exact conditionals of a small distribution.
 
 With the optimal denoiser the continuous NELBO equals -log p(x) (up to the endpoint terms,
 O(L * eps * log V)); the Monte Carlo estimator must agree within its standard error; the
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from model.absorbing import AbsorbingDiffusion
-from model.oracle import EnumerableDistribution
 from model.sampling import SamplingPlan
 from model.schedules import make_schedule
+from tests.support.oracle import EnumerableDistribution
 
 VOCAB, LENGTH = 3, 4
 ORACLE_SIZE = (VOCAB, LENGTH)  # the conftest's `oracle` fixture

@@ -1,4 +1,4 @@
-"""Schedules: weights equal -alpha'/(1 - alpha), the MATH.md formulas, the endpoint guard."""
+"""Schedules: weights equal -alpha'/(1 - alpha), the formulas of docs/math.md#schedules, the endpoint guard."""
 
 import math
 
@@ -39,7 +39,7 @@ def test_alpha_derivative_matches_autograd(name, kwargs):
     torch.testing.assert_close(schedule.alpha_derivative(INTERIOR), grad)
 
 
-UNGUARDED = {  # MATH.md's table, without the endpoint guard
+UNGUARDED = {  # docs/math.md's table, without the endpoint guard
     "linear": (lambda t: 1 - t, lambda t: 1 / t),
     "cosine": (lambda t: 1 - torch.cos(math.pi / 2 * (1 - t)),
                lambda t: math.pi / 2 * torch.tan(math.pi / 2 * (1 - t))),

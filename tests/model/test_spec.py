@@ -10,7 +10,7 @@ from model.autoregressive import Autoregressive
 from model.learned import LearnedDiffusion
 from model.schedules import make_schedule
 from model.spec import ModelSpec, build_network, build_process, build_trainable
-from model.trainable import DiffusionModel, split_state
+from model.trainable import NetworkWithSchedule, split_state
 from model.transformer import Transformer, TransformerConfig
 from model.uniform import UniformDiffusion
 
@@ -23,11 +23,20 @@ def test_the_spec_round_trips_through_its_dict():
     assert ModelSpec.from_dict(record) == spec
 
 
-def test_an_export_written_before_the_process_key_reads_as_absorbing():
-    legacy = {"network": {**asdict(NETWORK), "a_field_of_a_newer_version": 1}, "objective": "diffusion",
-              "schedule": "cosine", "schedule_args": {}, "format_version": 1}
-    spec = ModelSpec.from_dict(legacy)
-    assert (spec.process, spec.schedule, spec.network) == ("absorbing", "cosine", NETWORK)
+def test_a_record_without_a_key_or_with_an_unknown_network_field_is_refused():
+    """config.json holds every key of the spec: one without one (an export of an earlier version)
+    is refused naming the key, as is a network field this version does not know."""
+    record = ModelSpec(NETWORK, schedule="cosine").to_dict()
+    without_process = {key: value for key, value in record.items() if key != "process"}
+    with pytest.raises(ValueError, match=r"no key 'process'.*export \(or import\) the model again"):
+        ModelSpec.from_dict(without_process)
+    unpadded = {**record, "network": {k: v for k, v in asdict(NETWORK).items() if k != "vocab_multiple"}}
+    with pytest.raises(ValueError, match=r"no key 'network.vocab_multiple'"):
+        ModelSpec.from_dict(unpadded)
+    newer = {**record, "network": {**asdict(NETWORK), "a_field_of_a_newer_version": 1}}
+    with pytest.raises(ValueError, match=r"a network field this unmask does not know, 'a_field_of_a_newer_version'"):
+        ModelSpec.from_dict(newer)
+    assert ModelSpec.from_dict(record) == ModelSpec(NETWORK, schedule="cosine")
 
 
 @pytest.mark.parametrize("spec,kind", [
@@ -88,7 +97,7 @@ def test_the_trained_module_holds_a_learned_schedule_beside_the_network():
     trained = build_trainable(LEARNED)
     torch.manual_seed(0)
     network = build_network(LEARNED)
-    assert isinstance(trained, DiffusionModel) and trained.process.schedule is trained.schedule
+    assert isinstance(trained, NetworkWithSchedule) and trained.process.schedule is trained.schedule
     parameters = dict(trained.named_parameters())
     assert set(parameters) == {f"network.{name}" for name, _ in network.named_parameters()} | {"schedule.theta"}
     assert torch.equal(parameters["network.embed.weight"], network.embed.weight)

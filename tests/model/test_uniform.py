@@ -1,4 +1,4 @@
-"""D3PM's uniform diffusion checked against the exact oracle (``model.oracle``): the exact
+"""D3PM's uniform diffusion checked against the exact oracle (``tests.support.oracle``): the exact
 posterior, the exact continuous and T-step bounds and the exact law of the T-step sampler,
 all computed by brute force from explicit per-position matrices."""
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from model.learned import LearnedSchedule
+from model.spec import ModelSpec
 from model.trainable import SCHEDULE_PREFIX
 from model.transformer import Transformer, preset
 from pipeline.interchange.export import EXPORT_FORMAT_VERSION, write_export
@@ -25,7 +26,7 @@ def write_untrained_export(out: Path, tokenizer: Tokenizer, tokenizer_dir: Path,
     in ``tokenizer_dir``, and ``config`` (e.g. a schedule) added to the export's config."""
     shape = {**SMALL_NETWORK, "causal": objective == "autoregressive", **network}
     model = Transformer(preset("tiny", tokenizer.vocab_size, **shape))
-    record = {"format_version": EXPORT_FORMAT_VERSION, "network": vars(model.config), "objective": objective,
+    record = {"format_version": EXPORT_FORMAT_VERSION, **ModelSpec(network=model.config, objective=objective).to_dict(),
               **(config or {}), "weights": "ema", "step": 0, "tokenizer_sha256": tokenizer.sha256}
     tensors = model.state_dict()
     if record.get("process") == "learned":  # the learned schedule's theta, at its initial value

@@ -28,10 +28,10 @@ from evaluation.bounds.estimator import (
 from model.absorbing import AbsorbingDiffusion
 from model.autoregressive import Autoregressive
 from model.learned import LearnedDiffusion, LearnedSchedule
-from model.oracle import EnumerableDistribution
 from model.schedules import make_schedule
 from model.transformer import Transformer, TransformerConfig
 from model.uniform import UniformDiffusion
+from tests.support.oracle import EnumerableDistribution
 
 VOCAB, CHUNK = 3, 4       # the oracle: V=3, L=4 (as tests/conftest.py)
 ORACLE_SIZE = (VOCAB, CHUNK)  # the conftest's `oracle` fixture
@@ -328,7 +328,7 @@ def test_a_subset_of_blocks_gets_times_stratified_over_the_subset(oracle):
 
 
 def _learned() -> LearnedDiffusion:
-    """GenMD4 with unequal exponents w = (1, 2.5, 5), so its state-dependent terms count;
+    """GenMD4 with unequal exponents w = (1, 2.5, 5), so its per-value terms count;
     one draw per block, as evaluation scores it."""
     schedule = LearnedSchedule(VOCAB)
     with torch.no_grad():

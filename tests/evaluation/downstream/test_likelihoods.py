@@ -3,11 +3,10 @@ lm-eval's ``loglikelihood`` gets from a diffusion model), checked on the enumera
 
 With a time-independent denoiser q, the continuous bound on a continuation of n tokens is, in
 expectation, the any-order autoregressive loss E_order sum_i -log q(x_order(i) | context,
-x_order(<i)) (masked diffusion = an average over orders: docs/math.md#the-exact-conditionals-identity),
-up to the endpoint guard; the model's own likelihood is -log E_order prod_i q(...), the law of
-its sampler in continuous time (it unmasks one position at a time, in a uniformly random
-order). So the bound is above the exact value by a Jensen gap, which vanishes for one token and
-for exact conditionals.
+x_order(<i)) (docs/math.md#the-exact-conditionals-identity: an average over orders), up to the endpoint guard;
+the model's own likelihood is -log E_order prod_i q(...), the law of its sampler in continuous
+time (it unmasks one position at a time, in a uniformly random order). So the bound is above
+the exact value by a Jensen gap, which vanishes for one token and for exact conditionals.
 """
 
 from __future__ import annotations

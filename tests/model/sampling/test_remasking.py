@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from model.absorbing import AbsorbingDiffusion
-from model.oracle import EnumerableDistribution
 from model.sampling import RemaskOptions, SamplingPlan, time_grid
 from model.sampling.remasking import remask_steps
 from model.schedules import make_schedule
 from tests.conftest import chi_square_limit, chi_square_statistic
 from tests.support.denoisers import ShapeRecorder
+from tests.support.oracle import EnumerableDistribution
 
 VOCAB = 3
 OPTIONS = {"cap": RemaskOptions(schedule="cap", eta=0.05), "rescale": RemaskOptions(schedule="rescale", eta=0.5),

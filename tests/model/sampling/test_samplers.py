@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from model.absorbing import AbsorbingDiffusion
-from model.oracle import EnumerableDistribution
 from model.sampling import RemaskOptions, SamplingPlan, inverse_cdf, sample_generators, time_grid, top_p_filter
 from model.schedules import make_schedule
 from model.transformer import Transformer, TransformerConfig
 from tests.conftest import ConstantDenoiser, chi_square_limit, chi_square_statistic
 from tests.support.denoisers import ShapeRecorder, TableDenoiser
+from tests.support.oracle import EnumerableDistribution
 
 PLANS = {"ancestral": SamplingPlan(steps=12), "first-hitting": SamplingPlan(sampler="first-hitting", steps=None),
          "first-hitting-k2": SamplingPlan(sampler="first-hitting", steps=2),

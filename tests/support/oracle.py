@@ -1,37 +1,11 @@
-"""An enumerable distribution with its exact conditionals: the optimal denoiser, for tests.
+"""The tests' oracle: a distribution over all V^L sequences given as a table, with its exact conditionals.
 
-MATH.md's key identity: plugging the exact conditionals p(x_n | unmasked part of z) in as
-the denoiser makes the continuous NELBO equal -log p(x) for every x and every schedule. This
-module provides those conditionals for a distribution given as a table over all V^L
-sequences, and the exact expectations of the bounds, so estimators can be checked against
-numbers computed without Monte Carlo:
-
-For a mask pattern M with k = |M| masked positions, the probability under q at time t is
-(1 - alpha_t)^k alpha_t^(L-k), and since w(t) dt = d(alpha) / (1 - alpha) the diffusion
-term integrates in closed form:
-
-    E[diffusion] = sum_M CE(M) * integral_{alpha(1)}^{alpha(0)} (1 - a)^(k-1) a^(L-k) da,
-
-where CE(M) = sum_{n in M} -log p(x_n | x outside M). Without the guard the integral is the
-Beta function B(k, L-k+1), and the sum is the average over orders of autoregressive
-factorizations, hence exactly -log p(x).
-
-Any process (absorbing, GenMD4's state-dependent masking, uniform): ``_Channel`` writes one
-position's forward process as explicit matrices over its K states, built from the schedule
-alone and never from the processes' simplified formulas: the marginal q(z_t = k | x = v), the
-transition q(z_t = k | z_s = j) (seed 002's Q-bar(s, t) and seed 003's D3PM matrices) and
-the forward jump rates. From them, by brute force over all K^L noisy sequences z:
-
-- the exact posterior P(x | z_t) = p(x) prod_n q(z_t^n | x_n) / Z (it depends on t unless every
-  clean value is masked alike), as a denoiser (``exact_denoiser``);
-- the reverse kernel of any denoiser, p(z_s^n | z_t) = sum_y mu'_n(y) q(z_s^n | z_t^n, y), with
-  mu' the prediction restricted to the clean values that can produce z_t^n (SUBS carry-over);
-- the discrete bound: sum over steps of E_{z_t} sum_n KL(q(z_s^n | z_t^n, x_n) || p(z_s^n | z_t));
-- the continuous bound: the time integral of E_{z_t} sum_n of the generalized KL
-  sum_j (R_theta - R_x + R_x log(R_x / R_theta)) between the true reverse jump rates given x,
-  R_x(z -> j) = R(j -> z) q_t(j | x) / q_t(z | x), and the model's sum_y mu'(y) R_y(z -> j),
-  by Gauss-Legendre on dyadic intervals (``_dyadic_gauss_legendre``);
-- the exact law of the T-step ancestral sampler (``sampler_law``), step by step over all states.
+``EnumerableDistribution`` is the optimal denoiser of the absorbing process and computes,
+without Monte Carlo, the exact expectations of the bounds and the exact laws of the samplers
+that the estimators are checked against (docs/math.md#the-exact-conditionals-identity). For
+any process it writes one position's forward process as explicit matrices from the schedule
+alone (``_Channel``), never from the processes' closed forms, and works by brute force over
+every noisy sequence: meant for V^L up to a few thousand.
 """
 
 from __future__ import annotations
@@ -77,13 +51,11 @@ def _dyadic_gauss_legendre(levels: int = QUADRATURE_LEVELS, points: int = QUADRA
 class _Channel:
     """One position's forward process as explicit matrices over its K states, from the schedule.
 
-    Absorbing (``AbsorbingDiffusion``, and per token value its subclass ``LearnedDiffusion``):
-    states are the V tokens and the mask (K = V + 1), q(z_t | v) = alpha_{t,v} e_v + (1 - alpha_{t,v}) e_m,
-    Q-bar(s, t) = diag(alpha_t / alpha_s) + (I - diag(alpha_t / alpha_s)) 1 e_m^T, a token v
-    jumps to the mask at rate -alpha'_{t,v} / alpha_{t,v}; prior (1 - alpha_1) e_m + alpha_1 / V.
-    Uniform: K = V, q(z_t | v) = alpha_t e_v + (1 - alpha_t) / V, the same form for Q-bar(s, t)
-    with alpha_t / alpha_s, jumps to each token at rate -alpha'_t / (V alpha_t); prior Uniform(V).
-    Every method maps times [N] (float64) to per-time matrices.
+    Absorbing (and per token value ``LearnedDiffusion``): the V tokens and the mask (K = V + 1),
+    q(z_t | v) = alpha_{t,v} e_v + (1 - alpha_{t,v}) e_m, a token v jumps to the mask at rate
+    -alpha'_{t,v} / alpha_{t,v}. Uniform: K = V, q(z_t | v) = alpha_t e_v + (1 - alpha_t) / V, a
+    jump to each token at rate -alpha'_t / (V alpha_t). Every method maps times [N] (float64)
+    to per-time matrices.
     """
 
     def __init__(self, process: DiffusionProcess) -> None:
@@ -358,7 +330,8 @@ class EnumerableDistribution(Denoiser):
         row_times = t.repeat_interleave(count)
         denoiser = as_denoiser(denoiser)
         with torch.no_grad():
-            logits = torch.cat([denoiser.logits(z, tt) for z, tt in zip(rows.split(CHUNK_ROWS), row_times.split(CHUNK_ROWS))])
+            logits = torch.cat([denoiser.logits(z, tt)
+                                for z, tt in zip(rows.split(CHUNK_ROWS), row_times.split(CHUNK_ROWS))])
         mu = torch.softmax(logits.to(torch.float64).cpu(), dim=-1).view(times, count, self.seq_len, -1)
         possible = channel.marginal(t)[:, None, :, :].expand(-1, count, -1, -1).gather(
             3, states[None, :, None, :].expand(times, -1, self.vocab_size, -1)).transpose(2, 3) > 0
