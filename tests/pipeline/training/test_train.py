@@ -15,7 +15,8 @@ import torch
 from data_prep.shards.loader import StreamingLoader
 from orchestration.exit_codes import PREEMPTED
 from pipeline.interchange.export import export, load_export
-from pipeline.run_dir.checkpoint import rank_file, verify_checkpoint
+from pipeline.run_dir.checkpoint import verify_checkpoint
+from pipeline.run_dir.rank_files import rank_file
 from pipeline.run_dir.reshard import UNIVERSAL_DIR, universal_checkpoint
 from pipeline.tracking.tracker import RUN_DIR_TAG
 from tests.support.batch_log import logged_global_batches, sequence_digest
