@@ -200,8 +200,9 @@ def test_a_run_from_before_vocab_multiple_is_refused_and_exports_hold_the_true_v
     resumed = run_train(run_dir, shards, write_config(tmp_path / "now.yaml", {"train": {"zero_stage": 1}}), check=False)
     errors = [line for line in resumed.output.splitlines() if "error" in line.lower()]
     assert resumed.returncode == 2 and "Traceback" not in resumed.output, resumed.output[-3000:]
-    assert errors == [f"unmask train: error: {state_file}: written by an earlier unmask (its config has no "
-                      f"model.vocab_multiple); train again in a new --run-dir"], errors
+    refusal = (f"unmask train: error: {state_file}: written by an earlier unmask (its config has no "
+               f"model.vocab_multiple); train again in a new --run-dir")
+    assert errors == [refusal], errors
     assert "resumed from" not in resumed.output
 
 
