@@ -45,9 +45,9 @@ from data_prep.shards.format import Manifest  # noqa: E402
 from data_prep.shards.loader import StreamingLoader  # noqa: E402
 from model.spec import build_trainable  # noqa: E402
 from pipeline.config import ModelSection, OptimSection  # noqa: E402
+from pipeline.training.build import network_config  # noqa: E402
 from pipeline.training.engine import build_optimizer  # noqa: E402
-from pipeline.training.objective import MicroBatchSlot, make_objective, model_spec  # noqa: E402
-from pipeline.training.run_setup import network_config  # noqa: E402
+from pipeline.training.objective import MicroBatchSlot, make_objective  # noqa: E402
 
 PROCESSES = ("absorbing", "learned", "uniform")
 BASELINE = "absorbing"
@@ -98,7 +98,7 @@ def timing(args: argparse.Namespace) -> list[dict]:
     batch = next(iter(StreamingLoader(args.data, "train", args.global_batch, rank=0, world_size=1, seed=SEED)))
     setups = {}
     for process in args.processes:
-        spec = model_spec(ModelSection(process=process), network)
+        spec = ModelSection(process=process).spec(network)
         torch.manual_seed(SEED)
         module = build_trainable(spec, validate=False)
         setups[process] = (module, make_objective(spec, validate=False),

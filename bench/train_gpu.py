@@ -101,10 +101,10 @@ from model.transformer import PRESETS, Transformer, TransformerConfig  # noqa: E
 from pipeline.config import Config, ModelSection, load_config  # noqa: E402
 from pipeline.distributed import Distributed, init_distributed  # noqa: E402
 from pipeline.training.attention import attention_kernel  # noqa: E402
+from pipeline.training.build import network_config  # noqa: E402
 from pipeline.training.ema import EMA  # noqa: E402
 from pipeline.training.engine import TrainingPlan, build_engine, build_optimizer, plan_training, prepare_model  # noqa: E402
-from pipeline.training.objective import MicroBatchSlot, make_objective, model_spec  # noqa: E402
-from pipeline.training.run_setup import network_config  # noqa: E402
+from pipeline.training.objective import MicroBatchSlot, engine_model, make_objective  # noqa: E402
 from pipeline.training.throughput import (  # noqa: E402
     block_diffusion_flops_per_token,
     flops_per_token,
@@ -221,9 +221,7 @@ def _plan(config: Config, network: TransformerConfig, variant: Variant, dist: Di
 
 def _model(network: TransformerConfig, plan: TrainingPlan) -> Transformer:
     """A fresh network with the plan's block-diffusion mask (FlexAttention or dense), as the trainer builds it."""
-    model = Transformer(network)
-    model.block_attention = plan.block_attention
-    return model
+    return Transformer(network, plan.block_attention)
 
 
 def _pipeline_step(config: Config, network: TransformerConfig, plan: TrainingPlan, variant: Variant, data: Path,
@@ -232,8 +230,8 @@ def _pipeline_step(config: Config, network: TransformerConfig, plan: TrainingPla
     torch.manual_seed(config.train.seed)
     engine = build_engine(_model(network, plan).to(dist.device), plan, config.optim, config.train.max_steps,
                           dist.device)
-    ema = EMA(engine.module, config.train.ema_decay, warmup=config.train.ema_warmup)
-    objective = make_objective(model_spec(config.model, network), validate=dist.device.type == "cpu",
+    ema, model = EMA(engine.module, config.train.ema_decay, warmup=config.train.ema_warmup), engine_model(engine)
+    objective = make_objective(config.model.spec(network), validate=dist.device.type == "cpu",
                                chunk_rows=config.train.chunked_cross_entropy)
     loader = StreamingLoader(data, config.data.train_split, plan.batches.micro_batch, rank=dist.rank,
                              world_size=dist.world_size, seed=config.train.seed,
@@ -248,7 +246,7 @@ def _pipeline_step(config: Config, network: TransformerConfig, plan: TrainingPla
         x0 = x0.to(dist.device, non_blocking=True)
         slot = MicroBatchSlot(seed=config.train.seed, step=index, rank=dist.rank, world_size=dist.world_size,
                               micro=0, micro_batches=1)
-        loss_sum = objective.loss_sum(engine, x0, slot)
+        loss_sum = objective.loss_sum(model, x0, slot)
         engine.backward(loss_sum / x0.numel())
         engine.step()
         if engine.was_step_applied():
@@ -268,7 +266,7 @@ def _torch_step(config: Config, network: TransformerConfig, plan: TrainingPlan, 
     prepare_model(model, checkpointing=plan.activation_checkpointing, compile=plan.compile)
     optimizer = build_optimizer(model, config.optim, device,
                                 fused=device.type == "cuda" and "foreach-adamw" not in variant.options)
-    objective = make_objective(model_spec(config.model, network), validate=False,
+    objective = make_objective(config.model.spec(network), validate=False,
                                chunk_rows=config.train.chunked_cross_entropy)
     # A plain function of the network: the loss then asks for logits at every position and
     # picks the masked rows itself.

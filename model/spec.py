@@ -21,6 +21,7 @@ from torch import Tensor
 
 from model.absorbing import AbsorbingDiffusion
 from model.autoregressive import Autoregressive
+from model.block_attention import BlockAttention
 from model.block_diffusion import BlockDiffusion
 from model.learned import DEFAULT_DRAWS, LearnedDiffusion, LearnedSchedule
 from model.process import DiffusionProcess
@@ -97,9 +98,10 @@ def _check_kind(name: str, value: str, kind: Any) -> None:
         raise ValueError(f"ModelSpec.{name} must be one of {get_args(kind)}, got {value!r}")
 
 
-def build_network(spec: ModelSpec) -> Transformer:
-    """The network of ``spec``, freshly initialised (from the global RNG)."""
-    return Transformer(spec.network)
+def build_network(spec: ModelSpec, *, block_attention: BlockAttention = "dense") -> Transformer:
+    """The network of ``spec``, freshly initialised (from the global RNG); ``block_attention``:
+    the form of block diffusion's training mask (``Transformer``)."""
+    return Transformer(spec.network, block_attention)
 
 
 def build_process(spec: ModelSpec, *, validate: bool = True, cross_entropy_chunk_rows: int = 0,
@@ -144,11 +146,12 @@ def build_process(spec: ModelSpec, *, validate: bool = True, cross_entropy_chunk
                               cross_entropy_chunk_rows=cross_entropy_chunk_rows)
 
 
-def build_trainable(spec: ModelSpec, *, validate: bool = True) -> Transformer | NetworkWithSchedule:
+def build_trainable(spec: ModelSpec, *, validate: bool = True,
+                    block_attention: BlockAttention = "dense") -> Transformer | NetworkWithSchedule:
     """What a trainer optimizes for ``spec``, freshly initialised (the network from the global
     RNG): the network, or for the learned process a ``NetworkWithSchedule`` of the network and the
     process (training's ``DEFAULT_DRAWS`` draws), whose forward is the bound."""
-    network = build_network(spec)
+    network = build_network(spec, block_attention=block_attention)
     if spec.objective == "diffusion" and spec.process == "learned":
         return NetworkWithSchedule(network, build_process(spec, validate=validate))
     return network

@@ -298,7 +298,7 @@ class Transformer(nn.Module, Denoiser):
     time conditioning. ``compile_parts`` compiles each block and the head with its loss.
     """
 
-    def __init__(self, config: TransformerConfig) -> None:
+    def __init__(self, config: TransformerConfig, block_attention: BlockAttention = "dense") -> None:
         super().__init__()
         self.config = config
         d = config.d_model
@@ -318,7 +318,7 @@ class Transformer(nn.Module, Denoiser):
         self._compiled_loss: CompiledCrossEntropy | None = None
         # Block diffusion's training mask: "dense" (SDPA) or "flex" (FlexAttention, GPU); see
         # model.block_attention. Layouts are built once per (length, block size, device).
-        self.block_attention: BlockAttention = "dense"
+        self.block_attention: BlockAttention = block_attention
         self._layouts: dict[tuple, AttentionLayout] = {}
         self.reset_parameters()
 

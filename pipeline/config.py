@@ -4,13 +4,9 @@ A run's configuration is one ``Config`` of small frozen sections, each owned by 
 component that reads it. ``load_config`` reads a YAML file, applies ``--section.field
 value`` overrides, coerces every value to its declared type and validates the whole
 before any work starts; errors name the file and the field. ``Config.to_dict`` is what
-gets logged, checkpointed and compared on resume.
-
-Fields marked ``RESUME_SAFE`` (logging cadence, length of the run, where metrics go, how
-fast a step runs) may change when a run resumes; any other difference is refused unless
-overridden. A field whose new default would change a run written before the field existed
-names, in its metadata, the value such runs had (``"absent"``: ``model.vocab_multiple``'s 1):
-``with_legacy_values`` gives a resumed run its checkpoint's value.
+gets logged, checkpointed and compared on resume (``config_differences``): fields marked
+``RESUME_SAFE`` may change when a run resumes. ``ModelSection.spec`` is the model a config
+trains, as exports record it. The manual: docs/training.md#configuration.
 """
 
 from __future__ import annotations
@@ -31,11 +27,23 @@ import yaml
 from common.errors import UserError
 from model.learned import learned_schedule_arguments
 from model.schedules import make_schedule
-from model.transformer import PRESETS
+from model.spec import LEARNED_SCHEDULE, ModelSpec
+from model.transformer import PRESETS, TransformerConfig
 
-__all__ = ["ModelSection", "DataSection", "OptimSection", "TrainSection", "EvalSection",
-           "CheckpointSection", "LoggingSection", "Config", "load_config", "parse_overrides",
-           "config_differences", "legacy_values", "with_legacy_values", "yaml_problem"]
+__all__ = [
+    "CheckpointSection",
+    "Config",
+    "DataSection",
+    "EvalSection",
+    "LoggingSection",
+    "ModelSection",
+    "OptimSection",
+    "TrainSection",
+    "config_differences",
+    "load_config",
+    "parse_overrides",
+    "yaml_problem",
+]
 
 RESUME_SAFE = {"resume_safe": True}
 # A config's key naming the config it builds on (see _read_layers), and where presets live.
@@ -53,7 +61,7 @@ class ModelSection:
     n_heads: int | None = None                  # None: the preset's value
     max_seq_len: int | None = None              # None: the data's sequence length
     dropout: float = 0.0                        # 0: no dropout
-    time_conditioning: bool = False             # feed t to the denoiser (absorbing: optional, MATH.md; uniform, learned: required)
+    time_conditioning: bool = False             # feed t to the denoiser (absorbing: optional; uniform, learned: required)
     objective: Literal["diffusion", "autoregressive"] = "diffusion"   # autoregressive: the causal baseline
     # The diffusion process: absorbing (masking, MD4/MDLM), uniform (D3PM's random
     # replacement) or learned (GenMD4: masking with a learned schedule per token value).
@@ -64,12 +72,22 @@ class ModelSection:
     schedule_args: dict = field(default_factory=dict)   # e.g. {power: 2}, {endpoint_eps: 1e-4}
     # Embedding and head rows padded to a multiple of this (tensor-core tiles divide the head's
     # matmul: 50257 -> 50304); the padded logits are -inf, never predicted, and exports drop the
-    # padding. 1: no padding (what runs written before this field used).
-    vocab_multiple: int = field(default=128, metadata={"absent": 1})
+    # padding. 1: no padding.
+    vocab_multiple: int = 128
     # Block diffusion (BD3-LM, docs/block-diffusion.md): autoregressive over blocks of this many
     # tokens, masked diffusion inside each; it must divide the sequence length. null: one block,
     # the whole sequence (MDLM). Absorbing process, time-free network.
     block_size: int | None = None
+
+    def spec(self, network: TransformerConfig) -> ModelSpec:
+        """The model this section trains on ``network``, as an export records it. For the
+        learned process ``schedule`` names where the exponents start: the spec's schedule is
+        GenMD4's, with the arguments of ``learned_schedule_arguments``."""
+        schedule, arguments = self.schedule, dict(self.schedule_args)
+        if self.process == "learned":
+            schedule, arguments = LEARNED_SCHEDULE, learned_schedule_arguments(make_schedule(schedule, **arguments))
+        return ModelSpec(network=network, objective=self.objective, process=self.process, schedule=schedule,
+                         schedule_args=arguments, block_size=self.block_size)
 
 
 @dataclass(frozen=True)
@@ -563,42 +581,16 @@ def parse_overrides(args: list[str]) -> dict[str, str]:
 
 def config_differences(saved: dict, current: dict, *, include_resume_safe: bool = False) -> list[str]:
     """Fields that differ between a checkpoint's config and this one, as
-    ``"optim.lr: checkpoint 0.0003, now 0.0001"``; RESUME_SAFE fields only when asked."""
+    ``"optim.lr: checkpoint 0.0003, now 0.0001"``; RESUME_SAFE fields only when asked. A field
+    ``saved`` lacks shows as ``checkpoint None``."""
     safe = set() if include_resume_safe else {
         f"{s.name}.{f.name}" for s in fields(Config)
         for f in fields(typing.get_type_hints(Config)[s.name]) if f.metadata.get("resume_safe")}
-    # A field added after the checkpoint was written had, in effect, its default value, or
-    # the value its metadata names as "absent" (legacy_values).
-    defaults = _merge(Config().to_dict(), legacy_values())
     differ = []
     for section, values in current.items():
         for key, value in values.items():
             name = f"{section}.{key}"
-            old = saved.get(section, {}).get(key, defaults.get(section, {}).get(key))
+            old = saved.get(section, {}).get(key)
             if name not in safe and old != value:
                 differ.append(f"{name}: checkpoint {old!r}, now {value!r}")
     return differ
-
-
-def legacy_values() -> dict[str, dict[str, Any]]:
-    """The value each field marked ``"absent"`` had, in effect, in configs written before it
-    existed, section by section."""
-    values: dict[str, dict[str, Any]] = {}
-    for section in fields(Config):
-        for f in fields(typing.get_type_hints(Config)[section.name]):
-            if "absent" in f.metadata:
-                values.setdefault(section.name, {})[f.name] = f.metadata["absent"]
-    return values
-
-
-def with_legacy_values(config: Config, saved: dict) -> tuple[Config, list[str]]:
-    """``config`` for resuming a checkpoint whose config is ``saved``: the fields that
-    ``saved`` predates take the value they had then (``legacy_values``). Returns the config
-    and, for each field so set, ``"section.field = value"``."""
-    adopted = []
-    for section, values in legacy_values().items():
-        for key, value in values.items():
-            if key not in saved.get(section, {}) and getattr(getattr(config, section), key) != value:
-                config = replace(config, **{section: replace(getattr(config, section), **{key: value})})
-                adopted.append(f"{section}.{key} = {value!r}")
-    return config, adopted

@@ -3,7 +3,7 @@
 ``deepspeed``, ``torchrun`` and Ray Train all describe the process through the same
 environment variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); a plain
 ``unmask train`` sets none and becomes a world of one, rendezvousing on 127.0.0.1. The
-training loop only ever sees a ``Distributed``, never a launcher.
+training loop only ever sees a ``Distributed``, never a launcher. The manual: docs/cluster.md.
 """
 
 from __future__ import annotations

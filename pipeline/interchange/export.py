@@ -49,15 +49,13 @@ from pipeline.interchange.hf_export import HF_EXPORT_KIND, write_hf_export
 from pipeline.run_dir.checkpoint import (
     CheckpointMeta,
     intact_checkpoint,
-    rank_file,
     read_state,
     resolve_checkpoint,
     verify_checkpoint,
 )
 from pipeline.run_dir.layout import RunLayout
-from pipeline.run_dir.safe_load import deepspeed_loads_safely, find_unloadable, load_torch_file
-from pipeline.training.ema import full_state
-from pipeline.training.objective import model_spec
+from pipeline.run_dir.rank_files import rank_file, whole_ema
+from pipeline.run_dir.safe_load import deepspeed_loads_safely, find_unloadable
 
 __all__ = ["export", "checkpoint_tensors", "has_ema", "resolve_export", "training_run_of", "write_export",
            "load_export", "Exported", "canonical_name", "export_to_hf", "export_directory", "export_files",
@@ -97,13 +95,7 @@ def has_ema(checkpoint: Path) -> bool:
 
 
 def _ema_weights(checkpoint: Path, world_size: int) -> dict[str, torch.Tensor]:
-    paths = [rank_file(checkpoint, rank) for rank in range(world_size)]
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise UserError(f"{checkpoint}: EMA files missing: {missing}; the checkpoint is incomplete")
-    first = load_torch_file(paths[0])["ema"]
-    states = [first] + [load_torch_file(p)["ema"] for p in paths[1:]] if first["partitioned"] else [first]
-    return full_state(states)
+    return whole_ema([rank_file(checkpoint, rank) for rank in range(world_size)])[0]
 
 
 def _model_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -160,7 +152,7 @@ def checkpoint_tensors(checkpoint: Path, weights: Literal["ema", "model"]) -> tu
     what an export holds (``--init-from`` also starts a run from them)."""
     state = read_state(checkpoint)
     raw = _ema_weights(checkpoint, state.world_size) if weights == "ema" else _model_weights(checkpoint)
-    spec = model_spec(ModelSection(**state.config["model"]), TransformerConfig(**state.network))
+    spec = ModelSection(**state.config["model"]).spec(TransformerConfig(**state.network))
     tensors = {canonical_name(name): t.float().contiguous() for name, t in raw.items()}
     _check_complete(tensors, spec, checkpoint)
     return _unpadded(tensors, spec)

@@ -1,24 +1,18 @@
 """Checkpoints: DeepSpeed's layout plus our own state, committed only when complete.
 
     RUN/checkpoints/step-00000100/   DeepSpeed's model and optimizer files (every rank)
-        rank-00000.pt                 this rank's EMA slice and RNG states
-        unmask_state.json             step, tokens, loader position, config, hashes, and the
-                                      size and sha256 of every other file (rank 0, last)
-        universal/                    added by a resume on another number of ranks
-                                      (``pipeline.run_dir.reshard``)
+        rank-00000.pt                 this rank's EMA and RNG states (``pipeline.run_dir.rank_files``)
+        unmask_state.json             ``CheckpointMeta``: step, tokens, loader position, config,
+                                      hashes, and the size and sha256 of every other file (rank 0, last)
+        universal/                    added by a resume on another number of ranks (``reshard``)
     RUN/checkpoints/latest            "step-00000100", moved after every rank finished
 
-A process killed while writing leaves ``latest`` on the previous complete checkpoint; the
-half-written directory is overwritten when that step is saved again, or pruned. A ``latest``
-that names no complete checkpoint of the run (empty, garbage, a path outside it, or missing
-beside complete checkpoints) is a broken pointer, not the end of the run: every reader falls
-back to the newest complete checkpoint found by scanning, with a warning naming the pointer
-(:func:`latest_checkpoint`), and the next save writes a sound one.
-
-Integrity: ``unmask_state.json`` records every file of the checkpoint, so a truncated or
-altered file is found before anything is loaded (:func:`verify_checkpoint`), and resume
-falls back to the newest intact checkpoint, naming the broken one. Every torch file is
-read with ``pipeline.run_dir.safe_load`` (data only, never code), DeepSpeed's included.
+What a caller relies on: ``latest`` names a complete checkpoint, or is a broken pointer that
+every reader replaces by the newest complete checkpoint, with a warning
+(:func:`latest_checkpoint`); a checkpoint whose files differ from their records is never
+loaded (:func:`verify_checkpoint`; resume falls back to the newest intact one); every torch
+file is read with ``safe_load``; a state file of an earlier unmask is refused in one line
+(:class:`EarlierCheckpoint`). The manual: docs/training.md#checkpoints-and-resume.
 """
 
 from __future__ import annotations
@@ -26,28 +20,41 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import random
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-import numpy as np
 import torch
+from torch import Tensor
 
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
 from common.file_records import HASH_THREADS, sha256_file
 from pipeline.distributed import Distributed
 from pipeline.run_dir.layout import TAG_PATTERN, RunLayout
+from pipeline.run_dir.rank_files import rank_file, rng_state, set_rng_state
 from pipeline.run_dir.reshard import DEEPSPEED_DIR, EMA_FILE, UNIVERSAL_DIR, universal_checkpoint, universal_loading
 from pipeline.run_dir.safe_load import deepspeed_loads_safely, find_unloadable, load_torch_file
-from pipeline.training.ema import EMA
 
-__all__ = ["TrainState", "CheckpointMeta", "CheckpointManager", "STATE_FILE", "read_state", "rank_file",
-           "resolve_checkpoint", "set_latest", "verify_checkpoint", "intact_checkpoint", "DiskFull",
-           "latest_checkpoint", "latest_step", "write_failure"]
+__all__ = [
+    "STATE_FILE",
+    "CheckpointManager",
+    "CheckpointMeta",
+    "DiskFull",
+    "EMAState",
+    "EarlierCheckpoint",
+    "TrainState",
+    "intact_checkpoint",
+    "latest_checkpoint",
+    "latest_step",
+    "read_state",
+    "resolve_checkpoint",
+    "set_latest",
+    "verify_checkpoint",
+    "write_failure",
+]
 
 log = logging.getLogger("unmask.checkpoint")
 
@@ -65,8 +72,18 @@ class DiskFull(UserError):
     """The run's disk filled up; the message names the file and the last intact checkpoint."""
 
 
-def rank_file(directory: Path, rank: int) -> Path:
-    return directory / f"rank-{rank:05d}.pt"
+class EarlierCheckpoint(UserError):
+    """A checkpoint written by an earlier version of unmask, whose format this one does not read."""
+
+
+class EMAState(Protocol):
+    """What a checkpoint saves and restores of the EMA (``pipeline.training.ema.EMA``)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def load_full_state(self, shadow: dict[str, Tensor], updates: int) -> None: ...
 
 
 @dataclass
@@ -97,9 +114,9 @@ class CheckpointMeta:
     precision: str
     batch_plan: dict               # BatchPlan's fields
     world_size: int
-    files: dict[str, dict] = field(default_factory=dict)   # name -> {"bytes", "sha256"}
+    files: dict[str, dict] = field(default_factory=dict)   # name -> {"bytes", "sha256"}, set on commit
     # Where a run started with --init-from took its first weights (pipeline.training.init_from.InitRecord);
-    # None: from scratch (and in checkpoints written before the flag existed).
+    # None: from scratch.
     init_from: dict | None = None
 
     @property
@@ -107,44 +124,28 @@ class CheckpointMeta:
         return self.state.step
 
     def to_json(self) -> str:
-        """One flat object: the state's fields next to the others (the format since v0.1)."""
+        """One flat object: the state's fields next to the others."""
         record = {**asdict(self.state), **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "state"}}
         return json.dumps(record, indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str, path: Path) -> "CheckpointMeta":
+        """The metadata in ``text`` (of ``path``); every field must be there: a state file
+        without some was written by an earlier unmask (:class:`EarlierCheckpoint`)."""
         record = json.loads(text)
-        state_keys = {f.name for f in fields(TrainState)}
+        if not isinstance(record, dict):
+            raise UserError(f"{path}: not an unmask checkpoint state (a JSON {type(record).__name__})")
+        state_keys = [f.name for f in fields(TrainState)]
+        missing = [key for key in [*state_keys, *(f.name for f in fields(cls) if f.name != "state")]
+                   if key not in record]
+        if missing:
+            raise EarlierCheckpoint(f"{path}: written by an earlier unmask (no {missing[0]}); train again in a new "
+                                    f"--run-dir")
+        state = TrainState(**{k: record[k] for k in state_keys})
         try:
-            state = TrainState(**{k: v for k, v in record.items() if k in state_keys})
             return cls(state=state, **{k: v for k, v in record.items() if k not in state_keys})
         except TypeError as err:
-            raise UserError(f"{path}: not an unmask checkpoint state ({err}); use an older checkpoint") from None
-
-
-# ----------------------------------------------------------------------------- RNG state
-def _rng_state() -> dict[str, Any]:
-    """Every generator the loop draws from, as tensors and plain values (loadable with
-    ``weights_only``: numpy's own state would need numpy's constructors)."""
-    kind, keys, position, has_gauss, gauss = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
-             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
-                       "has_gauss": int(has_gauss), "gauss": float(gauss)}}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    numpy_state = state["numpy"]
-    if isinstance(numpy_state, dict):
-        numpy_state = (numpy_state["kind"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["position"],
-                       numpy_state["has_gauss"], numpy_state["gauss"])
-    np.random.set_state(numpy_state)  # a tuple in checkpoints of earlier versions
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+            raise UserError(f"{path}: not an unmask checkpoint state ({err})") from None
 
 
 # ----------------------------------------------------------------------------- integrity
@@ -163,17 +164,17 @@ def read_state(directory: Path) -> CheckpointMeta:
         raise UserError(f"{directory}: not a complete unmask checkpoint (no {STATE_FILE})")
     try:
         return CheckpointMeta.from_json(path.read_text(), path)
-    except (ValueError, UnicodeDecodeError, AttributeError) as err:
-        raise UserError(f"{path}: truncated or corrupt ({err}); use an older checkpoint") from None
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: truncated or corrupt ({err}); use an earlier checkpoint of the run") from None
 
 
 def verify_checkpoint(directory: Path) -> str | None:
     """Why ``directory`` cannot be trusted (a missing, truncated or altered file), or None.
-
-    Checkpoints of earlier versions record no files: only their state file is checked.
-    """
+    A checkpoint of an earlier unmask is not a broken one: :class:`EarlierCheckpoint` is raised."""
     try:
         records = read_state(directory).files
+    except EarlierCheckpoint:
+        raise
     except UserError as err:
         return str(err)
     for name, record in records.items():
@@ -341,10 +342,14 @@ class CheckpointManager:
     def newest_intact(self) -> Path | None:
         """The checkpoint to resume from, decided by rank 0 (which verifies the files) and
         the same on every rank; each newer, broken one is named in a warning. With none
-        intact, every rank raises the one message that says so (and nothing is resumed)."""
+        intact (or one of an earlier unmask), every rank raises the one message that says so
+        (and nothing is resumed)."""
         chosen, refusal = None, None
         if self.dist.is_main:
-            intact, broken = intact_checkpoint(self.run_dir)
+            try:
+                intact, broken = intact_checkpoint(self.run_dir)
+            except EarlierCheckpoint as err:
+                intact, broken, refusal = None, [], err
             if broken and intact is None:
                 refusal = UserError(f"{self.root}: no intact checkpoint to resume from ({'; '.join(broken)}); restore "
                                     f"them, or move the checkpoints away to start over")
@@ -356,7 +361,7 @@ class CheckpointManager:
         chosen = self.dist.broadcast(chosen)
         return self.root / chosen if chosen else None
 
-    def save(self, engine, ema: EMA, meta: CheckpointMeta) -> Path:
+    def save(self, engine, ema: EMAState, meta: CheckpointMeta) -> Path:
         """Write checkpoint ``meta.step`` on every rank; commit it with ``latest``."""
         directory = self.layout.checkpoint(meta.step)
         failure: BaseException | None = None
@@ -366,7 +371,7 @@ class CheckpointManager:
             self.dist.barrier()
             engine.save_checkpoint(str(self.root), tag=directory.name, save_latest=False)
             directory.mkdir(parents=True, exist_ok=True)
-            torch.save({"ema": ema.state_dict(), "rng": _rng_state()}, rank_file(directory, self.dist.rank))
+            torch.save({"ema": ema.state_dict(), "rng": rng_state()}, rank_file(directory, self.dist.rank))
         except (OSError, RuntimeError) as err:
             failure = err
         self._raise_if_any_failed(failure, directory)
@@ -397,7 +402,7 @@ class CheckpointManager:
             shutil.rmtree(directory, ignore_errors=True)  # frees the space a partial save took
         raise error from failure
 
-    def load(self, engine, ema: EMA, directory: Path) -> CheckpointMeta:
+    def load(self, engine, ema: EMAState, directory: Path) -> CheckpointMeta:
         """Restore engine, EMA and RNG from ``directory``; return its metadata. A checkpoint of
         another number of ranks goes through its universal form (``pipeline.run_dir.reshard``); each
         rank then takes the RNG states of the rank it stands for modulo the old number (they
@@ -410,10 +415,10 @@ class CheckpointManager:
         else:
             self._load_resharded(engine, ema, directory, saved)
             rank_state = load_torch_file(rank_file(directory, self.dist.rank % saved.world_size))
-        _set_rng_state(rank_state["rng"])
+        set_rng_state(rank_state["rng"])
         return saved
 
-    def _load_resharded(self, engine, ema: EMA, directory: Path, saved: CheckpointMeta) -> None:
+    def _load_resharded(self, engine, ema: EMAState, directory: Path, saved: CheckpointMeta) -> None:
         """Engine and EMA from a checkpoint of ``saved.world_size`` ranks, converted by rank 0
         while the others wait (every rank reads the checkpoint directory)."""
         stage = engine.zero_optimization_stage()

@@ -1,28 +1,13 @@
 """One trainer per run directory: an exclusive lock that rank 0 holds for the whole run.
 
-Two trainers writing one run directory overwrite each other's checkpoints and metrics
-without either noticing. Rank 0 takes ``RUN/train.lock`` before anything is read or written,
-and records who holds it (host, pid, start time, command, job). A second trainer finds the
-lock taken and stops at once, naming the holder.
-
-The lock belongs to the trainer process alone. It is a POSIX record lock (``fcntl.lockf``),
-which a process holds, not an open file: the children the trainer forks (DataLoader workers,
-which outlive a SIGKILLed trainer by seconds) do not inherit it, nor do the programs it starts
-(the file is opened close-on-exec), and the kernel releases it when the trainer dies, however
-it dies. A lock whose holder is dead is therefore free at once, and the next trainer takes it
-over (and says so). A ``flock`` is shared with every forked child: an orphaned DataLoader
-worker kept the run directory locked after its trainer was killed.
-
-What POSIX locks ask in return: closing *any* descriptor of the file releases the process's
-lock, so the file is opened once, the holder is read through that descriptor, and nothing
-else in the trainer opens it; and two locks of one process never conflict, so a second
-``RunLock`` of the process on the same file is refused by ``_HELD``. The other ranks of a job
-take no lock, so torchrun and DeepSpeed ranks are never locked out; a restarted worker group
-of the same job (Ray Train, a torchrun restart) may find its predecessor still exiting, and
-waits up to ``SAME_JOB_WAIT_S`` for it.
-
-Record locks work on local disks, NFS and Lustre mounts that enable them; on a filesystem
-without locks the lock is advisory only, and the log says so.
+Rank 0 takes ``RUN/train.lock`` (``RunLock.acquire``) before anything is read or written, and
+records who holds it (host, pid, start time, command, job); a second trainer stops at once,
+naming the holder (:class:`RunDirLocked`). What a caller relies on: the lock is a POSIX record
+lock that the trainer process alone holds, released by the kernel however it dies (its
+DataLoader workers and children do not inherit it); the file is opened once, and nothing else
+in the process may open it (closing any descriptor releases the lock); a restarted worker
+group of the same job waits up to ``SAME_JOB_WAIT_S`` for its predecessor. The manual:
+docs/training.md#one-trainer-per-run-directory.
 """
 
 from __future__ import annotations

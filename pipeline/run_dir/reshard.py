@@ -1,24 +1,16 @@
 """Resuming on another number of ranks: a checkpoint in a form that does not depend on it.
 
-ZeRO cuts the optimizer state (under ZeRO-3 the weights and our EMA too) into one part per
-rank, so the files of a checkpoint written by W ranks load only on W ranks. To resume on
-another number, rank 0 converts the checkpoint once, inside its own directory:
+Rank 0 converts a checkpoint written by W ranks once, inside its own directory, while the
+others wait (``universal_checkpoint``):
 
-    step-N/universal/ds/             DeepSpeed's universal checkpoint
-                                     (``deepspeed.checkpoint.ds_to_universal``): per parameter
-                                     its whole fp32 weights and Adam moments, and the engine's
-                                     model-state files (step, LR schedule)
-    step-N/universal/ema.pt          the EMA's whole tensors (``pipeline.training.ema.full_state``)
+    step-N/universal/ds/             DeepSpeed's universal checkpoint (``ds_to_universal``)
+    step-N/universal/ema.pt          the EMA's whole tensors (``rank_files.whole_ema``)
     step-N/universal/conversion.json the size and sha256 of every file above, written last
 
-It is written as ``step-N/universal.tmp`` and renamed when complete: a killed conversion is
-redone, and a finished one is reused by a rerun once its files match ``conversion.json``.
-Every rank then loads ``ds`` with DeepSpeed's ``load_universal`` (the engine cuts its own
-partitions) and keeps its part of the EMA (``EMA.load_full_state``). Every torch file is
-read with the safe loader, DeepSpeed's reads included (``deepspeed_loads_safely``), in this
-process: ``ds_to_universal``'s parallel workers would run in processes it does not reach.
-The conversion costs one pass over the checkpoint, and its files about as much disk again
-as the optimizer state; it is deleted with its checkpoint.
+It is written as ``universal.tmp`` and renamed when complete: a killed conversion is redone,
+a finished one reused once its files match their records. Every rank then loads ``ds`` inside
+``universal_loading`` and keeps its part of the EMA. Every torch file is read with the safe
+loader, in this process. The manual: docs/training.md#checkpoints-and-resume.
 """
 
 from __future__ import annotations
@@ -38,8 +30,8 @@ import torch
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
 from common.file_records import sha256_file
-from pipeline.run_dir.safe_load import deepspeed_loads_safely, load_torch_file
-from pipeline.training.ema import full_state
+from pipeline.run_dir.rank_files import whole_ema
+from pipeline.run_dir.safe_load import deepspeed_loads_safely
 
 __all__ = ["UNIVERSAL_DIR", "DEEPSPEED_DIR", "EMA_FILE", "universal_checkpoint", "universal_loading"]
 
@@ -72,19 +64,12 @@ def universal_checkpoint(directory: Path, rank_files: Sequence[Path]) -> Path:
     shutil.rmtree(staging, ignore_errors=True)  # what a killed conversion left
     started = time.perf_counter()
     _convert_deepspeed(directory, staging / DEEPSPEED_DIR)
-    ema_states = [load_torch_file(path)["ema"] for path in _ema_files(rank_files)]
-    torch.save({"updates": ema_states[0]["updates"], "shadow": full_state(ema_states)}, staging / EMA_FILE)
+    shadow, updates = whole_ema(rank_files)
+    torch.save({"updates": updates, "shadow": shadow}, staging / EMA_FILE)
     atomic_write_bytes(staging / RECORD_FILE, json.dumps(_records(staging), indent=2, sort_keys=True).encode())
     staging.rename(universal)
     log.info("%s: converted for another number of ranks in %.1f s", directory.name, time.perf_counter() - started)
     return universal
-
-
-def _ema_files(rank_files: Sequence[Path]) -> Sequence[Path]:
-    """The rank files that together hold the EMA: all under ZeRO-3 (slices), else the first
-    (every rank holds it whole)."""
-    first = load_torch_file(rank_files[0])["ema"]
-    return rank_files if first["partitioned"] else rank_files[:1]
 
 
 def _convert_deepspeed(directory: Path, out: Path) -> None:

@@ -1,17 +1,11 @@
 """Reading torch files without running code from them.
 
-A ``.pt`` file is a pickle, and unpickling can call any function the file names: a
-checkpoint someone shared can carry ``os.system`` in a ``__reduce__``. Every torch file
-unmask reads goes through ``torch.load(weights_only=True)``, whose unpickler builds only
-tensors, containers and primitive types, plus the few classes listed here that our own
-files and DeepSpeed's contain (inert data holders: an enum, a dataclass, a loss-scaler
-record, numpy's array constructor for the RNG state of older checkpoints). A file that
-asks for anything else is refused with an error naming it.
-
-DeepSpeed loads its own files with the full unpickler (weights_only off). Inside
-:func:`deepspeed_loads_safely` torch's documented switch ``TORCH_FORCE_WEIGHTS_ONLY_LOAD``
-overrides that argument, so every ``torch.load`` DeepSpeed makes (the engine's checkpoint
-engine, ZeRO-to-fp32, the universal-checkpoint readers) gets the same restricted unpickler.
+Every torch file unmask reads goes through :func:`load_torch_file`: ``torch.load`` with
+``weights_only``, whose unpickler builds only tensors, containers and primitive types, plus
+the few inert classes DeepSpeed's files contain (an enum, a dataclass, a loss-scaler record).
+A file that asks for anything else is refused in one line naming it, as is a truncated one.
+Inside :func:`deepspeed_loads_safely` every ``torch.load`` DeepSpeed makes gets the same
+restricted unpickler. The manual: docs/security.md#what-it-loads.
 """
 
 from __future__ import annotations
@@ -44,15 +38,12 @@ class UnsafeOrCorruptFile(UserError):
 
 
 def _allowed_globals() -> list[Any]:
-    """Classes our checkpoints and DeepSpeed's legitimately pickle (all inert records)."""
-    import numpy as np
+    """Classes DeepSpeed's checkpoints legitimately pickle (all inert records)."""
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    # numpy: the legacy MT19937 state (a uint32 array) in rank files of earlier versions.
-    numpy_array = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
-    return [LossScaler, ZeroStageEnum, fragment_address, *numpy_array]
+    return [LossScaler, ZeroStageEnum, fragment_address]
 
 
 def load_torch_file(path: str | Path, *, map_location: Any = "cpu") -> Any:
@@ -68,8 +59,8 @@ def load_torch_file(path: str | Path, *, map_location: Any = "cpu") -> Any:
         raise UnsafeOrCorruptFile(_refusal(path, err)) from None
     except _CORRUPTION_ERRORS as err:
         raise UnsafeOrCorruptFile(f"{path}: truncated or corrupt ({type(err).__name__}: {_first_line(err)}); "
-                                  "use an older checkpoint (`--resume auto` falls back to the newest "
-                                  "intact one) or copy the file again") from None
+                                  "use an earlier checkpoint of the run (`--resume auto` falls back to "
+                                  "the newest intact one) or copy the file again") from None
 
 
 def _first_line(err: BaseException) -> str:

@@ -1,21 +1,13 @@
 """Tracking that never blocks a training step: records go to MLflow from a background thread.
 
-The loop hands each step's metrics to :meth:`BackgroundTracker.log_metrics`, which only puts
-them on a bounded queue. A sender thread delivers the queue in order, at most once every
-``SEND_EVERY_S``, the metrics of consecutive steps in one request (up to MLflow's
-``MAX_METRICS_PER_BATCH``): a request costs the sender milliseconds of CPU (HTTP, or a
-SQLite transaction) whatever its size, and on a small machine that CPU is the loop's. When the server does not answer, the sender keeps what it was delivering, says once
-that the server failed, and retries with growing pauses (``RETRY_PAUSES_S``); when the
-server is back it delivers everything queued meanwhile, with the times they were measured,
-and says so.
-
-The queue is bounded (``MAX_QUEUED``): a long outage drops the oldest records, with a
-warning, rather than filling the host's memory. Nothing is lost for good: rank 0 writes
-every metric to ``RUN/metrics.jsonl`` before it is queued. :meth:`close` waits at most
-``CLOSE_WAIT_S`` for the queue to drain, then names the steps MLflow did not receive.
-
-A run resumed from checkpoint N may have logged steps after N before it stopped; those
-(key, step) pairs are skipped (``skip``), so MLflow holds each step once.
+``BackgroundTracker.log_metrics`` only puts a step's metrics on a bounded queue
+(``MAX_QUEUED``: a long outage drops the oldest, with a warning; metrics.jsonl keeps them all).
+A sender thread delivers the queue in order, the metrics of consecutive steps in one request
+at most every ``SEND_EVERY_S``; when the server does not answer it says so once, retries with
+growing pauses (``RETRY_PAUSES_S``) and delivers what was queued, with the times it was
+measured, when the server is back. ``close`` waits at most ``CLOSE_WAIT_S``, then names the
+steps MLflow did not receive. ``skip``: the (key, step) pairs a resumed run's MLflow run
+already holds, not sent again. The manual: docs/mlflow.md#when-the-server-is-down.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """MLflow tracking for training runs: one MLflow run per training run, resumable.
 
-Rank 0 opens a :class:`Tracker` in the run directory. The run's tracking URI and id are
-recorded in ``run_dir/mlflow_run.json`` so that a resumed training run keeps logging into
-the same MLflow run instead of forking a new one. Every run of a machine shares one store,
-so runs can be compared in one UI: ``--mlflow-uri`` (a server) if given, else
-``MLFLOW_TRACKING_URI``, else a SQLite store and its artifacts in ``~/.unmask/mlflow``
-(``UNMASK_HOME`` moves it), which ``mlflow ui`` finds when started there::
-
-    cd ~/.unmask/mlflow && mlflow ui
-
-A tracking server is a service around the run, and may be down: :meth:`Tracker.open` first
-checks that an ``http(s)`` server answers (:func:`check_reachable`, at most
-``REACHABLE_WAIT_S``), and the training loop logs through
-``pipeline.tracking.background`` so that an outage never blocks a step.
+Rank 0 opens a :class:`Tracker` in the run directory (``Tracker.open``): it creates the MLflow
+run, or resumes the one recorded in ``RUN/mlflow_run.json`` (its URI and id), so a resumed
+training keeps logging into the same run. The store is ``--mlflow-uri`` if given, else
+``MLFLOW_TRACKING_URI``, else the SQLite store shared by every run (``shared_store``). An
+``http(s)`` server must answer at the start (``check_reachable``, at most ``REACHABLE_WAIT_S``);
+the training loop logs through ``pipeline.tracking.background``, so an outage never blocks a
+step. The manual: docs/mlflow.md.
 """
 
 from __future__ import annotations

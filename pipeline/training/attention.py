@@ -1,23 +1,14 @@
 """The attention kernel: which of torch SDPA's backends runs the network's attention.
 
 ``train.attention`` names one (``cudnn``, ``flash``, ``efficient``, ``math``) or ``auto``.
-Whether a backend can run depends on the device, its compute capability, the build of
-torch, the dtype, the head size and dropout; rather than restate SDPA's rules, each
-candidate is tried once on a tiny input of the network's head size and dtype (``kernel_runs``),
-so the answer is the dispatcher's own. Training asks for forward and backward; inference
-(``evaluation.inference``) asks for the forward only, since a kernel whose backward is refused
-still serves it. The probe sets its own grad mode (grad on for a backward probe, off for a
-forward one), so it answers the same inside ``torch.no_grad()`` or ``torch.inference_mode()``,
-where evaluation, sampling and lm-eval call it: the caller's mode never makes a kernel look
-unavailable. ``auto`` takes the first
-that runs in ``AUTO_ORDER``: on GPU cuDNN's fused attention (on Hopper the fastest for bf16:
-reported up to +75% over FlashAttention-2 per kernel, +10% end to end in torchtitan), then
-FlashAttention-2, then memory-efficient attention; on CPU SDPA's flash kernel. A named kernel
-that does not run is refused before any work, in one line that names the field and the
-kernels that do run. Block diffusion (``model.block_size``) attends under a mask: the kernel
-is probed with one, and ``train.block_attention`` picks FlexAttention or the dense mask
-(``resolve_block_attention``). ``attention_kernel`` restricts SDPA to the chosen backend for the
-duration of a block: the whole run, so that compiled graphs traced inside it use it too.
+Rather than restate SDPA's rules, each candidate is tried once on a tiny input of the
+network's head size and dtype (``kernel_runs``, forward and backward for training, forward
+only for inference, in its own grad mode whatever the caller's), so the answer is the
+dispatcher's own; ``auto`` takes the first that runs in ``AUTO_ORDER``, and a named kernel
+that does not run is refused in one line naming those that do. Block diffusion's mask is
+probed too, and ``train.block_attention`` picks FlexAttention or the dense mask
+(``resolve_block_attention``). ``attention_kernel`` restricts SDPA to the chosen backend for
+a whole run, compiled graphs included. The manual: docs/performance.md.
 """
 
 from __future__ import annotations

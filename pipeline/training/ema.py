@@ -3,12 +3,12 @@
     ema <- d * ema + (1 - d) * theta,   d = min(decay, (1 + n) / (10 + n)) with warmup
 
 after the n-th update (the warmup keeps early averages from being dominated by the random
-initialisation). Under ZeRO-3 each rank averages only the partition of every parameter
-it owns (``param.ds_tensor``: a flat, padded slice), so the EMA costs 4 bytes per
-parameter divided by the world size; under ZeRO-1/2 every rank holds the whole model and
-averages all of it. ``full_state`` reassembles whole tensors from the per-rank states, on
-or off line, for export; ``load_full_state`` takes whole tensors back into any layout (a
-run resumed on another number of ranks: ``pipeline.run_dir.reshard``).
+initialisation). Under ZeRO-3 each rank averages only the partition of every parameter it
+owns (``param.ds_tensor``: a flat, padded slice), so the EMA costs 4 bytes per parameter
+divided by the world size; under ZeRO-1/2 every rank averages the whole model.
+``state_dict`` is what a checkpoint's rank file holds (``pipeline.run_dir.rank_files``, whose
+``whole_ema`` puts the slices back together); ``load_full_state`` takes whole tensors back
+into any layout. The manual: docs/training.md#what-a-step-computes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-__all__ = ["EMA", "ema_decay", "full_state"]
+__all__ = ["EMA", "ema_decay"]
 
 # The warmup of TensorFlow's ExponentialMovingAverage(num_updates): decay (1 + n) / (10 + n).
 WARMUP_OFFSET = 10.0
@@ -85,7 +85,7 @@ class EMA:
 
     @torch.no_grad()
     def load_full_state(self, shadow: dict[str, Tensor], updates: int) -> None:
-        """Load whole EMA tensors (``full_state``'s, of any number of ranks): under ZeRO-3 this
+        """Load whole EMA tensors (``whole_ema``'s, of any number of ranks): under ZeRO-3 this
         rank keeps its partition of each, as DeepSpeed cuts it (the flat tensor, zero-padded to
         a multiple of the world size, in equal slices by rank), else all of it."""
         if set(shadow) != set(self.shadow):
@@ -125,19 +125,3 @@ def _gather_full(local: Tensor, numel: int, shape: torch.Size) -> Tensor:
     parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, local)
     return torch.cat(parts)[:numel].view(shape)
-
-
-def full_state(states: list[dict]) -> dict[str, Tensor]:
-    """Whole float32 tensors from the EMA states of all ranks (rank order), for export.
-
-    Unpartitioned states are identical on every rank; the first is used.
-    """
-    first = states[0]
-    if not first["partitioned"]:
-        return {name: t.clone() for name, t in first["shadow"].items()}
-    full = {}
-    for name, shape in first["shapes"].items():
-        numel = int(torch.Size(shape).numel())
-        flat = torch.cat([state["shadow"][name] for state in states])
-        full[name] = flat[:numel].view(shape).clone()
-    return full

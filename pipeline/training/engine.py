@@ -1,11 +1,11 @@
 """The DeepSpeed engine: batch arithmetic, ZeRO stage, precision, optimizer, LR schedule.
 
-Everything DeepSpeed needs is derived from the typed config here, so the JSON DeepSpeed
-sees is a function of (config, world size, device) and is logged with the run. Every
-"auto" of ``train`` is decided here, once, into a ``TrainingPlan``: the ZeRO stage from the
-model states' memory, the micro-batch (and activation checkpointing) from the activations'
-memory estimate, compile from the device, and the attention kernel by asking SDPA
-(``pipeline.training.attention``).
+Everything DeepSpeed needs is derived from the typed config here, so the JSON DeepSpeed sees
+is a function of (config, world size, device) and is logged with the run. Every "auto" of
+``train`` is decided here, once, into a ``TrainingPlan``: the ZeRO stage from the model
+states' memory, the micro-batch (and activation checkpointing) from the activations' memory
+estimate, compile from the device, and the attention kernel by asking SDPA
+(``pipeline.training.attention``). The manual: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The caller's code that a training loop runs on every rank (light: the command line imports
-it without the training stack)."""
+it without the training stack). The manual: docs/cluster.md#ray-train."""
 
 from __future__ import annotations
 

@@ -1,25 +1,19 @@
 """Starting a new run from another run's weights (``unmask train --init-from SOURCE``).
 
-SOURCE is an export (``unmask export``'s, or ``unmask import mdlm``'s) or a training run
-directory, whose newest intact checkpoint gives its EMA weights (``weights="model"``: the live
-ones). The new run has a config of its own (another schedule, learning rate, process, context
-length); only its network must have the source's tensors, name for name and shape for shape.
-What the config cannot say about the network, the options of an exact import (MDLM's biases,
-its time input, untied head...: ``SOURCE_ARCHITECTURE``), is the source's.
-
-The weights are loaded into the module before DeepSpeed wraps it, so every ZeRO stage
-partitions the loaded values; the optimizer starts fresh and the EMA starts from them. The
-source is recorded (``InitRecord``: path, kind, weights, step, sha256 of the weights file or of
-the checkpoint's state file, config hash, tokenizer hash, network) in every checkpoint's
-``unmask_state.json``, and from there in MLflow, the export and ``run_summary.json``.
-
-A run that has checkpoints resumes from its own and never reloads the source; the record of
-its checkpoint still shapes its network. Asking such a run for another source is refused.
+SOURCE is an export or a training run directory (its newest intact checkpoint's EMA weights,
+or with ``weights="model"`` the live ones). The new run has a config of its own; only its
+network must have the source's tensors, name for name and shape for shape, and what no config
+field sets is the source's (``SOURCE_ARCHITECTURE``). The weights are loaded before DeepSpeed
+wraps the module (``load_source``), so every ZeRO stage partitions them; the source is recorded
+(``InitRecord``) in every checkpoint. A run that has checkpoints resumes from its own and
+never reloads the source (``starting_point``); asking it for another source is refused. The
+manual: docs/training.md#starting-from-another-runs-weights-init-from.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Literal
@@ -35,11 +29,25 @@ from common.outputs import InputPath
 from model.spec import ModelSpec
 from model.transformer import TransformerConfig, unpadded_state
 from pipeline.interchange.export import CONFIG_FILE, TOKENIZER_DIR, WEIGHTS_FILE, canonical_name, checkpoint_tensors
-from pipeline.run_dir.checkpoint import STATE_FILE, CheckpointMeta, intact_checkpoint, read_state
+from pipeline.run_dir.checkpoint import STATE_FILE, CheckpointMeta, EarlierCheckpoint, intact_checkpoint, read_state
 from pipeline.run_dir.layout import TAG_PATTERN, RunLayout
 
-__all__ = ["InitFrom", "InitRecord", "InitSource", "InitWeights", "SOURCE_ARCHITECTURE", "read_source",
-           "recorded_source", "with_source_architecture", "check_tokenizer", "load_source", "init_inputs"]
+__all__ = [
+    "SOURCE_ARCHITECTURE",
+    "InitFrom",
+    "InitRecord",
+    "InitSource",
+    "InitWeights",
+    "check_tokenizer",
+    "init_inputs",
+    "load_source",
+    "read_source",
+    "recorded_source",
+    "starting_point",
+    "with_source_architecture",
+]
+
+log = logging.getLogger("unmask.train")
 
 
 InitWeights = Literal["ema", "model"]
@@ -160,7 +168,6 @@ def _read_run(path: Path, weights: InitWeights) -> InitSource:
     return InitSource(record, tensors)
 
 
-
 def recorded_source(run_dir: Path, init: InitFrom | None) -> InitRecord | None:
     """The source recorded in ``run_dir``'s latest checkpoint (None: no checkpoint, or a run
     from scratch). ``init`` (this call's --init-from) must name that source: a run with
@@ -191,9 +198,27 @@ def _newest_state(layout: RunLayout) -> CheckpointMeta | None:
     for directory in sorted((d for d in layout.checkpoints.iterdir() if TAG_PATTERN.match(d.name)), reverse=True):
         try:
             return read_state(directory)
-        except UserError:  # half-written or corrupt: an older one says the same
+        except EarlierCheckpoint:
+            raise
+        except UserError:  # half-written or corrupt: an earlier one says the same
             continue
     return None
+
+
+def starting_point(run_dir: Path, init_from: InitFrom | None, is_main: bool) -> InitRecord | InitSource | None:
+    """What a run's network starts from: with checkpoints, the record of the source its
+    checkpoint names (its weights come from the checkpoint; ``recorded_source`` refuses another
+    source); without, ``init_from``'s source, read on every rank (each builds its own module)."""
+    recorded = recorded_source(run_dir, init_from)
+    if recorded is not None or init_from is None:
+        if recorded is not None and init_from is not None and is_main:
+            log.info("%s has checkpoints: resuming from its own, not reloading --init-from %s", run_dir,
+                     recorded.source)
+        return recorded
+    source = read_source(init_from)
+    if is_main:
+        log.info("starting from the %s; optimizer state fresh, EMA from these weights", source.record.summary())
+    return source
 
 
 def with_source_architecture(network: TransformerConfig, record: InitRecord) -> TransformerConfig:

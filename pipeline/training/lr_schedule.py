@@ -1,7 +1,7 @@
 """Learning rate: linear warmup, then constant or cosine decay (a ``LambdaLR``).
 
 The multiplier is a pure function of the optimizer step, so the schedule's state is its
-step count, which DeepSpeed checkpoints with the engine.
+step count, which DeepSpeed checkpoints with the engine. The manual: docs/training.md#configuration.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Block diffusion's data-driven clipping: the masking-rate interval with the least loss variance.
 
-BD3-LM (Arriola et al. 2025, "data-driven noise schedules") trains each block at a masking
-rate drawn in [beta, omega] instead of [0, 1] and picks the interval whose training loss has
-the least variance on held-out data. With ``train.block_mask_rate_search`` the trainer does
-that at every validation: on the validation batches (EMA weights, the validation's own seeds,
-so every candidate sees the same data, times u and masks' uniforms: common random numbers), it
-computes each candidate's clipped loss per sequence (nats per token; ``DiffusionObjective``
-with ``mask_rate`` = the candidate), its variance over the sequences of every rank, and trains
-on with the interval of the least variance until the next validation. The choice is logged
-(``val/block_mask_rate_beta``, ``_omega``, ``val/block_mask_rate_loss_variance``) and kept in the
-checkpoint, so a resumed run trains on it. The clipped loss is not a bound: what validation
-reports stays the full one.
-
-``CANDIDATES`` is the grid searched: beta in {0, 0.1, 0.2, 0.3, 0.45}, omega in {0.5, 0.65,
-0.8, 0.95, 1}, the paper's [0.3, 0.8] (L' = 16) and [0.45, 0.95] (L' = 4) among them.
+With ``train.block_mask_rate_search`` the trainer searches at every validation, on the
+validation batches with the EMA weights and the validation's seeds (every candidate sees the
+same data, times and masks): ``interval_variances`` gives each candidate [beta, omega] of
+``CANDIDATES`` the variance of its clipped loss per sequence over every rank, and the trainer
+trains on the least's (``least_variance``) until the next validation. The manual:
+docs/block-diffusion.md#train (BD3-LM's "data-driven noise schedules").
 """
 
 from __future__ import annotations
@@ -23,12 +15,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from pipeline.training.objective import DiffusionObjective, MicroBatchSlot, _denoiser_of, row_generators
+from model.denoiser import Denoiser
+from pipeline.training.objective import DiffusionObjective, MicroBatchSlot
 
 __all__ = ["CANDIDATES", "IntervalVariance", "interval_variances", "least_variance"]
 
+# beta in {0, 0.1, 0.2, 0.3, 0.45} and omega in {0.5, 0.65, 0.8, 0.95, 1}: the paper's [0.3, 0.8]
+# (L' = 16) and [0.45, 0.95] (L' = 4) among them.
 _BETAS = (0.0, 0.1, 0.2, 0.3, 0.45)
 _OMEGAS = (0.5, 0.65, 0.8, 0.95, 1.0)
 CANDIDATES: tuple[tuple[float, float], ...] = tuple(itertools.product(_BETAS, _OMEGAS))
@@ -47,21 +42,19 @@ class IntervalVariance:
 
 
 @torch.no_grad()
-def interval_variances(objective: DiffusionObjective, network: nn.Module, batches: list[Tensor], seed: int,
+def interval_variances(bound: DiffusionObjective, denoiser: Denoiser, batches: list[Tensor], seed: int,
                        rank: int, world_size: int, all_reduce: AllReduce,
                        candidates: tuple[tuple[float, float], ...] = CANDIDATES) -> list[IntervalVariance]:
-    """Each candidate's mean and variance of the clipped loss per sequence, over ``batches``
-    (this rank's) and every rank's (``all_reduce`` sums lists of floats), in ``candidates``' order."""
+    """Each candidate's mean and variance of the clipped loss per sequence (nats per token;
+    ``bound`` clipped to it), over ``batches`` (this rank's) and every rank's (``all_reduce``
+    sums lists of floats), in ``candidates``' order."""
     sums = []
     for interval in candidates:
-        clipped = DiffusionObjective(objective.diffusion, interval)
+        clipped = bound.clipped(interval)
         total = square = count = 0.0
         for i, x0 in enumerate(batches):
             slot = MicroBatchSlot(seed=seed, step=i, rank=rank, world_size=world_size, micro=0, micro_batches=1)
-            times = clipped._block_times(x0, slot, clip=True).to(x0.device)
-            masks = row_generators(x0.device, slot, x0.shape[0])
-            per_token = clipped.diffusion.nelbo(_denoiser_of(network), x0, times, masks,
-                                                reconstruction="uniform") / x0.shape[1]
+            per_token = clipped.nelbo(denoiser, x0, slot) / x0.shape[1]
             total += float(per_token.sum())
             square += float((per_token ** 2).sum())
             count += per_token.numel()

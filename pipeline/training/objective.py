@@ -1,30 +1,19 @@
-"""The training objective of a micro-batch: the NELBO per token (or the AR baseline's NLL).
+"""The training objective of a micro-batch: the NELBO per sequence (or the AR baseline's NLL).
 
-For the diffusion model the loss of an optimizer step is
-
-    loss = sum over the global batch of NELBO(x) / (global batch x L)     (nats per token)
-
-estimated with one (t, z_t) per sequence. The times are low-discrepancy over the GLOBAL
-batch: one uniform u per step, shared by every rank (its generator is seeded by
-(seed, step)), and micro-batch m of rank r takes the slots ((m * W + r) * b, ...) of the
-stratified grid. The masks of each sequence come from its own generator, seeded by (seed,
-step, its place in the global batch). Neither depends on how ranks and micro-batches split
-the global batch (the loader makes global batches the same for any split too), so a step is
-a pure function of the weights, the global batch and these seeds: resuming from a
-checkpoint repeats it bit for bit, and on another number of ranks up to float rounding.
-Every micro-batch makes the same network calls on every rank (``reconstruction="uniform"``),
-which ZeRO-3's collective gathers require.
-
-The process comes from the model's ``ModelSpec`` (``model_spec``), the one export writes.
-A process without parameters (absorbing, uniform) is driven from here, the network as its
-denoiser (``DiffusionObjective``). The learned process's schedule is trained with the
-network, inside the trained module (``model.trainable.NetworkWithSchedule``), whose forward is
-the bound (``LearnedScheduleObjective``); ``state_metrics`` reports its exponents.
+The loss of an optimizer step is the sum over the global batch of NELBO(x) / (global batch
+x L), nats per token (docs/math.md#the-bound), with one (t, z_t) per sequence. What a caller
+relies on: the times and masks of a sequence depend only on (seed, step, its place in the
+global batch) (``MicroBatchSlot``; the times are low-discrepancy over the global batch,
+docs/math.md#low-discrepancy-times), so a step is a pure function of the weights, the global
+batch and the seeds, whatever the ranks and micro-batches; every micro-batch makes the same
+network calls on every rank (ZeRO-3's gathers need it). An objective is given the trained
+module as ``engine_model`` makes it of DeepSpeed's engine: the wrapper stops there. The
+manual: docs/training.md#what-a-step-computes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -35,17 +24,27 @@ from model.block_attention import CleanBlocksDenoiser
 from model.block_diffusion import BlockDiffusion, block_times
 from model.denoiser import Denoiser
 from model.generators import seeded_generators
-from model.learned import ExponentSpread, exponent_spread, learned_schedule_arguments
+from model.learned import ExponentSpread, exponent_spread
 from model.process import DiffusionProcess, low_discrepancy_times
-from model.schedules import make_schedule
-from model.spec import LEARNED_SCHEDULE, ModelSpec, build_process
+from model.spec import ModelSpec, build_process
 from model.trainable import NetworkWithSchedule
-from model.transformer import Transformer, TransformerConfig
-from pipeline.config import ModelSection
+from model.transformer import Transformer
 
-__all__ = ["AutoregressiveObjective", "DiffusionObjective", "EngineDenoiser", "LearnedScheduleObjective",
-           "MicroBatchSlot", "Objective", "make_objective", "model_spec", "row_generators", "schedule_metrics",
-           "step_generator"]
+__all__ = [
+    "FULL_MASK_RATE",
+    "AutoregressiveObjective",
+    "DiffusionObjective",
+    "EngineDenoiser",
+    "LearnedScheduleObjective",
+    "MicroBatchSlot",
+    "Objective",
+    "TrainedModel",
+    "engine_model",
+    "make_objective",
+    "row_generators",
+    "schedule_metrics",
+    "step_generator",
+]
 
 
 # [beta, omega] of block diffusion's training-only clipping that clips nothing.
@@ -79,14 +78,19 @@ class MicroBatchSlot:
         return self.micro_batches * self.world_size * batch
 
 
-class Objective(Protocol):
-    def loss_sum(self, network: nn.Module, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
-        """Sum over the micro-batch of the per-sequence bound (float64 scalar, differentiable).
-        ``network``: the trained module (``model.spec.build_trainable``), or DeepSpeed's engine around it."""
+# What an objective calls: the network as a ``Denoiser``, or a ``NetworkWithSchedule`` (the learned
+# process's trained module, whose forward is the bound); either inside DeepSpeed's engine
+# (``engine_model``) or bare.
+TrainedModel = Denoiser | nn.Module
 
-    def state_metrics(self, network: nn.Module) -> dict[str, float]:
-        """Metrics of the process's own parameters in ``network`` ({} for a process without
-        any). Every rank calls it: under ZeRO-3 it gathers them."""
+
+class Objective(Protocol):
+    def loss_sum(self, model: TrainedModel, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
+        """Sum over the micro-batch of the per-sequence bound (float64 scalar, differentiable)."""
+
+    def state_metrics(self, module: nn.Module) -> dict[str, float]:
+        """Metrics of the process's own parameters in the trained ``module`` ({} for a process
+        without any). Every rank calls it: under ZeRO-3 it gathers them."""
 
 
 class EngineDenoiser(Denoiser):
@@ -125,10 +129,10 @@ class EngineDenoiser(Denoiser):
         return self.network.time_independent
 
 
-def _denoiser_of(network: nn.Module) -> Denoiser:
-    """The network a trainer hands an objective, as a denoiser: a ``Denoiser`` itself (a
-    bare ``Transformer``), or DeepSpeed's engine around one."""
-    return network if isinstance(network, Denoiser) else EngineDenoiser(network)
+def engine_model(engine: nn.Module) -> TrainedModel:
+    """DeepSpeed's ``engine`` as an objective calls it: the ``NetworkWithSchedule`` it holds through
+    the engine's forward (the engine itself), or the network it holds as a ``Denoiser``."""
+    return engine if isinstance(engine.module, NetworkWithSchedule) else EngineDenoiser(engine)
 
 
 def row_generators(device: torch.device, slot: MicroBatchSlot, batch: int) -> list[torch.Generator]:
@@ -147,40 +151,49 @@ def _times_and_masks(x0: Tensor, slot: MicroBatchSlot) -> tuple[Tensor, list[tor
     return t.to(x0.device), row_generators(x0.device, slot, batch)
 
 
+@dataclass(frozen=True)
 class DiffusionObjective:
-    """The continuous-time NELBO with both endpoint terms (a strict bound, see MATH.md).
+    """The continuous-time NELBO with both endpoint terms, a strict bound (docs/math.md#the-bound).
 
-    Block diffusion (``BlockDiffusion``) takes one time per block, low-discrepancy over
-    the global batch's blocks (``block_times``, the same seeds and slots), and may clip each
-    block's masking rate to ``mask_rate`` = [beta, omega] while the network trains (the
-    paper's variance reduction): the rate is then beta + (omega - beta) u for the stratified
-    u, with the weight w(t) at the time that rate is reached. That is not a bound; validation
-    (the network in eval mode) always gets the full one.
+    Block diffusion (``BlockDiffusion``) takes one time per block, low-discrepancy over the
+    global batch's blocks (``block_times``, the same seeds and slots). With ``mask_rate`` =
+    [beta, omega] narrower than [0, 1] each block's masking rate is beta + (omega - beta) u
+    for the stratified u, with the weight w(t) at the time that rate is reached: the paper's
+    variance reduction for training, not a bound (a trainer validates on the full one).
     """
 
-    def __init__(self, diffusion: DiffusionProcess, mask_rate: tuple[float, float] = FULL_MASK_RATE) -> None:
-        self.diffusion = diffusion
-        self.mask_rate = tuple(mask_rate)
+    diffusion: DiffusionProcess
+    mask_rate: tuple[float, float] = FULL_MASK_RATE
 
-    def loss_sum(self, network: nn.Module, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mask_rate", tuple(self.mask_rate))
+
+    def clipped(self, mask_rate: tuple[float, float]) -> DiffusionObjective:
+        """This objective with block diffusion's masking rates in ``mask_rate``."""
+        return replace(self, mask_rate=mask_rate)
+
+    def loss_sum(self, model: Denoiser, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
+        return self.nelbo(model, x0, slot).sum()
+
+    def nelbo(self, denoiser: Denoiser, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
+        """The bound of each sequence of the micro-batch [B] (float64) at its slot's times and masks."""
         if isinstance(self.diffusion, BlockDiffusion):
-            # DeepSpeed's engine.eval() leaves the engine's own flag set: ask the network it holds.
-            t = self._block_times(x0, slot, clip=getattr(network, "module", network).training).to(x0.device)
+            t = self._block_times(x0, slot).to(x0.device)
             masks = row_generators(x0.device, slot, x0.shape[0])
         else:
             t, masks = _times_and_masks(x0, slot)
-        return self.diffusion.nelbo(_denoiser_of(network), x0, t, masks, reconstruction="uniform").sum()
+        return self.diffusion.nelbo(denoiser, x0, t, masks, reconstruction="uniform")
 
-    def _block_times(self, x0: Tensor, slot: MicroBatchSlot, *, clip: bool) -> Tensor:
+    def _block_times(self, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
         batch, blocks = x0.shape[0], self.diffusion.num_blocks(x0.shape[1])
         time_gen = step_generator(torch.device("cpu"), slot.seed, slot.step)
         u = block_times(batch, blocks, time_gen, offset=slot.offset(batch), global_batch_size=slot.global_batch(batch))
-        if not clip or self.mask_rate == FULL_MASK_RATE:
+        if self.mask_rate == FULL_MASK_RATE:
             return u
         low, high = self.mask_rate
         return self.diffusion.schedule.time_at_masking_rate(low + (high - low) * u)
 
-    def state_metrics(self, network: nn.Module) -> dict[str, float]:
+    def state_metrics(self, module: nn.Module) -> dict[str, float]:
         return {}
 
 
@@ -189,17 +202,16 @@ class LearnedScheduleObjective:
     and the schedule, whose theta ZeRO-3 gathers for that forward only): the same times and
     masks as ``DiffusionObjective``, K draws of z_t per sequence inside the call."""
 
-    def loss_sum(self, network: nn.Module, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
+    def loss_sum(self, model: nn.Module, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
         t, masks = _times_and_masks(x0, slot)
-        return network(x0, t, masks).sum()
+        return model(x0, t, masks).sum()
 
-    def state_metrics(self, network: nn.Module) -> dict[str, float]:
+    def state_metrics(self, module: NetworkWithSchedule) -> dict[str, float]:
         """The spread of the live exponents w_v (below 1/2 the estimator's variance is infinite)."""
         import deepspeed  # imported when needed: evaluation and tests use this module without it
 
-        model: NetworkWithSchedule = getattr(network, "module", network)  # DeepSpeed keeps it in .module
-        with torch.no_grad(), deepspeed.zero.GatheredParameters(list(model.schedule.parameters())):
-            return schedule_metrics(exponent_spread(model.schedule.exponents(), count=1))
+        with torch.no_grad(), deepspeed.zero.GatheredParameters(list(module.schedule.parameters())):
+            return schedule_metrics(exponent_spread(module.schedule.exponents(), count=1))
 
 
 def schedule_metrics(spread: ExponentSpread, prefix: str = "schedule") -> dict[str, float]:
@@ -214,22 +226,11 @@ class AutoregressiveObjective:
     def __init__(self, autoregressive: Autoregressive) -> None:
         self.autoregressive = autoregressive
 
-    def loss_sum(self, network: nn.Module, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
-        return self.autoregressive.nll(network, x0).sum()
+    def loss_sum(self, model: Denoiser, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
+        return self.autoregressive.nll(model, x0).sum()
 
-    def state_metrics(self, network: nn.Module) -> dict[str, float]:
+    def state_metrics(self, module: nn.Module) -> dict[str, float]:
         return {}
-
-
-def model_spec(model: ModelSection, network: TransformerConfig) -> ModelSpec:
-    """The spec of the model that the config section ``model`` trains on ``network``. For the
-    learned process ``model.schedule`` names where the exponents start: the spec's schedule is
-    GenMD4's, with the arguments of ``learned_schedule_arguments``."""
-    schedule, arguments = model.schedule, dict(model.schedule_args)
-    if model.process == "learned":
-        schedule, arguments = LEARNED_SCHEDULE, learned_schedule_arguments(make_schedule(schedule, **arguments))
-    return ModelSpec(network=network, objective=model.objective, process=model.process, schedule=schedule,
-                     schedule_args=arguments, block_size=model.block_size)
 
 
 def make_objective(spec: ModelSpec, *, validate: bool, chunk_rows: int = 0,

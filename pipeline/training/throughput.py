@@ -1,32 +1,34 @@
-"""Throughput and model FLOPs utilization (MFU).
+"""Throughput and model FLOPs utilization (MFU), and the meter of the loop's log intervals.
 
-MFU = tokens/s x FLOPs per token / peak FLOP/s of the device, with the convention of the
-PaLM and nanoGPT papers for a transformer with full attention:
-
-    FLOPs per token = 6 N + 12 x layers x d_model x seq_len
-
-N counts every parameter once (the tied output head included: its matmul is real work).
-The training loss computes logits only at masked positions, so the work actually done is
-a little less than the formula; MFU by convention credits the full model. Block diffusion's
-step does more work per token (a forward over 2L rows): ``block_diffusion_flops_per_token``.
-
-Inference (``forward_flops``) counts the work actually done: every token passed through the
-blocks costs 2 x (non-embedding parameters) + 4 x layers x d_model x seq_len (the forward third
-of the above), and only the rows whose logits are computed cost the head's 2 x d_model x V (the
-estimator's masked rows, a sampler's revealed positions). With every row's logits it is the
-forward convention 2 N + 4 x layers x d_model x seq_len.
+MFU = tokens/s x FLOPs per token / peak FLOP/s of the device, with the PaLM and nanoGPT
+convention for training (``flops_per_token``): 6 N + 12 x layers x d_model x seq_len, N every
+parameter of the true vocabulary once; block diffusion's step does more work per token
+(``block_diffusion_flops_per_token``). Inference (``forward_flops``) counts the work actually
+done: the head only at the rows whose logits are computed. ``IntervalMeter`` sums the loss and
+tokens of the steps since the last log on the device (no host sync per step). The manual:
+docs/performance.md and docs/mlflow.md#what-a-run-holds.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import time
+from dataclasses import dataclass, replace
 
 import torch
 
 from model.transformer import TransformerConfig, parameter_counts
+from pipeline.distributed import Distributed
 
-__all__ = ["block_diffusion_flops_per_token", "flops_per_token", "forward_flops", "peak_flops", "mfu",
-           "PEAK_BF16_FLOPS"]
+__all__ = [
+    "PEAK_BF16_FLOPS",
+    "Interval",
+    "IntervalMeter",
+    "block_diffusion_flops_per_token",
+    "flops_per_token",
+    "forward_flops",
+    "mfu",
+    "peak_flops",
+]
 
 # Dense bf16 tensor-core peaks (no sparsity), FLOP/s, from the vendors' data sheets.
 PEAK_BF16_FLOPS = {
@@ -81,3 +83,37 @@ def mfu(tokens_per_second: float, flops_per_token_: float, peak: float | None, d
     if peak is None:
         return None
     return tokens_per_second * flops_per_token_ / (peak * devices)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The steps since the last log, over every rank."""
+
+    loss: float                 # nats per token
+    tokens_per_second: float
+    step_time: float            # seconds per step
+
+
+class IntervalMeter:
+    """Loss and token sums since the last ``collect``, kept on ``device``."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._reset()
+
+    def _reset(self) -> None:
+        self.loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.tokens, self.steps, self.start = 0, 0, time.perf_counter()
+
+    def add(self, loss_sum: torch.Tensor, tokens: int) -> None:
+        """A micro-batch's summed loss (nats) over ``tokens`` tokens."""
+        self.loss += loss_sum
+        self.tokens += tokens
+
+    def collect(self, dist: Distributed) -> Interval:
+        """The interval since the last collect, summed over all ranks (every rank calls it)."""
+        loss, tokens = dist.sum([self.loss.item(), float(self.tokens)])
+        seconds = time.perf_counter() - self.start
+        steps = max(self.steps, 1)
+        self._reset()
+        return Interval(loss / tokens, tokens / seconds if seconds > 0 else float("nan"), seconds / steps)

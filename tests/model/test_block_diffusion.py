@@ -173,19 +173,21 @@ def test_the_training_loss_is_the_block_bound_at_the_slots_times():
 
 @torch.no_grad()
 def test_mask_rate_clipping_is_for_training_only():
-    from pipeline.training.objective import MicroBatchSlot
+    """The clipped objective is what the trainer trains on; it validates on the bound unclipped
+    (``TrainingParts.bound``), whatever the network's mode."""
+    from pipeline.training.objective import FULL_MASK_RATE, MicroBatchSlot
 
     x0 = torch.randint(0, 11, (8, 16), generator=torch.Generator().manual_seed(9))
     slot = MicroBatchSlot(seed=0, step=1, rank=0, world_size=1, micro=0, micro_batches=1)
     clipped, network = _objective_and_network(mask_rate=(0.45, 0.95))
     full, _ = _objective_and_network()
-    network.train()  # no dropout: train mode changes nothing in the network itself
-    times = clipped._block_times(x0, slot, clip=True)
+    times = clipped._block_times(x0, slot)
     rates = clipped.diffusion.schedule.masking_rate(times)
     assert rates.min() >= 0.45 - 1e-9 and rates.max() <= 0.95 + 1e-9
-    assert float(clipped.loss_sum(network, x0, slot)) != float(full.loss_sum(network, x0, slot))
-    network.eval()  # validation: the full bound whatever the clipping
-    assert float(clipped.loss_sum(network, x0, slot)) == float(full.loss_sum(network, x0, slot))
+    for mode in (network.train, network.eval):  # no dropout: the mode changes nothing in the network itself
+        mode()
+        assert float(clipped.loss_sum(network, x0, slot)) != float(full.loss_sum(network, x0, slot))
+    assert float(clipped.clipped(FULL_MASK_RATE).loss_sum(network, x0, slot)) == float(full.loss_sum(network, x0, slot))
 
 
 def test_block_diffusion_is_refused_where_the_math_is_not_carried_over():
@@ -481,7 +483,7 @@ def test_the_interval_search_picks_the_least_variance_of_the_clipped_loss():
     values = []
     for i, x0 in enumerate(batches):
         slot = MicroBatchSlot(seed=5, step=i, rank=0, world_size=1, micro=0, micro_batches=1)
-        times = clipped._block_times(x0, slot, clip=True)
+        times = clipped._block_times(x0, slot)
         values.append(clipped.diffusion.nelbo(network, x0, times, row_generators(x0.device, slot, 6),
                                               reconstruction="uniform") / 16)
     values = torch.cat(values)

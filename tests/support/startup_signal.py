@@ -12,10 +12,10 @@ import os
 import signal
 import sys
 
-import pipeline.training.trainer
+import pipeline.training.build
 from orchestration.cli import main
 
-_find_tokenizer = pipeline.training.trainer.find_tokenizer
+_find_tokenizer = pipeline.training.build.find_tokenizer
 
 
 def _preempted_while_loading(*args, **kwargs):
@@ -24,5 +24,5 @@ def _preempted_while_loading(*args, **kwargs):
 
 
 if __name__ == "__main__":
-    pipeline.training.trainer.find_tokenizer = _preempted_while_loading
+    pipeline.training.build.find_tokenizer = _preempted_while_loading
     sys.exit(main(sys.argv[1:]))

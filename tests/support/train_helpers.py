@@ -58,6 +58,20 @@ def make_tinyshakespeare_shards(root: Path, seq_len: int = 64, vocab_size: int =
     return out
 
 
+def checkpoint_meta(config: dict, **network: int):
+    """A ``CheckpointMeta`` of ``config`` (``Config.to_dict()``) on a small network of 37 tokens
+    (``network`` overrides its fields), for tests of what a resume accepts."""
+    from dataclasses import asdict
+
+    from model.transformer import TransformerConfig
+    from pipeline.run_dir.checkpoint import CheckpointMeta, TrainState
+
+    shape = TransformerConfig(**{"vocab_size": 37, "n_layers": 1, "d_model": 32, "n_heads": 4, "max_seq_len": 64,
+                                 **network})
+    return CheckpointMeta(state=TrainState(), config=config, config_sha256="c", data_sha256="d", tokenizer_sha256="t",
+                          network=asdict(shape), zero_stage=1, precision="fp32", batch_plan={}, world_size=1)
+
+
 def write_config(path: Path, overrides: dict | None = None) -> Path:
     config = json.loads(json.dumps(MICRO_CONFIG))
     for section, values in (overrides or {}).items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -20,11 +21,16 @@ from common.errors import UserError
 from pipeline.interchange.export import export
 from pipeline.run_dir.checkpoint import (
     STATE_FILE,
+    CheckpointMeta,
+    EarlierCheckpoint,
+    TrainState,
     _file_records,
     intact_checkpoint,
+    read_state,
     resolve_checkpoint,
     verify_checkpoint,
 )
+from pipeline.run_dir.rank_files import rng_state, set_rng_state
 from pipeline.run_dir.safe_load import UnsafeOrCorruptFile, load_torch_file
 from tests.support.cli_runner import run_unmask
 from tests.support.train_helpers import run_train, write_config
@@ -87,15 +93,45 @@ def test_a_payload_is_refused_by_name_and_never_runs(tmp_path):
     assert not marker.exists()
 
 
-def test_plain_tensor_state_and_legacy_numpy_rng_state_load(tmp_path):
+def test_a_rank_files_state_loads_and_numpys_own_rng_state_is_refused(tmp_path):
+    """A rank file holds tensors and plain values, its RNG states included (``rng_state``);
+    numpy's own state pickles numpy's constructors, which an unmask file never holds."""
     import numpy as np
 
     path = tmp_path / "state.pt"
-    state = {"shadow": {"w": torch.arange(3.0)}, "numpy": np.random.get_state(), "python": (3, (1, 2), None)}
-    torch.save(state, path)
+    torch.save({"shadow": {"w": torch.arange(3.0)}, "rng": rng_state(), "python": (3, (1, 2), None)}, path)
     loaded = load_torch_file(path)
     assert torch.equal(loaded["shadow"]["w"], torch.arange(3.0))
-    assert (loaded["numpy"][1] == state["numpy"][1]).all()
+    torch.save({"rng": {"numpy": np.random.get_state()}}, path)
+    with pytest.raises(UnsafeOrCorruptFile, match=r"state.pt: refused: loading it would call numpy"):
+        load_torch_file(path)
+
+
+def test_the_rng_states_of_a_rank_file_restore_every_generator(tmp_path):
+    import random
+
+    import numpy as np
+
+    torch.save({"rng": rng_state()}, tmp_path / "rank-00000.pt")
+    drawn = (torch.rand(3), np.random.rand(3), random.random())
+    set_rng_state(load_torch_file(tmp_path / "rank-00000.pt")["rng"])
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(drawn[0], again[0]) and (drawn[1] == again[1]).all() and drawn[2] == again[2]
+
+
+def test_a_state_file_of_an_earlier_unmask_is_refused_in_one_line(tmp_path):
+    record = json.loads(CheckpointMeta(state=TrainState(), config={}, config_sha256="c", data_sha256="d",
+                                       tokenizer_sha256="t", network={}, zero_stage=1, precision="fp32",
+                                       batch_plan={}, world_size=1).to_json())
+    path = tmp_path / "step-00000003" / STATE_FILE
+    path.parent.mkdir()
+    path.write_text(json.dumps(record))
+    assert read_state(path.parent).files == {} and verify_checkpoint(path.parent) is None
+    del record["files"]  # checkpoints recorded no files before their integrity was checked
+    path.write_text(json.dumps(record))
+    with pytest.raises(EarlierCheckpoint, match=rf"^{path}: written by an earlier unmask \(no files\); train again "
+                                                r"in a new --run-dir$"):
+        verify_checkpoint(path.parent)
 
 
 def test_a_truncated_file_is_named_as_truncated(tmp_path):
@@ -177,6 +213,22 @@ def test_export_of_a_truncated_checkpoint_names_the_file_and_the_intact_step(run
                                         rf"`unmask export {run_copy} --checkpoint 3`"):
         export(run_copy)
     assert export(run_copy, step=3).is_dir()
+
+
+@pytest.mark.slow
+def test_a_run_of_an_earlier_unmask_is_refused_by_resume_and_export_in_one_line(run_copy, shards, config):
+    for tag in (EARLIER, LAST):
+        path = run_copy / "checkpoints" / tag / STATE_FILE
+        record = json.loads(path.read_text())
+        del record["init_from"]  # a field every checkpoint records since --init-from
+        path.write_text(json.dumps(record))
+    refusal = (f"{run_copy / 'checkpoints' / LAST / STATE_FILE}: written by an earlier unmask (no init_from); "
+               f"train again in a new --run-dir")
+    resumed = run_train(run_copy, shards, config, check=False)
+    errors = [line for line in resumed.output.splitlines() if "error" in line.lower()]
+    assert resumed.returncode == 2 and errors == [f"unmask train: error: {refusal}"], resumed.output[-3000:]
+    with pytest.raises(EarlierCheckpoint, match=re.escape(refusal)):
+        export(run_copy)
 
 
 # ----------------------------------------------------------------------------- a broken `latest` pointer

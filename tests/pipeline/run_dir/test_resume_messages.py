@@ -14,7 +14,8 @@ import torch
 from common.errors import UserError
 from orchestration.cli import build_parser
 from pipeline.distributed import Distributed
-from pipeline.run_dir.checkpoint import CheckpointManager, rank_file
+from pipeline.run_dir.checkpoint import CheckpointManager
+from pipeline.run_dir.rank_files import rank_file
 from tests.support.cli_runner import unmask_in_process
 from tests.support.train_helpers import MICRO_RUN, run_train, write_config
 

@@ -25,7 +25,9 @@ from model.cross_entropy import CompiledCrossEntropy
 from model.schedules import make_schedule
 from model.spec import ModelSpec
 from model.transformer import ROW_MULTIPLE, Transformer, TransformerConfig, parameter_counts, preset, unpadded_state
-from pipeline.config import Config, config_differences, load_config, with_legacy_values
+from pipeline.config import Config, config_differences, load_config
+from pipeline.run_dir.checkpoint import EarlierCheckpoint
+from pipeline.run_dir.resume import check_resumable
 from pipeline.training.attention import attention_kernel, available_kernels, resolve_attention
 from pipeline.training.ema import EMA, ema_decay
 from pipeline.training.engine import (
@@ -39,6 +41,7 @@ from pipeline.training.engine import (
     plan_training,
 )
 from pipeline.training.objective import MicroBatchSlot, make_objective
+from tests.support.train_helpers import checkpoint_meta
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -162,18 +165,23 @@ def test_the_uniform_process_scores_a_padded_network_as_the_true_one():
     assert not padded_grads["embed.weight"][VOCAB + 1:].any()
 
 
-def test_vocab_multiple_is_validated_and_runs_before_it_resume_with_one():
+def test_vocab_multiple_is_validated_and_a_checkpoint_without_it_is_refused(tmp_path):
     assert Config().model.vocab_multiple == 128
     with pytest.raises(UserError, match="config field model.vocab_multiple = 0: must be >= 1"):
         load_config(None, {"model.vocab_multiple": "0"})
     saved = Config().to_dict()
-    del saved["model"]["vocab_multiple"]  # a checkpoint written before the field
+    del saved["model"]["vocab_multiple"]  # a checkpoint of an earlier unmask, written before the field
     now = Config().to_dict()
-    assert config_differences(saved, now) == ["model.vocab_multiple: checkpoint 1, now 128"]
-    resumed, adopted = with_legacy_values(Config(), saved)
-    assert resumed.model.vocab_multiple == 1 and adopted == ["model.vocab_multiple = 1"]
-    assert config_differences(saved, resumed.to_dict()) == []
-    assert with_legacy_values(Config(), now) == (Config(), [])  # a checkpoint that has it keeps its own
+    assert config_differences(saved, now) == ["model.vocab_multiple: checkpoint None, now 128"]
+    directory = tmp_path / "checkpoints" / "step-00000003"
+    for allow in (False, True):  # not a config change: a format this unmask does not read
+        with pytest.raises(EarlierCheckpoint, match=r"step-00000003/unmask_state.json: written by an earlier unmask "
+                                                    r"\(its config has no model.vocab_multiple\); train again in a "
+                                                    r"new --run-dir"):
+            check_resumable(checkpoint_meta(saved), checkpoint_meta(now), directory, data_dir=tmp_path,
+                            allow_config_change=allow)
+    assert check_resumable(checkpoint_meta(now), checkpoint_meta(now), directory, data_dir=tmp_path,
+                           allow_config_change=False) == []
     # Exports of those runs have no such key either: refused, naming it (export again).
     record = ModelSpec(network=preset("tiny", VOCAB)).to_dict()
     del record["network"]["vocab_multiple"]

@@ -20,6 +20,8 @@ from model.cross_entropy import chunked_cross_entropy
 from model.schedules import make_schedule
 from model.transformer import Transformer, TransformerConfig, parameter_counts, preset
 from pipeline.config import Config, config_differences, load_config
+from pipeline.run_dir.checkpoint import EarlierCheckpoint
+from pipeline.run_dir.resume import check_resumable
 from pipeline.training.engine import (
     BLOCK_ACTIVATION_WIDTHS,
     BLOCK_FLOAT32_WIDTHS,
@@ -33,6 +35,7 @@ from pipeline.training.engine import (
 )
 from tests.support.cli_runner import CLI_TIMEOUT_S, cli_env
 from tests.support.paths import GPT2, REPO, TINY, require_shared
+from tests.support.train_helpers import checkpoint_meta
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -286,13 +289,15 @@ def test_new_train_fields_are_typed_validated_and_named_in_errors(tmp_path):
         load_config(None, {"train.chunked_cross_entropy": "8", "model.objective": "autoregressive"})
 
 
-def test_checkpoints_written_before_the_new_fields_resume_without_a_difference():
+def test_checkpoints_written_before_the_new_fields_are_refused_and_the_loss_chunking_is_not_resume_safe(tmp_path):
     saved = Config().to_dict()
     for field in ("compile", "chunked_cross_entropy"):
         del saved["train"][field]
-    assert config_differences(saved, Config().to_dict()) == []
-    assert config_differences(saved, load_config(None, {"train.chunked_cross_entropy": "8"}).to_dict()) == [
-        "train.chunked_cross_entropy: checkpoint 0, now 8"]
+    with pytest.raises(EarlierCheckpoint, match=r"written by an earlier unmask \(its config has no train.compile\)"):
+        check_resumable(checkpoint_meta(saved), checkpoint_meta(Config().to_dict()), tmp_path, data_dir=tmp_path,
+                        allow_config_change=True)
+    assert config_differences(Config().to_dict(), load_config(None, {"train.chunked_cross_entropy": "8"}).to_dict()) \
+        == ["train.chunked_cross_entropy: checkpoint 0, now 8"]
 
 
 # ------------------------------------------------------------------ the benchmark

@@ -34,7 +34,7 @@ from pipeline.run_dir.checkpoint import STATE_FILE, read_state, resolve_checkpoi
 from pipeline.training.ema import ema_decay
 from pipeline.training.hooks import TrainHooks
 from pipeline.training.init_from import InitFrom, read_source, recorded_source
-from pipeline.training.objective import MicroBatchSlot, make_objective, model_spec
+from pipeline.training.objective import MicroBatchSlot, make_objective
 from pipeline.training.trainer import train
 from tests.support.cli_runner import DISTRIBUTED_ENV, unmask_in_process
 from tests.support.train_helpers import MICRO_CONFIG, write_config
@@ -91,7 +91,7 @@ def _loss_at(tensors: dict[str, torch.Tensor], export_dir: Path, config, x0: tor
     ``export_dir``'s shape holding ``tensors``, computed outside the trainer."""
     network = load_export(export_dir).network
     network.load_state_dict(tensors)
-    objective = make_objective(model_spec(config.model, network.config), validate=True)
+    objective = make_objective(config.model.spec(network.config), validate=True)
     slot = MicroBatchSlot(seed=config.train.seed, step=step, rank=0, world_size=1, micro=0, micro_batches=1)
     with torch.no_grad():
         return float(objective.loss_sum(network, x0, slot)) / x0.numel()

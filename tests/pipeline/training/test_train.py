@@ -15,7 +15,8 @@ import torch
 from data_prep.shards.loader import StreamingLoader
 from orchestration.exit_codes import PREEMPTED
 from pipeline.interchange.export import export, load_export
-from pipeline.run_dir.checkpoint import rank_file, verify_checkpoint
+from pipeline.run_dir.checkpoint import verify_checkpoint
+from pipeline.run_dir.rank_files import rank_file
 from pipeline.run_dir.reshard import UNIVERSAL_DIR, universal_checkpoint
 from pipeline.tracking.tracker import RUN_DIR_TAG
 from tests.support.batch_log import logged_global_batches, sequence_digest
@@ -177,33 +178,32 @@ def test_resume_on_another_micro_batch_size_sees_the_same_global_batches(tmp_pat
     assert relative_gap(load_export_of(run_dir), load_export_of(reference.run_dir)) < 1e-6
 
 
-def test_a_run_from_before_vocab_multiple_resumes_unpadded_and_exports_hold_the_true_vocabulary(
+def test_a_run_from_before_vocab_multiple_is_refused_and_exports_hold_the_true_vocabulary(
         tmp_path, shards, reference_runs):
-    """Checkpoints written before model.vocab_multiple existed (their config and network lack
-    it) resume with 1, the shape of their weights, under today's default config (128). The
-    vocabulary of these shards, 384, is a multiple of 128: padding only adds zero embedding
-    rows (385 -> 512) that no token reads, so the losses are the padded reference's."""
+    """A run unpadded (vocab_multiple 1) and one padded (the default 128) export the same true
+    vocabulary. A checkpoint of an earlier unmask, whose config and network lack the field, is
+    refused in one line that says how to redo it."""
     reference = reference_runs[1, 1]
     old = write_config(tmp_path / "old.yaml", {"model": {**MICRO_CONFIG["model"], "vocab_multiple": 1},
                                                "train": {**MICRO_CONFIG["train"], "zero_stage": 1, "max_steps": 3}})
     run_dir = tmp_path / "run"
-    run_train(run_dir, shards, old)
-    state_file = run_dir / "checkpoints" / FIRST_CHECKPOINT / "unmask_state.json"
-    state = json.loads(state_file.read_text())
-    del state["config"]["model"]["vocab_multiple"], state["network"]["vocab_multiple"]
-    state_file.write_text(json.dumps(state))
-    resumed = run_train(run_dir, shards, write_config(tmp_path / "now.yaml", {"train": {"zero_stage": 1}}))
-    assert "resuming a checkpoint written before these fields existed: model.vocab_multiple = 1" in resumed.output
-    assert "vocabulary 384 padded to 384" in resumed.output
-    ours, theirs = resumed.losses(), reference.losses()
-    assert ours.keys() == theirs.keys()
-    for step in ours:
-        assert ours[step] == pytest.approx(theirs[step], rel=1e-6), step
+    assert "vocabulary 384 padded to 384" in run_train(run_dir, shards, old).output
     for run in (run_dir, reference.run_dir):  # the padded run's export is unpadded too
         exported = load_export(export(run, out_dir=run / "export-test"))
         assert exported.network.embed.weight.shape[0] == 385 and exported.config["network"]["vocab_multiple"] == 1
     assert json.loads((reference.run_dir / "checkpoints" / FIRST_CHECKPOINT / "unmask_state.json").read_text()
                       )["network"]["vocab_multiple"] == 128
+    state_file = run_dir / "checkpoints" / FIRST_CHECKPOINT / "unmask_state.json"
+    state = json.loads(state_file.read_text())
+    del state["config"]["model"]["vocab_multiple"], state["network"]["vocab_multiple"]
+    state_file.write_text(json.dumps(state))
+    resumed = run_train(run_dir, shards, write_config(tmp_path / "now.yaml", {"train": {"zero_stage": 1}}), check=False)
+    errors = [line for line in resumed.output.splitlines() if "error" in line.lower()]
+    assert resumed.returncode == 2 and "Traceback" not in resumed.output, resumed.output[-3000:]
+    refusal = (f"unmask train: error: {state_file}: written by an earlier unmask (its config has no "
+               f"model.vocab_multiple); train again in a new --run-dir")
+    assert errors == [refusal], errors
+    assert "resumed from" not in resumed.output
 
 
 def test_a_conversion_is_reused_by_a_rerun_and_redone_when_broken(tmp_path, reference_runs, caplog):

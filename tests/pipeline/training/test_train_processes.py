@@ -15,7 +15,8 @@ import torch
 from model.learned import LearnedDiffusion
 from model.uniform import UniformDiffusion
 from pipeline.interchange.export import export, load_export
-from pipeline.run_dir.checkpoint import rank_file, resolve_checkpoint
+from pipeline.run_dir.checkpoint import resolve_checkpoint
+from pipeline.run_dir.rank_files import rank_file
 from pipeline.run_dir.safe_load import load_torch_file
 from tests.support.cli_runner import run_unmask
 from tests.support.train_helpers import run_train, run_until_stall, write_config

@@ -14,7 +14,8 @@ from model.spec import build_trainable
 from model.transformer import Transformer, preset
 from pipeline.config import Config, OptimSection, config_differences, load_config, parse_overrides
 from pipeline.distributed import init_distributed
-from pipeline.training.ema import EMA, ema_decay, full_state
+from pipeline.run_dir.rank_files import full_state
+from pipeline.training.ema import EMA, ema_decay
 from pipeline.training.engine import (
     activation_memory_bytes,
     build_optimizer,
@@ -28,8 +29,8 @@ from pipeline.training.lr_schedule import lr_multiplier
 from pipeline.training.objective import (
     EngineDenoiser,
     MicroBatchSlot,
+    engine_model,
     make_objective,
-    model_spec,
     row_generators,
     step_generator,
 )
@@ -98,13 +99,13 @@ def test_the_spec_of_each_process():
     network = preset("tiny", 64)
     learned = load_config(None, {"model.process": "learned", "model.schedule": "polynomial",
                                  "model.schedule_args": "{power: 2, endpoint_eps: 1.0e-3}", **TIMED})
-    spec = model_spec(learned.model, network)
+    spec = learned.model.spec(network)
     assert (spec.process, spec.schedule, spec.schedule_args) == (
         "learned", "learned", {"initial_exponent": 2.0, "endpoint_eps": 1e-3})
     uniform = load_config(None, {"model.process": "uniform", "model.schedule": "cosine", **TIMED})
-    uniform = model_spec(uniform.model, network)
+    uniform = uniform.model.spec(network)
     assert (uniform.process, uniform.schedule, uniform.schedule_args) == ("uniform", "cosine", {})
-    assert model_spec(Config().model, network).process == "absorbing"  # the default, and every older run's
+    assert Config().model.spec(network).process == "absorbing"  # the default
 
 
 def test_overrides_are_coerced_to_the_declared_types():
@@ -250,7 +251,7 @@ def test_a_steps_times_and_masks_do_not_depend_on_how_ranks_split_the_global_bat
     1, ...: each sequence gets the time and the masks of its place in the global batch, so
     the step's loss is the same on any number of ranks (a run resumed on another continues)."""
     network = Transformer(preset("tiny", 11, n_layers=1, d_model=16, n_heads=2, max_seq_len=8)).eval()
-    objective = make_objective(model_spec(Config().model, network.config), validate=True)
+    objective = make_objective(Config().model.spec(network.config), validate=True)
     x0 = torch.randint(0, 11, (6, 8), generator=torch.Generator().manual_seed(1))
     seed, step = 3, 5
     # Each sequence alone, as the micro-batch of one at its place p (rank p of 6).
@@ -276,8 +277,8 @@ def test_the_learned_objective_is_the_modules_bound_at_the_slots_times():
     """The learned process's bound runs in the trained module's forward, at the times and
     masks DiffusionObjective would draw for the same slot; its state metrics are the spread
     of the live exponents."""
-    spec = model_spec(load_config(None, {"model.process": "learned", **TIMED}).model,
-                      preset("tiny", 11, n_layers=1, d_model=16, n_heads=2, max_seq_len=8))
+    spec = load_config(None, {"model.process": "learned", **TIMED}).model.spec(
+        preset("tiny", 11, n_layers=1, d_model=16, n_heads=2, max_seq_len=8))
     torch.manual_seed(0)
     trained = build_trainable(spec)
     objective = make_objective(spec, validate=True)
@@ -294,11 +295,11 @@ def test_the_learned_objective_is_the_modules_bound_at_the_slots_times():
     w = trained.schedule.exponents().detach()
     assert metrics == {"schedule/exponent_min": float(w.min()), "schedule/exponent_median": float(w[5]),
                        "schedule/exponent_max": float(w.max())}
-    assert make_objective(model_spec(Config().model, spec.network), validate=True).state_metrics(trained) == {}
+    assert make_objective(Config().model.spec(spec.network), validate=True).state_metrics(trained) == {}
 
 
 def test_theta_is_optimized_without_weight_decay():
-    spec = model_spec(load_config(None, {"model.process": "learned", **TIMED}).model, preset("tiny", 11, n_layers=1))
+    spec = load_config(None, {"model.process": "learned", **TIMED}).model.spec(preset("tiny", 11, n_layers=1))
     trained = build_trainable(spec)
     groups = build_optimizer(trained, OptimSection(weight_decay=0.1), torch.device("cpu")).param_groups
     theta = trained.schedule.theta
@@ -349,6 +350,10 @@ def test_the_engine_denoiser_calls_the_engine_and_keeps_the_network_time_indepen
                                engine.module(z, t, output_mask=selected, targets=targets, chunk_rows=3))
             assert torch.equal(denoiser.logits(z, t), engine.module(z, t))
         assert engine.calls == [["output_mask"], ["chunk_rows", "output_mask", "targets"], []]
+        assert isinstance(engine_model(engine), EngineDenoiser)  # what the trainer hands an objective
+    learned = load_config(None, {"model.process": "learned", **TIMED}).model.spec(preset("tiny", 11, n_layers=1))
+    engine = Engine(build_trainable(learned))  # a NetworkWithSchedule: the engine's forward is the bound
+    assert engine_model(engine) is engine
 
 
 def test_a_lone_process_leaves_no_launcher_variables_behind(monkeypatch):

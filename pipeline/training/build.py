@@ -1,0 +1,230 @@
+"""A training run's parts, built from its config and its data before any step.
+
+``build_parts`` resolves, in this order: the data's manifest and tokenizer
+(``find_tokenizer``), the network (``network_config``, with an --init-from source's
+architecture), the ``TrainingPlan`` (every "auto" decided), the loaders, the trained module
+(built complete from the config by ``model.spec.build_trainable``, from ``train.seed``: the
+same weights on every rank; a source's weights are loaded before DeepSpeed partitions it),
+the engine, the EMA and the objective. ``TrainingParts`` then says what a checkpoint records
+of the run (``meta``), what its MLflow run does (``identity``) and what the first log line
+does (``setup_line``). The manual: docs/training.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from common.errors import UserError
+from common.provenance import git_commit
+from common.units import GIB
+from data_prep.shards.format import TOKENIZER_DIR, Manifest
+from data_prep.shards.loader import StreamingLoader
+from data_prep.shards.storage import ChunkCache, default_cache_dir, is_remote, localize_metadata
+from data_prep.tokenizer.base import Tokenizer
+from data_prep.tokenizer.load import load_tokenizer
+from model.spec import build_trainable
+from model.transformer import TransformerConfig, preset
+from pipeline.config import Config, ModelSection
+from pipeline.distributed import Distributed
+from pipeline.run_dir.checkpoint import CheckpointMeta, TrainState
+from pipeline.run_dir.layout import RunLayout
+from pipeline.tracking.run_records import RunIdentity
+from pipeline.training.ema import EMA
+from pipeline.training.engine import TrainingPlan, build_engine, deepspeed_config, plan_training
+from pipeline.training.init_from import InitRecord, InitSource, check_tokenizer, load_source, with_source_architecture
+from pipeline.training.objective import DiffusionObjective, Objective, TrainedModel, engine_model, make_objective
+from pipeline.training.throughput import block_diffusion_flops_per_token, flops_per_token, peak_flops
+
+__all__ = ["TrainingParts", "build_parts", "find_tokenizer", "network_config"]
+
+
+@dataclass(frozen=True)
+class TrainingParts:
+    """What the loop runs: the data, the network and its plan, the engine, EMA and objective."""
+
+    config: Config
+    dist: Distributed
+    data_dir: str | Path
+    manifest: Manifest
+    tokenizer: Tokenizer
+    network: TransformerConfig
+    plan: TrainingPlan
+    train_loader: StreamingLoader
+    val_loader: StreamingLoader
+    engine: nn.Module                # DeepSpeed's engine around the trained module
+    ema: EMA
+    model: TrainedModel              # the engine as the objectives call it (``engine_model``)
+    bound: Objective                 # the full bound: what validation reports
+    init_from: InitRecord | None     # where the first weights came from (--init-from)
+    flops_per_token: float
+    peak_flops: float | None
+
+    def objective(self, mask_rate: tuple[float, float]) -> Objective:
+        """What the loop trains on: the bound, block diffusion's clipped to ``mask_rate``."""
+        return self.bound.clipped(mask_rate) if isinstance(self.bound, DiffusionObjective) else self.bound
+
+    def meta(self, state: TrainState) -> CheckpointMeta:
+        """What a checkpoint of this run at ``state`` records besides its tensors."""
+        return CheckpointMeta(state=replace(state), config=self.config.to_dict(), config_sha256=self.config.sha256(),
+                              data_sha256=self.manifest.sha256(), tokenizer_sha256=self.tokenizer.sha256,
+                              network=asdict(self.network), zero_stage=self.plan.zero_stage,
+                              precision=self.plan.precision, batch_plan=asdict(self.plan.batches),
+                              world_size=self.dist.world_size,
+                              init_from=self.init_from.to_json() if self.init_from else None)
+
+    def identity(self, changes: list[str], step: int) -> RunIdentity:
+        """The params, tags and config artifacts of the run's MLflow run; ``changes``: the
+        config fields changed at the resume from ``step``."""
+        plan, config = self.plan, self.config
+        resolved = {"world_size": self.dist.world_size, "micro_batch": plan.batches.micro_batch,
+                    "accumulation": plan.batches.accumulation, "zero_stage": plan.zero_stage,
+                    "precision": plan.precision, "parameters": plan.parameters,
+                    "activation_checkpointing": plan.activation_checkpointing, "compile": plan.compile,
+                    "attention": plan.attention, "seq_len": self.manifest.seq_len,
+                    "vocab_size": self.network.vocab_size,
+                    "network": asdict(self.network)}  # the shape the preset and overrides resolved to
+        if config.model.block_size is not None:
+            resolved["block_attention"] = plan.block_attention
+        params = {**config.to_dict(), "resolved": resolved}
+        tags = {"git_commit": git_commit(), "data_manifest_sha256": self.manifest.sha256(),
+                "tokenizer_sha256": self.tokenizer.sha256, "data_dir": str(self.data_dir)}
+        if self.init_from is not None:  # the source of the first weights (its network is in resolved)
+            params["init_from"] = {k: v for k, v in self.init_from.to_json().items() if k != "network"}
+            tags.update(init_from=self.init_from.source, init_from_sha256=self.init_from.sha256)
+        texts = {RunLayout(Path()).config.name: json.dumps(config.to_dict(), indent=2),
+                 "deepspeed_config.json": json.dumps(deepspeed_config(plan, config.optim), indent=2)}
+        return RunIdentity(params, tags, texts, changes, step)
+
+    def setup_line(self) -> str:
+        """What the run resolved to, "auto" settings included: the line to read when it is slow."""
+        plan, batches, train = self.plan, self.plan.batches, self.config.train
+        chunks = f"{plan.chunked_cross_entropy} rows" if plan.chunked_cross_entropy else "off"
+        return (f"setup: {batches.world_size} rank(s), micro-batch {batches.micro_batch}{_auto(train.micro_batch_size)} "
+                f"x {batches.accumulation} accumulation, ZeRO-{plan.zero_stage}, {plan.precision}, activation "
+                f"checkpointing {'on' if plan.activation_checkpointing else 'off'}{_auto(train.activation_checkpointing)}, "
+                f"compile {'on' if plan.compile else 'off'}{_auto(train.compile)}, attention {plan.attention}"
+                f"{_auto(train.attention)}, chunked cross-entropy {chunks}, vocabulary {self.network.vocab_size} padded "
+                f"to {self.network.logit_columns}")
+
+
+def _auto(setting: object) -> str:
+    """" (auto)" after a value that an "auto" setting decided."""
+    return " (auto)" if setting == "auto" else ""
+
+
+def build_parts(config: Config, data_dir: str | Path, dist: Distributed,
+                start: InitRecord | InitSource | None) -> TrainingParts:
+    """The parts of a run on the shards in ``data_dir``. ``start``: the source a run started
+    with --init-from begins from (an ``InitSource``, loaded into the new network), or the
+    record of the one it began from (an ``InitRecord``: a resumed run, whose network takes the
+    source's architecture and whose weights come from its own checkpoint)."""
+    # From object storage, the manifest and the tokenizer are read from a local copy.
+    metadata = localize_metadata(str(data_dir), _cache_root(config)) if is_remote(data_dir) else Path(data_dir)
+    manifest = Manifest.read(metadata)
+    tokenizer = find_tokenizer(manifest, metadata)
+    init_from = start.record if isinstance(start, InitSource) else start
+    network = network_config(config.model, manifest)
+    if init_from is not None:
+        network = with_source_architecture(network, init_from)
+    if isinstance(start, InitSource):
+        check_tokenizer(start.record, tokenizer.sha256, data_dir)
+    plan = plan_training(config, network, dist.world_size, dist.device)
+    train_loader, val_loader = _loaders(config, data_dir, dist, plan)
+    spec, validate = config.model.spec(network), dist.device.type == "cpu"
+    torch.manual_seed(config.train.seed)  # the same initial weights on every rank
+    module = build_trainable(spec, validate=validate, block_attention=plan.block_attention)
+    if isinstance(start, InitSource):  # before DeepSpeed partitions it: every ZeRO stage gets these values
+        load_source(module, start, network)
+    engine = build_engine(module.to(dist.device), plan, config.optim, config.train.max_steps, dist.device)
+    ema = EMA(engine.module, config.train.ema_decay, warmup=config.train.ema_warmup)
+    bound = make_objective(spec, validate=validate, chunk_rows=config.train.chunked_cross_entropy)
+    return TrainingParts(config, dist, data_dir, manifest, tokenizer, network, plan, train_loader, val_loader,
+                         engine, ema, engine_model(engine), bound, init_from,
+                         _flops_per_token(config, network, manifest.seq_len),
+                         peak_flops(dist.device))
+
+
+def _flops_per_token(config: Config, network: TransformerConfig, seq_len: int) -> float:
+    block_size = config.model.block_size
+    return (flops_per_token(network, seq_len) if block_size is None else
+            block_diffusion_flops_per_token(network, seq_len, block_size))
+
+
+def _cache_root(config: Config) -> Path:
+    return Path(config.data.cache_dir) if config.data.cache_dir else default_cache_dir()
+
+
+def _loaders(config: Config, data_dir: str | Path, dist: Distributed,
+             plan: TrainingPlan) -> tuple[StreamingLoader, StreamingLoader]:
+    cache = None
+    if is_remote(data_dir) and config.data.cache_gb > 0:
+        cache = ChunkCache(_cache_root(config) / "chunks", int(config.data.cache_gb * GIB))
+    common = {"rank": dist.rank, "world_size": dist.world_size, "cache": cache}
+    micro_batch = plan.batches.micro_batch
+    train = StreamingLoader(data_dir, config.data.train_split, micro_batch, seed=config.train.seed,
+                            global_batch_size=plan.batches.global_batch, num_workers=config.data.num_workers,
+                            shuffle_window=config.data.shuffle_window, pin_memory=dist.device.type == "cuda", **common)
+    val = StreamingLoader(data_dir, config.data.val_split, config.eval.micro_batch_size or micro_batch,
+                          seed=config.eval.seed, shuffle=False, **common)
+    return train, val
+
+
+def network_config(model: ModelSection, manifest: Manifest) -> TransformerConfig:
+    """The transformer for ``model`` over the data's vocabulary and sequence length."""
+    vocab, seq_len = manifest.tokenizer["vocab_size"], manifest.seq_len
+    max_seq_len = model.max_seq_len or seq_len
+    if max_seq_len < seq_len:
+        raise UserError(f"config field model.max_seq_len = {max_seq_len} is shorter than the data's "
+                        f"sequence length {seq_len} (manifest.json); raise it or leave it unset")
+    if model.block_size is not None and seq_len % model.block_size:
+        raise UserError(f"config field model.block_size = {model.block_size} does not divide the data's sequence "
+                        f"length {seq_len} (manifest.json); choose a divisor of {seq_len}")
+    shape = {k: v for k, v in (("n_layers", model.n_layers), ("d_model", model.d_model),
+                                ("n_heads", model.n_heads)) if v is not None}
+    try:
+        config = preset(model.preset, vocab, **shape)
+        return replace(config, max_seq_len=max_seq_len, dropout=model.dropout,
+                       time_conditioning=model.time_conditioning,
+                       causal=model.objective == "autoregressive", vocab_multiple=model.vocab_multiple)
+    except ValueError as err:
+        raise UserError(f"config section model: {err}") from None
+
+
+def find_tokenizer(manifest: Manifest, data_dir: Path) -> Tokenizer:
+    """The tokenizer the shards were made with: the prep keeps its files in the data
+    directory's ``tokenizer/``, so a data directory trains wherever it is copied. Checked
+    against the manifest's sha256 and vocabulary size."""
+    path, expected = data_dir / TOKENIZER_DIR, manifest.tokenizer["sha256"]
+    shards = (f"{data_dir}/manifest.json: the shards were made with tokenizer {manifest.tokenizer.get('path')!r} "
+              f"(sha256 {expected[:12]}...)")
+    if not path.exists():
+        raise UserError(f"{shards}, not found at {path}; rerun that `unmask prep --out {data_dir}` where its "
+                        f"tokenizer is (nothing is redone): the prep then keeps a copy in {path}")
+    try:
+        tokenizer = load_tokenizer(path)
+    except UserError as err:
+        found = f"{path} cannot be loaded ({err})"
+    else:
+        if tokenizer.sha256 == expected:
+            _check_vocab_size(tokenizer, manifest, data_dir)
+            return tokenizer
+        found = (f"{path} holds another tokenizer (sha256 {tokenizer.sha256[:12]}..., {tokenizer.vocab_size} "
+                 f"tokens; the manifest records {manifest.tokenizer.get('vocab_size')}): replaced since the prep")
+    raise UserError(f"{shards}, but {found}. Put the tokenizer of the shards back in {path}, or prep the corpus again "
+                    f"with the one there (into a new --out)")
+
+
+def _check_vocab_size(tokenizer: Tokenizer, manifest: Manifest, data_dir: Path) -> None:
+    """The manifest's vocabulary sizes the network: one that disagrees with the tokenizer the
+    shards were made with (a hand-edited manifest) would fail at the first step, or worse,
+    silently train a network too small or too large for the data."""
+    recorded = manifest.tokenizer["vocab_size"]
+    if recorded != tokenizer.vocab_size:
+        raise UserError(f"{data_dir}/manifest.json: tokenizer.vocab_size is {recorded}, but the tokenizer the "
+                        f"shards were made with ({tokenizer.path}) has {tokenizer.vocab_size} tokens; restore "
+                        f"the manifest (or rerun `unmask prep`)")
