@@ -2,14 +2,14 @@
 
 What only a GPU exercises: bf16 autocast against float32 on the same batch, the flash
 attention kernel, NCCL, ``train.compile`` with Triton kernels, and the evaluation bound
-under bf16 against float32 on the same weights; and the defaults of issue 24: compile "auto"
-(blocks, head and loss, a bounded number of graphs), the attention kernels SDPA offers here
-(cuDNN, flash) and "auto"'s choice, the padded vocabulary under bf16, the host syncs of a
-training micro-step, sampling under bf16, the weights of ``--init-from`` loaded before the device;
-block diffusion's FlexAttention training step and its KV-cache sampler, and an imported BD3-LM
-model's logits against BD3-LM's own. ``make gpu-check`` runs
-these and the GPU benchmark in one command; ``bench/gpu_check.sh`` runs them on a lent device
-(docs/performance.md).
+under bf16 against float32 on the same weights; the GPU defaults: compile "auto" (blocks,
+head and loss, a bounded number of graphs), the attention kernels SDPA offers here (cuDNN,
+flash) and "auto"'s choice, the padded vocabulary under bf16, the host syncs of a training
+micro-step, the objective through the engine's edge, sampling under bf16, the weights of
+``--init-from`` loaded before the device; block diffusion's FlexAttention training step and
+its KV-cache sampler, and an imported BD3-LM model's logits against BD3-LM's own. ``make
+gpu-check`` runs these and the GPU benchmark in one command; ``bench/gpu_check.sh`` runs them
+on a lent device (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ COMPILE_LOSS_RTOL = 1e-3
 EVAL_Z_LIMIT = 3.0
 
 
-def _network(**overrides) -> Transformer:
+def _network(block_attention: str = "dense", **overrides) -> Transformer:
     torch.manual_seed(0)
-    return Transformer(preset("small", VOCAB, max_seq_len=LENGTH, **overrides)).cuda()
+    return Transformer(preset("small", VOCAB, max_seq_len=LENGTH, **overrides), block_attention).cuda()
 
 
 def _batch() -> torch.Tensor:
@@ -220,6 +220,43 @@ def test_a_training_micro_step_syncs_the_host_only_before_its_first_matmul():
         f"all: {[where for _, where in syncs]}")
 
 
+@pytest.mark.parametrize("process", ["absorbing", "block", "learned"])
+def test_the_objective_through_the_engine_s_edge_gives_the_bare_network_s_loss_under_bf16(process):
+    """The training loss as the trainer computes it on a GPU: the objective called with the
+    engine as ``engine_model`` hands it over (the network's forward through its wrapper, the
+    masked NLL computed inside the network's forward) gives the loss of the bare network, bit
+    for bit, and the same gradients: the wrapper adds nothing to the NELBO's computation."""
+    from model.spec import build_trainable
+    from pipeline.config import ModelSection
+    from pipeline.training.objective import engine_model
+
+    class Engine(torch.nn.Module):  # DeepSpeed's engine as the objective sees it: forward calls, .module
+        def __init__(self, module: torch.nn.Module) -> None:
+            super().__init__()
+            self.module = module
+
+        def forward(self, *args, **kwargs):
+            return self.module(*args, **kwargs)
+
+    section = {"absorbing": ModelSection(), "block": ModelSection(block_size=16),
+               "learned": ModelSection(process="learned")}[process]
+    spec = section.spec(preset("small", VOCAB, max_seq_len=LENGTH))
+    slot = MicroBatchSlot(seed=0, step=3, rank=0, world_size=1, micro=0, micro_batches=1)
+    x0, losses, grads = _batch(), [], []
+    for wrapped in (False, True):
+        torch.manual_seed(0)
+        module = build_trainable(spec, validate=False, block_attention="flex").cuda()
+        objective = make_objective(spec, validate=False)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = objective.loss_sum(engine_model(Engine(module)) if wrapped else module, x0, slot)
+        (loss / x0.numel()).backward()
+        losses.append(loss.detach())
+        grads.append(next(p.grad for p in module.parameters() if p.grad is not None).float())
+    assert torch.isfinite(losses[0])
+    torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=0)
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+
+
 def test_the_evaluation_bound_under_bf16_is_the_fp32_bound_within_its_standard_error():
     network = _network().eval()
     generator = torch.Generator().manual_seed(3)
@@ -261,8 +298,7 @@ def test_block_diffusion_trains_with_flexattention_and_matches_the_dense_mask():
     t = torch.rand(BATCH, LENGTH // 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     losses, grads = {}, {}
     for kind in ("dense", "flex"):
-        network = _network()
-        network.block_attention = kind
+        network = _network(kind)  # the mask's kernel is the network's, from its construction
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = process.nelbo(network, x0, t, torch.Generator(device="cuda").manual_seed(2)).sum() / x0.numel()
         loss.backward()
@@ -505,9 +541,10 @@ def test_an_imported_bd3lm_model_gives_bd3lm_s_logits_on_the_gpu_and_samples(tmp
     ids = theirs["input_ids"].cuda()
     length = ids.shape[1] // 2
     for kind in ("flex", "dense"):
-        network.block_attention = kind
+        built = Transformer(network.config, kind).cuda()  # the same weights, the mask's kernel at construction
+        built.load_state_dict(network.state_dict())
         with torch.no_grad():
-            ours = network(ids[:, :length], None, clean=ids[:, length:], block_size=block_size)
+            ours = built(ids[:, :length], None, clean=ids[:, length:], block_size=block_size)
         torch.testing.assert_close(ours.cpu(), theirs["logits"][..., :VOCAB_SIZE], rtol=0, atol=IMPORTED_LOGITS_ATOL)
     sample_ids, cache, outputs = theirs["sample_ids"].cuda(), KVCache(append=True), []
     with torch.no_grad():
