@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-parallel docs bench gpu-check clean
+.PHONY: install demo test test-serial test-fast docs bench gpu-check clean
 
 install: $(STAMP)
 
@@ -25,15 +25,16 @@ $(STAMP): pyproject.toml
 demo: install
 	$(VENV)/bin/unmask run --run-dir runs/demo
 
+# The suite in two processes (pytest-xdist, -n 2): what CI runs (docs/testing.md has the figures).
 test: install
+	$(PY) -m pytest -n 2
+
+# The same suite in one process: for a failure to read in order, or a machine with one core.
+test-serial: install
 	$(PY) -m pytest
 
 test-fast: install
-	$(PY) -m pytest -m "not slow"
-
-# The suite in two processes (pytest-xdist): 0.74 x the serial time on 2 cores (docs/testing.md).
-test-parallel: install
-	$(PY) -m pytest -n 2
+	$(PY) -m pytest -n 2 -m "not slow"
 
 # The manual (docs/, mkdocs.yml) into site/, offline and strict: a broken link or anchor, a page
 # outside the nav, an undocumented public function of the API pages or a stale config reference
