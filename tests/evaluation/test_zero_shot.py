@@ -13,9 +13,9 @@ from mlflow.tracking import MlflowClient
 from common.errors import UserError
 from evaluation.bounds.scoring import ScoringConfig
 from evaluation.zero_shot import ReportOptions, run_zero_shot
-from tests.evaluation.report.test_write import make_results
 from tests.support.cli_runner import run_unmask
 from tests.support.paths import SHARED, require_shared
+from tests.support.results_fixtures import make_results
 from tests.support.shard_fixtures import write_numbered_split
 from tests.support.train_helpers import run_train, write_config
 

@@ -41,7 +41,6 @@ def sequences(oracle):
     return oracle.sequences[oracle.probs.argsort(descending=True)[[0, 1, 5, 12, 20]]]
 
 
-
 # ---------------------------------------------------------------- schedule and forward process
 def test_schedule_is_a_guarded_polynomial_per_token_value():
     schedule = learned().schedule

@@ -28,7 +28,6 @@ def sequences(oracle):
     return oracle.sequences[oracle.probs.argsort(descending=True)[[0, 1, 5, 12, 20]]]
 
 
-
 def test_corrupt_keeps_or_draws_a_uniform_token():
     process = UniformDiffusion(make_schedule("linear"), VOCAB)
     x0 = torch.zeros(1, 60_000, dtype=torch.long)

@@ -16,7 +16,6 @@ EXACT = SamplingPlan(sampler="first-hitting")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-
 @pytest.mark.parametrize("name", ["linear", "cosine"])
 def test_samples_follow_the_exact_law_of_an_arbitrary_denoiser(oracle, name):
     """A wide guard (r(0) = 0.1) makes the final fill matter; the table denoiser is no
