@@ -1,4 +1,5 @@
-"""`unmask eval` end to end: a trained export, real datasets, MLflow, the report, data parallelism."""
+"""`unmask eval` end to end (``evaluation.zero_shot``): a trained export, real datasets, MLflow, the
+report, data parallelism, a block diffusion export's bound."""
 
 from __future__ import annotations
 

@@ -7,6 +7,8 @@ x_order(<i)) (docs/math.md#the-exact-conditionals-identity: an average over orde
 the model's own likelihood is -log E_order prod_i q(...), the law of its sampler in continuous
 time (it unmasks one position at a time, in a uniformly random order). So the bound is above
 the exact value by a Jensen gap, which vanishes for one token and for exact conditionals.
+A block diffusion model scores continuations by its block factorization; every kind of export
+scores on a (pretend) device as on the host.
 """
 
 from __future__ import annotations

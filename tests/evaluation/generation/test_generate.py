@@ -1,4 +1,7 @@
-"""``unmask sample`` on real exports of untrained tiny networks (diffusion and autoregressive)."""
+"""``unmask sample`` (``evaluation.generation.generate``) on real exports of untrained tiny networks
+(diffusion, autoregressive, block diffusion past its context): conditioning, determinism and
+cost, the command line, errors naming the flag, compiling, and every kind of export sampling on
+a (pretend) device as on the host."""
 
 from __future__ import annotations
 
