@@ -31,7 +31,7 @@ def test_run_checks_its_config_before_doing_anything(tmp_path):
 @pytest.mark.slow
 def test_a_run_preempted_in_training_exits_75_and_goes_no_further(tmp_path):
     """SIGTERM in the train stage: the checkpoint is written, and the run stops there with
-    EX_TEMPFAIL instead of exporting a half-trained model and exiting 0 (issue 26, item 4)."""
+    EX_TEMPFAIL instead of exporting a half-trained model and exiting 0."""
     words = random.Random(0).choices(["the", "cat", "sat", "on", "a", "mat", "and", "ran", "far", "away"], k=12_000)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(" ".join(words[i:i + 12]) for i in range(0, len(words), 12)))

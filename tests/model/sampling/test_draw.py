@@ -139,7 +139,7 @@ def test_the_pretend_device_refuses_what_cuda_refuses_and_counts_host_reads():
     with on_fake_device() as device:
         on_device, on_host = torch.arange(4, device=DEVICE), torch.arange(4)
         with pytest.raises(RuntimeError, match="indices should be either on cpu or on the same device"):
-            on_host[on_device > 1]                                   # issue 30's crash
+            on_host[on_device > 1]                                   # a GPU's crash: host data, device mask
         with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
             on_device + on_host
         with pytest.raises(RuntimeError, match="device type for generator"):
