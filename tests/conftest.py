@@ -1,4 +1,7 @@
-"""Shared test helpers."""
+"""pytest's hooks for the whole suite: Ray pinned to 127.0.0.1, the MLflow server plugin, and the
+fixtures several folders share (the oracle, tinyshakespeare's shards, a finished micro run,
+untrained exports, one torch thread, a private MLflow store). Helpers that tests import live in
+``tests/support``."""
 
 import os
 
@@ -8,53 +11,10 @@ pin_local_ray_to_loopback()  # before anything imports ray: tests talk to 127.0.
 
 pytest_plugins = ["tests.support.mlflow_server"]
 
-import math  # noqa: E402
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tests.support.oracle import EnumerableDistribution  # noqa: E402
-
-
-class ConstantDenoiser:
-    """Predicts the same distribution at every position; counts its calls and times."""
-
-    def __init__(self, probs: torch.Tensor) -> None:
-        self.logits = probs.log().float()
-        self.calls: list[torch.Tensor] = []
-
-    def __call__(self, z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        self.calls.append(t.clone())
-        return self.logits.expand(*z.shape, -1).clone()
-
-
-def z_scores(samples: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
-    """|mean - truth| / standard error, per column of ``samples`` [repeats, ...]."""
-    standard_error = samples.std(0) / samples.shape[0] ** 0.5
-    return (samples.mean(0) - truth).abs() / standard_error
-
-
-def chi_square_statistic(samples: torch.Tensor, law: torch.Tensor, oracle: EnumerableDistribution) -> float:
-    """Pearson's statistic of the sequences ``samples`` [N, L] against the probabilities ``law``
-    over its support (infinite if a sample falls outside); int((law > 0).sum()) - 1 degrees of freedom."""
-    counts = torch.bincount(oracle.index_of(samples), minlength=len(law)).double()
-    support = law > 0
-    if bool(counts[~support].any()):
-        return math.inf
-    expected = samples.shape[0] * law[support]
-    return float(((counts[support] - expected) ** 2 / expected).sum())
-
-
-# One false alarm in 10^4 per check (the tests use fixed seeds, so it never flakes).
-CHI_SQUARE_NORMAL_QUANTILE = 3.719
-
-
-def chi_square_limit(degrees_of_freedom: int) -> float:
-    """The 1 - 1e-4 quantile of chi-square(k), by Wilson and Hilferty's cube-root normal
-    approximation (about 1% high for k = 10, 2% for k = 5; no scipy needed)."""
-    k = degrees_of_freedom
-    return k * (1 - 2 / (9 * k) + CHI_SQUARE_NORMAL_QUANTILE * (2 / (9 * k)) ** 0.5) ** 3
-
 
 # The oracle's (vocabulary size, sequence length) unless a module sets ORACLE_SIZE.
 DEFAULT_ORACLE_SIZE = (3, 4)
@@ -84,6 +44,38 @@ def micro_run(tmp_path_factory, tinyshakespeare_shards):
 
     root = tmp_path_factory.mktemp("micro-run")
     return run_train(root / "run", tinyshakespeare_shards, write_config(root / "micro.yaml", MICRO_RUN)).run_dir
+
+
+@pytest.fixture(scope="session")
+def block_export(tmp_path_factory, tinyshakespeare_shards):
+    """An untrained block diffusion export (blocks of 8, max_seq_len 64) over the shards' tokenizer."""
+    from data_prep.tokenizer.load import load_tokenizer
+    from tests.support.export_fixtures import write_untrained_export
+
+    tokenizer_dir = tinyshakespeare_shards / "tokenizer"
+    return write_untrained_export(tmp_path_factory.mktemp("bd3") / "export", load_tokenizer(tokenizer_dir),
+                                  tokenizer_dir, config={"block_size": 8}, max_seq_len=64)
+
+
+@pytest.fixture(scope="session")
+def exports_of_every_kind(tmp_path_factory) -> dict:
+    """Loaded untrained exports of every kind (masked, uniform, learned, block diffusion, ar) over a
+    tokenizer of ``LINES`` (``tests.support.export_fixtures``); a test that moves a network to a
+    device puts it back."""
+    from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
+    from pipeline.interchange.export import load_export
+    from tests.support.export_fixtures import EXPORT_LENGTH, EXPORT_VOCAB, LINES, write_untrained_export
+
+    root = tmp_path_factory.mktemp("host_device")
+    tokenizer = train_sentencepiece(LINES, root / "tok", vocab_size=EXPORT_VOCAB)
+    configs = {"masked": ("diffusion", {}, {}), "uniform": ("diffusion", {"process": "uniform"},
+                                                            {"time_conditioning": True}),
+               "learned": ("diffusion", {"process": "learned", "schedule": "learned"}, {}),
+               "block": ("diffusion", {"block_size": 8}, {}),   # block diffusion: KV cache, given_clean
+               "ar": ("autoregressive", {}, {})}
+    return {name: load_export(write_untrained_export(root / name, tokenizer, root / "tok", objective=objective,
+                                                     config=config, max_seq_len=EXPORT_LENGTH, **network))
+            for name, (objective, config, network) in configs.items()}
 
 
 @pytest.fixture(scope="module")

@@ -51,3 +51,12 @@ def test_prep_refuses_special_token_flags_for_tokenizers_that_fix_their_own(tmp_
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "--eos-token, --pad-token" in result.stderr
     assert not (tmp_path / "o" / "tokenizer").exists()  # refused before any training
+
+
+def test_cli_prints_errors_without_a_traceback(tmp_path):
+    result = run_unmask(["prep", "--input", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "o"),
+                         "--seq-len", "16", "--tokenizer", str(GPT2)], installed=True)
+    assert result.returncode == 2
+    assert "unmask prep: error:" in result.stderr and "nope.txt" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert run_unmask(["prep", "--help"], installed=True).returncode == 0

@@ -335,7 +335,7 @@ def small_tokenizer(tmp_path_factory) -> tuple[Tokenizer, Path]:
 
 def test_a_report_is_replaced_only_while_it_holds_nothing_but_what_was_written_at_any_depth(tmp_path):
     from evaluation.report.write import write_report
-    from tests.evaluation.report.test_write import make_results
+    from tests.support.results_fixtures import make_results
 
     report = tmp_path / "report"
     write_report(make_results(), report)
@@ -368,7 +368,7 @@ def test_a_report_is_replaced_only_while_it_holds_nothing_but_what_was_written_a
 
 def test_what_other_steps_add_to_a_report_is_carried_into_its_replacement(tmp_path):
     from evaluation.report.write import write_report
-    from tests.evaluation.report.test_write import make_results
+    from tests.support.results_fixtures import make_results
 
     report = tmp_path / "report"
     write_report(make_results(), report)

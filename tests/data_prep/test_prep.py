@@ -1,295 +1,124 @@
-"""``unmask prep`` end to end on real text, in one process (one worker) and with a real local
-Ray (more): exact accounting, determinism across worker counts and the two ways of running,
-idempotence, resume after SIGKILL, bad input."""
+"""``unmask prep`` as one call (``data_prep.prep``). What it tells the user about the input it was
+given: documents repaired or skipped are counted with the flag that changes it, and loudly when
+they are many; a sequence length beyond any model, a split that is mostly padding, and an input
+without a document are not passed over in silence. And the data directory it writes stands on
+its own: it keeps a copy of its tokenizer, so it trains and exports wherever it is moved."""
 
-import gzip
-import json
-import os
+from __future__ import annotations
+
+import random
 import shutil
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from common.errors import UserError
-from data_prep.readers import ReadCounters, ReadOptions, plan_units, read_unit, resolve_inputs
-from data_prep.resume import WORK_DIR
-from data_prep.shards.format import Manifest, iter_chunks
+from data_prep.shards.format import Manifest
 from data_prep.tokenizer.load import load_tokenizer
-from data_prep.write_shards import PrepConfig, write_shards
-from tests.support.cli_runner import cli_env, run_unmask
-from tests.support.paths import GPT2, PTB, REPO, TINY, needs_shared
-from tests.support.shard_fixtures import tree_bytes
+from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
+from data_prep.write_shards import LOUD_SHARE, MAX_SEQ_LEN, PrepConfig
+from pipeline.interchange.export import load_export
+from tests.support.cli_runner import run_unmask, unmask_in_process
+from tests.support.train_helpers import run_train, write_config
 
-SMALL = dict(seq_len=128, val_fraction=0.05, shard_bytes=64 << 10, unit_bytes=64 << 10)
-POLL_SECONDS = 0.05
-KILL_DEADLINE_SECONDS = 300
-
-pytestmark = needs_shared(TINY, PTB, GPT2)
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "ran", "far", "away", "caf\u00e9", "na\u00efve"]
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=3, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+def tokenizer(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tok")
+    train_sentencepiece([" ".join(WORDS)] * 50, root / "tok", vocab_size=300)
+    return root / "tok"
 
 
-def test_local_ray_is_pinned_to_loopback(ray_local):
-    import ray
-
-    assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
-
-
-@pytest.fixture(scope="module")
-def gpt2():
-    return load_tokenizer(GPT2)
+def _paragraphs(count: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=10)) for _ in range(count)]
 
 
-@pytest.fixture(scope="module")
-def reference(ray_local, gpt2, tmp_path_factory):
-    """An uninterrupted prep of tinyshakespeare + PTB test with one worker."""
-    out = tmp_path_factory.mktemp("reference")
-    config = PrepConfig(inputs=(str(TINY), str(PTB)), **SMALL)
-    return config, write_shards(config, gpt2, out, workers=1, progress=False), out
+def _prep(capsys, corpus, out, tokenizer, *flags: str) -> tuple[int, str]:
+    status = unmask_in_process(["prep", "--input", str(corpus), "--out", str(out), "--tokenizer", str(tokenizer),
+                                "--seq-len", "16", "--no-progress", *flags])
+    return status, capsys.readouterr().err
 
 
-def _documents(config: PrepConfig) -> list[str]:
-    """The documents, read independently of the prep pipeline, in corpus order."""
-    counters = ReadCounters()
-    return [p.text for unit in plan_units(resolve_inputs(config.inputs), config.read)
-            for p in read_unit(unit, config.read, counters)]
+def test_latin1_input_is_reported_loudly_and_with_the_flag(tmp_path, tokenizer, capsys):
+    corpus = tmp_path / "latin1.txt"
+    corpus.write_bytes("\n\n".join(p + " caf\u00e9" for p in _paragraphs(200)).encode("latin-1"))
+    documents = 200
+    status, err = _prep(capsys, corpus, tmp_path / "out", tokenizer)
+    assert status == 0
+    assert (f"unmask prep: warning: 100.0% of the documents ({documents} of {documents}) held invalid UTF-8, "
+            f"repaired with U+FFFD (--bad-utf8 replace; --bad-utf8 skip leaves them out); if the input is in another "
+            f"encoding (Latin-1, say), convert it: iconv -f LATIN1 -t UTF-8 IN > OUT") in err
+    status, err = _prep(capsys, corpus, tmp_path / "skipped", tokenizer, "--bad-utf8", "skip")
+    assert status == 2 and f"no documents to prepare (documents: {documents} skipped for invalid UTF-8 " \
+                           f"(--bad-utf8 skip))" in err
+    assert not (tmp_path / "skipped").exists()
 
 
-def _split_tokens(out: Path, split: str) -> np.ndarray:
-    manifest = Manifest.read(out)
-    chunks = []
-    for shard in manifest.splits[split].shards:
-        with open(out / shard.path, "rb") as stream:
-            chunks.extend(iter_chunks(stream))
-    tokens = np.concatenate(chunks).reshape(-1) if chunks else np.empty(0, np.uint16)
-    padding = manifest.splits[split].padding_tokens
-    assert bool((tokens[len(tokens) - padding:] == manifest.pad_id).all())
-    return tokens[:len(tokens) - padding]
+def test_a_few_repaired_documents_are_counted_without_alarm(tmp_path, tokenizer, capsys):
+    paragraphs = [p.replace("caf\u00e9", "cafe").replace("na\u00efve", "naive") for p in _paragraphs(300)]
+    corpus = tmp_path / "mostly-utf8.txt"
+    corpus.write_bytes("\n\n".join(paragraphs).encode() + b"\n\none bad byte \xff here")
+    assert 1 / 301 <= LOUD_SHARE
+    status, err = _prep(capsys, corpus, tmp_path / "out", tokenizer)
+    assert status == 0 and "warning" not in err
+    assert "unmask prep: note: 1 of 301 documents held invalid UTF-8, repaired with U+FFFD (--bad-utf8 replace" in err
 
 
-def test_shards_hold_exactly_the_documents_with_eos(reference, gpt2):
-    config, result, out = reference
-    manifest = result.manifest
-    documents = _documents(config)
-    decoded = {}
-    for split in ("train", "val"):
-        tokens = _split_tokens(out, split)
-        info = manifest.splits[split]
-        assert len(tokens) == info.tokens and tokens[-1] == gpt2.eos_id
-        ends = np.flatnonzero(tokens == gpt2.eos_id)
-        starts = np.concatenate([[0], ends[:-1] + 1])
-        decoded[split] = [gpt2.decode(tokens[a:b].tolist()) for a, b in zip(starts, ends)]
-        assert len(decoded[split]) == info.documents
-        assert info.utf8_bytes == sum(len(d.encode()) for d in decoded[split])
-        assert info.utf8_bytes == sum(shard.utf8_bytes for shard in info.shards)
-        assert info.sequences * config.seq_len == info.tokens + info.padding_tokens
-    # Exact accounting: tokens == sum over documents of (tokens + 1 EOS).
-    assert sum(s.tokens for s in manifest.splits.values()) == sum(len(gpt2.encode(d)) + 1 for d in documents)
-    # Each document sits in exactly one split, in corpus order there.
-    train, val = decoded["train"], decoded["val"]
-    assert sorted(train + val) == sorted(documents)
-    assert not set(train) & set(val)
-    # Corpus order within each split (duplicates of a text share its split).
-    train_texts, val_texts = set(train), set(val)
-    assert train == [d for d in documents if d in train_texts]
-    assert val == [d for d in documents if d in val_texts]
-    assert 0.02 < len(val) / len(documents) < 0.08  # val_fraction 0.05
-    assert manifest.counts["documents"] == len(documents)
-    assert manifest.tokenizer["sha256"] == gpt2.sha256 and manifest.dtype == "<u2"
+def test_a_sequence_length_beyond_any_model_is_refused_before_any_work(tmp_path, tokenizer, capsys):
+    with pytest.raises(UserError,
+                       match=rf"--seq-len must lie in \[2, {MAX_SEQ_LEN}\] \(data_prep.write_shards.MAX_SEQ_LEN"):
+        PrepConfig(inputs=("corpus.txt",), seq_len=1_000_000_000)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(_paragraphs(20)))
+    status, err = _prep(capsys, corpus, tmp_path / "out", tokenizer, "--seq-len", "1000000000")
+    assert status == 2 and "--seq-len must lie in" in err and not (tmp_path / "out").exists()
 
 
-def test_same_output_with_one_or_two_workers_and_rerun_does_nothing(reference, gpt2, tmp_path):
-    config, _, out = reference  # one worker: in this process, without Ray
-    two = write_shards(config, gpt2, tmp_path, workers=2, progress=False)  # two Ray actors
-    assert tree_bytes(tmp_path) == tree_bytes(out)
-    assert not (tmp_path / WORK_DIR).exists()
-    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
-    again = write_shards(config, gpt2, tmp_path, workers=2, progress=False)
-    assert again.nothing_to_do and not two.nothing_to_do
-    assert "nothing to do" in again.summary()
-    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == stamps
+def test_a_split_that_is_mostly_padding_is_warned_about(tmp_path, tokenizer, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(_paragraphs(20)))
+    status, err = _prep(capsys, corpus, tmp_path / "out", tokenizer, "--seq-len", "4096", "--val-fraction", "0")
+    train = Manifest.read(tmp_path / "out").splits["train"]
+    assert status == 0 and train.sequences == 1
+    assert (f"unmask prep: warning: split train: {train.padding_tokens:,} of its 4,096 token slots "
+            f"({train.padding_tokens / 4096:.0%}) are padding: --seq-len 4096 is long for its {train.tokens:,} tokens; "
+            f"lower --seq-len, or give more text") in err
 
 
-def test_a_one_worker_prep_runs_without_ray(tmp_path):
-    """Ray's start-up would be most of a small prep's time, and one worker gains nothing from it."""
-    script = ("import sys; from data_prep.write_shards import PrepConfig, write_shards; from data_prep.tokenizer.load "
-              f"import load_tokenizer; write_shards(PrepConfig(inputs=({str(PTB)!r},), seq_len=64), "
-              f"load_tokenizer({str(GPT2)!r}), {str(tmp_path)!r}, progress=False); assert 'ray' not in sys.modules, "
-              f"'Ray was imported'")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          cwd=REPO)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert Manifest.read(tmp_path).counts["documents"] > 0
+def test_an_input_without_a_document_is_an_error(tmp_path, tokenizer, capsys):
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n\n   \n\n\t\n")
+    status, err = _prep(capsys, blank, tmp_path / "out", tokenizer)
+    assert status == 2 and f"--input {blank}: no documents to prepare (documents: none found)" in err
+    assert not (tmp_path / "out").exists()
 
 
-def _cli_args(out: Path) -> list[str]:
-    return ["prep", "--input", str(TINY), str(PTB), "--out", str(out), "--tokenizer", str(GPT2),
-            "--seq-len", str(SMALL["seq_len"]), "--val-fraction", str(SMALL["val_fraction"]),
-            "--shard-bytes", str(SMALL["shard_bytes"]), "--unit-bytes", str(SMALL["unit_bytes"]),
-            "--workers", "1", "--no-progress", "--json"]
+PARAGRAPH_WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "ran", "far", "away", "over", "hill"]
 
 
-def _kill_when_ledger_reaches(out: Path, entries: int) -> None:
-    command = [sys.executable, "-m", "tests.support.prep_stall", str(entries), "--", *_cli_args(out)]
-    process = subprocess.Popen(command, cwd=REPO, env=cli_env(), start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ledger = out / WORK_DIR / "ledger"
-    deadline = time.monotonic() + KILL_DEADLINE_SECONDS
-    while not (ledger.is_dir() and len(list(ledger.glob("*.json"))) >= entries):
-        assert process.poll() is None, "prep ended before reaching the kill point"
-        assert time.monotonic() < deadline, "prep did not reach the kill point"
-        time.sleep(POLL_SECONDS)  # waiting for a condition, not timing anything
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-
-
+# ------------------------------------------------------------------ a self-contained data directory
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["tokenize", "shards"])
-def test_sigkilled_prep_resumes_to_identical_output_without_redoing_work(reference, tmp_path, stage):
-    config, _, out = reference
-    units = len(plan_units(resolve_inputs(config.inputs), config.read, config.unit_bytes))
-    kill_at = 3 if stage == "tokenize" else units + 2
-    killed = tmp_path / "killed"
-    _kill_when_ledger_reaches(killed, kill_at)
-    assert not (killed / "manifest.json").exists()
-    finished_shards = {p: p.stat().st_mtime_ns for p in killed.glob("*/shard-*.tar")}
-    rerun = run_unmask(_cli_args(killed), installed=True, timeout=KILL_DEADLINE_SECONDS)
-    assert rerun.returncode == 0, rerun.stderr
-    figures = json.loads(rerun.stdout.strip().splitlines()[-1])
-    assert figures["units_resumed"] >= min(kill_at, units) and figures["units_run"] == units - figures["units_resumed"]
-    if stage == "shards":
-        assert figures["shards_resumed"] >= 2 and len(finished_shards) >= 2
-    assert {p: p.stat().st_mtime_ns for p in finished_shards} == finished_shards, "finished shards were rewritten"
-    assert tree_bytes(killed) == tree_bytes(out)
-
-
-def test_a_different_prep_in_the_output_is_refused_unless_overwrite(reference, gpt2, tmp_path):
-    config, _, out = reference
-    target = tmp_path / "out"
-    shutil.copytree(out, target)
-    other = PrepConfig(inputs=config.inputs, **{**SMALL, "seq_len": 64})
-    with pytest.raises(UserError, match="holds a different prep's manifest; pass --overwrite"):
-        write_shards(other, gpt2, target, progress=False)
-    assert tree_bytes(target) == tree_bytes(out), "a refusal must not touch the output"
-    result = write_shards(other, gpt2, target, overwrite=True, progress=False)
-    assert result.manifest.seq_len == 64 and not (target / "train" / "shard-000100.tar").exists()
-
-
-def test_bad_input_is_reported_by_file_and_line_through_ray(ray_local, gpt2, tmp_path):
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text('{"text": "fine"}\n{"text": "also fine"}\nnot json\n')
-    config = PrepConfig(inputs=(str(corpus),), seq_len=16)
-    for workers in (1, 2):  # in this process, and through Ray's actors
-        with pytest.raises(UserError, match=r"corpus.jsonl:3"):
-            write_shards(config, gpt2, tmp_path / f"out-{workers}", workers=workers, progress=False)
-    skipping = PrepConfig(inputs=(str(corpus),), seq_len=16, read=ReadOptions(bad_json="skip"))
-    manifest = write_shards(skipping, gpt2, tmp_path / "out2", progress=False).manifest
-    assert manifest.counts["bad_json_skipped"] == 1 and manifest.counts["documents"] == 2
-    with pytest.raises(UserError, match="missing.txt"):
-        write_shards(PrepConfig(inputs=(str(tmp_path / "missing.txt"),), seq_len=16), gpt2, tmp_path / "o3",
-                     progress=False)
-
-
-def test_repaired_skipped_and_empty_documents_are_counted(ray_local, gpt2, tmp_path):
-    raw = b"good one\n   \nbad \xff byte\nlast\n"  # lines: the second is whitespace only
-    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(raw))
-    for mode, kept, counter in (("replace", 3, "bad_utf8_repaired"), ("skip", 2, "bad_utf8_skipped")):
-        config = PrepConfig(inputs=(str(tmp_path / "a.txt.gz"),), seq_len=8, val_fraction=0.0,
-                            read=ReadOptions(text_format="lines", bad_utf8=mode))
-        manifest = write_shards(config, gpt2, tmp_path / mode, progress=False).manifest
-        assert manifest.counts["documents"] == kept and manifest.counts[counter] == 1
-        assert manifest.counts["empty_skipped"] == 1 and manifest.splits["val"].documents == 0
-
-
-def test_binary_inputs_are_skipped_counted_and_named(ray_local, gpt2, tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "a.txt").write_text("first paragraph\n\nsecond one\n")
-    (corpus / "logo").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR" * 10)
-    (corpus / "notes.txt").write_bytes("UTF-16 notes\n".encode("utf-16"))
-    result = write_shards(PrepConfig(inputs=(str(corpus),), seq_len=8, val_fraction=0.0), gpt2, tmp_path / "out",
-                          progress=False)
-    manifest = result.manifest
-    assert manifest.counts["binary_files_skipped"] == 2 and manifest.counts["documents"] == 2
-    skipped = {Path(entry["uri"]).name: entry.get("skipped") for entry in manifest.inputs}
-    assert skipped["a.txt"] is None and "NUL bytes" in skipped["logo"] and "UTF-16" in skipped["notes.txt"]
-    warning = "\n".join(result.warnings())
-    assert "skipped 2 input file(s) as binary" in warning and "iconv -f UTF-16 -t UTF-8" in warning
-    assert str(corpus / "logo") in warning and str(corpus / "notes.txt") in warning
-
-
-def _policy_corpus(root: Path) -> tuple[str, ...]:
-    """Three JSONL files in several units each: invalid UTF-8 in a text field of the first, a
-    line that is not JSON at the very end of the last (the last unit, so the others finish)."""
-    lines = [json.dumps({"text": f"document number {i}: " + "word " * (i % 7)}) for i in range(60)]
-    (root / "a.jsonl").write_bytes("\n".join(lines[:20]).encode() + b'\n{"text": "caf\xe9 au lait"}\n')
-    (root / "b.jsonl").write_text("\n".join(lines[20:40]) + "\n")
-    (root / "c.jsonl").write_text("\n".join(lines[40:]) + "\nnot json\n")
-    return tuple(str(root / name) for name in ("a.jsonl", "b.jsonl", "c.jsonl"))
-
-
-def test_a_changed_error_policy_resumes_a_failed_prep_to_the_uninterrupted_output(ray_local, gpt2, tmp_path):
-    inputs = _policy_corpus(tmp_path)
-    small = dict(inputs=inputs, seq_len=16, val_fraction=0.2, unit_bytes=400)
-    units = plan_units(resolve_inputs(inputs), ReadOptions(), 400)
-    out = tmp_path / "out"
-    with pytest.raises(UserError, match=r"c.jsonl:21: not valid JSON.*--bad-json skip"):
-        write_shards(PrepConfig(**small), gpt2, out, progress=False)
-    assert len(list((out / WORK_DIR / "ledger").glob("unit-*.json"))) == len(units) - 1
-    final = ReadOptions(bad_json="skip", bad_utf8="skip")
-    resumed = write_shards(PrepConfig(**small, read=final), gpt2, out, progress=False)  # no --overwrite needed
-    # Only the unit with the invalid UTF-8 (--bad-utf8 changed) and the failed one are redone.
-    assert (resumed.units_resumed, resumed.units_run) == (len(units) - 2, 2)
-    assert "--bad-utf8 replace -> skip" in resumed.summary() and "--bad-json error -> skip" in resumed.summary()
-    assert resumed.manifest.counts["bad_utf8_skipped"] == 1 and resumed.manifest.counts["bad_json_skipped"] == 1
-    reference = tmp_path / "reference"
-    write_shards(PrepConfig(**small, read=final), gpt2, reference, progress=False)
-    assert tree_bytes(out) == tree_bytes(reference)
-    # Any other change to an unfinished prep is still a different prep.
-    (out / "manifest.json").unlink()
-    (out / WORK_DIR / "units").mkdir(parents=True)
-    (out / WORK_DIR / "identity.json").write_text(json.dumps({"sha256": "another", "config": {"read": {}}}))
-    with pytest.raises(UserError, match="unfinished work of a different prep; pass --overwrite"):
-        write_shards(PrepConfig(**small, read=final), gpt2, out, progress=False)
-
-
-def test_a_policy_change_that_retrained_the_tokenizer_redoes_every_unit(ray_local, gpt2, tmp_path):
-    """`unmask prep --vocab-size` trains its tokenizer from the inputs and read flags: a changed
-    flag may change the tokenizer, and then every unit is redone (still no --overwrite)."""
-    from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
-
-    inputs = _policy_corpus(tmp_path)
-    small = dict(inputs=inputs, seq_len=16, val_fraction=0.2, unit_bytes=400)
-    out = tmp_path / "out"
-    with pytest.raises(UserError, match="not valid JSON"):
-        write_shards(PrepConfig(**small), gpt2, out, progress=False)
-    final = PrepConfig(**small, read=ReadOptions(bad_json="skip"))
-    retrained = train_sentencepiece(_documents(final), tmp_path / "tokenizer", 300)
-    with pytest.raises(UserError, match="unfinished work of a different prep"):  # a tokenizer given by the user
-        write_shards(final, retrained, out, progress=False)
-    resumed = write_shards(final, retrained, out, progress=False, tokenizer_follows_inputs=True)
-    assert resumed.units_resumed == 0 and "retrained the tokenizer" in resumed.summary()
-    reference = tmp_path / "reference"
-    write_shards(final, retrained, reference, progress=False)
-    assert tree_bytes(out) == tree_bytes(reference)
-
-
-def test_cli_prints_errors_without_a_traceback(tmp_path):
-    result = run_unmask(["prep", "--input", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "o"),
-                         "--seq-len", "16", "--tokenizer", str(GPT2)], installed=True)
-    assert result.returncode == 2
-    assert "unmask prep: error:" in result.stderr and "nope.txt" in result.stderr
-    assert "Traceback" not in result.stderr
-    assert run_unmask(["prep", "--help"], installed=True).returncode == 0
+def test_a_data_dir_moved_to_another_machine_trains_and_exports_as_is(tmp_path):
+    machine_a = tmp_path / "machine-a"
+    machine_a.mkdir()
+    rng = random.Random(0)
+    paragraphs = [" ".join(rng.choices(PARAGRAPH_WORDS, k=12)) for _ in range(1500)]
+    (machine_a / "corpus.txt").write_text("\n\n".join(paragraphs))
+    train_sentencepiece(paragraphs, machine_a / "reltok", vocab_size=300)
+    # A relative --tokenizer, from the prep's working directory.
+    prepped = run_unmask(["prep", "--input", "corpus.txt", "--out", "data", "--tokenizer", "reltok", "--seq-len", "32",
+                          "--val-fraction", "0.1", "--no-progress"], cwd=machine_a)
+    assert prepped.returncode == 0, prepped.stderr[-3000:]
+    data = tmp_path / "machine-b" / "data"
+    shutil.move(machine_a / "data", data)
+    tokenizer_sha256 = load_tokenizer(machine_a / "reltok").sha256
+    shutil.rmtree(machine_a)  # the tokenizer stayed on machine A
+    manifest = Manifest.read(data)
+    assert manifest.tokenizer["path"] == "tokenizer" and manifest.tokenizer["sha256"] == tokenizer_sha256
+    assert load_tokenizer(data / "tokenizer").sha256 == tokenizer_sha256
+    config = write_config(tmp_path / "c.yaml", {"train": {"max_steps": 1}, "eval": {"every": 0, "batches": 1}})
+    run = run_train(tmp_path / "run", data, config).run_dir  # from another working directory
+    assert unmask_in_process(["export", str(run)]) == 0
+    assert load_export(run / "export").tokenizer.sha256 == tokenizer_sha256

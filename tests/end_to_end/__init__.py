@@ -1,1 +1,1 @@
-"""Whole commands and the project's own promises: ``unmask run``, the manual, packaging, the benches."""
+"""The project's own promises, end to end: the manual, packaging, the benches, the GPU check."""

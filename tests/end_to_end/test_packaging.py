@@ -1,5 +1,5 @@
-"""The package metadata builds without a warning of ours (issue 26, item 16): `make install` of
-a fresh checkout printed setuptools' deprecation of `project.license` as a TOML table."""
+"""The package metadata builds without a warning of ours: setuptools' deprecation of
+`project.license` as a TOML table, printed by `make install` of a fresh checkout, stays away."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""Tests of ``evaluation/``: ``unmask eval`` and ``unmask lm-eval`` end to end."""
+"""Tests of ``evaluation/``: one module per module, and ``unmask eval`` end to end (test_zero_shot)."""

@@ -1,8 +1,10 @@
-"""`unmask eval` end to end: a trained export, real datasets, MLflow, the report, data parallelism."""
+"""`unmask eval` end to end (``evaluation.zero_shot``): a trained export, real datasets, MLflow, the
+report, data parallelism, a block diffusion export's bound."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 
@@ -12,9 +14,9 @@ from mlflow.tracking import MlflowClient
 from common.errors import UserError
 from evaluation.bounds.scoring import ScoringConfig
 from evaluation.zero_shot import ReportOptions, run_zero_shot
-from tests.evaluation.report.test_write import make_results
 from tests.support.cli_runner import run_unmask
 from tests.support.paths import SHARED, require_shared
+from tests.support.results_fixtures import make_results
 from tests.support.shard_fixtures import write_numbered_split
 from tests.support.train_helpers import run_train, write_config
 
@@ -165,3 +167,34 @@ def test_compare_refuses_the_results_of_an_older_layout_with_how_to_redo_them(tm
     with pytest.raises(UserError, match=f"^{re.escape(refusal)}$"):
         run_zero_shot(tmp_path / "run", ScoringConfig(datasets=(str(own),)), ReportOptions(compare=other))
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ block diffusion
+@pytest.mark.slow
+def test_unmask_eval_reports_the_block_bound_and_names_the_block_size(block_export, tinyshakespeare_shards,
+                                                                       tmp_path, mlflow_server):
+    import json
+
+    from mlflow import MlflowClient
+
+    from tests.support.cli_runner import unmask_in_process
+
+    out = tmp_path / "report"
+    assert unmask_in_process(["eval", str(block_export), "--datasets", "val", "--shards", str(tinyshakespeare_shards),
+                              "--max-documents", "10", "--samples", "2", "--batch-size", "8", "--num-samples", "2",
+                              "--sample-steps", "4", "--mlflow-uri", mlflow_server, "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["protocol"]["block_size"] == 8 and "blocks of 8 tokens" in results["protocol"]["bound"]
+    assert math.isfinite(results["datasets"]["val"]["nelbo_per_token"])
+    assert len(results["samples"]) == 2  # drawn by the block sampler
+    assert "block_size" in (out / "report.md").read_text()
+    tags = MlflowClient(mlflow_server).get_run(results["mlflow"]["run_id"]).data.tags
+    assert tags["eval/block_size"] == "8"
+
+
+def test_an_evaluation_length_that_cuts_a_block_is_refused_in_one_line(block_export, tinyshakespeare_shards, capsys):
+    from tests.support.cli_runner import unmask_in_process
+
+    assert unmask_in_process(["eval", str(block_export), "--datasets", "val", "--shards", str(tinyshakespeare_shards),
+                              "--seq-len", "60", "--out", "unused"]) == 2
+    assert "--seq-len 60: the model is a block diffusion over blocks of 8 tokens" in capsys.readouterr().err

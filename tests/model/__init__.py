@@ -1,1 +1,1 @@
-"""Tests of ``model/``: the processes against exact oracles, the network, the spec."""
+"""Tests of ``model/``: the processes against exact oracles, the network, the spec, the samplers."""

@@ -16,7 +16,7 @@ from model import AbsorbingDiffusion, LearnedDiffusion, LearnedSchedule, make_sc
 from model.learned import exponent_spread, learned_schedule_arguments
 from model.sampling import SamplingPlan
 from model.schedules import DEFAULT_ENDPOINT_EPS, PolynomialSchedule
-from tests.conftest import chi_square_limit, chi_square_statistic, z_scores
+from tests.support.stats import chi_square_limit, chi_square_statistic, total_variation, z_scores
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -39,10 +39,6 @@ def learned(exponents=EXPONENTS, *, endpoint_eps=DEFAULT_ENDPOINT_EPS, draws=2) 
 def sequences(oracle):
     """Five distinct sequences, likely and unlikely."""
     return oracle.sequences[oracle.probs.argsort(descending=True)[[0, 1, 5, 12, 20]]]
-
-
-def _total_variation(p: torch.Tensor, q: torch.Tensor) -> float:
-    return 0.5 * float((p - q).abs().sum())
 
 
 # ---------------------------------------------------------------- schedule and forward process
@@ -129,7 +125,7 @@ def test_exact_posterior_weighs_completions_by_their_masking_rates(oracle):
         exact = oracle.exact_denoiser(process)(z, t)[0, position].exp()
         torch.testing.assert_close(exact, by_hand / by_hand.sum())
         plain = oracle.conditional_logits(z)[0, position].exp()  # ignores which tokens mask sooner
-        assert _total_variation(exact, plain) > 0.02
+        assert total_variation(exact, plain) > 0.02
     # Masking alike (AbsorbingDiffusion), the exact posterior is the plain conditional.
     md4 = AbsorbingDiffusion(make_schedule("cosine"), VOCAB)
     torch.testing.assert_close(oracle.exact_denoiser(md4)(z, t), oracle.conditional_logits(z))
@@ -235,7 +231,7 @@ def test_sampler_follows_its_exact_law_which_tends_to_p(oracle, grid):
     process = learned()
     denoiser = oracle.exact_denoiser(process)
     laws = [oracle.sampler_law(process, denoiser, steps, grid) for steps in (1, 4, 16, 64, 256)]
-    distances = [_total_variation(law, oracle.probs) for law in laws]
+    distances = [total_variation(law, oracle.probs) for law in laws]
     assert all(a > b for a, b in zip(distances, distances[1:])) and distances[-1] < 0.005
     num, steps = 20_000, 32
     with torch.no_grad():
@@ -251,7 +247,7 @@ def test_prompt_is_kept_and_conditioning_is_exact(oracle):
     prompt = torch.tensor([2, process.generate_id, process.generate_id])
     fits = oracle.sequences[:, 0] == 2
     conditional = oracle.probs * fits / (oracle.probs * fits).sum()
-    assert _total_variation(oracle.sampler_law(process, denoiser, 256, prompt=prompt), conditional) < 0.005
+    assert total_variation(oracle.sampler_law(process, denoiser, 256, prompt=prompt), conditional) < 0.005
     num, steps = 5_000, 16
     with torch.no_grad():
         samples, _ = process.sample(denoiser, SamplingPlan(steps=steps), num_samples=num, seq_len=LENGTH,

@@ -12,7 +12,7 @@ from model import UniformDiffusion, make_schedule
 from model.denoiser import FunctionDenoiser
 from model.sampling import SamplingPlan
 from model.schedules import DEFAULT_ENDPOINT_EPS
-from tests.conftest import chi_square_limit, chi_square_statistic, z_scores
+from tests.support.stats import chi_square_limit, chi_square_statistic, total_variation, z_scores
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -26,10 +26,6 @@ Z_LIMIT = 4.0  # |estimate - truth| / standard error; fixed seeds, so no flakes
 def sequences(oracle):
     """Five distinct sequences, likely and unlikely."""
     return oracle.sequences[oracle.probs.argsort(descending=True)[[0, 1, 5, 12, 20]]]
-
-
-def _total_variation(p: torch.Tensor, q: torch.Tensor) -> float:
-    return 0.5 * float((p - q).abs().sum())
 
 
 def test_corrupt_keeps_or_draws_a_uniform_token():
@@ -123,7 +119,7 @@ def test_sampler_follows_its_exact_law_which_tends_to_p(oracle, name, grid):
     process = UniformDiffusion(make_schedule(name), VOCAB)
     denoiser = oracle.exact_denoiser(process)
     laws = [oracle.sampler_law(process, denoiser, steps, grid) for steps in (1, 4, 16, 64, 256)]
-    distances = [_total_variation(law, oracle.probs) for law in laws]
+    distances = [total_variation(law, oracle.probs) for law in laws]
     assert all(a > b for a, b in zip(distances, distances[1:])) and distances[-1] < 0.01
     num, steps = 20_000, 32
     samples, _ = process.sample(denoiser, SamplingPlan(steps=steps, grid=grid), num_samples=num, seq_len=LENGTH,
@@ -158,9 +154,9 @@ def test_prompt_tokens_are_kept_and_condition_exactly_when_the_denoiser_knows_th
     assert chi_square_statistic(samples, law, oracle) < chi_square_limit(int((law > 0).sum()) - 1)
     fits = oracle.sequences[:, 1] == 1
     conditional = oracle.probs * fits / (oracle.probs * fits).sum()
-    assert _total_variation(oracle.sampler_law(process, informed, 256, prompt=prompt), conditional) < 0.01
+    assert total_variation(oracle.sampler_law(process, informed, 256, prompt=prompt), conditional) < 0.01
     uninformed = oracle.sampler_law(process, oracle.exact_denoiser(process), 256, prompt=prompt)
-    assert _total_variation(uninformed, conditional) > 0.03
+    assert total_variation(uninformed, conditional) > 0.03
 
 
 def test_cache_reuses_only_outputs_of_a_time_independent_denoiser(oracle):

@@ -1,5 +1,6 @@
-"""Denoisers for the sampler tests: arbitrary (not exact) predictions that depend on the whole
-state, with or without the time, that record what they were asked."""
+"""Denoisers for the process and sampler tests: arbitrary (not exact) predictions that depend on
+the whole state, with or without the time, or one fixed distribution everywhere; each records
+what it was asked. (The exact one is the oracle: ``tests.support.oracle``.)"""
 
 from __future__ import annotations
 
@@ -49,3 +50,15 @@ class ShapeRecorder(Denoiser):
     @property
     def time_independent(self) -> bool:
         return True
+
+
+class ConstantDenoiser:
+    """Predicts the same distribution at every position; counts its calls and times."""
+
+    def __init__(self, probs: Tensor) -> None:
+        self.logits = probs.log().float()
+        self.calls: list[Tensor] = []
+
+    def __call__(self, z: Tensor, t: Tensor) -> Tensor:
+        self.calls.append(t.clone())
+        return self.logits.expand(*z.shape, -1).clone()

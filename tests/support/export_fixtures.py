@@ -1,5 +1,7 @@
 """Exports of untrained small networks, written by the exporter's own writer: what
-``unmask sample``, ``load_export`` and the manual's examples read, without a training run."""
+``unmask sample``, ``load_export`` and the manual's examples read, without a training run; and
+the text and sizes of the exports of every kind that the device tests share (``tests/conftest.py``'s
+``exports_of_every_kind``)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,10 @@ if TYPE_CHECKING:
 
 # One layer of width 32: a `tiny` network that builds in milliseconds.
 SMALL_NETWORK = {"n_layers": 1, "d_model": 32, "n_heads": 2}
+# The exports of every kind: their tokenizer's vocabulary, trained on LINES, and their context.
+EXPORT_VOCAB, EXPORT_LENGTH = 300, 32
+LINES = [f"the {animal} sat on the {place} at {i}." for i in range(200)
+         for animal, place in [(("cat", "dog", "fox", "owl")[i % 4], ("mat", "log", "hill", "roof")[i * 3 % 4])]]
 
 
 def write_untrained_export(out: Path, tokenizer: Tokenizer, tokenizer_dir: Path, *,

@@ -1,6 +1,6 @@
 """A pretend accelerator on CPU, and the device rules a GPU enforces, so a CPU test sees where host
-and device tensors meet (issue 30: sampling crashed on the GPU at ``t[rows]``, a host tensor
-indexed by a device mask, and no CPU test could tell).
+and device tensors meet (a host tensor indexed by a device mask, ``t[rows]``, runs on a CPU and
+crashes on a GPU). ``OnDevice`` wraps a denoiser as a network on that device.
 
 The pretend device is ``DEVICE`` (torch's ``meta`` device type: a CPU-only torch refuses to make
 anything that says ``cuda``, while ``meta`` passes every check before dispatch and runs no kernel
@@ -33,7 +33,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["DEVICE", "DeviceTensor", "FakeDevice", "on_fake_device"]
+from model.denoiser import Denoiser
+
+__all__ = ["DEVICE", "DeviceTensor", "FakeDevice", "OnDevice", "on_fake_device"]
 
 DEVICE = torch.device("meta")
 _HOST = torch.device("cpu")
@@ -203,3 +205,20 @@ def on_fake_device() -> Iterator[FakeDevice]:
     """A block in which ``cuda`` is the pretend device of ``FakeDevice`` (module docstring)."""
     with FakeDevice() as mode:
         yield mode
+
+
+class OnDevice(Denoiser):
+    """``inner`` run as a network on the device: it takes device tensors only (z_t and t) and
+    answers on the device."""
+
+    def __init__(self, inner: Denoiser) -> None:
+        self.inner = inner
+
+    def logits(self, z_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        for name, value in (("z_t", z_t), ("t", t)):
+            assert isinstance(value, DeviceTensor), f"the network got {name} on {value.device}, not on the device"
+        return self.inner.logits(z_t.cpu(), t.cpu()).to(DEVICE)
+
+    @property
+    def time_independent(self) -> bool:
+        return self.inner.time_independent

@@ -475,3 +475,13 @@ def _start_law(channel: _Channel, free: Tensor, prompt: Tensor | None, length: i
         kept = ~free
         start[kept] = torch.nn.functional.one_hot(prompt.cpu()[kept], channel.states).to(torch.float64)
     return start
+
+
+def conditional_nll(oracle: EnumerableDistribution, tokens: Tensor, positions: Tensor) -> float:
+    """-log p(the real tokens | the padding, visible), exactly, summed over the sequences of the
+    table's length that ``tokens`` [..., k * L] and its ``positions`` (True where real) hold."""
+    total = 0.0
+    for x, real in zip(tokens.reshape(-1, oracle.seq_len), positions.reshape(-1, oracle.seq_len)):
+        consistent = (oracle.sequences[:, ~real] == x[~real]).all(-1)
+        total += float(-oracle.log_prob(x[None])[0] + oracle.probs[consistent].sum().log())
+    return total

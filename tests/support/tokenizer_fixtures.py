@@ -1,6 +1,7 @@
 """Hugging Face tokenizers built here with the ``tokenizers`` library (nothing is downloaded):
 the reference GPT-2 BPE from ``encoder.json`` + ``vocab.bpe``, and small BPE, WordPiece and
-Unigram ``tokenizer.json`` files trained on a slice of tinyshakespeare."""
+Unigram ``tokenizer.json`` files trained on a slice of tinyshakespeare; and the corpus and sizes
+of the SentencePiece models the tokenizer tests train (``tests/data_prep/tokenizer/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from tests.support.paths import require_shared
 
 TRAINING_PARAGRAPHS = 600  # enough for real merges, trained in well under a second
 VOCAB_SIZE = 600
+# The SentencePiece models: small enough to train in well under a second, large enough for real merges.
+SENTENCEPIECE_VOCAB_SIZE = 512
+SENTENCEPIECE_SAMPLE_SENTENCES = 4000
 
 
 def reference_gpt2() -> Tokenizer:
@@ -79,3 +83,8 @@ def unigram(path: Path) -> Path:
                                       unk_token="<unk>", show_progress=False)
     tokenizer.train_from_iterator(_paragraphs()[:TRAINING_PARAGRAPHS // 2], trainer)
     return _save(tokenizer, path)
+
+
+def shakespeare_documents() -> list[str]:
+    """tinyshakespeare's paragraphs: the corpus of the SentencePiece models."""
+    return require_shared(SHAKESPEARE).read_text(encoding="utf-8").split("\n\n")

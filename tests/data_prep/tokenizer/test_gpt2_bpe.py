@@ -17,7 +17,8 @@ from data_prep.tokenizer.base import Tokenizer
 from data_prep.tokenizer.gpt2_bpe import GPT2BPETokenizer
 from data_prep.tokenizer.load import load_tokenizer
 from tests.support.paths import GPT2 as GPT2_DIR
-from tests.support.paths import PTB, needs_shared
+from tests.support.paths import PTB, needs_shared, require_shared
+from tests.support.paths import PTB as PTB_TEST
 from tests.support.paths import SHARED as DATA
 from tests.support.tokenizer_fixtures import reference_gpt2
 
@@ -27,7 +28,6 @@ GPT2_FILES_SHA256 = "00f404d36600411e497efb3df08d3b4e094f0820e2595afcb7cbd0c4353
 
 pytestmark = needs_shared(GPT2_DIR / "encoder.json", GPT2_DIR / "vocab.bpe")
 
-
 # The language-modeling corpora of ../shared/data that the readers take as they are.
 CORPORA = ("corpora/tinyshakespeare", "ptb", "wikitext-2", "wikitext-2-raw", "lambada", "lm1b")
 
@@ -35,11 +35,6 @@ CORPORA = ("corpora/tinyshakespeare", "ptb", "wikitext-2", "wikitext-2-raw", "la
 def shared_corpora() -> list[Path]:
     """Every file of the text corpora in ../shared/data: tinyshakespeare, PTB, WikiText, LAMBADA, 1BW."""
     return sorted(path for corpus in CORPORA for path in (DATA / corpus).rglob("*") if path.is_file())
-
-
-@pytest.fixture(scope="module")
-def gpt2() -> GPT2BPETokenizer:
-    return load_tokenizer(GPT2_DIR)
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +157,7 @@ def test_lone_surrogates_are_refused_not_replaced(gpt2, text):
 def test_identity_is_the_files_so_earlier_preps_stay_valid(gpt2):
     """The sha256 that earlier preps (made with the reference BPE) recorded: sha256 of
     encoder.json's bytes then vocab.bpe's. Their shards are the ones this encoder writes
-    (test_hf_tokenizer compares shards made both ways), so they stay valid."""
+    (test_hugging_face compares shards made both ways), so they stay valid."""
     files = (GPT2_DIR / "encoder.json").read_bytes() + (GPT2_DIR / "vocab.bpe").read_bytes()
     assert gpt2.sha256 == hashlib.sha256(files).hexdigest() == GPT2_FILES_SHA256
     assert gpt2.kind == "gpt2-bpe" and gpt2.describe()["kind"] == "gpt2-bpe"
@@ -212,3 +207,33 @@ def test_pieces_in_one_encoder_call_equal_one_call_per_piece(gpt2, tmp_path):
     for batch, ends in ((["a", f"b{EOT}"], [True, True]), (["a", "b"], [False, True])):
         with pytest.raises(TypeError):
             one_call.encode_pieces(batch, ends)
+
+
+# ----------------------------------------------------------------------------- known ids, identity, PTB
+def test_gpt2_known_ids(gpt2):
+    assert gpt2.encode("Hello world") == [15496, 995]
+    assert gpt2.encode(" the") == [262]
+    assert gpt2.vocab_size == 50257
+    assert gpt2.eos_id == gpt2.bos_id == 50256
+    assert gpt2.pad_id is None
+    assert gpt2.decode([50256]) == "<|endoftext|>"
+
+
+def test_gpt2_text_cannot_forge_the_end_of_text_token(gpt2):
+    assert 50256 not in gpt2.encode("a document that says <|endoftext|> in its text")
+
+
+def test_gpt2_sha256_is_encoder_then_merges(gpt2):
+    expected = hashlib.sha256((GPT2_DIR / "encoder.json").read_bytes()
+                              + (GPT2_DIR / "vocab.bpe").read_bytes()).hexdigest()
+    assert gpt2.sha256 == expected
+    assert gpt2.describe() == {"kind": "gpt2-bpe", "path": str(GPT2_DIR), "sha256": expected,
+                               "vocab_size": 50257, "eos_id": 50256, "bos_id": 50256,
+                               "pad_id": None}
+
+
+def test_gpt2_round_trips_ptb_test(gpt2):
+    text = require_shared(PTB_TEST).read_text(encoding="utf-8")
+    assert gpt2.decode(gpt2.encode(text)) == text
+    lines = text.splitlines(keepends=True)
+    assert [gpt2.decode(ids) for ids in gpt2.encode_batch(lines)] == lines

@@ -1,4 +1,5 @@
-"""The zero-shot bound estimator, and the scoring of only some positions in AbsorbingDiffusion.
+"""The zero-shot bound estimator (``evaluation.bounds.estimator``): blocks, the bound of any process
+with its stated error, data-parallel ranks, the discrete bound, and the autoregressive baseline.
 
 The ground truth is an exact oracle: blocks are concatenations of independent draws of a
 small enumerable distribution (V=3, L=4), whose exact conditionals, applied chunk by chunk,
@@ -23,22 +24,26 @@ from evaluation.bounds.estimator import (
     autoregressive_nll,
     estimate_bound,
     per_time_contributions,
+    replicate_terms,
     wrap_blocks,
 )
 from model.absorbing import AbsorbingDiffusion
 from model.autoregressive import Autoregressive
+from model.block_diffusion import BlockDiffusion
 from model.learned import LearnedDiffusion, LearnedSchedule
 from model.schedules import make_schedule
 from model.transformer import Transformer, TransformerConfig
 from model.uniform import UniformDiffusion
-from tests.support.oracle import EnumerableDistribution
+from tests.support.denoisers import TableDenoiser
+from tests.support.fake_device import DEVICE, OnDevice, on_fake_device
+from tests.support.oracle import EnumerableDistribution, conditional_nll
 
 VOCAB, CHUNK = 3, 4       # the oracle: V=3, L=4 (as tests/conftest.py)
+LENGTH = CHUNK            # the oracle's sequences: one block of the block diffusion checks
 ORACLE_SIZE = (VOCAB, CHUNK)  # the conftest's `oracle` fixture
 CHUNKS_PER_BLOCK = 16     # blocks of 64 tokens
 Z_LIMIT = 4.0             # |estimate - truth| / SE for single deterministic checks
 RELATIVE = 1e-12          # "identical up to float summation order"
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -54,15 +59,6 @@ class ProductOracle:
         return self.oracle.conditional_logits(z.reshape(-1, CHUNK)).reshape(batch, length, VOCAB)
 
 
-def _conditional_nll(oracle: EnumerableDistribution, tokens: torch.Tensor, positions: torch.Tensor) -> float:
-    """sum over chunks of -log p(real tokens of the chunk | its padding visible), exactly."""
-    total = 0.0
-    for x, real in zip(tokens.reshape(-1, CHUNK), positions.reshape(-1, CHUNK)):
-        consistent = (oracle.sequences[:, ~real] == x[~real]).all(-1)
-        total += float(-oracle.log_prob(x[None])[0] + oracle.probs[consistent].sum().log())
-    return total
-
-
 def _oracle_blocks(oracle, num_blocks: int, seed: int, padding: int = 0) -> tuple[Blocks, float]:
     """Blocks of oracle draws, the last ``padding`` positions padding; and the exact bound per token."""
     tokens = oracle.sample(num_blocks * CHUNKS_PER_BLOCK, torch.Generator().manual_seed(seed))
@@ -71,7 +67,7 @@ def _oracle_blocks(oracle, num_blocks: int, seed: int, padding: int = 0) -> tupl
     if padding:
         positions[-1, -padding:] = False
     blocks = Blocks(tokens, positions)
-    return blocks, _conditional_nll(oracle, tokens, positions) / blocks.num_tokens
+    return blocks, conditional_nll(oracle, tokens, positions) / blocks.num_tokens
 
 
 def _linear() -> AbsorbingDiffusion:
@@ -106,131 +102,6 @@ def _on_ranks(world_size: int, run):
     all_reduce = _thread_all_reduce(world_size)
     with ThreadPoolExecutor(world_size) as pool:
         return list(pool.map(lambda rank: run(rank, all_reduce), range(world_size)))
-
-
-# ---------------------------------------------------------------- AbsorbingDiffusion positions
-def _fixed_logits_denoiser(batch: int, length: int, vocab: int):
-    base = torch.randn(batch, length, vocab, generator=torch.Generator().manual_seed(11))
-    calls = []
-
-    def denoiser(z, t):
-        calls.append(z.clone())
-        return base[:z.shape[0]].clone()
-
-    return denoiser, calls
-
-
-def test_all_true_positions_match_none_bit_for_bit():
-    vocab, batch, length = 11, 6, 16
-    # A large endpoint eps so the model-scored reconstruction term is exercised too.
-    diffusion = AbsorbingDiffusion(make_schedule("linear", endpoint_eps=0.05), vocab)
-    x0 = torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(1))
-    everywhere = torch.ones_like(x0, dtype=torch.bool)
-    denoiser, _ = _fixed_logits_denoiser(batch, length, vocab)
-    calls = {
-        "model": lambda g, p: diffusion.nelbo_terms(denoiser, x0, generator=g, positions=p),
-        "uniform": lambda g, p: diffusion.nelbo_terms(denoiser, x0, generator=g, positions=p,
-                                                      reconstruction="uniform"),
-        "discrete": lambda g, p: diffusion.nelbo_discrete(denoiser, x0, 4, g, positions=p),
-    }
-    for name, call in calls.items():
-        g_none, g_all = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-        a, b = call(g_none, None), call(g_all, everywhere)
-        for field in ("t", "diffusion", "reconstruction", "prior", "num_masked", "total"):
-            if name != "discrete":
-                torch.testing.assert_close(getattr(a, field), getattr(b, field), rtol=0, atol=0)
-        if name == "discrete":
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
-        # The same random numbers were consumed: the streams continue identically.
-        assert torch.equal(g_none.get_state(), g_all.get_state()), name
-    assert bool((calls["model"](torch.Generator().manual_seed(3), None).reconstruction > 0).any())
-
-
-def test_padding_is_never_masked_and_is_seen_as_given():
-    vocab = 11
-    diffusion = AbsorbingDiffusion(make_schedule("linear", endpoint_eps=1e-9), vocab)
-    x0 = torch.randint(0, vocab, (4, 32), generator=torch.Generator().manual_seed(2))
-    positions = torch.arange(32)[None, :] < torch.tensor([32, 20, 5, 1])[:, None]
-    near_one = torch.full((4,), 1.0, dtype=torch.float64)  # masks every real token (but 1e-9)
-    for seed in range(20):
-        z = diffusion.corrupt(x0, near_one, torch.Generator().manual_seed(seed), positions=positions)
-        assert torch.equal(z[~positions], x0[~positions])
-        assert bool((z[positions] == diffusion.mask_id).all())
-    denoiser, calls = _fixed_logits_denoiser(4, 32, vocab)
-    terms = diffusion.nelbo_terms(denoiser, x0, near_one, torch.Generator().manual_seed(0),
-                                  positions=positions, reconstruction="uniform")
-    assert all(torch.equal(z[~positions], x0[~positions]) for z in calls)
-    assert torch.equal(terms.num_masked, positions.sum(-1))  # t = 1: all real tokens, no padding
-    # The endpoint terms count the real tokens only (a visible eps to see them).
-    guarded = AbsorbingDiffusion(make_schedule("linear", endpoint_eps=0.05), vocab)
-    terms = guarded.nelbo_terms(denoiser, x0, near_one, torch.Generator().manual_seed(0),
-                                positions=positions, reconstruction="uniform")
-    real = positions.sum(-1).double()
-    expected = real * 0.05 * math.log(vocab)  # alpha(1) = 1 - alpha(0) = eps
-    torch.testing.assert_close(terms.prior, expected, rtol=1e-12, atol=0)
-    torch.testing.assert_close(terms.reconstruction, expected, rtol=1e-12, atol=0)
-
-
-def test_a_sequence_without_real_positions_has_bound_zero():
-    vocab = 11
-    diffusion = AbsorbingDiffusion(make_schedule("linear", endpoint_eps=0.2), vocab)
-    x0 = torch.randint(0, vocab, (3, 8), generator=torch.Generator().manual_seed(4))
-    nothing = torch.zeros_like(x0, dtype=torch.bool)
-    denoiser, _ = _fixed_logits_denoiser(3, 8, vocab)
-    zeros = torch.zeros(3, dtype=torch.float64)
-    for reconstruction in ("model", "uniform"):
-        bound = diffusion.nelbo(denoiser, x0, generator=torch.Generator().manual_seed(5),
-                                positions=nothing, reconstruction=reconstruction)
-        torch.testing.assert_close(bound, zeros, rtol=0, atol=0)
-    discrete = diffusion.nelbo_discrete(denoiser, x0, 3, torch.Generator().manual_seed(5), positions=nothing)
-    torch.testing.assert_close(discrete, zeros, rtol=0, atol=0)
-
-
-def test_padded_bound_is_minus_log_likelihood_given_the_visible_padding(oracle):
-    """With exact conditionals, E[NELBO] = -log p(x_0, x_1 | x_2, x_3) when x_2, x_3 are padding."""
-    diffusion = _linear()
-    order = oracle.probs.argsort(descending=True)
-    sequences = oracle.sequences[order[[0, 3, 20, 60]]]
-    positions = torch.tensor([True, True, False, False]).expand_as(sequences)
-    repeats = 10_000
-    estimates = diffusion.nelbo(oracle, sequences.repeat(repeats, 1), positions=positions.repeat(repeats, 1),
-                                generator=torch.Generator().manual_seed(6)).view(repeats, -1)
-    truth = torch.tensor([_conditional_nll(oracle, x, p) for x, p in zip(sequences, positions)],
-                         dtype=torch.float64)
-    standard_error = estimates.std(0) / math.sqrt(repeats)
-    assert ((estimates.mean(0) - truth).abs() / standard_error).max() < Z_LIMIT
-    # The test can tell: scoring the padding too would give -log p(x), far away.
-    assert ((-oracle.log_prob(sequences) - truth) / standard_error).min() > 5 * Z_LIMIT
-
-
-def test_one_generator_per_row_makes_a_row_independent_of_its_batch():
-    vocab = 11
-    diffusion = AbsorbingDiffusion(make_schedule("linear", endpoint_eps=0.05), vocab)
-    x0 = torch.randint(0, vocab, (3, 16), generator=torch.Generator().manual_seed(7))
-    t = torch.tensor([0.3, 0.6, 0.9], dtype=torch.float64)
-    denoiser = lambda z, t: torch.zeros(*z.shape, vocab) + z[..., None].float()  # depends on z only
-    rows = lambda *seeds: [torch.Generator().manual_seed(s) for s in seeds]
-    batch = diffusion.nelbo_terms(denoiser, x0, t, rows(1, 2, 3))
-    alone = diffusion.nelbo_terms(denoiser, x0[1:2], t[1:2], rows(2))
-    torch.testing.assert_close(batch.total[1:2], alone.total, rtol=0, atol=0)
-    torch.testing.assert_close(batch.num_masked[1:2], alone.num_masked, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="pass t"):
-        diffusion.nelbo(denoiser, x0, None, rows(1, 2, 3))
-    with pytest.raises(ValueError, match="pass u"):
-        diffusion.nelbo_discrete(denoiser, x0, 4, rows(1, 2, 3))
-    with pytest.raises(ValueError, match="2 generators for a batch of 3"):
-        diffusion.nelbo(denoiser, x0, t, rows(1, 2))
-
-
-@pytest.mark.parametrize("positions,match", [
-    (torch.ones(3, 16, dtype=torch.long), "positions must be a BoolTensor"),
-    (torch.ones(3, 15, dtype=torch.bool), "positions must have the shape of x0"),
-])
-def test_bad_positions_are_refused(positions, match):
-    diffusion = _linear()
-    with pytest.raises(ValueError, match=match):
-        diffusion.nelbo(lambda z, t: torch.zeros(*z.shape, VOCAB), torch.zeros(3, 16, dtype=torch.long),
-                        positions=positions)
 
 
 # ---------------------------------------------------------------- wrap_blocks
@@ -537,3 +408,58 @@ def test_autoregressive_nll_is_the_exact_likelihood_of_the_real_tokens():
         autoregressive, net, blocks, rank=rank, world_size=2, all_reduce=reduce))
     for result in per_rank:
         assert result.nelbo_per_token == pytest.approx(estimate.nelbo_per_token, rel=1e-6)
+
+
+# ---------------------------------------------------------------- block diffusion
+@pytest.mark.parametrize("block_size", [1, 2, LENGTH])
+def test_the_zero_shot_estimator_reports_the_full_block_bound(oracle, block_size):
+    """``estimate_bound`` with the block process and exact conditionals: the reported bound is
+    -log p(x) per token within its standard error (plus the endpoint guard's few 1e-4)."""
+    from evaluation.bounds.estimator import Blocks, estimate_bound
+
+    order = oracle.probs.argsort(descending=True)
+    tokens = oracle.sequences[order[[0, 3, 20, 70, 5, 1]]]
+    blocks = Blocks(tokens, torch.ones_like(tokens, dtype=torch.bool))
+    schedule = make_schedule("linear")
+    process = BlockDiffusion(schedule, VOCAB, block_size)
+    estimate = estimate_bound(process, oracle, blocks, samples_per_block=1000, batch_size=64, seed=1)
+    truth = float(-oracle.log_prob(tokens).sum()) / blocks.num_tokens
+    endpoint = 2 * schedule.endpoint_eps * math.log(VOCAB)
+    assert abs(estimate.nelbo_per_token - truth) < Z_LIMIT * estimate.standard_error + endpoint
+    assert estimate.standard_error < 0.05 * truth  # the test can tell a wrong conditioning apart
+
+
+# ---------------------------------------------------------------- on a device
+def _processes() -> dict:
+    return {"masked": AbsorbingDiffusion(make_schedule("linear"), VOCAB),
+            "uniform": UniformDiffusion(make_schedule("linear"), VOCAB),
+            "learned": LearnedDiffusion(LearnedSchedule(VOCAB), VOCAB)}
+
+
+# ------------------------------------------------------------------ the bound estimator
+def _blocks() -> Blocks:
+    tokens = torch.randint(0, VOCAB, (5, LENGTH), generator=torch.Generator().manual_seed(3))
+    positions = torch.ones_like(tokens, dtype=torch.bool)
+    positions[-1, 2:] = False   # a padded last block
+    return Blocks(tokens, positions)
+
+
+@pytest.mark.parametrize("process_name", ["masked", "uniform", "learned"])
+def test_the_estimator_runs_on_the_device_and_gives_the_bound_of_the_host(process_name):
+    process, blocks = _processes()[process_name], _blocks()
+    denoiser = TableDenoiser(VOCAB, LENGTH, seed=1, time_weight=0.5)
+    options = dict(samples_per_block=3, seed=2, batch_size=2)
+    on_host = (estimate_bound(process, denoiser, blocks, **options),
+               estimate_bound(process, denoiser, blocks, discrete_steps=4, **options),
+               replicate_terms(process, denoiser, blocks, **options),
+               per_time_contributions(process, denoiser, blocks, **options))
+    with on_fake_device():
+        network = OnDevice(denoiser)
+        on_device = (estimate_bound(process, network, blocks, device=DEVICE, **options),
+                     estimate_bound(process, network, blocks, discrete_steps=4, device=DEVICE, **options),
+                     replicate_terms(process, network, blocks, device=DEVICE, **options),
+                     per_time_contributions(process, network, blocks, device=DEVICE, **options))
+    assert on_device[:2] == on_host[:2]
+    np.testing.assert_array_equal(on_device[2], on_host[2])
+    for device_column, host_column in zip(on_device[3], on_host[3]):
+        np.testing.assert_array_equal(device_column, host_column)

@@ -7,6 +7,8 @@ x_order(<i)) (docs/math.md#the-exact-conditionals-identity: an average over orde
 the model's own likelihood is -log E_order prod_i q(...), the law of its sampler in continuous
 time (it unmasks one position at a time, in a uniformly random order). So the bound is above
 the exact value by a Jensen gap, which vanishes for one token and for exact conditionals.
+A block diffusion model scores continuations by its block factorization; every kind of export
+scores on a (pretend) device as on the host.
 """
 
 from __future__ import annotations
@@ -21,10 +23,14 @@ import torch
 from evaluation.bounds.estimator import estimate_bound, wrap_blocks
 from evaluation.downstream.likelihoods import ScoringModel, ScoringSettings, score_continuations, score_documents
 from model.absorbing import AbsorbingDiffusion
+from model.block_diffusion import BlockDiffusion
 from model.denoiser import FunctionDenoiser
 from model.schedules import make_schedule
+from tests.support.export_fixtures import LINES
+from tests.support.fake_device import DEVICE, on_fake_device
 
-ORACLE_SIZE = (3, 4)
+VOCAB, LENGTH = 3, 4
+ORACLE_SIZE = (VOCAB, LENGTH)  # the conftest's `oracle` fixture
 Z_LIMIT = 4.0           # deviations in standard errors (fixed seeds: a pass never flakes)
 # The endpoint guard's share: alpha(0) = 1 - eps and alpha(1) = eps move the expectation by O(eps).
 GUARD_TOLERANCE = 2e-3
@@ -197,3 +203,66 @@ def test_on_a_gpu_rows_fill_its_memory_and_bf16_scores_agree_with_float32():
     gpu = score_continuations(gpu_model, pairs, settings)
     # The same times and masks (per-row CPU generators): bf16 matmuls are the only difference.
     np.testing.assert_allclose([s.log_likelihood for s in gpu], [s.log_likelihood for s in cpu], rtol=2e-2)
+
+
+# ---------------------------------------------------------------- block diffusion
+@pytest.mark.parametrize("block_size", [1, 2])
+def test_continuations_are_scored_by_the_block_factorization(oracle, block_size):
+    """log p(c | x) of a block model: continuation blocks given the clean context blocks. With
+    exact conditionals the estimate is the table's log p(c | x) within its standard error; a
+    context that leaves a partial block is preceded by EOS (here token 0, scored by the table
+    as the first token of the row: the truth is log p(c | 0, x))."""
+    from evaluation.downstream.likelihoods import ScoringModel, ScoringSettings, score_continuations
+
+    process = BlockDiffusion(make_schedule("linear"), VOCAB, block_size)
+    model = ScoringModel(process, oracle, LENGTH, pad_id=0)
+    order = oracle.probs.argsort(descending=True)
+    x = oracle.sequences[order[[0, 7]]]
+    def log_conditional(row: torch.Tensor, given: int) -> float:
+        match = (oracle.sequences[:, :given] == row[:given]).all(-1)
+        return float(oracle.log_prob(row[None])[0] - oracle.probs[match].sum().log())
+
+    pairs, truths = [(x[0, :2].tolist(), x[0, 2:].tolist())], [log_conditional(x[0], 2)]
+    if block_size == 1:  # a context of one token, a continuation of three
+        pairs.append((x[1, :1].tolist(), x[1, 1:].tolist()))
+        truths.append(log_conditional(x[1], 1))
+    else:  # a context of one token and two to continue: one EOS (0) first to fill the blocks
+        pairs.append((x[1, 1:2].tolist(), x[1, 2:].tolist()))
+        truths.append(log_conditional(torch.cat([torch.tensor([0]), x[1, 1:]]), 2))
+    scores = score_continuations(model, pairs, ScoringSettings(samples=3000, seed=0, batch_rows=512))
+    for score, truth in zip(scores, truths):
+        assert abs(score.log_likelihood - truth) < Z_LIMIT * score.standard_error + 1e-3
+        assert score.standard_error < 0.1 * abs(truth)
+
+
+# ---------------------------------------------------------------- on a device
+# float32 attention by another of SDPA's kernels, summed over a few tokens: a few float32 ulps.
+SDPA_KERNEL_RTOL = 1e-6
+
+
+@pytest.mark.parametrize("name", ["masked", "uniform", "learned", "block", "ar"])
+def test_lm_eval_scoring_runs_on_the_device_and_gives_the_scores_of_the_host(exports_of_every_kind, name):
+    exported = exports_of_every_kind[name]
+    tokenizer = exported.tokenizer
+    pairs = [(tokenizer.encode("the cat sat on"), tokenizer.encode(" the mat")),
+             (tokenizer.encode("the dog"), tokenizer.encode(" sat on the log")),
+             (tokenizer.encode("the cat sat on"), tokenizer.encode(" the hill"))]
+    documents = [tokenizer.encode(line) for line in LINES[:3]]
+    settings = ScoringSettings(samples=3, seed=1, batch_rows=2)
+
+    def scores(device: torch.device) -> tuple[list, list]:
+        model = ScoringModel.of(exported, device)
+        return (score_continuations(model, pairs, settings),
+                score_documents(model, documents, settings, eos_id=tokenizer.eos_id, pad_id=tokenizer.eos_id))
+
+    on_host = scores(torch.device("cpu"))
+    with on_fake_device():
+        try:
+            on_device = scores(DEVICE)
+        finally:
+            exported.network.to("cpu")   # the export is shared by the module's tests
+    for device_scores, host_scores in zip(on_device, on_host):
+        for device_score, host_score in zip(device_scores, host_scores):
+            # The same draws; SDPA may pick another kernel for a tensor that is not on the CPU (float32 rounding).
+            assert device_score.log_likelihood == pytest.approx(host_score.log_likelihood, rel=SDPA_KERNEL_RTOL)
+            assert device_score.is_greedy == host_score.is_greedy

@@ -1,10 +1,10 @@
-"""``unmask lm-eval`` and the ``unmask`` model of lm-evaluation-harness, through the real harness.
+"""``unmask lm-eval`` (``evaluation.downstream.run``), through the real harness.
 
 A micro diffusion run, trained and tracked on a real MLflow server, scores the local LAMBADA and
 the PTB word-order choice into its report and its MLflow run; an AR export scores them too and
-its numbers are checked against a plain forward pass of the causal network, written here;
-untrained exports of every process answer the three request types. Nothing downloads (the
-harness runs offline).
+its numbers are checked against a plain forward pass of the causal network, written here; bad
+input gets one line. The harness's ``unmask`` model request by request: test_lm_eval_model.
+Nothing downloads (the harness runs offline).
 """
 
 from __future__ import annotations
@@ -16,12 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from lm_eval.api.instance import Instance
 from mlflow.tracking import MlflowClient
 
-from common.errors import UserError
-from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
-from evaluation.downstream.lm_eval_model import UnmaskLM, sample_continuation
 from evaluation.downstream.lm_eval_model import main as lm_eval_main
 from evaluation.downstream.run import hub_offline
 from evaluation.downstream.tasks import TASKS_DIR
@@ -29,16 +25,14 @@ from evaluation.downstream.tasks.local_data import ptb_word_order
 from pipeline.interchange.export import load_export
 from pipeline.run_dir.layout import RunLayout
 from tests.support.cli_runner import unmask_in_process
-from tests.support.export_fixtures import write_untrained_export
 from tests.support.paths import PTB, SHARED, needs_shared
 from tests.support.train_helpers import run_train, write_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread"),
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread", "no_environment_report"),
               needs_shared("lambada/lambada_test.jsonl", "ptb/ptb.test.txt")]
 
 LIMIT = "6"
 LAMBADA = SHARED / "lambada" / "lambada_test.jsonl"
-MAX_SEQ_LEN = 128   # LAMBADA's contexts are longer with this tokenizer: they are cut
 # One document of several blocks (the rolling agreement with `unmask eval`).
 ROLLING_TASK = """\
 task: one_document
@@ -56,7 +50,6 @@ metric_list:
     higher_is_better: false
 """
 
-
 HUB_ONLY_TASK = """\
 task: hub_only
 dataset_path: unmask-tests/no-such-dataset
@@ -67,33 +60,12 @@ doc_to_target: " x"
 """
 
 
-@pytest.fixture(autouse=True)
-def no_environment_report(monkeypatch):
-    """lm-eval records torch's collect_env report in every results file: about 8 s of pip, conda
-    and nvidia-smi subprocesses per run, which no test here reads."""
-    monkeypatch.setattr("lm_eval.evaluator.add_env_info", lambda results: None)
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tinyshakespeare_shards, mlflow_server) -> Path:
     """A micro diffusion run (no export yet), tracked on a real MLflow server."""
     root = tmp_path_factory.mktemp("lm-eval-run")
     config = write_config(root / "c.yaml", {"train": {"max_steps": 4}, "eval": {"every": 0}})
     return run_train(root / "run", tinyshakespeare_shards, config, extra=["--mlflow-uri", mlflow_server]).run_dir
-
-
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory) -> dict[str, Path]:
-    """Untrained exports of every process over a tokenizer of PTB's text."""
-    root = tmp_path_factory.mktemp("lm-eval-exports")
-    lines = PTB.read_text(encoding="utf-8").splitlines()[:2000]
-    tokenizer = train_sentencepiece(lines, root / "tok", vocab_size=320)
-    configs = {"absorbing": {}, "uniform": {"process": "uniform"},
-               "learned": {"process": "learned", "schedule": "learned"}, "ar": {}}
-    return {name: write_untrained_export(RunLayout(root / name).export, tokenizer, root / "tok",
-                                         objective="autoregressive" if name == "ar" else "diffusion", config=config,
-                                         max_seq_len=MAX_SEQ_LEN, time_conditioning=name in ("uniform", "learned"))
-            for name, config in configs.items()}
 
 
 def _lm_eval(*argv: str) -> None:
@@ -186,58 +158,6 @@ def test_a_one_document_perplexity_task_gives_unmask_eval_s_bits_per_byte(export
     assert theirs["bits_per_byte,none"] == pytest.approx(ours["bits_per_byte"], rel=1e-9)
 
 
-def test_lm_eval_s_own_command_line_scores_the_unmask_model(exports, tmp_path):
-    code = lm_eval_main(["--model", "unmask", "--model_args", f"path={exports['ar']}", "--tasks", "ptb_word_order",
-                         "--include_path", str(TASKS_DIR), "--metadata", json.dumps({"data_dir": str(SHARED)}),
-                         "--limit", "2", "--batch_size", "auto", "--device", "cpu", "--output_path", str(tmp_path)])
-    assert code == 0
-    written = list(tmp_path.rglob("results_*.json"))
-    assert len(written) == 1 and "acc,none" in json.loads(written[0].read_text())["results"]["ptb_word_order"]
-
-
-# ---------------------------------------------------------------- the model, request by request
-def _requests(kind: str, arguments: list[tuple]) -> list[Instance]:
-    return [Instance(request_type=kind, doc={}, arguments=args, idx=0, metadata=("task", index, 1))
-            for index, args in enumerate(arguments)]
-
-
-@pytest.mark.parametrize("process", ["absorbing", "uniform", "learned"])
-def test_every_process_answers_the_three_request_types(exports, process):
-    model = UnmaskLM(path=exports[process], samples=4, device="cpu")
-    text = [line.strip() for line in PTB.read_text(encoding="utf-8").splitlines()[:10]]
-    pairs = [(context, " " + word) for context, word in (line.rsplit(" ", 1) for line in text[:6])] + [("", " the")]
-    scores = model.loglikelihood(_requests("loglikelihood", pairs))
-    rolling = model.loglikelihood_rolling(_requests("loglikelihood_rolling", [(" ".join(text),)]))
-    generated = model.generate_until(_requests("generate_until", [
-        ("the company", {"until": ["."], "max_gen_toks": 5, "do_sample": False})]))
-    assert all(ll < 0 and isinstance(greedy, bool) for ll, greedy in scores)
-    assert all(record.score.standard_error > 0 for record in model.records)
-    assert rolling[0] < 0 and len(model.records) == len(pairs) + 1
-    assert "." not in generated[0]
-    prompt = model.tok_encode("the company")
-    plan = model.generation.plan(5, top_p=None, temperature=1.0, seed=0)
-    drawn = sample_continuation(model.exported, model.model, prompt, 5, plan=plan, index=3)
-    assert len(drawn) == 5 and all(0 <= token < model.exported.tokenizer.vocab_size for token in drawn)
-    assert drawn == sample_continuation(model.exported, model.model, prompt, 5, plan=plan, index=3)  # its own seed
-
-
-def test_generation_keeps_the_prompt_stops_at_the_stop_sequence_and_is_greedy(exports):
-    model = UnmaskLM(path=exports["ar"], device="cpu")
-    tokenizer, network, prompt = model.exported.tokenizer, model.exported.network, "the company said"
-    tokens = tokenizer.encode(prompt)
-    kept = len(tokens)
-    for _ in range(8):   # greedy decoding by hand, after the prompt
-        with torch.no_grad():
-            tokens.append(int(network(torch.tensor([[network.config.vocab_size, *tokens]]), None)[0, -1].argmax()))
-    new = tokens[kept:]
-    expected = tokenizer.decode(new[:new.index(tokenizer.eos_id)] if tokenizer.eos_id in new else new)
-    stop = expected.strip()[-1]      # a character the greedy text reaches: the answer ends before it
-    answer, = model.generate_until(_requests("generate_until", [(prompt, {"until": [stop], "max_gen_toks": 8})]))
-    assert answer == expected.split(stop)[0]
-    long_prompt = " ".join(["word"] * 400)   # far beyond max_seq_len: cut from the left, still answered
-    assert isinstance(model.generate_until(_requests("generate_until", [(long_prompt, {"max_gen_toks": 4})]))[0], str)
-
-
 def test_the_hugging_face_libraries_are_offline_inside_and_as_they_were_after(monkeypatch):
     import datasets
     import huggingface_hub
@@ -281,19 +201,3 @@ def test_bad_input_gets_one_clear_line(exports, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and err.startswith("lm-eval (unmask): error: model argument 'samplse'")
     assert err.endswith("(did you mean samples?)")
-
-
-def test_generation_takes_any_sampler_its_process_takes_and_refuses_the_others_in_one_line(exports):
-    """``gen_sampler`` is the SamplingPlan's sampler: first-hitting answers on the absorbing
-    process; the uniform process and an autoregressive export refuse it, an unknown name too."""
-    model = UnmaskLM(path=exports["absorbing"], device="cpu", gen_sampler="first-hitting")
-    answer, = model.generate_until(_requests("generate_until", [("the company", {"max_gen_toks": 4,
-                                                                                 "do_sample": True})]))
-    assert isinstance(answer, str)
-    for process, sampler, message in (
-            ("uniform", "first-hitting", "model argument gen_sampler=first-hitting: the first-hitting sampler does "
-                                         "not apply to the uniform process"),
-            ("ar", "confidence", "model argument gen_sampler=confidence: an autoregressive export samples left"),
-            ("absorbing", "gibbs", "model argument gen_sampler: sampler must be one of ancestral, first-hitting")):
-        with pytest.raises(UserError, match=message):
-            UnmaskLM(path=exports[process], device="cpu", gen_sampler=sampler)

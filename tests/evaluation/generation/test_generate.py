@@ -1,4 +1,7 @@
-"""``unmask sample`` on real exports of untrained tiny networks (diffusion and autoregressive)."""
+"""``unmask sample`` (``evaluation.generation.generate``) on real exports of untrained tiny networks
+(diffusion, autoregressive, block diffusion past its context): conditioning, determinism and
+cost, the command line, errors naming the flag, compiling, and every kind of export sampling on
+a (pretend) device as on the host."""
 
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ from model.schedules import make_schedule
 from pipeline.interchange.export import Exported, load_export, resolve_export
 from pipeline.run_dir.layout import RunLayout
 from tests.support.cli_runner import unmask_in_process
-from tests.support.export_fixtures import write_untrained_export
+from tests.support.export_fixtures import EXPORT_LENGTH, write_untrained_export
+from tests.support.fake_device import DEVICE, on_fake_device
 
 VOCAB_SIZE = 320
 MAX_SEQ_LEN = 64
@@ -349,3 +353,57 @@ def test_compiled_sampling_draws_the_eager_samples_from_three_graphs_without_a_b
     assert len({sample.network_calls for sample in eager}) > 1  # rows needed different calls
     assert sum(sample.network_calls for sample in eager) > 20 and counter.frame_count <= 3
     assert not torch._dynamo.utils.counters["graph_break"]
+
+
+# ------------------------------------------------------------------ block diffusion
+def test_unmask_sample_generates_past_the_context_and_stops_at_eos(block_export, tmp_path):
+    import json
+
+    from tests.support.cli_runner import unmask_in_process
+
+    out = tmp_path / "samples.jsonl"
+    assert unmask_in_process(["sample", str(block_export), "--num", "3", "--sampler", "first-hitting",
+                              "--seq-len", "150", "--until-eos", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [len(record["tokens"]) for record in records] == [150] * 3  # past max_seq_len 64
+    assert all(record["plan"]["until_eos"] is not None for record in records)
+    # a block export samples in its own blocks: another --block-len is refused in one line
+    assert unmask_in_process(["sample", str(block_export), "--num", "1", "--block-len", "4"]) == 2
+
+
+def test_complete_continues_prompts_of_any_length_with_the_block_sampler(block_export):
+    from evaluation.generation.generate import complete
+    from pipeline.interchange.export import load_export
+
+    exported = load_export(block_export)
+    plan = SamplingPlan(sampler="ancestral", steps=4)
+    prompts = ["ROMEO:", "First Citizen: we are"]
+    samples = complete(exported, plan, prompts, max_new_tokens=70)  # past max_seq_len 64, not whole blocks
+    for prompt, sample in zip(prompts, samples):
+        encoded = exported.tokenizer.encode(prompt)
+        assert len(sample.tokens) == len(encoded) + 70 and sample.tokens[:len(encoded)] == encoded
+
+
+# ------------------------------------------------------------------ on a device
+GENERATION_CASES = [("masked", SamplingPlan(steps=8)), ("masked", SamplingPlan(sampler="first-hitting")),
+                    ("masked", SamplingPlan(sampler="confidence", steps=4)), ("masked", SamplingPlan(sampler="remdm",
+                                                                                                   steps=8)),
+                    ("masked", SamplingPlan(steps=4, block_len=8)), ("uniform", SamplingPlan(steps=4)),
+                    ("learned", SamplingPlan(steps=4)), ("ar", SamplingPlan()),
+                    ("block", SamplingPlan(steps=4)), ("block", SamplingPlan(sampler="first-hitting")),
+                    ("block", SamplingPlan(sampler="confidence", steps=4)), ("block", SamplingPlan(sampler="remdm",
+                                                                                                 steps=8))]
+
+
+@pytest.mark.parametrize(("name", "plan"), GENERATION_CASES)
+def test_unmask_sample_runs_on_the_device_and_draws_the_samples_of_the_host(exports_of_every_kind, name, plan):
+    exported = exports_of_every_kind[name]
+    options = dict(num=3, seq_len=EXPORT_LENGTH + 8 if plan.block_len else 16, prompt="the cat", batch_size=2)
+    on_host = generate(exported, plan, device="cpu", **options)
+    with on_fake_device():
+        try:
+            on_device = generate(exported, plan, device=DEVICE.type, **options)
+        finally:
+            exported.network.to("cpu")   # the export is shared by the module's tests
+    assert [s.tokens for s in on_device] == [s.tokens for s in on_host]
+    assert [s.network_calls for s in on_device] == [s.network_calls for s in on_host]

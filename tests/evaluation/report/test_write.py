@@ -1,5 +1,6 @@
-"""The report of `unmask eval`: files, numbers in the tables, labelled references, a
-self-contained and escaped HTML page, plots only where there is data for them."""
+"""The report of `unmask eval` (``evaluation.report``): files, numbers in the tables, labelled
+references, a self-contained and escaped HTML page, plots only where there is data for them,
+and the section of `unmask lm-eval`'s downstream tasks."""
 
 import copy
 import json
@@ -8,63 +9,15 @@ import re
 
 import pytest
 
-from evaluation.bounds.estimator import Z_95
 from evaluation.report.references import REFERENCES, references_for
-from evaluation.report.write import read_record, write_report
-from evaluation.results import EvalResults
+from evaluation.report.write import JSON_NAME, read_record, write_report
+from evaluation.results import DownstreamResults, EvalResults
 from model.sampling import SamplingPlan
+from tests.support.results_fixtures import SHA, dataset_record, make_downstream, make_results
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-SAMPLE_TEXT = 'The <script>alert("x")</script> & more\n\nsecond paragraph'
 # src/href (quoted or not) pointing anywhere on the network
 EXTERNAL_LINK = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", re.IGNORECASE)
-SHA = "ab" * 32
-
-
-def _dataset_record(name: str, nelbo: float, se: float, tokens: int, utf8_bytes: int,
-                    per_t: bool) -> dict:
-    low, high = math.exp(nelbo - Z_95 * se), math.exp(nelbo + Z_95 * se)
-    record = {
-        "dataset": {"name": name, "split": "test", "path": f"/data/{name}/test.txt",
-                    "sha256": SHA, "detokenizer": name, "unit": "sentence per line",
-                    "documents": 100, "dropped_empty": 0, "utf8_bytes": utf8_bytes, "protocol": "unmask"},
-        "estimate": {"nelbo_per_token": nelbo, "standard_error": se, "num_tokens": tokens,
-                     "num_blocks": 10, "samples_per_block": 16, "kind": "continuous",
-                     "discrete_steps": None, "seed": 0, "error_method": "replicates",
-                     "perplexity_bound": math.exp(nelbo), "perplexity_interval_95": [low, high],
-                     "degrees_of_freedom": 15},
-        "perplexity_bound": math.exp(nelbo), "perplexity_interval": [low, high],
-        "nelbo_per_token": nelbo, "standard_error": se,
-        "bits_per_byte": nelbo * tokens / (math.log(2) * utf8_bytes), "num_tokens": tokens,
-    }
-    if per_t:
-        t = [(i + 0.5) / 64 for i in range(64)]
-        record["per_t"] = {"t": t, "contribution": [nelbo * (1 + 0.5 * (x - 0.5)) for x in t]}
-    return record
-
-
-def make_results(objective: str = "diffusion", *, per_t: bool = True, samples: bool = True) -> dict:
-    return {
-        "model": {"path": "/runs/small/export", "objective": objective, "step": 12000,
-                  "tokens_seen": 6_291_456_000, "weights": "ema",
-                  "network": {"n_layers": 12, "d_model": 768, "n_heads": 12, "vocab_size": 50258,
-                              "max_seq_len": 1024},
-                  "tokenizer": {"kind": "gpt2-bpe", "sha256": SHA, "vocab_size": 50258}},
-        "protocol": {"name": "unmask", "seq_len": 1024, "samples_per_block": 16, "seed": 0,
-                     "estimator": "autoregressive" if objective == "autoregressive" else "continuous",
-                     "discrete_steps": None, "target_rel_error": 0.002, "add_eos": True, "split": "test",
-                     "max_documents": None, "wrapping": "documents + EOS concatenated | cut into blocks",
-                     "bound": "continuous-time NELBO with both endpoint terms",
-                     "precision": "float32 weights; sums float64", "world_size": 2},
-        "datasets": {
-            "lambada": _dataset_record("lambada", 3.5, 0.01, 245_569, 1_000_000, per_t),
-            "wikitext2": _dataset_record("wikitext2", 3.25, 0.02, 287_644, 1_234_567, False),
-        },
-        "samples": [{"text": SAMPLE_TEXT, "network_calls": 128}] if samples else [],
-        "mlflow": {"tracking_uri": "http://127.0.0.1:5000", "run_id": "0123abcd"},
-        "created": "2025-01-02T03:04:05+00:00", "unmask_version": "0.1.0", "git_commit": "deadbeef",
-    }
-
 
 CURVES = {"train/loss": [(step, 10.0 / (1 + step / 100)) for step in range(0, 2000, 10)],
           "val/nelbo_per_token": [(step, 11.0 / (1 + step / 100)) for step in range(0, 2000, 500)]}
@@ -299,7 +252,7 @@ def test_samples_show_their_quality_and_how_they_were_drawn(tmp_path):
 
 def test_protocol_notes_follow_each_numbers_protocol(tmp_path):
     results = make_results(per_t=False)
-    results["datasets"] = {"lm1b": _dataset_record("lm1b", 4.0, 0.01, 176_128, 800_000, False),
+    results["datasets"] = {"lm1b": dataset_record("lm1b", 4.0, 0.01, 176_128, 800_000, False),
                            "wikitext2": results["datasets"]["wikitext2"]}
     for record in results["datasets"].values():
         record["dataset"].update(protocol="mdlm", split="valid")
@@ -318,3 +271,32 @@ def test_a_comparison_across_protocols_says_so(tmp_path):
     results["datasets"]["lambada"]["dataset"]["protocol"] = "mdlm"
     markdown = write_report(results, tmp_path).markdown.read_text(encoding="utf-8")
     assert "read lambada with different protocols or splits: those gaps compare different tokens." in markdown
+
+
+def _task_row(markdown: str, *cells: str) -> str:
+    rows = [line for line in markdown.splitlines() if line.startswith("| " + " | ".join(cells) + " |")]
+    assert len(rows) == 1, f"no single row starts with {cells}"
+    return rows[0]
+
+
+def test_the_downstream_section_sits_beside_the_bounds(tmp_path):
+    files = write_report(make_results(), tmp_path, downstream=DownstreamResults.from_json(make_downstream(step=9000)))
+    markdown = files.markdown.read_text()
+    assert markdown.index("## Results") < markdown.index("## Downstream tasks") < markdown.index("## Protocol")
+    assert "0.3125" in _task_row(markdown, "lambada_openai", "`acc,none`")
+    assert "5,153" in _task_row(markdown, "lambada_openai", "`acc,none`")           # 500 of the task's 5,153
+    assert "-3.7257 | 0.0421 | 1.9300 | 3 |" in _task_row(markdown, "lambada_openai", "500")
+    assert "N/A" not in markdown and "n/a" in _task_row(markdown, "gsm8k", "`bits_per_byte,none`")
+    assert "Monte Carlo lower bound" in markdown
+    assert "step 9,000; the bounds above, step 12,000" in markdown
+    assert "lambada_openai" in files.html.read_text()
+
+
+def test_downstream_tasks_alone_make_a_report_without_results_json(tmp_path):
+    files = write_report(None, tmp_path, downstream=DownstreamResults.from_json(make_downstream("autoregressive")))
+    markdown = files.markdown.read_text()
+    assert files.json is None and not (tmp_path / JSON_NAME).exists()
+    assert "## Downstream tasks" in markdown and "## Results" not in markdown
+    assert "0 (exact)" in _task_row(markdown, "lambada_openai", "500") and "exact (autoregressive)" in markdown
+    with pytest.raises(ValueError, match="needs results, downstream results, or both"):
+        write_report(None, tmp_path)

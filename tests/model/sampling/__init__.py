@@ -1,1 +1,1 @@
-"""Tests of ``model/sampling/``: every sampler's law, cost and plan."""
+"""Tests of ``model/sampling/``: one module per sampler, the plan, the shared draw and core."""

@@ -10,8 +10,7 @@ from model.absorbing import AbsorbingDiffusion
 from model.sampling import ConfidenceOptions, SamplingPlan, time_grid
 from model.sampling.confidence import masked_fraction
 from model.schedules import make_schedule
-from tests.conftest import ConstantDenoiser
-from tests.support.denoisers import ShapeRecorder
+from tests.support.denoisers import ConstantDenoiser, ShapeRecorder
 
 VOCAB = 3
 

@@ -8,16 +8,12 @@ import torch
 from model.absorbing import AbsorbingDiffusion
 from model.sampling import SamplingPlan
 from model.schedules import make_schedule
-from tests.conftest import chi_square_limit, chi_square_statistic
 from tests.support.denoisers import TableDenoiser
+from tests.support.stats import chi_square_limit, chi_square_statistic, total_variation
 
 VOCAB, LENGTH = 3, 4
 EXACT = SamplingPlan(sampler="first-hitting")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def _total_variation(a: torch.Tensor, b: torch.Tensor) -> float:
-    return 0.5 * float((a - b).abs().sum())
 
 
 @pytest.mark.parametrize("name", ["linear", "cosine"])
@@ -36,12 +32,12 @@ def test_samples_follow_the_exact_law_of_an_arbitrary_denoiser(oracle, name):
 
 def test_with_the_exact_conditionals_it_draws_from_the_data_and_conditions_exactly(oracle):
     diffusion = AbsorbingDiffusion(make_schedule("linear"), VOCAB)
-    assert _total_variation(oracle.first_hitting_law(diffusion, oracle), oracle.probs) < 1e-3  # only the guard
+    assert total_variation(oracle.first_hitting_law(diffusion, oracle), oracle.probs) < 1e-3  # only the guard
     prompt = torch.tensor([VOCAB, 1, VOCAB, VOCAB])
     fits = oracle.sequences[:, 1] == 1
     conditional = oracle.probs * fits / (oracle.probs * fits).sum()
     law = oracle.first_hitting_law(diffusion, oracle, prompt=prompt)
-    assert _total_variation(law, conditional) < 1e-3
+    assert total_variation(law, conditional) < 1e-3
     samples, stats = diffusion.sample(oracle, EXACT, num_samples=5_000, seq_len=LENGTH, prompt=prompt,
                                       generator=torch.Generator().manual_seed(1))
     assert bool((samples[:, 1] == 1).all())
@@ -88,7 +84,7 @@ def test_it_is_the_limit_of_ancestral_sampling(oracle):
     diffusion = AbsorbingDiffusion(make_schedule("linear", endpoint_eps=0.1), VOCAB)
     denoiser = TableDenoiser(VOCAB, LENGTH, seed=6)
     target = oracle.first_hitting_law(diffusion, denoiser)
-    distances = [_total_variation(oracle.sampler_law(diffusion, denoiser, steps), target) for steps in (4, 16, 64)]
+    distances = [total_variation(oracle.sampler_law(diffusion, denoiser, steps), target) for steps in (4, 16, 64)]
     assert distances[0] > distances[1] > distances[2] and distances[2] < 0.02
     assert distances[1] / distances[2] > 3  # O(1 / steps)
 

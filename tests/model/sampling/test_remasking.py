@@ -9,9 +9,9 @@ from model.absorbing import AbsorbingDiffusion
 from model.sampling import RemaskOptions, SamplingPlan, time_grid
 from model.sampling.remasking import remask_steps
 from model.schedules import make_schedule
-from tests.conftest import chi_square_limit, chi_square_statistic
 from tests.support.denoisers import ShapeRecorder
 from tests.support.oracle import EnumerableDistribution
+from tests.support.stats import chi_square_limit, chi_square_statistic
 
 VOCAB = 3
 OPTIONS = {"cap": RemaskOptions(schedule="cap", eta=0.05), "rescale": RemaskOptions(schedule="rescale", eta=0.5),

@@ -254,3 +254,16 @@ def test_unmask_export_format_hf_of_a_training_run(transformers, tinyshakespeare
         expected = exported.network(z, TIMES)
     torch.testing.assert_close(_hf_logits(transformers, directory, z, TIMES), expected, rtol=0, atol=1e-6)
     assert all(mode & stat.S_IRGRP for mode in _modes(directory).values())
+
+
+def test_unmask_export_format_hf_writes_a_block_export_with_its_block_size(block_export, tmp_path):
+    """The transformers directory records the block size its modeling file runs the block forward at
+    (its logits: the block diffusion tests above)."""
+    import json
+
+    from tests.support.cli_runner import unmask_in_process
+
+    out = tmp_path / "hf"
+    assert unmask_in_process(["export", str(block_export), "--format", "hf", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["block_size"] == config["unmask"]["block_size"] == 8

@@ -1,13 +1,17 @@
-"""One interface for every diffusion process: the same user code trains, scores and samples
-with AbsorbingDiffusion, LearnedDiffusion (GenMD4) and UniformDiffusion (D3PM)."""
+"""The diffusion process interface (``model.process``): the same user code trains, scores and
+samples with AbsorbingDiffusion, LearnedDiffusion (GenMD4) and UniformDiffusion (D3PM); and the
+low-discrepancy times every process draws (docs/math.md#low-discrepancy-times)."""
+
+import math
 
 import pytest
 import torch
 
 from model import AbsorbingDiffusion, LearnedDiffusion, LearnedSchedule, UniformDiffusion, make_schedule
+from model.process import low_discrepancy_times
 from model.sampling import SamplingPlan
 from model.transformer import Transformer, TransformerConfig
-from tests.conftest import ConstantDenoiser
+from tests.support.denoisers import ConstantDenoiser
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -168,3 +172,23 @@ def test_bf16_logits_are_scored_in_float32(process):
 def test_bad_input_raises_value_error_naming_the_argument(process, make_call, match):
     with pytest.raises(ValueError, match=match):
         make_call(process, _tokens())
+
+
+# ------------------------------------------------------------------ low-discrepancy times
+def test_low_discrepancy_times_cover_the_interval_and_split_over_ranks():
+    generator = lambda: torch.Generator().manual_seed(7)  # same seed on every "rank"
+    full = low_discrepancy_times(8, generator())
+    assert bool(((full >= 0) & (full < 1)).all())
+    torch.testing.assert_close(full.sort().values.diff(), torch.full((7,), 1 / 8, dtype=torch.float64))
+    # Two ranks x two micro-batches of 2 reproduce the global batch of 8.
+    slices = [low_discrepancy_times(2, generator(), offset=offset, global_batch_size=8)
+              for offset in (0, 2, 4, 6)]
+    torch.testing.assert_close(torch.cat(slices), full)
+    # Marginally uniform: the shared offset u is.
+    draws = torch.stack([low_discrepancy_times(1, torch.Generator().manual_seed(s)) for s in range(2000)])
+    assert abs(float(draws.mean()) - 0.5) < 4 * math.sqrt(1 / 12 / 2000)
+
+
+def test_low_discrepancy_times_refuse_a_slice_outside_the_batch():
+    with pytest.raises(ValueError, match="offset"):
+        low_discrepancy_times(4, offset=6, global_batch_size=8)

@@ -1,40 +1,22 @@
-"""``unmask run``'s own parts: the built-in corpus and the checks made before any work.
+"""``unmask run`` (``orchestration.commands.run``, ``orchestration.stages``): the checks made before
+any work, and a run preempted in training that goes no further.
 
 The whole pipeline runs end to end (submitted through Ray Jobs, then rerun to see every
-stage skipped) in tests/cli/cluster/test_jobs.py, and as `make demo` in CI.
+stage skipped) in tests/cli/cluster/test_jobs.py, and as `make demo` in CI; its built-in
+corpus: tests/data_prep/test_builtin_corpus.py.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 
 import pytest
 
-from data_prep.builtin_corpus import MIN_DOCSTRING_CHARS, cpython_documents, write_cpython_corpus
 from orchestration.exit_codes import PREEMPTED
 from tests.support.cli_runner import run_unmask, start_unmask
 from tests.support.stall import ANNOUNCEMENT
 from tests.support.train_helpers import RUN_TIMEOUT_S, write_config
-
-# The corpus must be big enough to train the demo on (pydoc topics alone are ~0.47 MB).
-MIN_CORPUS_CHARS = 1_000_000
-
-
-def test_builtin_corpus_is_python_prose_in_a_fixed_order(tmp_path):
-    documents = list(cpython_documents())
-    assert documents == list(cpython_documents())
-    assert sum(map(len, documents)) > MIN_CORPUS_CHARS
-    assert all(document.strip() for document in documents)
-    assert any("while" in document and "loop" in document for document in documents[:100])  # the reference topics
-    assert min(map(len, documents[100:])) >= MIN_DOCSTRING_CHARS
-
-    path = write_cpython_corpus(tmp_path)
-    written = [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines()]
-    assert written == documents
-    stamp = path.stat().st_mtime_ns
-    assert write_cpython_corpus(tmp_path) == path and path.stat().st_mtime_ns == stamp  # written once
 
 
 def test_run_checks_its_config_before_doing_anything(tmp_path):
@@ -49,7 +31,7 @@ def test_run_checks_its_config_before_doing_anything(tmp_path):
 @pytest.mark.slow
 def test_a_run_preempted_in_training_exits_75_and_goes_no_further(tmp_path):
     """SIGTERM in the train stage: the checkpoint is written, and the run stops there with
-    EX_TEMPFAIL instead of exporting a half-trained model and exiting 0 (issue 26, item 4)."""
+    EX_TEMPFAIL instead of exporting a half-trained model and exiting 0."""
     words = random.Random(0).choices(["the", "cat", "sat", "on", "a", "mat", "and", "ran", "far", "away"], k=12_000)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(" ".join(words[i:i + 12]) for i in range(0, len(words), 12)))

@@ -1,6 +1,8 @@
-"""results.json and downstream.json, written and read from their records: the bytes unmask
-writes are those of the fixtures (written before the records were read from their dataclasses'
-fields), and every fixture reads back as the record it was written from."""
+"""The results files (``evaluation.results``), written and read from their records
+(``evaluation.records``): the bytes of results.json and downstream.json that unmask writes are
+those of the fixtures (written before the records were read from their dataclasses' fields),
+every fixture reads back as the record it was written from, and a malformed file names every
+key it lacks."""
 
 import copy
 import json
@@ -31,6 +33,7 @@ from evaluation.results import (
     TrainingRecord,
 )
 from model.sampling import SamplingPlan
+from tests.support.results_fixtures import make_downstream
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SHA = "0f" * 32
@@ -233,3 +236,15 @@ def write_fixtures() -> None:
 
 if __name__ == "__main__":
     write_fixtures()
+
+
+# ---------------------------------------------------------------- downstream.json by hand
+def test_the_record_reads_back_what_it_writes_and_names_what_it_lacks():
+    data = make_downstream()
+    record = DownstreamResults.from_json(copy.deepcopy(data))
+    assert json.loads(record.dumps()) == data
+    assert record.tasks["lambada_openai"].values() == {"acc,none": (0.3125, 0.0064), "perplexity,none": (41.5, 1.2)}
+    assert record.tasks["gsm8k"].values()["bits_per_byte,none"] == (1.1, None)
+    del data["tasks"]["gsm8k"]["documents"], data["lm_eval_version"]
+    with pytest.raises(ValueError, match="lm_eval_version, tasks.gsm8k.documents"):
+        DownstreamResults.from_json(data)
