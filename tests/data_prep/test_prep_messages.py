@@ -88,3 +88,38 @@ def test_an_input_without_a_document_is_an_error(tmp_path, tokenizer, capsys):
     status, err = _prep(capsys, blank, tmp_path / "out", tokenizer)
     assert status == 2 and f"--input {blank}: no documents to prepare (documents: none found)" in err
     assert not (tmp_path / "out").exists()
+
+
+from pathlib import Path
+
+from tests.support.cli_refusals import cli_error as _cli
+from tests.support.cli_refusals import installed_cli_error as _unmask
+from tests.support.cli_refusals import write_a_file
+from tests.support.paths import GPT2, needs_shared
+
+
+@pytest.fixture
+def a_file(tmp_path) -> Path:
+    return write_a_file(tmp_path)
+
+
+# ------------------------------------------------------------------ flags checked before any work
+@needs_shared(GPT2)
+def test_prep_refuses_an_out_that_is_a_file_before_any_work(a_file, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("some text\n")
+    result = _unmask("prep", "--input", str(corpus), "--out", str(a_file), "--seq-len", "16", "--tokenizer", str(GPT2))
+    assert f"--out {a_file}: is a file, not a directory" in result.stderr
+
+
+def test_prep_and_tokenizer_train_check_out_and_workers_before_training_a_tokenizer(capsys, a_file, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("some text\n" * 50)
+    assert "is a file" in _cli(capsys, "prep", "--input", str(corpus), "--out", str(a_file), "--seq-len", "16",
+                               "--vocab-size", "300")
+    assert "is a file" in _cli(capsys, "tokenizer", "train", "--input", str(corpus), "--out", str(a_file),
+                               "--vocab-size", "300")
+    out = tmp_path / "out"
+    assert "--workers must be >= 1" in _cli(capsys, "prep", "--input", str(corpus), "--out", str(out),
+                                            "--seq-len", "16", "--vocab-size", "300", "--workers", "0")
+    assert not (out / "tokenizer").exists(), "the tokenizer was trained before the flags were checked"

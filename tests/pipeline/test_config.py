@@ -5,6 +5,8 @@ field's meaning from the command line, and the differences a resume checks."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import yaml
 
@@ -61,6 +63,43 @@ def test_yaml_errors_name_the_file_and_field(tmp_path):
         load_config(tmp_path / "missing.yaml")
 
 
+def test_malformed_and_non_utf8_yaml_name_the_line_and_column(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("train:\n  max_steps: [1\n")
+    with pytest.raises(UserError, match=r"broken.yaml line 3, column 1: not valid YAML: expected ',' or ']'.*"
+                                        r"flow sequence at line 2, column 14"):
+        load_config(broken)
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"train:\n  max_steps: 5 # caf\xe9\n")
+    with pytest.raises(UserError, match=r"latin.yaml line 2, column 21: byte 0xe9 is not UTF-8; save the file as UTF-8"):
+        load_config(latin)
+
+
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path):
+    """PyYAML keeps the last of two equal keys: a second `train:` silently dropped the first's fields."""
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("train:\n  max_steps: 5\nmodel:\n  preset: tiny\ntrain:\n  seed: 3\n")
+    with pytest.raises(UserError, match=r"twice.yaml line 5, column 1: not valid YAML: the key 'train' is given "
+                                        r"twice \(first at line 1\)"):
+        load_config(twice)
+    twice.write_text("optim:\n  lr: 0.1\n  warmup_steps: 5\n  lr: 0.2\n")
+    with pytest.raises(UserError, match=r"line 4, column 3: .*the key 'lr' is given twice \(first at line 2\)"):
+        load_config(twice)
+    with pytest.raises(UserError, match=r"flag --model.schedule_args .*the key 'power' is given twice"):
+        load_config(None, {"model.schedule_args": "{power: 2, power: 3}"})
+
+
+def test_an_empty_config_warns_that_every_default_applies_and_goes_on(tmp_path, caplog):
+    path = tmp_path / "empty.yaml"
+    path.write_text("# nothing set yet\n")
+    with caplog.at_level(logging.WARNING, logger="unmask.config"):
+        config = load_config(path)
+    assert config.train.max_steps == 1_000_000
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING
+    assert str(path) in record.getMessage() and "train.max_steps = 1000000" in record.getMessage()
+
+
 # ------------------------------------------------------------------ overrides
 def test_overrides_are_coerced_to_the_declared_types():
     overrides = parse_overrides(["--optim.lr", "1e-4", "--train.zero_stage=3", "--optim.betas", "[0.9, 0.95]",
@@ -76,6 +115,16 @@ def test_overrides_are_coerced_to_the_declared_types():
         parse_overrides(["lr=3"])
 
 
+def test_an_override_that_is_not_yaml_names_the_flag():
+    with pytest.raises(UserError, match=r"flag --optim.betas '\[0.9': not a valid YAML value"):
+        load_config(None, {"optim.betas": "[0.9"})
+
+
+def test_a_config_override_given_twice_is_refused_as_a_yaml_key_given_twice():
+    with pytest.raises(UserError, match=r"config override --train.max_steps is given twice \('5', then '7'\)"):
+        parse_overrides(["--train.max_steps", "5", "--train.max_steps=7"])
+
+
 # ------------------------------------------------------------------ validation
 def test_validation_names_the_field():
     with pytest.raises(UserError, match=r"config field optim.lr = -1.0: must be a positive number"):
@@ -88,6 +137,15 @@ def test_validation_names_the_field():
         with pytest.raises(UserError, match=rf"model.time_conditioning = False: the {process} process needs it"):
             load_config(None, {"model.process": process})
         assert load_config(None, {"model.process": process, "model.time_conditioning": "true"}).model.time_conditioning
+
+
+def test_an_infinite_or_nan_config_number_is_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  grad_clip: .inf\n")
+    with pytest.raises(UserError, match=r"field optim.grad_clip = inf: expected a finite number"):
+        load_config(path)
+    with pytest.raises(UserError, match=r"flag --optim.lr = nan: expected a finite number"):
+        load_config(None, {"optim.lr": ".nan"})
 
 
 def test_the_process_is_refused_with_the_fields_it_cannot_go_with():

@@ -19,12 +19,19 @@ from common.outputs import MARKER
 from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
 from pipeline.interchange.export import export, load_export
 from pipeline.run_dir.layout import RunLayout
+from tests.support.cli_refusals import cli_error as _cli
+from tests.support.cli_refusals import write_a_file
 from tests.support.cli_runner import unmask_in_process
 from tests.support.export_fixtures import write_untrained_export
 from tests.support.paths import SHARED, needs_shared
 from tests.support.train_helpers import run_train, write_config
 
 WORDS = ["cat", "dog", "fox", "owl", "sat", "ran", "mat", "log"]
+
+
+@pytest.fixture
+def a_file(tmp_path) -> Path:
+    return write_a_file(tmp_path)
 
 
 # ------------------------------------------------------------------ the weights of a checkpoint
@@ -55,6 +62,19 @@ def test_ema_export_differs_from_the_live_weights(reference_runs, tmp_path):
     live = load_export(export(run_dir, weights="model", out_dir=tmp_path / "model")).network.state_dict()
     gap = max((ema[k] - live[k]).abs().max().item() for k in ema)
     assert gap > 1e-4  # decay 0.9 over 6 steps lags the weights
+
+
+def test_export_refuses_a_missing_run_and_never_clears_a_directory_of_other_files(capsys, a_file, tmp_path):
+    assert "does not exist, not a training run directory" in _cli(capsys, "export", str(tmp_path / "nope"))
+    assert "is a file, not a training run directory" in _cli(capsys, "export", str(a_file))
+    run = tmp_path / "run"
+    run.mkdir()
+    assert f"--out {a_file}: is a file" in _cli(capsys, "export", str(run), "--out", str(a_file))
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("mine")
+    assert "is not an unmask export: it holds notes.txt" in _cli(capsys, "export", str(run), "--out", str(keep))
+    assert (keep / "notes.txt").read_text() == "mine"
 
 
 # ------------------------------------------------------------------ damaged exports
