@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import random
 import signal
+from pathlib import Path
 
 import pytest
 
 from orchestration.exit_codes import PREEMPTED
+from tests.support.cli_refusals import cli_error as _cli
+from tests.support.cli_refusals import write_a_file
 from tests.support.cli_runner import run_unmask, start_unmask
 from tests.support.stall import ANNOUNCEMENT
 from tests.support.train_helpers import RUN_TIMEOUT_S, write_config
@@ -54,3 +57,18 @@ def test_a_run_preempted_in_training_exits_75_and_goes_no_further(tmp_path):
     assert "unmask run: stage train was stopped by a signal at step 2 and wrote its checkpoint" in output
     assert (run_dir / "checkpoints" / "latest").read_text() == "step-00000002"
     assert not (run_dir / "export").exists() and "stage export" not in output
+
+
+@pytest.fixture
+def a_file(tmp_path) -> Path:
+    return write_a_file(tmp_path)
+
+
+def test_run_checks_its_run_dir_and_eval_flags_before_the_first_stage(capsys, a_file, tmp_path):
+    assert f"--run-dir {a_file}: is a file" in _cli(capsys, "run", "--run-dir", str(a_file))
+    run = tmp_path / "run"
+    err = _cli(capsys, "run", "--run-dir", str(run), "--datasets", "val,nosuchset")
+    assert "unknown dataset 'nosuchset'" in err and "stage prep" not in err
+    assert "--samples must be >= 1" in _cli(capsys, "run", "--run-dir", str(run), "--samples", "0")
+    assert "needs --data-dir" in _cli(capsys, "run", "--run-dir", str(run), "--datasets", "ptb")
+    assert not run.exists()

@@ -32,6 +32,7 @@ from data_prep.write_shards import PrepConfig, write_shards
 from evaluation.report.write import REPORT_KIND
 from pipeline.interchange.export import EXPORT_KIND
 from pipeline.run_dir.layout import RUN_KIND
+from tests.support.cli_refusals import write_a_file
 from tests.support.cli_runner import unmask_in_process
 from tests.support.mdlm_reference import DiTShape, random_weights, write_hugging_face
 from tests.support.shard_fixtures import tree_bytes
@@ -440,3 +441,33 @@ def test_a_directory_of_the_users_own_files_is_not_taken_for_a_run(tmp_path, cap
         check_output_dir(restored, RUN_KIND, "--run-dir")  # without latest: not what the launcher leaves
     (restored / "checkpoints" / "latest").write_text("step-00000004")
     check_output_dir(restored, RUN_KIND, "--run-dir")
+
+
+@pytest.fixture
+def a_file(tmp_path) -> Path:
+    return write_a_file(tmp_path)
+
+
+def test_output_paths_that_are_files_or_below_files_are_refused(a_file):
+    from common.outputs import check_output_dir, check_output_file
+    from pipeline.interchange.export import EXPORT_KIND
+
+    with pytest.raises(UserError, match=r"--out .*a-file: is a file, not a directory"):
+        check_output_dir(a_file, EXPORT_KIND, "--out")
+    with pytest.raises(UserError, match=r"--out .*a-file/sub: lies below .*a-file, which is a file"):
+        check_output_dir(a_file / "sub", EXPORT_KIND, "--out")
+    with pytest.raises(UserError, match=r"--out .*: is a directory; give a file name"):
+        check_output_file(a_file.parent, "--out")
+
+
+def test_an_unwritable_output_directory_is_named(tmp_path, monkeypatch):
+    from common.outputs import check_output_dir
+    from pipeline.run_dir.layout import RUN_KIND
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("tempfile.mkstemp", refuse)
+    with pytest.raises(UserError, match=r"--run-dir .*: cannot write there \(Permission denied\); choose a "
+                                        r"directory you can write to"):
+        check_output_dir(tmp_path / "run", RUN_KIND, "--run-dir")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,11 @@ from data_prep.tokenizer.load import load_tokenizer
 from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
 from data_prep.write_shards import LOUD_SHARE, MAX_SEQ_LEN, PrepConfig
 from pipeline.interchange.export import load_export
+from tests.support.cli_refusals import cli_error as _cli
+from tests.support.cli_refusals import installed_cli_error as _unmask
+from tests.support.cli_refusals import write_a_file
 from tests.support.cli_runner import run_unmask, unmask_in_process
+from tests.support.paths import GPT2, needs_shared
 from tests.support.train_helpers import run_train, write_config
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "ran", "far", "away", "caf\u00e9", "na\u00efve"]
@@ -122,3 +127,30 @@ def test_a_data_dir_moved_to_another_machine_trains_and_exports_as_is(tmp_path):
     run = run_train(tmp_path / "run", data, config).run_dir  # from another working directory
     assert unmask_in_process(["export", str(run)]) == 0
     assert load_export(run / "export").tokenizer.sha256 == tokenizer_sha256
+
+
+@pytest.fixture
+def a_file(tmp_path) -> Path:
+    return write_a_file(tmp_path)
+
+
+# ------------------------------------------------------------------ flags checked before any work
+@needs_shared(GPT2)
+def test_prep_refuses_an_out_that_is_a_file_before_any_work(a_file, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("some text\n")
+    result = _unmask("prep", "--input", str(corpus), "--out", str(a_file), "--seq-len", "16", "--tokenizer", str(GPT2))
+    assert f"--out {a_file}: is a file, not a directory" in result.stderr
+
+
+def test_prep_and_tokenizer_train_check_out_and_workers_before_training_a_tokenizer(capsys, a_file, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("some text\n" * 50)
+    assert "is a file" in _cli(capsys, "prep", "--input", str(corpus), "--out", str(a_file), "--seq-len", "16",
+                               "--vocab-size", "300")
+    assert "is a file" in _cli(capsys, "tokenizer", "train", "--input", str(corpus), "--out", str(a_file),
+                               "--vocab-size", "300")
+    out = tmp_path / "out"
+    assert "--workers must be >= 1" in _cli(capsys, "prep", "--input", str(corpus), "--out", str(out),
+                                            "--seq-len", "16", "--vocab-size", "300", "--workers", "0")
+    assert not (out / "tokenizer").exists(), "the tokenizer was trained before the flags were checked"

@@ -110,3 +110,58 @@ def test_a_sampler_that_does_not_apply_to_a_process_is_refused_in_one_line(proce
             with torch.no_grad():
                 tokens, _ = process.sample(denoiser, plan, num_samples=2, seq_len=3)
             assert bool((tokens < 5).all())
+
+
+# ------------------------------------------------------------------ budgets: named limits, before any work
+@pytest.mark.parametrize("sampler", ["ancestral", "confidence", "remdm"])
+def test_an_absurd_budget_is_refused_when_the_plan_is_made(sampler):
+    from model.sampling import MAX_STEPS
+
+    with pytest.raises(PlanError, match=f"steps 1,000,000,000,000 is more than MAX_STEPS = {MAX_STEPS:,}") as caught:
+        SamplingPlan(sampler=sampler, steps=10 ** 12)
+    assert caught.value.field == "steps"
+    assert SamplingPlan(sampler=sampler, steps=MAX_STEPS).steps == MAX_STEPS
+
+
+def test_steps_per_position_and_sample_length_have_limits_checked_before_the_grid_is_built():
+    from model.sampling import MAX_SAMPLE_LEN, MAX_STEPS_PER_POSITION, check_budget
+
+    plan = SamplingPlan(steps=100_000)
+    with pytest.raises(PlanError, match=r"more than MAX_STEPS_PER_POSITION = 1,024 per position of a sequence of 16 "
+                                        r"\(at most 16,384\)"):
+        check_budget(plan, 16)
+    check_budget(plan, 128)                       # 131,072 allowed
+    with pytest.raises(PlanError, match="per position of a block of 64"):
+        check_budget(SamplingPlan(steps=100_000, block_len=64), 4096)
+    check_budget(SamplingPlan(sampler="first-hitting", steps=100_000), 16)   # no grid: one call per token at most
+    with pytest.raises(PlanError, match=f"longer than MAX_SAMPLE_LEN = {MAX_SAMPLE_LEN:,}") as caught:
+        check_budget(SamplingPlan(block_len=64), 100_000_000)
+    assert caught.value.field == "seq_len"
+    # The samplers' own entry refuses it before building a grid of the steps.
+    process = AbsorbingDiffusion(make_schedule("linear"), 5)
+    with pytest.raises(PlanError, match="MAX_STEPS_PER_POSITION"):
+        process.sample(lambda z, t: torch.zeros(*z.shape, 5), SamplingPlan(steps=MAX_STEPS_PER_POSITION * 16 + 1),
+                       num_samples=1, seq_len=16)
+
+
+# ------------------------------------------------------------------ options and records that would change nothing
+def test_sampler_options_given_twice_or_of_another_schedule_are_refused():
+    with pytest.raises(PlanError, match=r"sampler option eta is given twice \(0.01, then 0.02\)") as caught:
+        parse_sampler_options("remdm", ["eta=0.01", "eta=0.02"])
+    assert caught.value.field == "options.eta"
+    with pytest.raises(PlanError, match="sampler option t_on is the loop schedule's: the cap schedule does not read"):
+        parse_sampler_options("remdm", ["t_on=0.6"])
+    with pytest.raises(PlanError, match="the rescale schedule does not read it"):
+        parse_sampler_options("remdm", ["schedule=rescale", "alpha_on=0.8"])
+    assert parse_sampler_options("remdm", ["schedule=loop", "t_on=0.6"]) == RemaskOptions(schedule="loop", t_on=0.6)
+    with pytest.raises(PlanError, match="the first-hitting sampler has no time grid") as caught:
+        SamplingPlan(sampler="first-hitting", grid="cosine")
+    assert caught.value.field == "grid"
+
+
+def test_a_recorded_first_hitting_plan_with_a_grid_is_refused_naming_the_field():
+    """First-hitting has no time grid: a record that names one is not a plan, and says so."""
+    record = {**SamplingPlan(sampler="first-hitting").to_dict(), "grid": "cosine"}
+    with pytest.raises(PlanError, match="the first-hitting sampler has no time grid") as caught:
+        SamplingPlan.from_dict(record)
+    assert caught.value.field == "grid"

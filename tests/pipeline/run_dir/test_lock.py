@@ -133,8 +133,8 @@ def test_a_second_trainer_on_a_run_dir_exits_at_once_naming_the_first(tinyshakes
 def test_a_trainer_killed_before_its_first_checkpoint_is_rerun_at_once_and_logs_each_step_once(
         tinyshakespeare_shards, tmp_path):
     """The trainer's DataLoader worker outlives a SIGKILL by seconds. The lock is the trainer's
-    alone, so it is free the moment the trainer dies (issue 26, item 5); the rerun starts from
-    scratch, and metrics.jsonl and MLflow hold each step once (item 12)."""
+    alone, so it is free the moment the trainer dies; the rerun starts from scratch, and
+    metrics.jsonl and MLflow hold each step once."""
     import psutil
 
     run_dir = tmp_path / "run"

@@ -1,5 +1,6 @@
-"""MLflow tracking against a real ``mlflow server`` and the run directory's own SQLite store:
-round trip, resume into the same run, refused forks and param changes, param flattening."""
+"""MLflow tracking (``pipeline.tracking.tracker``) against a real ``mlflow server`` and the run
+directory's own SQLite store: round trip, resume into the same run, refused forks and param
+changes, param flattening, and a server down at the start of a training."""
 
 import json
 import math
@@ -22,6 +23,8 @@ from pipeline.tracking.tracker import (
     default_tracking_uri,
     flatten_params,
 )
+from tests.support.mlflow_server import free_port
+from tests.support.train_helpers import run_train, write_config
 
 
 def _experiment() -> str:
@@ -193,3 +196,18 @@ def test_two_training_runs_compare_in_one_experiment_on_a_server(mlflow_server: 
         assert tags.get("mlflow.source.git.commit", "unknown") == tags["git_commit"] and "mlflow.user" in tags
         assert "train/loss" in run.data.metrics
     assert {r.data.params["optim.lr"] for r in runs} == {"0.002", "0.0005"}
+
+
+@pytest.mark.slow
+def test_a_server_down_at_the_start_stops_the_run_naming_it_unless_optional(tinyshakespeare_shards, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    config = write_config(tmp_path / "c.yaml", {"train": {"max_steps": 2}})
+    refused = run_train(tmp_path / "a", tinyshakespeare_shards, config, extra=["--mlflow-uri", dead], check=False)
+    assert refused.returncode != 0
+    assert f"MLflow tracking server {dead} did not answer for 30 s" in refused.output
+    assert "--logging.mlflow_required false" in refused.output and "Traceback" not in refused.output
+
+    optional = run_train(tmp_path / "b", tinyshakespeare_shards, config,
+                         extra=["--mlflow-uri", dead, "--logging.mlflow_required", "false"])
+    assert "Training without MLflow" in optional.output
+    assert [m["step"] for m in optional.metrics() if "train/loss" in m] == [1, 2]

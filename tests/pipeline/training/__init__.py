@@ -1,1 +1,2 @@
-"""Tests of ``pipeline/training/``: real DeepSpeed training on CPU."""
+"""Tests of ``pipeline/training/``: the loop end to end (real DeepSpeed training on CPU) and
+its parts."""

@@ -1,6 +1,8 @@
-"""A damaged export (an interrupted copy, a download of something else, a newer format) is
-refused in one line naming the file and the fix, by every command that reads one:
-`unmask sample`, `eval`, `lm-eval` and `export --format hf`. Exports record the size and
+"""Export (``pipeline.interchange.export``): the EMA or live weights of a checkpoint, ZeRO-3's
+partitions gathered; `unmask export` refuses what is not a run and never clears a directory of
+other files. A damaged export (an interrupted copy, a download of something else, a newer or
+older format) is refused in one line naming the file and the fix, by every command that reads
+one: `unmask sample`, `eval`, `lm-eval` and `export --format hf`. Exports record the size and
 sha256 of their files (in their marker), checked at load."""
 
 from __future__ import annotations
@@ -15,15 +17,67 @@ import torch
 from common.errors import UserError
 from common.outputs import MARKER
 from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
-from pipeline.interchange.export import load_export
+from pipeline.interchange.export import export, load_export
 from pipeline.run_dir.layout import RunLayout
+from tests.support.cli_refusals import cli_error as _cli
+from tests.support.cli_refusals import write_a_file
 from tests.support.cli_runner import unmask_in_process
 from tests.support.export_fixtures import write_untrained_export
 from tests.support.paths import SHARED, needs_shared
+from tests.support.train_helpers import run_train, write_config
 
 WORDS = ["cat", "dog", "fox", "owl", "sat", "ran", "mat", "log"]
 
 
+@pytest.fixture
+def a_file(tmp_path) -> Path:
+    return write_a_file(tmp_path)
+
+
+# ------------------------------------------------------------------ the weights of a checkpoint
+@pytest.mark.slow
+def test_export_gathers_zero3_partitions_into_the_model_weights(tmp_path, shards):
+    """With EMA decay 0 the EMA is the live weights: our export of the ZeRO-3 partitions must
+    equal DeepSpeed's own consolidation of the same checkpoint, and give the same logits."""
+
+    config = write_config(tmp_path / "c.yaml", {"train": {"zero_stage": 3, "ema_decay": 0.0, "max_steps": 3}})
+    run_dir = tmp_path / "run"
+    run_train(run_dir, shards, config, world_size=2)
+    ema = load_export(export(run_dir, out_dir=tmp_path / "ema"))
+    model = load_export(export(run_dir, weights="model", out_dir=tmp_path / "model"))
+    ema_weights, model_weights = ema.network.state_dict(), model.network.state_dict()
+    assert ema_weights.keys() == model_weights.keys()
+    for name in ema_weights:
+        assert torch.equal(ema_weights[name], model_weights[name]), name
+    z = torch.randint(0, ema.network.config.vocab_size + 1, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(ema.network(z), model.network(z))
+    assert ema.config["step"] == 3 and ema.tokenizer.sha256 == ema.config["tokenizer_sha256"]
+
+
+@pytest.mark.slow
+def test_ema_export_differs_from_the_live_weights(reference_runs, tmp_path):
+    run_dir = reference_runs[2, 3].run_dir
+    ema = load_export(export(run_dir, out_dir=tmp_path / "ema")).network.state_dict()
+    live = load_export(export(run_dir, weights="model", out_dir=tmp_path / "model")).network.state_dict()
+    gap = max((ema[k] - live[k]).abs().max().item() for k in ema)
+    assert gap > 1e-4  # decay 0.9 over 6 steps lags the weights
+
+
+def test_export_refuses_a_missing_run_and_never_clears_a_directory_of_other_files(capsys, a_file, tmp_path):
+    assert "does not exist, not a training run directory" in _cli(capsys, "export", str(tmp_path / "nope"))
+    assert "is a file, not a training run directory" in _cli(capsys, "export", str(a_file))
+    run = tmp_path / "run"
+    run.mkdir()
+    assert f"--out {a_file}: is a file" in _cli(capsys, "export", str(run), "--out", str(a_file))
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("mine")
+    assert "is not an unmask export: it holds notes.txt" in _cli(capsys, "export", str(run), "--out", str(keep))
+    assert (keep / "notes.txt").read_text() == "mine"
+
+
+# ------------------------------------------------------------------ damaged exports
 @pytest.fixture(scope="module")
 def sound(tmp_path_factory) -> Path:
     """An export as `unmask export` writes it, inside a run directory; tests damage copies."""

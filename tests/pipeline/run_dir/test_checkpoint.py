@@ -1,26 +1,33 @@
-"""Checkpoints a user received: nothing in them runs code, and a broken one is named.
+"""Checkpoints (``pipeline.run_dir.checkpoint``): committed only when complete and verified
+against the files they record; a broken one is named, with the newest intact one that resume and
+export use instead and a fix that works when typed; a full disk is said in one line; a checkpoint
+a user received runs no code on export, eval or resume; one of an earlier unmask is refused.
 
-A real 6-step run (DeepSpeed on CPU, checkpoints at steps 3 and 6) is copied for each test
-and altered as a malicious author (a ``__reduce__`` payload, with the recorded hashes
-updated to match) or a bad disk (truncated or flipped bytes) would leave it.
+The slow tests alter copies of a real 6-step run (DeepSpeed on CPU, checkpoints at steps 3 and 6)
+as a malicious author (a ``__reduce__`` payload, with the recorded hashes updated to match) or a
+bad disk (truncated or flipped bytes) would leave it, or copies of the session's 2-step micro_run.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
+import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 from common.errors import UserError
+from orchestration.cli import build_parser
+from pipeline.distributed import Distributed
 from pipeline.interchange.export import export
 from pipeline.run_dir.checkpoint import (
     STATE_FILE,
+    CheckpointManager,
     CheckpointMeta,
     EarlierCheckpoint,
     TrainState,
@@ -30,23 +37,14 @@ from pipeline.run_dir.checkpoint import (
     resolve_checkpoint,
     verify_checkpoint,
 )
-from pipeline.run_dir.rank_files import rng_state, set_rng_state
-from pipeline.run_dir.safe_load import UnsafeOrCorruptFile, load_torch_file
-from tests.support.cli_runner import run_unmask
-from tests.support.train_helpers import run_train, write_config
+from pipeline.run_dir.rank_files import rank_file
+from tests.support.cli_runner import cli_env, run_unmask, unmask_command, unmask_in_process
+from tests.support.mdlm_reference import Payload as _Payload
+from tests.support.paths import REPO
+from tests.support.train_helpers import RUN_TIMEOUT_S, run_train, write_config
 
 LAST = "step-00000006"
 EARLIER = "step-00000003"
-
-
-class _Payload:
-    """Pickles as a call to os.system: what a booby-trapped checkpoint carries."""
-
-    def __init__(self, marker: Path) -> None:
-        self.command = f"touch {marker}"
-
-    def __reduce__(self):
-        return os.system, (self.command,)
 
 
 def _plant(path: Path, marker: Path, *, rehash: bool) -> None:
@@ -58,11 +56,6 @@ def _plant(path: Path, marker: Path, *, rehash: bool) -> None:
         saved = json.loads(record.read_text())
         saved["files"] = _file_records(path.parent)
         record.write_text(json.dumps(saved))
-
-
-@pytest.fixture(scope="module")
-def shards(tinyshakespeare_shards):
-    return tinyshakespeare_shards
 
 
 @pytest.fixture(scope="module")
@@ -83,40 +76,29 @@ def run_copy(trained, tmp_path):
     return copy
 
 
-# ----------------------------------------------------------------------------- unit
-def test_a_payload_is_refused_by_name_and_never_runs(tmp_path):
-    marker = tmp_path / "pwned"
-    path = tmp_path / "rank-00000.pt"
-    torch.save({"ema": _Payload(marker)}, path)
-    with pytest.raises(UnsafeOrCorruptFile, match=r"rank-00000.pt: refused: loading it would call posix.system"):
-        load_torch_file(path)
-    assert not marker.exists()
+ALONE = Distributed(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
 
 
-def test_a_rank_files_state_loads_and_numpys_own_rng_state_is_refused(tmp_path):
-    """A rank file holds tensors and plain values, its RNG states included (``rng_state``);
-    numpy's own state pickles numpy's constructors, which an unmask file never holds."""
-    import numpy as np
-
-    path = tmp_path / "state.pt"
-    torch.save({"shadow": {"w": torch.arange(3.0)}, "rng": rng_state(), "python": (3, (1, 2), None)}, path)
-    loaded = load_torch_file(path)
-    assert torch.equal(loaded["shadow"]["w"], torch.arange(3.0))
-    torch.save({"rng": {"numpy": np.random.get_state()}}, path)
-    with pytest.raises(UnsafeOrCorruptFile, match=r"state.pt: refused: loading it would call numpy"):
-        load_torch_file(path)
+@pytest.fixture
+def run(micro_run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(micro_run, copy)
+    return copy
 
 
-def test_the_rng_states_of_a_rank_file_restore_every_generator(tmp_path):
-    import random
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:-64])
 
-    import numpy as np
 
-    torch.save({"rng": rng_state()}, tmp_path / "rank-00000.pt")
-    drawn = (torch.rand(3), np.random.rand(3), random.random())
-    set_rng_state(load_torch_file(tmp_path / "rank-00000.pt")["rng"])
-    again = (torch.rand(3), np.random.rand(3), random.random())
-    assert torch.equal(drawn[0], again[0]) and (drawn[1] == again[1]).all() and drawn[2] == again[2]
+# ------------------------------------------------------------------ the record of a checkpoint
+def test_verify_checkpoint_names_a_missing_file(tmp_path):
+    directory = tmp_path / "step-00000001"
+    directory.mkdir()
+    meta = CheckpointMeta(state=TrainState(step=1), config={}, config_sha256="", data_sha256="", tokenizer_sha256="",
+                          network={}, zero_stage=1, precision="fp32", batch_plan={}, world_size=1,
+                          files={"rank-00000.pt": {"bytes": 3, "sha256": "x"}})
+    (directory / STATE_FILE).write_text(meta.to_json())
+    assert verify_checkpoint(directory) == f"{directory / 'rank-00000.pt'} is missing"
 
 
 def test_a_state_file_of_an_earlier_unmask_is_refused_in_one_line(tmp_path):
@@ -134,15 +116,23 @@ def test_a_state_file_of_an_earlier_unmask_is_refused_in_one_line(tmp_path):
         verify_checkpoint(path.parent)
 
 
-def test_a_truncated_file_is_named_as_truncated(tmp_path):
-    path = tmp_path / "x.pt"
-    torch.save({"w": torch.zeros(1000)}, path)
-    path.write_bytes(path.read_bytes()[:1500])
-    with pytest.raises(UnsafeOrCorruptFile, match=r"x.pt: truncated or corrupt"):
-        load_torch_file(path)
+@pytest.mark.slow
+def test_a_run_of_an_earlier_unmask_is_refused_by_resume_and_export_in_one_line(run_copy, shards, config):
+    for tag in (EARLIER, LAST):
+        path = run_copy / "checkpoints" / tag / STATE_FILE
+        record = json.loads(path.read_text())
+        del record["init_from"]  # a field every checkpoint records since --init-from
+        path.write_text(json.dumps(record))
+    refusal = (f"{run_copy / 'checkpoints' / LAST / STATE_FILE}: written by an earlier unmask (no init_from); "
+               f"train again in a new --run-dir")
+    resumed = run_train(run_copy, shards, config, check=False)
+    errors = [line for line in resumed.output.splitlines() if "error" in line.lower()]
+    assert resumed.returncode == 2 and errors == [f"unmask train: error: {refusal}"], resumed.output[-3000:]
+    with pytest.raises(EarlierCheckpoint, match=re.escape(refusal)):
+        export(run_copy)
 
 
-# ----------------------------------------------------------------------------- security
+# ------------------------------------------------------------------ code in a checkpoint never runs
 @pytest.mark.slow
 def test_a_payload_in_the_ema_file_runs_neither_on_export_nor_eval_nor_resume(run_copy, shards, config, tmp_path):
     marker = tmp_path / "pwned"
@@ -172,7 +162,7 @@ def test_a_payload_in_a_deepspeed_file_runs_neither_on_resume_nor_on_export(run_
     assert not marker.exists()
 
 
-# ----------------------------------------------------------------------------- corruption
+# ------------------------------------------------------------------ a broken checkpoint: the newest intact one
 @pytest.mark.slow
 @pytest.mark.parametrize("broken", ["rank-00000.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"])
 def test_resume_falls_back_to_the_newest_intact_checkpoint(run_copy, trained, shards, tmp_path, broken):
@@ -216,25 +206,36 @@ def test_export_of_a_truncated_checkpoint_names_the_file_and_the_intact_step(run
 
 
 @pytest.mark.slow
-def test_a_run_of_an_earlier_unmask_is_refused_by_resume_and_export_in_one_line(run_copy, shards, config):
-    for tag in (EARLIER, LAST):
-        path = run_copy / "checkpoints" / tag / STATE_FILE
-        record = json.loads(path.read_text())
-        del record["init_from"]  # a field every checkpoint records since --init-from
-        path.write_text(json.dumps(record))
-    refusal = (f"{run_copy / 'checkpoints' / LAST / STATE_FILE}: written by an earlier unmask (no init_from); "
-               f"train again in a new --run-dir")
-    resumed = run_train(run_copy, shards, config, check=False)
-    errors = [line for line in resumed.output.splitlines() if "error" in line.lower()]
-    assert resumed.returncode == 2 and errors == [f"unmask train: error: {refusal}"], resumed.output[-3000:]
-    with pytest.raises(EarlierCheckpoint, match=re.escape(refusal)):
-        export(run_copy)
+def test_the_fix_of_a_broken_checkpoint_is_a_command_that_parses_and_works(run, capsys):
+    _truncate(rank_file(run / "checkpoints" / "step-00000002", 0))
+    assert unmask_in_process(["export", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot export step-00000002" in err and "(truncated or overwritten)" in err
+    hint = re.search(r"export the newest intact one: `(unmask [^`]+)`", err)
+    assert hint, err
+    argv = shlex.split(hint.group(1))[1:]
+    assert build_parser().parse_args(argv).checkpoint == 1
+    assert unmask_in_process(argv) == 0 and (run / "export" / "model.safetensors").is_file()
 
 
-# ----------------------------------------------------------------------------- a broken `latest` pointer
+@pytest.mark.slow
+def test_with_no_intact_checkpoint_a_run_says_so_once(run, caplog):
+    caplog.set_level(logging.WARNING, logger="unmask.checkpoint")
+    manager = CheckpointManager(run, ALONE, keep_last=2)
+    _truncate(rank_file(run / "checkpoints" / "step-00000002", 0))
+    assert manager.newest_intact().name == "step-00000001"
+    assert "step-00000002: " in caplog.text and "resuming from step-00000001 instead" in caplog.text
+    caplog.clear()
+    _truncate(rank_file(run / "checkpoints" / "step-00000001", 0))
+    with pytest.raises(UserError, match=r"no intact checkpoint to resume from \(step-00000002: .*; step-00000001: .*\); "
+                                        r"restore them, or move the checkpoints away to start over"):
+        manager.newest_intact()
+    assert caplog.text == "", "a warning said the run would resume, then it refused"
+
+
 @pytest.mark.slow
 def test_a_broken_latest_pointer_falls_back_to_the_newest_intact_checkpoint(run_copy, shards, tmp_path, caplog):
-    """Issue 33: `latest` pointing outside the run, empty or garbage is a broken pointer, not a
+    """`latest` pointing outside the run, empty or garbage is a broken pointer, not a
     run without checkpoints: export and resume use the newest complete one, and say why."""
     latest = run_copy / "checkpoints" / "latest"
     for text in ("", "step-12\x00garbage", "step-00000099"):
@@ -255,3 +256,40 @@ def test_a_broken_latest_pointer_falls_back_to_the_newest_intact_checkpoint(run_
     assert f"{latest} is empty; using {LAST} instead" in resumed.output
     assert f"resumed from {run_copy / 'checkpoints' / LAST}" in resumed.output
     assert latest.read_text() == "step-00000008"
+
+
+# ------------------------------------------------------------------ a full disk
+# Room for the run's small files and one checkpoint of the micro model (about 2.5 MB), not
+# for a second one. (The MLflow store is not in the run dir: see pipeline.tracking.tracker.)
+DISK = "4m"
+
+
+def _namespaces_work() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _namespaces_work(), reason="unprivileged user and mount namespaces are not available")
+def test_a_full_disk_is_named_in_one_line_with_the_last_intact_checkpoint(tinyshakespeare_shards, tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    run_dir = disk / "run"
+    config = write_config(tmp_path / "c.yaml", {"eval": {"every": 0}})  # checkpoints at steps 3 and 6
+    command = unmask_command(["train", "--config", str(config), "--data", str(tinyshakespeare_shards),
+                              "--run-dir", str(run_dir)])
+    script = f"mount -t tmpfs -o size={DISK} tmpfs {shlex.quote(str(disk))} && {shlex.join(command)}; " \
+             f"status=$?; ls {shlex.quote(str(run_dir / 'checkpoints'))}; exit $status"
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script], cwd=REPO,
+                          env=cli_env(),
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    full = [line for line in output.splitlines() if "No space left on device" in line]
+    assert full, output[-3000:]
+    assert f"the last intact checkpoint is {run_dir / 'checkpoints' / 'step-00000003'}" in full[-1]
+    assert "--resume auto" in full[-1] and "Traceback" not in output
+    listed = done.stdout.split()
+    assert "step-00000003" in listed and "step-00000006" not in listed, "the partial save is removed"

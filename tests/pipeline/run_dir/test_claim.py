@@ -1,6 +1,7 @@
-"""A training that stops or fails before its first step (issue 33): a SIGTERM during start-up
-is a preemption (exit 75, which schedulers retry), not a failure (143); and neither leaves the
-run directory it created behind (its marker, an empty lock, the config it resolved)."""
+"""The run directory claimed around a training (``pipeline.run_dir.claim``): a training that stops
+or fails before its first step leaves nothing of the run directory it created (its marker, an
+empty lock, the config it resolved). A SIGTERM during start-up is a preemption (exit 75, which
+schedulers retry), not a failure (143); a replaced tokenizer is named with what differs."""
 
 from __future__ import annotations
 
@@ -61,17 +62,3 @@ def test_a_replaced_tokenizer_is_named_with_what_differs_and_the_failed_run_leav
            f"manifest records 300): replaced since the prep" in failed.stderr
     assert "not found" not in failed.stderr
     assert not (tmp_path / "new").exists(), sorted(p.name for p in run.rglob("*"))
-
-
-def test_the_start_up_handler_is_in_place_before_the_cli_imports_anything_heavy():
-    """The first import of ``orchestration.cli`` installs it, in the unmask command's own process,
-    for a training command only (the CLI's other imports take seconds: torch)."""
-    probe = ("import signal, sys; sys.argv = [{program!r}, *{args!r}]; import orchestration.startup_preemption; "
-             "print(getattr(signal.getsignal(signal.SIGTERM), '__name__', 'default'), 'torch' in sys.modules)")
-    for program, args, installed in (("/venv/bin/unmask", ["train", "--config", "c.yaml"], "_stop"),
-                                     ("/repo/orchestration/cli.py", ["run"], "_stop"),
-                                     ("/venv/bin/unmask", ["eval", "runs/x"], "default"),
-                                     ("/venv/bin/pytest", ["-k", "train"], "default")):
-        out = subprocess.run([sys.executable, "-c", probe.format(program=program, args=args)], cwd=REPO,
-                             env=cli_env(), capture_output=True, text=True, check=True).stdout
-        assert out.split() == [installed, "False"], (program, args, out)
