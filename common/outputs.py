@@ -98,7 +98,7 @@ def read_marker(directory: Path) -> dict | None:
 
 def marked_files(directory: Path) -> dict[str, FileRecord] | None:
     """The files the marker of a whole output records (``{relative path: record}``), or None
-    when it records none (no marker, or one of an older layout)."""
+    when it records none (no marker, or one an earlier unmask wrote)."""
     files = (read_marker(directory) or {}).get("files")
     return files if isinstance(files, dict) else None
 
@@ -176,7 +176,7 @@ def _not_ours(directory: Path, kind: OutputKind, flag: str) -> str | None:
     did not write (rule 3), with the fix; None when it holds only its recorded files."""
     records = marked_files(directory)
     if records is None:
-        return (f"holds {kind.noun} of an older layout (its {MARKER} records no files), which this unmask does "
+        return (f"holds {kind.noun} written by an earlier unmask (its {MARKER} records no files), which this unmask does "
                 f"not replace; move it away, or choose another {flag}")
     present = _present_files(directory, skip=tuple(kind.carried))
     foreign = sorted(set(present) - set(records))

@@ -314,8 +314,8 @@ def _read_config(directory: Path) -> dict:
     version = config.get("format_version")
     if version is None or (isinstance(version, int) and not isinstance(version, bool)
                            and version < EXPORT_FORMAT_VERSION):
-        raise UserError(f"{path}: format_version {version}, an export of an older layout than this unmask reads "
-                        f"({EXPORT_FORMAT_VERSION}); {_export_again(directory)}")
+        raise UserError(f"{path}: format_version {version}, written by an earlier unmask (this one reads "
+                        f"{EXPORT_FORMAT_VERSION}); {_export_again(directory)}")
     if not isinstance(version, int) or isinstance(version, bool):
         raise damaged_export(f"{path}: format_version {version!r} is not a number", directory)
     if version > EXPORT_FORMAT_VERSION:

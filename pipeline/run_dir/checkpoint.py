@@ -73,7 +73,7 @@ class DiskFull(UserError):
 
 
 class EarlierCheckpoint(UserError):
-    """A checkpoint written by an earlier version of unmask, whose format this one does not read."""
+    """A checkpoint written by an earlier unmask, whose format this one does not read."""
 
 
 class EMAState(Protocol):

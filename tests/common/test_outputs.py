@@ -119,7 +119,7 @@ def test_outputs_keep_clear_of_what_they_read(tmp_path):
 def test_outputs_without_their_marker_are_refused_unless_another_writer_came_first(tmp_path):
     """Only a writer that comes before the marker makes an unmarked directory one of ours (a
     report's MLflow record, written when its tracking starts); the files of an output alone,
-    of an older layout or copied without the marker, are refused in one line with the fix."""
+    written by an earlier unmask, or copied without the marker, are refused in one line with the fix."""
     report = tmp_path / "report"
     report.mkdir()
     (report / "mlflow_run.json").write_text("{}")
@@ -142,7 +142,7 @@ def test_outputs_without_their_marker_are_refused_unless_another_writer_came_fir
                                         r"tokenizer/; choose a new or empty directory for --out"):
         check_output_dir(export, EXPORT_KIND, "--out")
     (export / MARKER).write_text(json.dumps({"kind": "export", "what": "an unmask export"}))  # records no files
-    with pytest.raises(UserError, match=r"holds an unmask export of an older layout \(its .unmask-output.json "
+    with pytest.raises(UserError, match=r"holds an unmask export written by an earlier unmask \(its .unmask-output.json "
                                         r"records no files\), which this unmask does not replace; move it away"):
         check_output_dir(export, EXPORT_KIND, "--out")
 
@@ -305,7 +305,7 @@ def test_a_prep_clears_what_killed_shard_writers_left(tmp_path):
 
 
 def test_a_prep_without_its_marker_is_refused_and_a_rerun_puts_back_a_removed_tokenizer(tmp_path):
-    """The files of a prep without its marker (of an older layout, or copied without it) are not
+    """The files of a prep without its marker (written by an earlier unmask, or copied without it) are not
     taken for a prep; a finished prep whose tokenizer/ was removed gets it back from a rerun,
     which has nothing else to do."""
     config, tokenizer, out = _small_prep(tmp_path)
@@ -347,12 +347,12 @@ def test_a_report_is_replaced_only_while_it_holds_nothing_but_what_was_written_a
                                         r"the directory would delete them"):
         write_report(make_results(), report)
     assert figure.read_bytes() == b"the user's figure"
-    # The same report marked as an older layout did (top-level names only): refused, its own files or not.
+    # The same report marked as an earlier unmask did (top-level names only): refused, its own files or not.
     marker = read_marker(report)
     written = (report / MARKER).read_bytes()
     (report / MARKER).write_text(json.dumps({"kind": "report", "what": marker["what"], "entries": sorted(
         entry_names(report))}))
-    with pytest.raises(UserError, match="holds a report of `unmask eval` of an older layout"):
+    with pytest.raises(UserError, match="holds a report of `unmask eval` written by an earlier unmask"):
         write_report(make_results(), report)
     figure.unlink()
     with pytest.raises(UserError, match=r"records no files\), which this unmask does not replace; move it away"):

@@ -24,7 +24,7 @@ def test_the_spec_round_trips_through_its_dict():
 
 
 def test_a_record_without_a_key_or_with_an_unknown_network_field_is_refused():
-    """config.json holds every key of the spec: one without one (an export of an earlier version)
+    """config.json holds every key of the spec: one without one (an export an earlier unmask wrote)
     is refused naming the key, as is a network field this version does not know."""
     record = ModelSpec(NETWORK, schedule="cosine").to_dict()
     without_process = {key: value for key, value in record.items() if key != "process"}

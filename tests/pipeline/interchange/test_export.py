@@ -171,8 +171,8 @@ def test_an_export_of_an_older_format_is_refused_in_one_line_with_the_fix(sound,
     for older in ({key: value for key, value in config.items() if key != "format_version"},
                   {**config, "format_version": 0}):
         (export / "config.json").write_text(json.dumps(older))
-        with pytest.raises(UserError, match=r"config.json: format_version (None|0), an export of an older layout "
-                                            r"than this unmask reads \(1\); export it again from its training run "
+        with pytest.raises(UserError, match=r"config.json: format_version (None|0), written by an earlier "
+                                            r"unmask \(this one reads 1\); export it again from its training run "
                                             r"\(`unmask export RUN --out DIR`\)") as caught:
             load_export(export)
         assert "\n" not in str(caught.value)
