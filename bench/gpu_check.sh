@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issues 24 and 30), in one call on a lent device (docs/performance.md), most
+# The GPU check, in one call on a lent device (docs/performance.md), most
 # valuable step first, each under its own timeout and all of them under one budget (--budget
 # seconds, 540 on a GPU: the 10-minute call less the kit's setup), results written under $OUT as
 # they come (what is there comes back even when the call is cut):
@@ -211,7 +211,7 @@ if wanted train; then
   cat "$out/train.json"
 fi
 
-# 5. Training rows: the pipeline before issue 24's defaults and with them.
+# 5. Training rows: the pipeline before its GPU defaults and with them.
 if wanted bench; then
   step bench "$limit_bench" "$python" bench/train_gpu.py --device "$device" --data "$data" --presets "$preset" \
     --micro-batches $micro_batches --steps "$bench_steps" --warmup "$bench_warmup" --skip-inference \

@@ -342,7 +342,7 @@ def test_init_from_weights_loaded_on_the_host_give_the_sources_loss_on_the_devic
     torch.testing.assert_close(_loss(target, x0, bf16=True), _loss(source, x0, bf16=True), rtol=BF16_LOSS_RTOL, atol=0)
 
 
-# ------------------------------------------------------------------ every inference path on the GPU (issue 30)
+# ------------------------------------------------------------------ every inference path on the GPU
 GPU_PLANS = {"ancestral": SamplingPlan(steps=16), "ancestral-static": SamplingPlan(steps=16, static_shape=True),
              "first-hitting": SamplingPlan(sampler="first-hitting"),
              "first-hitting-k4": SamplingPlan(sampler="first-hitting", steps=8),
@@ -479,7 +479,7 @@ def test_transformers_runs_a_block_model_s_hf_export_on_the_gpu_with_the_cpu_s_l
 
 def test_an_export_is_checked_then_loaded_onto_the_gpu_and_a_truncated_one_is_refused(tmp_path):
     """``load_export(map_location="cuda")``, as sampling and evaluation call it on a GPU: the
-    export's recorded files are checked on the host first (issue 33)."""
+    export's recorded files are checked on the host first."""
     from common.errors import UserError
     from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
     from pipeline.interchange.export import load_export
@@ -498,7 +498,7 @@ def test_an_export_is_checked_then_loaded_onto_the_gpu_and_a_truncated_one_is_re
 
 def test_a_budget_past_its_limit_is_refused_before_the_gpu_holds_anything():
     """The budget limits (``model.sampling.plan``) are checked before the tokens or the time grid
-    reach the device (issue 33): nothing is allocated on it, the network is never called."""
+    reach the device: nothing is allocated on it, the network is never called."""
     diffusion = AbsorbingDiffusion(make_schedule("linear"), VOCAB, validate=False)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -509,7 +509,7 @@ def test_a_budget_past_its_limit_is_refused_before_the_gpu_holds_anything():
 
 def test_the_loader_pins_the_batches_it_joins_from_its_workers(tmp_path):
     """On a GPU the trainer asks for pinned batches; the loader pins each micro-batch after
-    joining its workers' parts (issue 32), and the batches are those of an unpinned loader."""
+    joining its workers' parts, and the batches are those of an unpinned loader."""
     from data_prep.shards.loader import StreamingLoader
     from tests.support.shard_fixtures import write_numbered_split
 
