@@ -123,7 +123,7 @@ OPTIONS = ("compile", "eager", "unpadded", *ATTENTION_OPTIONS, "chunked-ce", "ch
            "foreach-adamw", "no-pin", "sync", *BD3_OPTIONS)
 TORCH_ONLY = ("full-logits", "foreach-adamw")
 PIPELINE_ONLY = ("no-pin",)
-BEFORE = "pipeline-zero1+eager+unpadded+flash"   # the pipeline's defaults before its GPU defaults
+BEFORE = "pipeline-zero1+eager+unpadded+flash"   # the pipeline as it ran before its GPU defaults
 DEFAULT_VARIANTS = [BEFORE, "pipeline-zero1", "pipeline-zero1+flash", "pipeline-zero1+unpadded",
                     "pipeline-zero2", "pipeline-zero1+no-pin", "torch+eager", "torch", "torch+chunked-ce",
                     "torch+full-logits", "torch+checkpointing", "torch+math-attention", "torch+foreach-adamw",
