@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import argparse
 import platform
+import signal
 import sys
 
-import orchestration.startup_preemption  # noqa: F401  first: a SIGTERM from here on is a preemption (its docstring)
+import orchestration.interruption  # noqa: F401  first: from here on a signal ends a command in one line
 from common.errors import UserError
 from common.provenance import package_version
 from orchestration.commands import config, data, downstream, evaluate, importing, jobs, run, sample, train
-from orchestration.exit_codes import PREEMPTED, USER_ERROR
-from orchestration.startup_preemption import StoppedDuringStartup, preemptible_startup
+from orchestration.exit_codes import USER_ERROR
+from orchestration.interruption import Terminated, command_of, exit_status, handled_signals, stop_line
 from pipeline.training.hooks import TrainHooks
 
 DESCRIPTION = """\
@@ -71,13 +72,13 @@ def main(argv: list[str] | None = None, *, hooks: TrainHooks = TrainHooks()) -> 
     """Run ``unmask ARGV``; the exit status. ``hooks`` run inside every training loop the
     command starts (a script embedding the command line may watch or pause its steps)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    with preemptible_startup(argv):
+    with handled_signals():
         try:
             return _run(argv, hooks)
-        except StoppedDuringStartup as stop:
-            print(f"unmask: stopped by {stop} outside the training loop (starting up, or between stages); "
-                  f"rerun the same command to go on: finished work is kept", file=sys.stderr)
-            return PREEMPTED
+        except (Terminated, KeyboardInterrupt) as stop:
+            signum = signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM
+            print(stop_line(command_of(argv), signum), file=sys.stderr)
+            return exit_status(command_of(argv), signum)
 
 
 def _run(argv: list[str], hooks: TrainHooks) -> int:

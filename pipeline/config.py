@@ -24,6 +24,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
+from common.bounded_read import read_bounded
 from common.errors import UserError
 from model.learned import learned_schedule_arguments
 from model.schedules import make_schedule
@@ -49,6 +50,9 @@ RESUME_SAFE = {"resume_safe": True}
 # A config's key naming the config it builds on (see _read_layers), and where presets live.
 BASE_KEY = "base"
 PRESET_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+# The most a config file may hold: the presets are about 1 KB, a config with every field
+# about 5 KB. A path to something else (/dev/zero, a data file) is refused, not read to the end.
+MAX_CONFIG_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -380,7 +384,7 @@ def _read_yaml(path: Path) -> Any:
         raise UserError(f"{path}: is a directory, not a YAML config file; pass a file such as "
                         f"configs/tiny.yaml to --config")
     try:
-        data = path.read_bytes()
+        data = read_bounded(path, MAX_CONFIG_BYTES, "a YAML config file")
     except FileNotFoundError:
         raise UserError(f"{path}: config file not found") from None
     except OSError as err:

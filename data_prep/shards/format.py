@@ -26,6 +26,7 @@ from typing import BinaryIO, Iterator
 import numpy as np
 
 from common.atomic_files import atomic_write_bytes, temporary_path
+from common.bounded_read import read_bounded
 from common.errors import UserError
 from common.file_records import sha256_file
 
@@ -39,9 +40,13 @@ SPLITS = ("train", "val")
 CHUNK_BYTES = 1 << 20
 # Token ids up to this bound fit in uint16.
 UINT16_LIMIT = 1 << 16
+# The most a manifest may hold: about 200 bytes per chunk (CHUNK_BYTES of tokens), so 1 GiB
+# lists some 5 TiB of shards. A path to something else is refused, not read to the end.
+MAX_MANIFEST_BYTES = 1 << 30
 
 __all__ = [
-    "FORMAT_VERSION", "MANIFEST_NAME", "SPLITS", "TOKENIZER_DIR", "ChunkInfo", "ShardInfo", "SplitInfo", "Manifest",
+    "FORMAT_VERSION", "MANIFEST_NAME", "MAX_MANIFEST_BYTES", "SPLITS", "TOKENIZER_DIR", "ChunkInfo", "ShardInfo",
+    "SplitInfo", "Manifest",
     "WrittenShard", "token_dtype", "chunk_rows", "shard_path", "write_shard", "iter_chunks", "decode_chunk",
 ]
 
@@ -226,9 +231,12 @@ class Manifest:
         if not path.is_file():
             raise UserError(f"{path}: no manifest; run `unmask prep --out {data_dir}` first")
         try:
-            return cls.from_json(path.read_text(), str(path))
+            text = read_bounded(path, MAX_MANIFEST_BYTES, "a shard manifest").decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise UserError(f"{path}: not a valid unmask manifest ({err}); rerun `unmask prep`") from None
         except OSError as err:
             raise UserError(f"{path}: cannot read the manifest ({err})") from None
+        return cls.from_json(text, str(path))
 
     @classmethod
     def from_json(cls, text: str, source: str) -> "Manifest":

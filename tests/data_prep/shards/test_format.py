@@ -13,6 +13,7 @@ from common.errors import UserError
 from data_prep.shards.format import (
     CHUNK_BYTES,
     MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
     Manifest,
     chunk_rows,
     decode_chunk,
@@ -94,6 +95,15 @@ def test_manifest_round_trip_and_errors(tmp_path):
         Manifest.read(tmp_path)
     (tmp_path / MANIFEST_NAME).write_text("{not json")
     with pytest.raises(UserError, match="not a valid unmask manifest"):
+        Manifest.read(tmp_path)
+
+
+def test_a_manifest_larger_than_its_limit_is_refused_without_reading_it(tmp_path):
+    write_numbered_split(tmp_path, [5, 4])
+    with open(tmp_path / MANIFEST_NAME, "r+b") as handle:
+        handle.truncate(MAX_MANIFEST_BYTES + 1)  # sparse: reading it would take a GiB of memory
+    with pytest.raises(UserError, match=r"manifest.json: holds more than 1 GiB, the most unmask reads as a shard "
+                                        r"manifest; check that the path names a shard manifest"):
         Manifest.read(tmp_path)
 
 
