@@ -99,6 +99,9 @@ def _expand(pattern: str) -> list[InputFile]:
             matches = [info]
         elif info.type == pafs.FileType.Directory:
             matches = _matching_files(fs, path, "**")
+        elif info.type == pafs.FileType.Unknown:  # a device, a FIFO, a socket: no end, or no text, to read
+            raise UserError(f"{pattern}: not a regular file or directory (a device, FIFO or socket); give the "
+                            f"files of the corpus, a directory of them or a glob")
         else:
             raise UserError(f"{pattern}: no such file or directory")
     if not matches:

@@ -2,6 +2,7 @@
 globs, file URIs, directories), each file's format and compression from its name, and the patterns
 that name nothing."""
 
+import os
 import re
 
 import pytest
@@ -83,3 +84,13 @@ def test_missing_inputs_name_the_pattern(tmp_path):
             resolve_inputs([str(pattern)])
     with pytest.raises(UserError, match="no inputs"):
         resolve_inputs([])
+
+
+def test_a_device_or_fifo_is_named_as_such_not_as_missing(tmp_path):
+    """`--input /dev/zero` was "no such file"; a FIFO would block the prep."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for pattern in ("/dev/zero", str(fifo)):
+        with pytest.raises(UserError, match=rf"^{re.escape(pattern)}: not a regular file or directory \(a device, "
+                                            r"FIFO or socket\); give the files of the corpus"):
+            resolve_inputs([pattern])
