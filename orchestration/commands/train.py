@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from common.errors import UserError
 from common.logs import configure_logging
 from common.outputs import check_output_dir
-from data_prep.shards.storage import is_remote, read_manifest
+from data_prep.shards.storage import cache_root, is_remote, read_manifest
 from orchestration.exit_codes import OK, PREEMPTED
 from pipeline.config import Config, config_yaml, load_config, parse_overrides
 from pipeline.run_dir.layout import RUN_KIND, training_data
@@ -71,6 +71,7 @@ def _check_paths(args: argparse.Namespace, config: Config) -> None:
         return
     if is_remote(config.data.path):  # object storage: its manifest says whether a prep finished there
         read_manifest(config.data.path)
+        cache_root(config.data.cache_dir)  # where its manifest, tokenizer and chunks are kept
         check_output_dir(args.run_dir, RUN_KIND, "--run-dir", [])
         return
     data = Path(config.data.path)
