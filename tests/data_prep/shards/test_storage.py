@@ -337,6 +337,8 @@ def test_an_unusable_cache_dir_is_named_by_its_setting(s3, remote_data, tmp_path
     with pytest.raises(UserError, match=rf"^the default cache directory \(\$XDG_CACHE_HOME/unmask\) = {a_file}/unmask: "
                                         rf"lies below {a_file}, a file"):
         storage.cache_root(None)
+    with pytest.raises(UserError, match=r"^data.cache_dir = /sys/unmask-cache: cannot be written \(.+\); the data"):
+        storage.cache_root("/sys/unmask-cache")  # sysfs takes no directory of ours, even from root
     assert storage.cache_root(str(tmp_path / "new" / "cache")).is_dir()
     run = tmp_path / "run"
     err = one_line_error(capsys, "train", "--data", remote_data, "--run-dir", str(run), "--data.cache_dir",
