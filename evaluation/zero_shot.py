@@ -59,6 +59,7 @@ from model.sampling import SamplingPlan
 from pipeline.distributed import Distributed, init_distributed
 from pipeline.interchange.export import (
     CONFIG_FILE,
+    EXPORT_KIND,
     Exported,
     damaged_export,
     export,
@@ -208,6 +209,11 @@ def export_if_missing(path: Path) -> None:
         if problem is not None:
             raise damaged_export(problem, layout.export)
         return
+    try:  # RUN/export is no flag of eval's: say where it goes, and how to export elsewhere
+        check_output_dir(layout.export, EXPORT_KIND, "its export directory")
+    except UserError as err:
+        raise UserError(f"{path} has no export yet, which `unmask eval` writes first, but {err}; or export it "
+                        f"elsewhere (`unmask export {path} --out DIR`) and evaluate DIR") from None
     weights = "ema" if has_ema(resolve_checkpoint(path)) else "model"
     if weights == "model":
         log.warning("%s: the latest checkpoint has no EMA; evaluating its live weights", path)

@@ -293,7 +293,8 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
         ("train.global_batch_size", t.global_batch_size >= 1, positive),
         ("model.vocab_multiple", m.vocab_multiple >= 1, f"{positive} (1: no padding)"),
         ("train.micro_batch_size", not isinstance(t.micro_batch_size, int) or t.micro_batch_size >= 1, positive),
-        ("train.micro_batch_size", not isinstance(t.micro_batch_size, int)
+        # (The list is built before it is checked: no modulo by a size that the check above refuses.)
+        ("train.micro_batch_size", not isinstance(t.micro_batch_size, int) or t.micro_batch_size < 1
          or t.global_batch_size % t.micro_batch_size == 0,
          f"must divide train.global_batch_size = {t.global_batch_size}"),
         ("train.seed", t.seed >= 0, "must be >= 0"),

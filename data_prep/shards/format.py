@@ -254,11 +254,61 @@ class Manifest:
         for split in manifest.splits.values():
             for shard in split.shards:
                 _check_inside(shard.path, source)
+        _check_chunk_tables(manifest, source)
         return manifest
 
     def sha256(self) -> str:
         """Identity of the data (tags training runs)."""
         return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+
+# The token dtypes the writer uses (``token_dtype``).
+_TOKEN_DTYPES = ("<u2", "<u4")
+_EDITED = "the manifest was edited or damaged: rerun the `unmask prep` that made it, with --overwrite"
+
+
+def _check_chunk_tables(manifest: Manifest, source: str) -> None:
+    """Before anything is read: every chunk lies inside its shard (the size the manifest
+    records), after the one before it, and holds its rows. A hand-edited byte count, offset
+    or row count would otherwise become a read of a petabyte, of a negative offset, or rows
+    that are not there; each is one line naming the shard, the chunk and the field."""
+    if manifest.dtype not in _TOKEN_DTYPES or not _is_count(manifest.seq_len) or manifest.seq_len < 1:
+        raise UserError(f"{source}: dtype {manifest.dtype!r} and seq_len {manifest.seq_len!r} are not a token "
+                        f"array's ({'/'.join(_TOKEN_DTYPES)}, seq_len >= 1); {_EDITED}")
+    row_bytes = manifest.seq_len * np.dtype(manifest.dtype).itemsize
+    for split in manifest.splits.values():
+        for shard in split.shards:
+            where = f"{source}: shard {shard.path}"
+            for field_name in ("bytes", "sequences"):
+                if not _is_count(getattr(shard, field_name)):
+                    raise UserError(f"{where}: {field_name} {getattr(shard, field_name)!r} is not a count; {_EDITED}")
+            end = 0  # of the chunk before
+            for index, chunk in enumerate(shard.chunks):
+                _check_chunk(chunk, f"{where}, chunk {index}", end, shard.bytes, row_bytes)
+                end = chunk.offset + chunk.bytes
+            rows = sum(chunk.rows for chunk in shard.chunks)
+            if rows != shard.sequences:
+                raise UserError(f"{where}: its chunks hold {rows} rows, but sequences is {shard.sequences}; {_EDITED}")
+
+
+def _check_chunk(chunk: ChunkInfo, where: str, after: int, shard_bytes: int, row_bytes: int) -> None:
+    for field_name in ("offset", "bytes", "rows"):
+        if not _is_count(getattr(chunk, field_name)):
+            raise UserError(f"{where}: {field_name} {getattr(chunk, field_name)!r} is not a count (an integer "
+                            f">= 0); {_EDITED}")
+    if chunk.offset < after:
+        raise UserError(f"{where}: offset {chunk.offset} lies before the end of the chunk before it (byte {after}); "
+                        f"{_EDITED}")
+    if chunk.offset + chunk.bytes > shard_bytes:
+        raise UserError(f"{where}: offset {chunk.offset} + bytes {chunk.bytes} runs past the end of the shard "
+                        f"(its bytes: {shard_bytes}); {_EDITED}")
+    if chunk.rows < 1 or chunk.rows * row_bytes >= chunk.bytes:
+        raise UserError(f"{where}: rows {chunk.rows} of {row_bytes} bytes each do not fit its bytes {chunk.bytes} "
+                        f"(with the array's header); {_EDITED}")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _another_format(source: str, version: object) -> str:

@@ -146,7 +146,7 @@ def check_datasets(config: ScoringConfig, *, shards_pending: bool = False) -> No
                 if config.shards is None:
                     raise UserError(VAL_NEEDS_SHARDS)
                 if not shards_pending:
-                    read_manifest(config.shards)
+                    read_manifest(config.shards, "--shards")
             elif name in DATASET_NAMES:
                 if config.data_dir is None:
                     raise UserError(f"dataset {name!r} needs --data-dir (the ../shared/data layout; see SOURCES.md)")
@@ -199,7 +199,7 @@ def _val_blocks(exported: Exported, shards: str | None) -> tuple[Blocks, int, di
     """The val split of the training shards: (blocks, UTF-8 bytes, protocol record)."""
     if shards is None:
         raise UserError(VAL_NEEDS_SHARDS)
-    manifest = read_manifest(shards)
+    manifest = read_manifest(shards, "--shards")
     if manifest.tokenizer.get("sha256") != exported.tokenizer.sha256:
         raise UserError(f"{shards}: its tokenizer (sha256 {str(manifest.tokenizer.get('sha256'))[:12]}...) differs "
                         f"from the model's ({exported.tokenizer.sha256[:12]}...): the bound would be meaningless")

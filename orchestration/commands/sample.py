@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from common.errors import UserError
 from common.outputs import InputPath, check_output_file, write_output_file
 from evaluation.generation.generate import DEFAULT_BATCH_SIZE, INFILL_SYNTAX, Sample, generate, until_eos_plan
 from evaluation.generation.sample_quality import SampleQuality, check_reference, load_reference, score_samples
@@ -71,7 +72,23 @@ def _is_samples_file(path: Path) -> bool:
     return isinstance(record, dict) and {"text", "tokens"} <= record.keys()
 
 
+def _check_text(text: str | None, flag: str) -> None:
+    """A text flag must be Unicode: bytes of the command line that are not UTF-8 reach Python
+    as lone surrogates (U+DC80 + the byte), which no tokenizer encodes."""
+    if text is None:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        code = ord(text[err.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"the lone surrogate U+{code:04X}"
+        raise UserError(f"{flag}: {what} at character {err.start} is not UTF-8 text; pass the text in UTF-8 "
+                        f"(e.g. convert it with iconv -t UTF-8)") from None
+
+
 def _cmd_sample(args: argparse.Namespace) -> int:
+    _check_text(args.prompt, "--prompt")
+    _check_text(args.infill, "--infill")
     if args.out is not None:  # before sampling, not after it; never into the export (it appears whole)
         check_output_file(args.out, "--out", inputs=[InputPath(export_directory(args.run_or_export),
                                                                "the export it samples")],

@@ -47,6 +47,12 @@ def test_eval_checks_every_dataset_before_scoring_any(capsys, tmp_path):
     assert "ptb/ptb.test.txt does not exist" in err
 
 
+def test_credentials_in_the_shards_uri_are_refused_naming_shards(capsys, tmp_path):
+    """The refusal named --data, a flag eval does not have; the secret is not echoed."""
+    err = _error(capsys, "eval", str(tmp_path / "run"), "--datasets", "val", "--shards", "s3://AKIAX:hunter2@b/shards")
+    assert "--shards: the URI carries credentials" in err and "--data:" not in err and "hunter2" not in err
+
+
 def test_eval_checks_out_compare_device_and_samples_before_any_work(capsys, a_file, tmp_path):
     own = tmp_path / "own.txt"
     own.write_text("a paragraph\n")

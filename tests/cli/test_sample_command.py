@@ -45,6 +45,15 @@ def test_sample_checks_out_before_sampling(capsys, a_file, tmp_path):
     assert not export.exists()
 
 
+@pytest.mark.parametrize("flag", ["--prompt", "--infill"])
+def test_a_text_flag_that_is_not_utf8_is_refused_in_one_line_naming_it(capsys, tmp_path, flag):
+    """Latin-1 "café" on the command line (the shell hands Python byte 0xe9 as U+DCE9) was
+    a ValueError traceback from the tokenizer, after the export was loaded."""
+    err = _error(capsys, "sample", str(tmp_path / "no-export"), "--num", "1", flag, "caf\udce9 [MASK*2]")
+    assert err.endswith(f"error: {flag}: byte 0xe9 at character 3 is not UTF-8 text; pass the text in UTF-8 (e.g. "
+                        f"convert it with iconv -t UTF-8)")
+
+
 def test_a_hugging_face_reference_whose_own_code_must_run_is_refused_before_sampling(capsys, tmp_path, text_file):
     reference = tmp_path / "custom-lm"
     reference.mkdir()

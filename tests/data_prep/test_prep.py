@@ -103,6 +103,24 @@ def test_an_input_without_a_document_is_an_error(tmp_path, tokenizer, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_utf16_input_is_named_with_how_to_convert_it_whether_the_tokenizer_is_given_or_trained(tmp_path, tokenizer,
+                                                                                                capsys):
+    """A tokenizer to train said "the corpus has no text: 0 documents"; a given one did not
+    name the file or its encoding."""
+    corpus = tmp_path / "u16.txt"
+    corpus.write_bytes("\n\n".join(_paragraphs(50)).encode("utf-16"))
+    fix = (f"1 file(s) skipped as binary ({corpus}: UTF-16 text (byte-order mark), not UTF-8): leave them out, or "
+           f"convert UTF-16 text to UTF-8 (iconv -f UTF-16 -t UTF-8 IN > OUT.txt)")
+    out = str(tmp_path / "out")
+    for argv in (["prep", "--out", out, "--seq-len", "16", "--no-progress", "--tokenizer", str(tokenizer)],
+                 ["prep", "--out", out, "--seq-len", "16", "--no-progress", "--vocab-size", "300"],
+                 ["tokenizer", "train", "--out", out, "--vocab-size", "300"]):
+        assert unmask_in_process([*argv, "--input", str(corpus)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(fix) and "\n" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
 PARAGRAPH_WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "ran", "far", "away", "over", "hill"]
 
 

@@ -198,3 +198,20 @@ def test_an_evaluation_length_that_cuts_a_block_is_refused_in_one_line(block_exp
     assert unmask_in_process(["eval", str(block_export), "--datasets", "val", "--shards", str(tinyshakespeare_shards),
                               "--seq-len", "60", "--out", "unused"]) == 2
     assert "--seq-len 60: the model is a block diffusion over blocks of 8 tokens" in capsys.readouterr().err
+
+
+def test_a_run_whose_export_cannot_be_written_is_named_so_not_as_out(micro_run, tmp_path, capsys):
+    """`eval RUN --out X` exports RUN first, into RUN/export: a refusal of that directory named
+    it "--out", the flag that had been given for X."""
+    from tests.support.cli_refusals import one_line_error
+
+    run = tmp_path / "run"
+    shutil.copytree(micro_run, run)
+    (run / "export").write_text("in the way")
+    own = tmp_path / "own.txt"
+    own.write_text("a paragraph\n")
+    err = one_line_error(capsys, "eval", str(run), "--datasets", str(own), "--out", str(tmp_path / "report"))
+    assert err.startswith(f"unmask eval: error: {run} has no export yet, which `unmask eval` writes first, but its "
+                          f"export directory {run / 'export'}: is a file")
+    assert err.endswith(f"; or export it elsewhere (`unmask export {run} --out DIR`) and evaluate DIR")
+    assert "--out" not in err.split("; or export")[0] and not (tmp_path / "report").exists()

@@ -163,6 +163,13 @@ def test_validation_names_the_field():
         assert load_config(None, {"model.process": process, "model.time_conditioning": "true"}).model.time_conditioning
 
 
+@pytest.mark.parametrize("size", ["0", "-4"])
+def test_a_micro_batch_size_below_one_is_refused_before_any_arithmetic_on_it(size):
+    """The >= 1 check is named; the divisibility check after it did a modulo by zero first."""
+    with pytest.raises(UserError, match=rf"^config field train.micro_batch_size = {size}: must be >= 1$"):
+        load_config(None, {"train.micro_batch_size": size})
+
+
 def test_an_infinite_or_nan_config_number_is_refused(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("optim:\n  grad_clip: .inf\n")
