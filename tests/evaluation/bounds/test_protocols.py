@@ -15,6 +15,7 @@ protocols do, the remainder HF's ``map(batched=True)`` drops per batch of 1000 r
 
 from __future__ import annotations
 
+import csv
 import functools
 import hashlib
 import json
@@ -269,6 +270,18 @@ def test_mdlm_protocol_on_a_split_of_your_choice(gpt2):
     rows = [_mdlm_wikitext(row) for row in _wikitext_rows(SHARED / "wikitext-2-raw/wiki.test.raw")]
     assert torch.equal(wrapped.blocks.tokens, mdlm_blocks(rows, MDLM_BLOCK_LENGTH))
     assert wrapped.blocks.num_tokens == 274_432
+
+
+@needs_data
+def test_ag_news_token_count_with_gpt2_s_bpe():
+    """The 7,600 items as Hugging Face's ag_news gives them (the anchors' rows, no detokenizer):
+    392,508 GPT-2 tokens, by the reference BPE on the CSV read independently of our readers."""
+    rows = load_dataset("ag_news", SHARED, "test", rows=True, detokenizer="identity").documents
+    with open(SHARED / "ag_news/test.csv", encoding="utf-8", newline="") as stream:
+        items = [f"{title} {description}" for _, title, description in
+                 csv.reader(stream, quotechar='"', delimiter=",", quoting=csv.QUOTE_ALL, skipinitialspace=True)]
+    assert rows == items and len(items) == 7_600
+    assert sum(len(encoding.ids) for encoding in reference_gpt2().encode_batch(items)) == 392_508
 
 
 @needs_data
