@@ -174,7 +174,8 @@ def _results_blocks(results: EvalResults) -> list[Block]:
         "shrink the interval, not the bound).")
     return [Heading(2, "Results"), Table(header, rows),
             paragraph(explanation, " Tokens are counted with the model's tokenizer (EOS "
-                      "included, and under the mdlm protocol the BOS and EOS around every block); "
+                      "included, and under the mdlm, bd3lm and duo protocols the scored BOS and EOS "
+                      "around every block); "
                       "bits per byte divide the total by the UTF-8 bytes of the detokenized text "
                       "and do not depend on the tokenizer. The protocol column names how the set "
                       "was read and wrapped (evaluation.bounds.protocols) and the split it scored.")]
