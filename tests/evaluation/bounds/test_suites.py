@@ -91,6 +91,7 @@ def gpt2_export(tmp_path_factory):
     return write_untrained_export(tmp_path_factory.mktemp("gpt2-export") / "export", gpt2, GPT2, max_seq_len=128)
 
 
+@pytest.mark.slow
 @needs_data
 def test_unmask_eval_suite_zero_shot_under_bd3lm_end_to_end(gpt2_export, data_dir, tmp_path, capsys):
     out = tmp_path / "report"
