@@ -30,7 +30,7 @@ from common.errors import UserError
 from common.outputs import InputPath, check_output_dir, json_object
 from common.provenance import git_commit, package_version
 from data_prep.shards.format import MANIFEST_NAME
-from evaluation.bounds.scoring import VAL_DATASET, Scores, ScoringConfig, score_datasets
+from evaluation.bounds.scoring import VAL_DATASET, Scores, ScoringConfig, score_datasets, with_suite
 from evaluation.generation.generate import check_plan, generate
 from evaluation.generation.sample_quality import ReferenceModel, check_reference, load_reference, score_samples
 from evaluation.generation.sampler_sweep import sampler_sweep, sweep_samplers
@@ -366,7 +366,7 @@ def run_zero_shot(target: Path, config: ScoringConfig, options: ReportOptions, *
     before any work when it can be known then.
     """
     target = Path(target)
-    config = _with_the_runs_shards(target, config)
+    config = with_suite(_with_the_runs_shards(target, config))  # a suite: its sets under --data-dir
     config.check()  # the flags and every dataset, before any work
     options.check()
     comparison = _read_comparison(Path(options.compare), config.datasets) if options.compare else None

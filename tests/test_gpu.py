@@ -272,6 +272,28 @@ def test_the_evaluation_bound_under_bf16_is_the_fp32_bound_within_its_standard_e
     assert abs(bf16.nelbo_per_token - fp32.nelbo_per_token) < EVAL_Z_LIMIT * fp32.standard_error
 
 
+def test_bd3lm_framed_blocks_score_all_but_the_bos_under_bf16_as_under_fp32():
+    """``--protocol bd3lm`` on a GPU: BOS chunk EOS blocks without an EOS between rows, the BOS
+    never masked nor scored (``positions``), the bf16 bound the fp32 one within its error."""
+    from evaluation.bounds.protocols import BD3LM
+
+    network = _network().eval()
+    generator = torch.Generator().manual_seed(4)
+    documents = [torch.randint(0, VOCAB - 1, (200,), generator=generator).tolist() for _ in range(16)]
+    wrapped = BD3LM.wrap(documents, LENGTH, bos_id=VOCAB - 1, eos_id=VOCAB - 1, pad_id=0)
+    blocks = wrapped.blocks
+    assert not blocks.positions[:, 0].any() and bool(blocks.positions[:, 1:].all())
+    diffusion = AbsorbingDiffusion(make_schedule("linear"), VOCAB, validate=False)
+    estimates = {}
+    for bf16 in (False, True):
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            estimates[bf16] = estimate_bound(diffusion, network, blocks, samples_per_block=8, seed=0,
+                                             batch_size=8, device="cuda")
+    fp32, bf16 = estimates[False], estimates[True]
+    assert fp32.num_tokens == bf16.num_tokens == blocks.tokens.shape[0] * (LENGTH - 1)
+    assert abs(bf16.nelbo_per_token - fp32.nelbo_per_token) < EVAL_Z_LIMIT * fp32.standard_error
+
+
 def test_first_hitting_sampling_runs_under_bf16_one_call_per_token():
     """As ``unmask sample`` runs on a GPU (``evaluation.generation.generate``): inference mode, bf16
     autocast and the attention kernel of evaluation (compiled sampling is tested on CPU; a

@@ -53,6 +53,16 @@ def test_credentials_in_the_shards_uri_are_refused_naming_shards(capsys, tmp_pat
     assert "--shards: the URI carries credentials" in err and "--data:" not in err and "hunter2" not in err
 
 
+def test_eval_takes_datasets_or_a_suite_and_refuses_both_or_neither_in_one_line(capsys, tmp_path):
+    run = str(tmp_path / "run")
+    assert "give --datasets NAMES, or --suite zero-shot" in _error(capsys, "eval", run)
+    assert "--suite zero-shot chooses its own datasets: give --datasets or --suite, not both" in _error(
+        capsys, "eval", run, "--suite", "zero-shot", "--datasets", "ptb", "--data-dir", str(tmp_path))
+    err = _error(capsys, "eval", run, "--suite", "zero-shot", "--data-dir", str(tmp_path))
+    assert f"--suite zero-shot: none of its sets is under --data-dir {tmp_path}: ptb (test split)" in err
+    assert "arxiv (test split): expected arxiv/test.txt" in err
+
+
 def test_eval_checks_out_compare_device_and_samples_before_any_work(capsys, a_file, tmp_path):
     own = tmp_path / "own.txt"
     own.write_text("a paragraph\n")
