@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import platform
 import sys
+from typing import NoReturn
 
 import orchestration.startup_preemption  # noqa: F401  first: a SIGTERM from here on is a preemption (its docstring)
 from common.errors import UserError
@@ -69,15 +72,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, *, hooks: TrainHooks = TrainHooks()) -> int:
     """Run ``unmask ARGV``; the exit status. ``hooks`` run inside every training loop the
-    command starts (a script embedding the command line may watch or pause its steps)."""
+    command starts (a script embedding the command line may watch or pause its steps). In one
+    rank of a multi-process job (WORLD_SIZE > 1) the process ends here with that status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     with preemptible_startup(argv):
         try:
-            return _run(argv, hooks)
+            status = _run(argv, hooks)
         except StoppedDuringStartup as stop:
             print(f"unmask: stopped by {stop} outside the training loop (starting up, or between stages); "
                   f"rerun the same command to go on: finished work is kept", file=sys.stderr)
-            return PREEMPTED
+            status = PREEMPTED
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _leave_the_job(status)
+    return status
+
+
+def _leave_the_job(status: int) -> NoReturn:
+    """End one rank of a launcher's job (torchrun, deepspeed) once its command is done, without
+    the interpreter's teardown: there a C++ thread of gloo or DeepSpeed that still holds a Python
+    object can take the whole rank down ("terminate called without an active exception",
+    SIGABRT), failing a job whose every checkpoint and record is already written."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _run(argv: list[str], hooks: TrainHooks) -> int:
