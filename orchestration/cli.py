@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import platform
 import signal
 import sys
+from typing import NoReturn
 
 import orchestration.interruption  # noqa: F401  first: from here on a signal ends a command in one line
 from common.errors import UserError
@@ -70,15 +73,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, *, hooks: TrainHooks = TrainHooks()) -> int:
     """Run ``unmask ARGV``; the exit status. ``hooks`` run inside every training loop the
-    command starts (a script embedding the command line may watch or pause its steps)."""
+    command starts (a script embedding the command line may watch or pause its steps). In one
+    rank of a multi-process job (WORLD_SIZE > 1) the process ends here with that status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     with handled_signals():
         try:
-            return _run(argv, hooks)
+            status = _run(argv, hooks)
         except (Terminated, KeyboardInterrupt) as stop:
             signum = signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM
             print(stop_line(command_of(argv), signum), file=sys.stderr)
-            return exit_status(command_of(argv), signum)
+            status = exit_status(command_of(argv), signum)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _leave_the_job(status)
+    return status
+
+
+def _leave_the_job(status: int) -> NoReturn:
+    """End one rank of a launcher's job (torchrun, deepspeed) once its command is done, without
+    the interpreter's teardown: there a C++ thread of gloo or DeepSpeed that still holds a Python
+    object can take the whole rank down ("terminate called without an active exception",
+    SIGABRT), failing a job whose every checkpoint and record is already written."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _run(argv: list[str], hooks: TrainHooks) -> int:
