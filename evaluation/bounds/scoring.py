@@ -45,7 +45,7 @@ from evaluation.bounds.estimator import (
     per_time_contributions,
 )
 from evaluation.bounds.protocols import DEFAULT_PROTOCOL, PROTOCOLS, UNMASK, ZeroShotProtocol, get_protocol
-from evaluation.inference import COMPILE_SETTINGS, inference_mode, should_compile
+from evaluation.inference import BLOCKS_UNCOMPILED, COMPILE_SETTINGS, inference_mode, should_compile
 from evaluation.results import ABSENT, DatasetResult, PerTimeContributions, ProtocolRecord
 from model.autoregressive import Autoregressive
 from model.process import DiffusionProcess
@@ -326,6 +326,8 @@ def score_datasets(exported: Exported, config: ScoringConfig, *, device: torch.d
                    progress: Callable[[str], None] = lambda message: None) -> Scores:
     """The bound on every dataset of ``config``, and the protocol that produced them."""
     config.check()
+    if config.compile == "on" and exported.spec.block_size is not None:
+        raise UserError(f"--compile on: {BLOCKS_UNCOMPILED}; leave --compile auto or off")
     torch.manual_seed(config.seed)
     np.random.seed(config.seed)
     datasets = {}
