@@ -458,7 +458,7 @@ def load_export(path: str | Path, *, map_location: str | torch.device = "cpu") -
                                                                                           trust_times=False))
     if problem is not None:
         raise damaged_export(problem, path)
-    with ThreadPoolExecutor(1) as pool:  # hashlib releases the GIL: the hash costs little beside the build
+    with ThreadPoolExecutor(1) as pool:  # hashlib releases the GIL: on a free core the hash hides behind the build
         hashing = pool.submit(changed_files, path, weights, trust_times=False)
         network = build_network(spec)
         problem = _first_change(path, hashing.result())
