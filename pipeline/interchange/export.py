@@ -153,26 +153,27 @@ def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["em
     return _write(run_dir, checkpoint, weights, out, format)
 
 
-def _check_out(run_dir: Path, out_dir: str | Path | None, format: ExportFormat) -> Path:
+def _check_out(run_dir: Path, out_dir: str | Path | None, format: ExportFormat, flag: str = "--out") -> Path:
     """The export's directory (given, or the run's), checked before any work: an unmask export
-    inside another training run would be taken for that run's (``training_run_of``)."""
+    inside another training run would be taken for that run's (``training_run_of``). ``flag``
+    names it in a refusal."""
     if format not in ("unmask", "hf"):
         raise UserError(f"--format must be 'unmask' or 'hf', got {format!r}")
     layout = RunLayout(run_dir)
     out = Path(out_dir) if out_dir is not None else layout.hf_export if format == "hf" else layout.export
-    check_output_dir(out, HF_EXPORT_KIND if format == "hf" else EXPORT_KIND, "--out",
+    check_output_dir(out, HF_EXPORT_KIND if format == "hf" else EXPORT_KIND, flag,
                      [InputPath(layout.checkpoints, "the checkpoints it exports"),
                       InputPath(layout.tokenizer, "the run's tokenizer")])
     if format == "unmask":
-        check_outside_runs(out, "--out", besides=run_dir)
+        check_outside_runs(out, flag, besides=run_dir)
     return out
 
 
-def export_checkpoint(run_dir: Path, checkpoint: Path, *, weights: Literal["ema", "model"] = "ema",
-                      out_dir: str | Path | None = None, format: ExportFormat = "unmask") -> Path:
-    """``export`` of ``checkpoint``, a checkpoint of ``run_dir`` the caller has verified
-    (``verify_checkpoint``: hashing it again would cost as much as the export)."""
-    return _write(run_dir, checkpoint, weights, _check_out(run_dir, out_dir, format), format)
+def export_checkpoint(run_dir: Path, checkpoint: Path, *, weights: Literal["ema", "model"], flag: str) -> Path:
+    """``export`` of ``checkpoint`` into ``RUN/export``, a checkpoint of ``run_dir`` the caller has
+    verified (``verify_checkpoint``: hashing it again would cost as much as the export), for a
+    command that was not given that directory: ``flag`` says what it is in a refusal."""
+    return _write(run_dir, checkpoint, weights, _check_out(run_dir, None, "unmask", flag), "unmask")
 
 
 def _write(run_dir: Path, checkpoint: Path, weights: Literal["ema", "model"], out: Path, format: ExportFormat) -> Path:

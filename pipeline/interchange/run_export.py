@@ -146,4 +146,5 @@ def _export_newest(run_dir: Path, outdated: OutdatedExport | None) -> Path:
         log.info("%s has no export yet: exporting %s (%s weights)", run_dir, checkpoint.name, weights)
     else:
         log.warning("%s: exporting %s (%s weights) in its place", outdated.reason, checkpoint.name, weights)
-    return export_checkpoint(run_dir, checkpoint, weights=weights)
+    # Not --out: the command was not given it (`eval RUN --out X` writes its report to X).
+    return export_checkpoint(run_dir, checkpoint, weights=weights, flag="the run's export (written for this command)")

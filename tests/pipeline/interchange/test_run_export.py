@@ -79,3 +79,12 @@ def test_a_moved_run_still_knows_its_own_export(run, tmp_path):
     moved = tmp_path / "moved"
     shutil.move(run, moved)
     assert outdated_export(moved) is None and choose_export(moved) == moved / "export"
+
+
+def test_an_export_eval_makes_for_a_run_is_not_called_its_out(run, tmp_path, capsys):
+    """`eval RUN --out X` writes its report to X; when RUN/export cannot be written, the refusal
+    names the run's export, not --out."""
+    RunLayout(run).export.write_text("a file where the export goes")
+    err = one_line_error(capsys, "eval", str(run), "--datasets", str(write_text_file(tmp_path)), "--samples", "2",
+                         "--out", str(tmp_path / "report"))
+    assert f"the run's export (written for this command) {run / 'export'}: " in err and "--out" not in err, err
