@@ -46,8 +46,8 @@ from common.errors import UserError
 from common.file_records import FileRecord, changed_files, record_files, tree_files
 
 __all__ = ["MARKER", "InputPath", "OutputClaim", "OutputKind", "check_output_dir", "check_output_file",
-           "claim_output_dir", "entry_names", "holds_only", "json_object", "marked_files", "new_output_dir",
-           "read_marker", "refuse_links", "staged_directory", "write_output_file"]
+           "claim_output_dir", "entry_names", "holds_only", "json_object", "marked_files", "marker_problem",
+           "new_output_dir", "read_marker", "refuse_links", "staged_directory", "write_output_file"]
 
 MARKER = ".unmask-output.json"
 # The hidden siblings of a replacement: the new directory being written, and the old one for
@@ -66,6 +66,10 @@ def _never(path: Path) -> bool:
     return False
 
 
+def _no_copy(path: Path) -> list[str] | None:
+    return None
+
+
 @dataclass(frozen=True)
 class OutputKind:
     """One kind of output directory."""
@@ -80,6 +84,10 @@ class OutputKind:
     # Top-level files that other steps of unmask write into a whole output after it appeared
     # (a report's MLflow record): not compared with the marker, and carried into a replacement.
     carried: frozenset[str] = frozenset()
+    # Recognizes an output of this kind that has lost its marker (an earlier unmask's, or a copy
+    # without it), which is refused all the same: the files beside it (relative paths), or None
+    # when the directory does not hold one. It lets a refusal say what the directory is.
+    unmarked_copy: Callable[[Path], list[str] | None] = field(default=_no_copy, compare=False)
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,21 @@ def json_object(path: Path) -> dict | None:
 def read_marker(directory: Path) -> dict | None:
     """The marker of ``directory`` (module docstring), or None when it has none."""
     return json_object(directory / MARKER)
+
+
+def marker_problem(directory: Path) -> str | None:
+    """Why the marker of ``directory`` cannot be read, naming it (not JSON, not a record of an
+    output's kind); None when there is none, or it reads (``read_marker``)."""
+    path = directory / MARKER
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
+        return f"{path} cannot be read as JSON ({err})"
+    if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+        return f"{path} is not the record of an unmask output (no kind in it)"
+    return None
 
 
 def marked_files(directory: Path) -> dict[str, FileRecord] | None:
@@ -176,15 +199,26 @@ def _refuse_inputs(target: Path, flag: str, inputs: Sequence[InputPath]) -> None
 
 def _in_the_way(directory: Path, kind: OutputKind, flag: str) -> str | None:
     """Why ``directory`` cannot take ``kind``'s output, with the fix; None when it can."""
-    names, marker = entry_names(directory), read_marker(directory)
+    names, unreadable = entry_names(directory), marker_problem(directory)
+    if unreadable is not None:
+        return (f"{unreadable}, so the directory is not known to hold {kind.noun}; move it away, or choose a new "
+                f"or empty directory for {flag}")
+    marker = read_marker(directory)
     if marker is None:
         if not names or kind.unmarked(directory):
             return None
+        beside = kind.unmarked_copy(directory)
+        if beside is not None:
+            others = f"; beside it, {_listed(directory, beside)}, which is not part of one" if beside else ""
+            return (f"holds {kind.noun} without its {MARKER} (written by an earlier unmask, or copied without that "
+                    f"file), which is not replaced{others}; move it away, or choose a new or empty directory for "
+                    f"{flag}")
         return (f"is not {kind.noun}: it holds {_listed(directory, list(names))}; choose a new or empty "
                 f"directory for {flag}")
-    if marker.get("kind") != kind.name:
-        return (f"holds {marker.get('what') or marker.get('kind')} (its {MARKER} says so), not {kind.noun}; "
-                f"choose a new or empty directory for {flag}")
+    if marker["kind"] != kind.name:
+        what = marker.get("what")
+        what = what if isinstance(what, str) and what != kind.noun else f"an output of kind {marker['kind']!r}"
+        return f"holds {what} (its {MARKER} says so), not {kind.noun}; choose a new or empty directory for {flag}"
     return _not_ours(directory, kind, flag) if kind.whole else None
 
 

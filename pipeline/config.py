@@ -275,12 +275,18 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
          "must be [beta, omega] with 0 <= beta < omega <= 1"),
         ("train.block_mask_rate", m.block_size is not None or tuple(t.block_mask_rate) == (0.0, 1.0),
          "clips block diffusion's masking rates: set model.block_size, or leave it [0, 1]"),
+        ("train.block_attention", m.block_size is not None or t.block_attention == "auto",
+         ("chooses block diffusion's attention mask, and without blocks there is none: set model.block_size, or "
+          "leave it auto")),
         ("train.block_mask_rate_search", m.block_size is not None or not t.block_mask_rate_search,
          "searches block diffusion's masking-rate interval: set model.block_size, or leave it false"),
         ("train.block_mask_rate_search", not t.block_mask_rate_search or c.eval.every > 0,
          "runs at every validation: set eval.every > 0"),
         ("data.num_workers", c.data.num_workers >= 0, "must be >= 0"),
         ("data.shuffle_window", c.data.shuffle_window >= 1, "must be >= 1 (sequences)"),
+        ("data.shuffle_window", c.data.shuffle_window >= t.global_batch_size,
+         (f"is fewer sequences than one global batch (train.global_batch_size = {t.global_batch_size}), and a "
+          f"window holds whole global batches: it would be one batch; set at least {t.global_batch_size}")),
         ("data.cache_gb", c.data.cache_gb >= 0, "must be >= 0"),
         ("optim.lr", o.lr > 0 and math.isfinite(o.lr), "must be a positive number"),
         ("optim.betas", all(0.0 <= b < 1.0 for b in o.betas), "both must lie in [0, 1)"),

@@ -332,17 +332,20 @@ def test_block_diffusion_trains_with_flexattention_and_matches_the_dense_mask():
 
 def test_block_diffusion_samples_with_its_kv_cache_under_bf16():
     """BD3-LM's sampler as `unmask sample` runs it on a GPU: inference mode, bf16, the KV cache of
-    finished blocks; first-hitting makes one call per token, past the network's context too."""
+    finished blocks; first-hitting makes one call per token, past the network's context too. The
+    caller hears of every block (`unmask sample`'s progress bar counts them)."""
     from model.block_diffusion import BlockDiffusion
 
     network, device, samples, length = _network().eval(), torch.device("cuda"), 4, LENGTH + 64
     process = BlockDiffusion(make_schedule("linear"), VOCAB, 16, validate=False)
     plan = SamplingPlan(sampler="first-hitting", seed=0)
+    blocks = []
     with torch.inference_mode(), inference_mode(network, device):
         tokens, stats = process.sample(network, plan, num_samples=samples, seq_len=length, window=LENGTH,
-                                       generator=sample_generators(plan.seed, range(samples)), device=device)
+                                       generator=sample_generators(plan.seed, range(samples)), device=device,
+                                       on_block=lambda: blocks.append(1))
     assert tokens.shape == (samples, length) and 0 <= int(tokens.min()) and int(tokens.max()) < VOCAB
-    assert list(stats.row_calls) == [length] * samples
+    assert list(stats.row_calls) == [length] * samples and len(blocks) == length // 16
 
 
 def test_init_from_weights_loaded_on_the_host_give_the_sources_loss_on_the_device():
@@ -501,7 +504,10 @@ def test_transformers_runs_a_block_model_s_hf_export_on_the_gpu_with_the_cpu_s_l
 
 def test_an_export_is_checked_then_loaded_onto_the_gpu_and_a_truncated_one_is_refused(tmp_path):
     """``load_export(map_location="cuda")``, as sampling and evaluation call it on a GPU: the
-    export's recorded files are checked on the host first."""
+    export's recorded files are checked on the host first, every digest in full: a truncated file,
+    and bytes overwritten in place under the recorded modification time, are refused."""
+    import os
+
     from common.errors import UserError
     from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
     from pipeline.interchange.export import load_export
@@ -513,6 +519,13 @@ def test_an_export_is_checked_then_loaded_onto_the_gpu_and_a_truncated_one_is_re
     loaded = load_export(export, map_location="cuda")  # the tensors are read onto the GPU, then into the network
     assert loaded.config["step"] == 0 and not any(p.isnan().any() for p in loaded.network.parameters())
     weights = export / "model.safetensors"
+    before = weights.stat()
+    with weights.open("r+b") as file:
+        file.seek(before.st_size // 2)
+        file.write(b"Q" * 4096)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(UserError, match=rf"{weights} has other bytes than were written \(sha256 differs\)"):
+        load_export(export, map_location="cuda")
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(UserError, match=rf"{weights} has 1000 bytes, \d+ were written .*the export is damaged"):
         load_export(export, map_location="cuda")

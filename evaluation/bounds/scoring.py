@@ -47,7 +47,7 @@ from evaluation.bounds.estimator import (
 )
 from evaluation.bounds.protocols import DEFAULT_PROTOCOL, PROTOCOLS, UNMASK, ZeroShotProtocol, get_protocol
 from evaluation.bounds.suites import missing_sets, present_sets, suite_sets
-from evaluation.inference import COMPILE_SETTINGS, inference_mode, should_compile
+from evaluation.inference import BLOCKS_UNCOMPILED, COMPILE_SETTINGS, inference_mode, should_compile
 from evaluation.results import (
     ABSENT,
     Absent,
@@ -362,6 +362,8 @@ def score_datasets(exported: Exported, config: ScoringConfig, *, device: torch.d
     protocol that produced them."""
     config = with_suite(config)
     config.check()
+    if config.compile == "on" and exported.spec.block_size is not None:
+        raise UserError(f"--compile on: {BLOCKS_UNCOMPILED}; leave --compile auto or off")
     torch.manual_seed(config.seed)
     np.random.seed(config.seed)
     datasets = {}

@@ -21,7 +21,8 @@ from orchestration.commands.sampling_flags import (
     objective_of,
     plan_from_args,
 )
-from pipeline.interchange.export import export_directory, load_export, resolve_export
+from pipeline.interchange.export import export_directory, load_export
+from pipeline.interchange.run_export import choose_export
 
 RAW = argparse.RawDescriptionHelpFormatter
 SAMPLE_SEPARATOR = "----- sample {index} (network calls: {calls}) -----"
@@ -98,7 +99,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     plan = plan_from_args(args, SAMPLE_FLAGS, args.seed)
     check_flags_apply(args, SAMPLE_FLAGS, objective_of(Path(args.run_or_export)), args.run_or_export)
     device = resolve_device(args.device)
-    exported = load_export(resolve_export(Path(args.run_or_export)))
+    exported = load_export(choose_export(args.run_or_export))  # RUN: its latest checkpoint's export, or refused
     if args.until_eos:
         plan = until_eos_plan(exported, plan)
     samples = generate(exported, plan, num=args.num, seq_len=args.seq_len, prompt=args.prompt, infill=args.infill,

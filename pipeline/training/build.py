@@ -130,6 +130,7 @@ def build_parts(config: Config, data_dir: str | Path, dist: Distributed,
     tokenizer = find_tokenizer(manifest, metadata, str(data_dir) if cache is not None else None)
     init_from = start.record if isinstance(start, InitSource) else start
     network = network_config(config.model, manifest)
+    check_masked_tokens(config, manifest.seq_len)
     if init_from is not None:
         network = with_source_architecture(network, init_from)
     if isinstance(start, InitSource):
@@ -182,6 +183,10 @@ def network_config(model: ModelSection, manifest: Manifest) -> TransformerConfig
     if model.block_size is not None and seq_len % model.block_size:
         raise UserError(f"config field model.block_size = {model.block_size} does not divide the data's sequence "
                         f"length {seq_len} (manifest.json); choose a divisor of {seq_len}")
+    if model.block_size is not None and max_seq_len % model.block_size:
+        raise UserError(f"config field model.block_size = {model.block_size} does not divide model.max_seq_len = "
+                        f"{max_seq_len}, the network's window (its blocks are scored and sampled whole); choose a "
+                        f"divisor of both {seq_len} and {max_seq_len}, or leave model.max_seq_len unset")
     shape = {k: v for k, v in (("n_layers", model.n_layers), ("d_model", model.d_model),
                                 ("n_heads", model.n_heads)) if v is not None}
     try:
@@ -191,6 +196,19 @@ def network_config(model: ModelSection, manifest: Manifest) -> TransformerConfig
                        causal=model.objective == "autoregressive", vocab_multiple=model.vocab_multiple)
     except ValueError as err:
         raise UserError(f"config section model: {err}") from None
+
+
+def check_masked_tokens(config: Config, seq_len: int) -> None:
+    """Block diffusion's clipped masking rates (``train.block_mask_rate``) must mask at least one
+    token per training sequence on average: below that most sequences have no masked token, add
+    nothing to the loss, and the run learns next to nothing while its loss looks excellent."""
+    beta, omega = config.train.block_mask_rate
+    if config.model.block_size is None or (beta + omega) / 2 * seq_len >= 1:
+        return
+    raise UserError(f"config field train.block_mask_rate = {[beta, omega]}: masks (beta + omega) / 2 = "
+                    f"{(beta + omega) / 2:.3g} of the tokens on average, {(beta + omega) / 2 * seq_len:.3g} of a "
+                    f"sequence of {seq_len}, so most training sequences have no masked token to learn from; widen it "
+                    f"to mask at least one per sequence (BD3-LM's clipped intervals are [0.3, 0.8] and [0.45, 0.95])")
 
 
 def find_tokenizer(manifest: Manifest, data_dir: Path, location: str | None = None) -> Tokenizer:

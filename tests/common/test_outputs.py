@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -144,8 +145,9 @@ def test_outputs_without_their_marker_are_refused_unless_another_writer_came_fir
     (export / "tokenizer").mkdir(parents=True)
     (export / "model.safetensors").write_bytes(b"")
     (export / "config.json").write_text(json.dumps({"format_version": 1, "network": {}}))
-    with pytest.raises(UserError, match=r"is not an unmask export: it holds config.json, model.safetensors, "
-                                        r"tokenizer/; choose a new or empty directory for --out"):
+    with pytest.raises(UserError, match=r"holds an unmask export without its .unmask-output.json \(written by an "
+                                        r"earlier unmask, or copied without that file\), which is not replaced; move "
+                                        r"it away, or choose a new or empty directory for --out"):
         check_output_dir(export, EXPORT_KIND, "--out")
     (export / MARKER).write_text(json.dumps({"kind": "export", "what": "an unmask export"}))  # records no files
     with pytest.raises(UserError, match=r"holds an unmask export written by an earlier unmask \(its .unmask-output.json "
@@ -180,7 +182,7 @@ def test_export_never_writes_over_the_run_or_a_directory_of_other_files(run, tmp
     assert read_marker(run / "export")["kind"] == "export"  # an export replaces an export
     marker = (run / "export" / MARKER).read_bytes()
     (run / "export" / MARKER).unlink()  # as an export copied without its marker: not replaced
-    assert f"--out {run / 'export'}: is not an unmask export" in _cli(capsys, "export", run)
+    assert f"--out {run / 'export'}: holds an unmask export without its {MARKER}" in _cli(capsys, "export", run)
     (run / "export" / MARKER).write_bytes(marker)
     run_marker = (run / MARKER).read_bytes()
     (run / MARKER).unlink()  # a run without its marker: its own files do not make it one
@@ -396,10 +398,23 @@ def test_an_export_keeps_a_file_the_user_put_in_its_tokenizer(tmp_path, small_to
     assert notes.read_text() == "where this tokenizer came from"
     marker = (export / MARKER).read_bytes()
     (export / MARKER).unlink()  # as an export copied without its marker: not replaced, with the note or without
-    with pytest.raises(UserError, match="is not an unmask export: it holds config.json, model.safetensors, tokenizer/"):
+    with pytest.raises(UserError, match=r"holds an unmask export without its .unmask-output.json \(written by an "
+                                        r"earlier unmask, or copied without that file\), which is not replaced; "
+                                        r"beside it, tokenizer/NOTES.txt, which is not part of one; move it away"):
         write_untrained_export(export, tokenizer, saved)
     notes.unlink()
-    with pytest.raises(UserError, match="is not an unmask export"):
+    with pytest.raises(UserError, match=r"holds an unmask export without its .unmask-output.json \([^)]*\), which "
+                                        r"is not replaced; move it away"):
+        write_untrained_export(export, tokenizer, saved)
+    for garbled, named in ((b'{"kind": "exp', f"{export / MARKER} cannot be read as JSON"),
+                           (b"[1, 2]", f"{export / MARKER} is not the record of an unmask output")):
+        (export / MARKER).write_bytes(garbled)  # the refusal names the marker, not the files it would have described
+        with pytest.raises(UserError, match=re.escape(named) + r".*so the directory is not known to hold an unmask "
+                                                               r"export; move it away"):
+            write_untrained_export(export, tokenizer, saved)
+    (export / MARKER).write_bytes(marker.replace(b'"kind": "export"', b'"kind": "prep"'))  # its kind changed by hand
+    with pytest.raises(UserError, match=r"holds an output of kind 'prep' \(its .unmask-output.json says so\), not an "
+                                        r"unmask export"):
         write_untrained_export(export, tokenizer, saved)
     (export / MARKER).write_bytes(marker)
     write_untrained_export(export, tokenizer, saved)

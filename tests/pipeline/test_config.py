@@ -170,6 +170,17 @@ def test_a_micro_batch_size_below_one_is_refused_before_any_arithmetic_on_it(siz
         load_config(None, {"train.micro_batch_size": size})
 
 
+def test_a_shuffle_window_below_one_global_batch_is_refused():
+    """A window holds whole global batches: 1 or 7 sequences with a global batch of 8 would be one
+    batch, i.e. no shuffling across batches, which the user did not ask for."""
+    for window in ("1", "7"):
+        with pytest.raises(UserError, match=rf"config field data.shuffle_window = {window}: is fewer sequences than "
+                                            r"one global batch \(train.global_batch_size = 8\), and a window holds "
+                                            r"whole global batches: it would be one batch; set at least 8"):
+            load_config(None, {"data.shuffle_window": window, "train.global_batch_size": "8"})
+    assert load_config(None, {"data.shuffle_window": "8", "train.global_batch_size": "8"}).data.shuffle_window == 8
+
+
 def test_an_infinite_or_nan_config_number_is_refused(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("optim:\n  grad_clip: .inf\n")
