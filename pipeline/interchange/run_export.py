@@ -147,4 +147,7 @@ def _export_newest(run_dir: Path, outdated: OutdatedExport | None) -> Path:
     else:
         log.warning("%s: exporting %s (%s weights) in its place", outdated.reason, checkpoint.name, weights)
     # Not --out: the command was not given it (`eval RUN --out X` writes its report to X).
-    return export_checkpoint(run_dir, checkpoint, weights=weights, flag="the run's export (written for this command)")
+    try:
+        return export_checkpoint(run_dir, checkpoint, weights=weights, flag="the run's export (written for this command)")
+    except UserError as err:
+        raise UserError(f"{err}; or export it elsewhere (`unmask export {run_dir} --out DIR`) and give DIR") from None

@@ -24,7 +24,7 @@ sys.exit(main(sys.argv[1:]))
 
 def _unmask_as_rank(args: list[str], world_size: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", SCRIPT, *args], cwd=REPO, capture_output=True, text=True,
-                          env=cli_env({"WORLD_SIZE": world_size, "RANK": "1"}), timeout=120)
+                          env=cli_env({"WORLD_SIZE": world_size, "RANK": "0"}), timeout=120)
 
 
 @pytest.mark.parametrize("args,status,printed", [(["version"], 0, "unmask "),

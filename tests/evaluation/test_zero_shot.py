@@ -212,9 +212,9 @@ def test_a_run_whose_export_cannot_be_written_is_named_so_not_as_out(micro_run, 
     own = tmp_path / "own.txt"
     own.write_text("a paragraph\n")
     err = one_line_error(capsys, "eval", str(run), "--datasets", str(own), "--out", str(tmp_path / "report"))
-    assert err.startswith(f"unmask eval: error: {run} has no export yet, which `unmask eval` writes first, but its "
-                          f"export directory {run / 'export'}: is a file")
-    assert err.endswith(f"; or export it elsewhere (`unmask export {run} --out DIR`) and evaluate DIR")
+    assert err.startswith(f"unmask eval: error: the run's export (written for this command) {run / 'export'}: is a "
+                          f"file")
+    assert err.endswith(f"; or export it elsewhere (`unmask export {run} --out DIR`) and give DIR")
     assert "--out" not in err.split("; or export")[0] and not (tmp_path / "report").exists()
 
 
