@@ -85,9 +85,11 @@ def _stop(signum: int, frame: object) -> None:
 
 
 def _install() -> dict[int, object]:
-    """Install ``_stop`` for both signals; the handlers it replaced."""
+    """Install ``_stop`` for both signals, but for one the process was started to ignore (a
+    shell's background job ignores SIGINT, and Python leaves it so); the handlers it replaced."""
     _INSTALLED_BY[:] = [os.getpid()]
-    return {signum: signal.signal(signum, _stop) for signum in SIGNALS}
+    return {signum: signal.signal(signum, _stop) for signum in SIGNALS
+            if signal.getsignal(signum) is not signal.SIG_IGN}
 
 
 @contextmanager

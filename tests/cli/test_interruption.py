@@ -37,13 +37,22 @@ def test_the_handlers_are_in_place_before_the_cli_imports_anything_heavy():
                                      ("/repo/orchestration/cli.py", ["run"], "_stop"),
                                      ("/venv/bin/unmask", ["eval", "runs/x"], "_stop"),
                                      ("/venv/bin/pytest", ["-k", "train"], None)):
-        out = subprocess.run([sys.executable, "-c", probe.format(program=program, args=args)], cwd=REPO,
-                             env=cli_env(), capture_output=True, text=True, check=True).stdout.split()
+        out = _probe(probe.format(program=program, args=args), sigint=signal.SIG_DFL)
         assert out[-1] == "False", (program, out)
         if installed:
             assert out[:2] == [installed, installed], (program, args, out)
         else:  # not the unmask command: Python's own
             assert out[:2] == ["default", "default_int_handler"], (program, out)
+    # Started to ignore SIGINT (a shell's background job): it stays ignored, as Python leaves it.
+    ignored = _probe(probe.format(program="/venv/bin/unmask", args=["train"]), sigint=signal.SIG_IGN)
+    assert ignored[:2] == ["_stop", "default"], ignored
+
+
+def _probe(code: str, *, sigint: signal.Handlers) -> list[str]:
+    """What ``python -c CODE`` prints, words split, started with SIGINT's disposition ``sigint``
+    (whatever the disposition of the suite's own process)."""
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cli_env(), capture_output=True, text=True,
+                          check=True, preexec_fn=lambda: signal.signal(signal.SIGINT, sigint)).stdout.split()
 
 
 # The console script's code, with the signal raised when the command line's imports reach torch.
