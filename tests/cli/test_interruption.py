@@ -79,10 +79,20 @@ sys.exit(main())
 ])
 def test_a_signal_while_the_command_line_imports_ends_it_in_one_line(args, stop, status):
     done = subprocess.run([sys.executable, "-c", SIGNAL_WHILE_IMPORTING.format(signal=stop, args=args)], cwd=REPO,
-                          env=cli_env(), capture_output=True, text=True, timeout=120, check=False)
+                          env=cli_env(), capture_output=True, text=True, timeout=120, check=False,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
     assert done.returncode == status, done.stderr[-2000:]
     assert done.stderr == f"unmask {args[0]}: stopped by {stop} while starting (nothing was done yet); rerun the " \
                           "command\n"
+
+
+@pytest.fixture(autouse=True)
+def _sigint_as_from_a_terminal():
+    """The commands run in this process see SIGINT as a command started from a terminal does,
+    whatever the suite's own process was given (a shell's background job ignores it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def _raise_after(monkeypatch, owner: object, name: str, stop: signal.Signals) -> None:
