@@ -72,8 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, *, hooks: TrainHooks = TrainHooks()) -> int:
     """Run ``unmask ARGV``; the exit status. ``hooks`` run inside every training loop the
-    command starts (a script embedding the command line may watch or pause its steps). In one
-    rank of a multi-process job (WORLD_SIZE > 1) the process ends here with that status."""
+    command starts (a script embedding the command line may watch or pause its steps)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     with preemptible_startup(argv):
         try:
@@ -82,20 +81,25 @@ def main(argv: list[str] | None = None, *, hooks: TrainHooks = TrainHooks()) -> 
             print(f"unmask: stopped by {stop} outside the training loop (starting up, or between stages); "
                   f"rerun the same command to go on: finished work is kept", file=sys.stderr)
             status = PREEMPTED
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        _leave_the_job(status)
     return status
 
 
-def _leave_the_job(status: int) -> NoReturn:
-    """End one rank of a launcher's job (torchrun, deepspeed) once its command is done, without
-    the interpreter's teardown: there a C++ thread of gloo or DeepSpeed that still holds a Python
-    object can take the whole rank down ("terminate called without an active exception",
-    SIGABRT), failing a job whose every checkpoint and record is already written."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+def entry_point() -> NoReturn:
+    """The ``unmask`` console script and ``python -m orchestration.cli``: ``main``, then the end."""
+    end_process(main())
+
+
+def end_process(status: int) -> NoReturn:
+    """End this process with ``status``. One rank of a launcher's job (torchrun, deepspeed:
+    WORLD_SIZE > 1) ends without the interpreter's teardown: there a C++ thread of gloo or
+    DeepSpeed that still holds a Python object can take the rank down ("terminate called without
+    an active exception", SIGABRT), failing a job whose every checkpoint and record is written."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
 
 
 def _run(argv: list[str], hooks: TrainHooks) -> int:
@@ -115,4 +119,4 @@ def _run(argv: list[str], hooks: TrainHooks) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry_point()
