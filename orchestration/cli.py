@@ -76,12 +76,11 @@ def main(argv: list[str] | None = None, *, hooks: TrainHooks = TrainHooks()) -> 
     argv = sys.argv[1:] if argv is None else list(argv)
     with preemptible_startup(argv):
         try:
-            status = _run(argv, hooks)
+            return _run(argv, hooks)
         except StoppedDuringStartup as stop:
             print(f"unmask: stopped by {stop} outside the training loop (starting up, or between stages); "
                   f"rerun the same command to go on: finished work is kept", file=sys.stderr)
-            status = PREEMPTED
-    return status
+            return PREEMPTED
 
 
 def entry_point() -> NoReturn:

@@ -4,25 +4,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from tests.support.cli_refusals import cli_error as _cli
 from tests.support.cli_refusals import one_line_error as _error
-from tests.support.cli_refusals import write_a_file, write_text_file
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture
-def text_file(tmp_path) -> Path:
-    return write_text_file(tmp_path)
-
-
-@pytest.fixture
-def a_file(tmp_path) -> Path:
-    return write_a_file(tmp_path)
 
 
 def test_sample_checks_out_before_sampling(capsys, a_file, tmp_path):
