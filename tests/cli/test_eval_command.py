@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -14,25 +13,9 @@ from evaluation.bounds.scoring import ScoringConfig
 from evaluation.zero_shot import ReportOptions, run_zero_shot
 from tests.support.cli_refusals import cli_error as _cli
 from tests.support.cli_refusals import one_line_error as _error
-from tests.support.cli_refusals import untrained_exports, write_a_file, write_text_file
 from tests.support.cli_runner import DISTRIBUTED_ENV
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory) -> dict[str, Path]:
-    return untrained_exports(tmp_path_factory.mktemp("exports"))
-
-
-@pytest.fixture
-def text_file(tmp_path) -> Path:
-    return write_text_file(tmp_path)
-
-
-@pytest.fixture
-def a_file(tmp_path) -> Path:
-    return write_a_file(tmp_path)
 
 
 def test_eval_checks_every_dataset_before_scoring_any(capsys, tmp_path):

@@ -15,22 +15,11 @@ import pytest
 from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
 from tests.support.cli_refusals import cli_error as _cli
 from tests.support.cli_refusals import one_line_error as _error
-from tests.support.cli_refusals import write_a_file, write_text_file
 from tests.support.cli_runner import unmask_in_process
 from tests.support.export_fixtures import EXPORT_LENGTH, EXPORT_VOCAB, LINES, write_untrained_export
 from tests.support.full_disk import namespaces_work, run_on_small_disk
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture
-def text_file(tmp_path) -> Path:
-    return write_text_file(tmp_path)
-
-
-@pytest.fixture
-def a_file(tmp_path) -> Path:
-    return write_a_file(tmp_path)
 
 
 def test_sample_checks_out_before_sampling(capsys, a_file, tmp_path):
