@@ -19,6 +19,9 @@ from multiprocessing.synchronize import Event
 __all__ = ["StopRequested", "event", "request", "reset", "wait"]
 
 _EVENT: list[Event] = []  # this process's event, made at the first call that needs it
+# The event's kind: a fork server's (it outlives its creator's name) is handed to a process
+# that a fork server starts (a remote store's DataLoader workers) as well as to a forked one.
+_CONTEXT = "forkserver"
 
 
 class StopRequested(BaseException):
@@ -28,7 +31,7 @@ class StopRequested(BaseException):
 def event() -> Event:
     """This process's stop event (made once; shared with the processes started afterwards)."""
     if not _EVENT:
-        _EVENT.append(multiprocessing.get_context().Event())
+        _EVENT.append(multiprocessing.get_context(_CONTEXT).Event())
     return _EVENT[0]
 
 

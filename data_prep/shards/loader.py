@@ -40,6 +40,10 @@ DEFAULT_SHUFFLE_WINDOW = 1 << 18
 PREFETCH_PARTS = 4
 # Chunk reads in flight per process: range requests to a remote store overlap their latency.
 READ_THREADS = 8
+# How the DataLoader workers of a remote store start: not by fork, since the AWS SDK under
+# pyarrow's S3 client is not fork-safe (a worker forked while its I/O thread holds a lock
+# waits forever on its first read); a fork server's children start single-threaded.
+REMOTE_WORKER_START = "forkserver"
 # The order of the data that a loader's position refers to, recorded in it (``state_dict``):
 # a position of another order is refused, since it would not resume the batches that come next.
 ORDER_VERSION = 2
@@ -317,6 +321,8 @@ class StreamingLoader:
         parts = max(1, self.num_workers)
         stream = _EpochStream(plan, self.epoch, first_global)
         extra = dict(prefetch_factor=PREFETCH_PARTS) if self.num_workers else {}
+        if self.num_workers and plan.store.remote:
+            extra["multiprocessing_context"] = REMOTE_WORKER_START
         items = iter(DataLoader(stream, batch_size=None, num_workers=self.num_workers, **extra))
         for _ in range(first_global, plan.global_batches):
             joined = []

@@ -70,6 +70,30 @@ def test_batches_from_s3_are_those_from_the_local_copy(local_data, remote_data, 
     assert _ids(_make(remote_data, num_workers=2)) == _ids(_make(local_data)), "workers read the store too"
 
 
+def _started_children(loader) -> list[str]:
+    """The command lines of the processes this process starts while the loader yields its
+    first batch (its DataLoader workers, if this process forks them)."""
+    import psutil
+
+    before = {child.pid for child in psutil.Process().children()}
+    batches = iter(loader)
+    next(batches)
+    started = [child.cmdline() for child in psutil.Process().children() if child.pid not in before]
+    del batches
+    return started
+
+
+def test_a_remote_stores_workers_are_not_forked_from_the_reading_process(local_data, remote_data):
+    """The AWS SDK under pyarrow's S3 client is not fork-safe: a worker forked while the
+    reader's S3 threads hold a lock waits forever. A remote store's workers come from a fork
+    server (this process starts at most that server); a local store's are forked."""
+    _ids(_make(remote_data))  # this process has read the store
+    remote = _started_children(_make(remote_data, num_workers=2))
+    assert all("forkserver" in " ".join(line) for line in remote), remote
+    local = _started_children(_make(local_data, num_workers=2))
+    assert len(local) == 2 and not any("forkserver" in " ".join(line) for line in local), local
+
+
 def test_the_cache_serves_a_second_epoch_and_keeps_its_size_limit(local_data, remote_data, tmp_path):
     chunk = (local_data / "train" / "shard-000000.tar").stat().st_size // 10  # more than one chunk's bytes
     cached = _make(remote_data, cache=ChunkCache(tmp_path / "cache", limit_bytes=1 << 30))
