@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import multiprocessing.util
 import os
 import platform
 import signal
@@ -97,6 +98,9 @@ def end_process(status: int) -> NoReturn:
     an active exception", SIGABRT), failing a job whose every checkpoint and record is written."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         logging.shutdown()
+        # The exit finalizers os._exit would skip: they unlink the stop event's semaphores
+        # (common.stop_request), which the resource tracker would otherwise report as leaked.
+        multiprocessing.util._run_finalizers(0)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)

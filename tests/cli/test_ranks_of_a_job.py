@@ -23,8 +23,8 @@ runpy.run_module("orchestration.cli", run_name="__main__")
 """
 
 
-def _unmask_as_rank(args: list[str], world_size: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", SCRIPT, *args], cwd=REPO, capture_output=True, text=True,
+def _unmask_as_rank(args: list[str], world_size: str, script: str = SCRIPT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", script, *args], cwd=REPO, capture_output=True, text=True,
                           env=cli_env({"WORLD_SIZE": world_size, "RANK": "0"}), timeout=120)
 
 
@@ -49,3 +49,12 @@ def test_main_returns_the_status_to_a_caller_in_the_process(monkeypatch, capsys)
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["version"]) == 0 and capsys.readouterr().out.startswith("unmask ")
+
+
+def test_a_rank_that_made_the_stop_event_leaves_no_semaphore_behind():
+    """The training loop makes the process's stop event (``common.stop_request``: semaphores
+    a fork server's workers can open by name); a rank's quick end still unlinks them, so the
+    resource tracker has nothing to report as leaked."""
+    script = "from common import stop_request\nstop_request.event()\n" + SCRIPT
+    rank = _unmask_as_rank(["version"], world_size="2", script=script)
+    assert rank.returncode == 0 and "leaked semaphore" not in rank.stderr, rank.stderr
