@@ -78,8 +78,9 @@ def draw(process: SampledProcess, sampler: Sampler, denoiser: DenoiserLike, plan
     z = initial_tokens(process, num_samples, seq_len, prompt, device)
     generator = sample_generators(plan.seed, range(num_samples)) if generator is None else generator
     windowed = plan.prefix_cache is not None or plan.guidance is not None
-    if windowed:
-        denoiser = WindowNetwork(as_denoiser(denoiser), plan, num_samples, process.generate_id)
+    if windowed:   # a caller may pass its own WindowNetwork (one that watches the calls: bench/sampler_quality.py)
+        if not isinstance(denoiser, WindowNetwork):
+            denoiser = WindowNetwork(as_denoiser(denoiser), plan, num_samples, process.generate_id)
         network = WindowCalls(denoiser, num_samples, process.vocab_size, static_shape=plan.static_shape)
     else:
         network = NetworkCalls(as_denoiser(denoiser), num_samples, process.vocab_size, static_shape=plan.static_shape)

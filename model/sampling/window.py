@@ -42,6 +42,8 @@ class PrefixKV(KVCache):
         self.index: Tensor | None = None   # LongTensor [R]: the batch rows of the current forward
 
     def extend(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """``module``'s keys and values [R, heads, rows, head_dim] as its attention uses them: kept
+        (``store``) and returned as they are, or the context's prepended."""
         name = id(module)
         if self.store:
             if name not in self.keys:
@@ -74,6 +76,7 @@ class WindowNetwork(Denoiser):
 
     @property
     def time_independent(self) -> bool:
+        """The wrapped network's."""
         return self.network.time_independent
 
     def start(self, context: int, prompt: Tensor) -> None:
@@ -85,12 +88,14 @@ class WindowNetwork(Denoiser):
             self.cache.context = context
 
     def logits(self, z_t: Tensor, t: Tensor) -> Tensor:
+        """Logits [R, W, V] of every position (guided); the prefix cache cannot give the context's."""
         if self.cache is not None and self.cache.context:
             raise ValueError("prefix_cache serves the samplers that ask for the masked positions only (the absorbing "
                              "process's); this one asks for every position")
         return self._guided(lambda z: self.network.logits(z, t), z_t)
 
     def logits_at(self, z_t: Tensor, t: Tensor, selected: Tensor) -> Tensor:
+        """Logits [N, V] at the ``selected`` positions of the call's rows (guided, or from the cache)."""
         if self.cache is None or not self.cache.context:
             return self._guided(lambda z: self.network.logits_at(z, t, selected), z_t)
         return self._cached(z_t, t, selected)
@@ -138,9 +143,11 @@ class WindowCalls(NetworkCalls):
             super()._count(rows, passed)
 
     def logits_at(self, z: Tensor, t: Tensor, rows: Tensor, selected: Tensor) -> Tensor:
+        """``NetworkCalls.logits_at``, the rows told to the window's network first."""
         self.denoiser.rows = rows.to(z.device)
         return super().logits_at(z, t, rows, selected)
 
     def logits(self, z: Tensor, t: Tensor, rows: Tensor) -> Tensor:
+        """``NetworkCalls.logits``, the rows told to the window's network first."""
         self.denoiser.rows = rows.to(z.device)
         return super().logits(z, t, rows)
