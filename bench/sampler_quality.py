@@ -12,12 +12,21 @@ by the reference itself, the usual "AR" row of the papers, which flatters it.
     python bench/sampler_quality.py --diffusion runs/tiny --reference runs/tiny-ar [--num 16] [--seeds 0 1]
 
 Prints one JSON object per row after a line describing the setup, then the table in Markdown.
+
+``--fast`` measures fast generation instead (docs/fast-generation.md): for each plan of
+``FAST_PLANS`` (exact first-hitting, threshold decoding at several thresholds, semi-autoregressive
+blocks with the prefix cache at several refresh intervals, and their combination) the generative
+perplexity with its 95% interval (delta method over the samples), the mean unigram entropy, the
+network calls per sample and the wall-clock seconds per sample; then, per refresh interval, the
+mean KL(exact || cached) of the per-token distributions the prefix cache moves, over every call
+and over the calls that read a stale cache. Wall-clock depends on the machine's load.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import statistics
 import time
@@ -26,12 +35,34 @@ from pathlib import Path
 
 import torch
 
-from evaluation.generation.generate import generate
+from evaluation.generation.generate import Sample, generate
 from evaluation.generation.sample_quality import load_reference, score_samples
 from evaluation.generation.sampler_sweep import SWEEP_BUDGETS, sampler_sweep, sweep_samplers
 from evaluation.results import SweepRow
-from model.sampling import SamplingPlan
-from pipeline.interchange.export import load_export, resolve_export
+from model.sampling import SamplingPlan, ThresholdOptions
+from model.sampling.window import WindowNetwork
+from pipeline.interchange.export import Exported, load_export, resolve_export
+
+BLOCK = 16
+REFRESH_INTERVALS = (1, 2, 4, 8, 16)
+
+
+def _threshold(value: float, **plan) -> SamplingPlan:
+    return SamplingPlan(sampler="threshold", options=ThresholdOptions(threshold=value), **plan)
+
+
+THRESHOLDS = (0.9, 0.7, 0.5, 0.3)
+# name -> plan: one token per call (exact), then fewer calls by each method, then blocks with the cache.
+FAST_PLANS = {
+    "first-hitting (exact, 1 token/call)": SamplingPlan(sampler="first-hitting"),
+    "confidence, 16 steps": SamplingPlan(sampler="confidence", steps=16),
+    **{f"threshold {value}": _threshold(value) for value in THRESHOLDS},
+    f"first-hitting, blocks of {BLOCK}": SamplingPlan(sampler="first-hitting", block_len=BLOCK),
+    **{f"first-hitting, blocks of {BLOCK}, prefix cache {n}": SamplingPlan(sampler="first-hitting", block_len=BLOCK,
+                                                                          prefix_cache=n) for n in (2, 4, 8)},
+    f"threshold 0.7, blocks of {BLOCK}": _threshold(0.7, block_len=BLOCK),
+    f"threshold 0.7, blocks of {BLOCK}, prefix cache 4": _threshold(0.7, block_len=BLOCK, prefix_cache=4),
+}
 
 
 def _reference_row(reference_path: Path, plan: SamplingPlan, num: int, batch_size: int, reference) -> SweepRow:
@@ -61,6 +92,84 @@ def _table(rows_by_seed: dict[int, list[SweepRow]]) -> str:
     return "\n".join(lines)
 
 
+def _interval(samples: list[Sample], quality) -> tuple[float, float, float]:
+    """Pooled generative perplexity and its 95% interval: the ratio sum(nll) / sum(tokens) by the delta method."""
+    nll = [score.reference_nll for score in quality.scores]
+    tokens = [score.reference_tokens for score in quality.scores]
+    ratio = sum(nll) / sum(tokens)
+    mean_tokens = sum(tokens) / len(tokens)
+    residual = sum((n - ratio * t) ** 2 for n, t in zip(nll, tokens)) / max(len(tokens) - 1, 1)
+    error = (residual / len(tokens)) ** 0.5 / mean_tokens
+    return math.exp(ratio), math.exp(ratio - 1.96 * error), math.exp(ratio + 1.96 * error)
+
+
+def _fast_rows(exported: Exported, reference, args) -> list[dict]:
+    rows = []
+    plans = FAST_PLANS if args.plans is None else {name: FAST_PLANS.get(name) or _threshold(float(name.split()[-1]))
+                                                   for name in args.plans}
+    for name, plan in plans.items():
+        for seed in args.seeds:
+            plan = replace(plan, seed=seed, temperature=args.temperature, top_p=args.top_p)
+            start = time.perf_counter()
+            samples = generate(exported, plan, num=args.num, batch_size=args.batch_size, device="cpu")
+            seconds = (time.perf_counter() - start) / len(samples)
+            quality = score_samples(samples, exported.tokenizer, reference)
+            perplexity, low, high = _interval(samples, quality)
+            calls = sum(s.network_calls for s in samples) / len(samples)
+            rows.append({"plan": name, "seed": seed, "network_calls": calls, "seconds_per_sample": round(seconds, 3),
+                         "tokens_per_call": round((len(samples[0].tokens)) / calls, 2),
+                         "generative_perplexity": round(perplexity, 1), "interval": [round(low, 1), round(high, 1)],
+                         "mean_unigram_entropy": round(quality.mean_unigram_entropy, 3)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+class _Drift(WindowNetwork):
+    """The prefix cache's network that also runs the exact forward at every call and sums KL(exact || cached)."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.kl = self.positions = self.stale_kl = self.stale_positions = 0.0
+
+    def logits_at(self, z, t, selected):
+        stale = self.cache.context > 0 and bool((self.since[self.rows.cpu()] % self.refresh != 0).any())
+        cached = super().logits_at(z, t, selected)
+        exact = self.network.logits_at(z, t, selected)
+        log_p, log_q = exact.double().log_softmax(-1), cached.double().log_softmax(-1)
+        kl = float((log_p.exp() * (log_p - log_q)).sum())
+        self.kl, self.positions = self.kl + kl, self.positions + exact.shape[0]
+        if stale:
+            self.stale_kl, self.stale_positions = self.stale_kl + kl, self.stale_positions + exact.shape[0]
+        return cached
+
+
+def _cache_drift(exported: Exported, args) -> list[dict]:
+    """Mean KL(exact || cached) per predicted token, per refresh interval, over first-hitting samples in blocks."""
+    process, rows = exported.process(validate=False), []
+    with torch.no_grad():
+        for refresh in REFRESH_INTERVALS:
+            plan = SamplingPlan(sampler="first-hitting", block_len=BLOCK, prefix_cache=refresh, seed=args.seeds[0])
+            drift = _Drift(exported.network, plan, args.num, process.generate_id)
+            process.sample(drift, plan, num_samples=args.num, seq_len=exported.network.config.max_seq_len,
+                           window=exported.network.config.max_seq_len)
+            rows.append({"refresh_every": refresh, "mean_kl_nats": drift.kl / drift.positions,
+                         "mean_kl_stale_calls_nats": drift.stale_kl / drift.stale_positions
+                         if drift.stale_positions else 0.0,
+                         "share_of_stale_predictions": drift.stale_positions / drift.positions})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _fast_table(rows: list[dict]) -> str:
+    lines = [("| plan | network calls / sample | tokens / call | seconds / sample | generative perplexity (95%) | "
+              "mean unigram entropy |"), "|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['plan']} (seed {row['seed']}) | {row['network_calls']:.1f} | {row['tokens_per_call']} | "
+                     f"{row['seconds_per_sample']:.3f} | {row['generative_perplexity']:.1f} "
+                     f"({row['interval'][0]:.1f}-{row['interval'][1]:.1f}) | {row['mean_unigram_entropy']:.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--diffusion", type=Path, required=True, help="the diffusion run or export")
@@ -72,6 +181,10 @@ def main() -> None:
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--fast", action="store_true", help="measure fast generation (module docstring)")
+    parser.add_argument("--plans", nargs="+", help="with --fast: these rows of FAST_PLANS only, or 'threshold X' "
+                                                   "for any X (default: every row)")
+    parser.add_argument("--no-drift", action="store_true", help="with --fast: skip the prefix cache's KL")
     args = parser.parse_args()
     torch.manual_seed(0)
     exported = load_export(resolve_export(args.diffusion))
@@ -81,6 +194,14 @@ def main() -> None:
                       "samplers": list(args.samplers or sweep_samplers(exported)), "top_p": args.top_p,
                       "temperature": args.temperature, "torch": torch.__version__,
                       "machine": platform.processor() or platform.machine()}), flush=True)
+    if args.fast:
+        drift = [] if args.no_drift else _cache_drift(exported, args)
+        rows = _fast_rows(exported, reference, args)
+        print(_fast_table(rows))
+        print("\n".join(f"refresh every {row['refresh_every']}: mean KL {row['mean_kl_nats']:.2e} nats "
+                        f"({row['mean_kl_stale_calls_nats']:.2e} on the {row['share_of_stale_predictions']:.0%} of "
+                        f"predictions from a stale cache)" for row in drift))
+        return
     rows_by_seed: dict[int, list[SweepRow]] = {}
     for seed in args.seeds:
         start = time.perf_counter()

@@ -27,6 +27,7 @@ from model.sampling import (
     confidence_sample,
     first_hitting_sample,
     remask_sample,
+    threshold_sample,
 )
 from model.schedules import Schedule
 
@@ -46,7 +47,7 @@ class AbsorbingDiffusion(DiffusionProcess):
     schedule_type: type = Schedule  # what ``schedule`` must be (a subclass may widen it)
     process_name = "absorbing"
     samplers = {"ancestral": ancestral_sample, "first-hitting": first_hitting_sample,
-                "confidence": confidence_sample, "remdm": remask_sample}
+                "confidence": confidence_sample, "remdm": remask_sample, "threshold": threshold_sample}
 
     def __init__(self, schedule: Schedule, vocab_size: int, *, validate: bool = True,
                  cross_entropy_chunk_rows: int = 0) -> None:

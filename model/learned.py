@@ -176,7 +176,9 @@ class LearnedDiffusion(AbsorbingDiffusion):
     sampler_limits = {
         "first-hitting": "a token's unmasking rate depends on its value, which only the time-conditioned "
                          "network predicts, so the next unmasking time has no closed form",
-        "remdm": "ReMDM's remasking posterior is built on one alpha_t shared by every token value"}
+        "remdm": "ReMDM's remasking posterior is built on one alpha_t shared by every token value",
+        "threshold": "the time the network sees is where the schedule masks the fraction still masked, which per "
+                     "token value has no single answer"}
 
     def __init__(self, schedule: LearnedSchedule, vocab_size: int, *, draws: int = DEFAULT_DRAWS,
                  validate: bool = True) -> None:

@@ -42,7 +42,8 @@ class UniformDiffusion(DiffusionProcess):
         "first-hitting": "there is no absorbing mask: every token may change many times, so there is no "
                          "first unmasking event to draw",
         "confidence": "there is no mask to reveal: every position holds a token from the first step",
-        "remdm": "there is no mask to remask into"}
+        "remdm": "there is no mask to remask into",
+        "threshold": "there is no mask to reveal: every position holds a token from the first step"}
 
     def __init__(self, schedule: Schedule, vocab_size: int, *, validate: bool = True) -> None:
         if not isinstance(schedule, Schedule):

@@ -308,6 +308,35 @@ def test_first_hitting_sampling_runs_under_bf16_one_call_per_token():
     assert list(stats.row_calls) == [length] * samples  # exact first-hitting: one call per token
 
 
+def test_threshold_decoding_and_the_prefix_cache_run_under_bf16_and_a_cache_refreshed_every_call_is_exact():
+    """Fast generation as ``unmask sample`` runs it on a GPU (docs/fast-generation.md): threshold
+    decoding reveals at least one token a call; blocks with the prefix cache refreshed at every call
+    draw the uncached samples, refreshed every 4 calls the same number of calls; guidance at w = 0
+    draws the unguided samples at twice the calls."""
+    from model.sampling import ThresholdOptions
+
+    network, device, samples, length = _network().eval(), torch.device("cuda"), 4, LENGTH + 64
+    diffusion = AbsorbingDiffusion(make_schedule("linear"), VOCAB, validate=False)
+    prompt = torch.full((length,), VOCAB, device=device)
+    prompt[:8] = torch.arange(8, device=device)
+
+    def draw(plan: SamplingPlan):
+        with torch.inference_mode(), inference_mode(network, device):
+            return diffusion.sample(network, plan, num_samples=samples, seq_len=length, window=LENGTH, prompt=prompt,
+                                    generator=sample_generators(plan.seed, range(samples)), device=device)
+
+    tokens, stats = draw(SamplingPlan(sampler="threshold", options=ThresholdOptions(threshold=0.5), block_len=64))
+    assert int(tokens.max()) < VOCAB and all(1 <= calls <= length - 8 for calls in stats.row_calls)
+    blocks = SamplingPlan(sampler="confidence", steps=16, block_len=64, seed=1)
+    plain, plain_stats = draw(blocks)
+    exact, exact_stats = draw(SamplingPlan(**{**blocks.__dict__, "prefix_cache": 1}))
+    assert torch.equal(exact, plain) and exact_stats == plain_stats
+    cached, cached_stats = draw(SamplingPlan(**{**blocks.__dict__, "prefix_cache": 4}))
+    assert int(cached.max()) < VOCAB and cached_stats.row_calls == plain_stats.row_calls
+    guided, guided_stats = draw(SamplingPlan(**{**blocks.__dict__, "guidance": 0.0}))
+    assert torch.equal(guided, plain) and guided_stats.network_calls == 2 * plain_stats.network_calls
+
+
 def test_block_diffusion_trains_with_flexattention_and_matches_the_dense_mask():
     """BD3-LM's training step on GPU (``train.block_attention`` auto): FlexAttention with the
     compiled BlockMask, loss and gradients those of the dense SDPA mask (bf16 rounding)."""

@@ -39,6 +39,7 @@ from evaluation.downstream.likelihoods import Score, ScoringModel, ScoringSettin
 from evaluation.generation.generate import continue_tokens
 from evaluation.inference import inference_mode, resolve_device
 from model.sampling import PlanError, SamplingPlan, check_budget
+from model.sampling.plan import UNBUDGETED
 from pipeline.interchange.export import Exported, load_export
 from pipeline.interchange.run_export import choose_export
 
@@ -54,7 +55,7 @@ DEFAULT_MAX_GEN_TOKS = 256   # lm-eval's HFLM default
 GREEDY_TOP_P = 1e-9
 DEFAULT_TEMPERATURE = 1.0    # lm-eval's do_sample without a temperature
 MODEL_ARGUMENTS = ("path", "samples", "seed", "batch_size", "max_batch_size", "device", "gen_sampler", "gen_steps",
-                   "gen_grid")
+                   "gen_grid", "gen_guidance")
 
 
 @dataclass(frozen=True)
@@ -69,17 +70,19 @@ class RequestRecord:
 
 @dataclass(frozen=True)
 class Generation:
-    """How ``generate_until`` samples (the model arguments ``gen_sampler``, ``gen_steps``, ``gen_grid``)."""
+    """How ``generate_until`` samples (the model arguments ``gen_sampler``, ``gen_steps``, ``gen_grid``,
+    ``gen_guidance``: unsupervised classifier-free guidance towards the context, docs/fast-generation.md)."""
 
     sampler: str = "ancestral"
     steps: int | None = None       # the budget of a diffusion sample; None: one call per generated token
     grid: str = "uniform"
+    guidance: float | None = None
 
     def plan(self, new_tokens: int, *, top_p: float | None, temperature: float, seed: int) -> SamplingPlan:
         """The plan of one request of ``new_tokens`` tokens."""
-        steps = self.steps if self.steps is not None or self.sampler == "first-hitting" else new_tokens
+        steps = self.steps if self.steps is not None or self.sampler in UNBUDGETED else new_tokens
         return SamplingPlan(sampler=self.sampler, steps=steps, grid=self.grid, top_p=top_p, temperature=temperature,
-                            seed=seed)
+                            seed=seed, guidance=self.guidance)
 
 
 @register_model(MODEL_NAME)
@@ -88,7 +91,8 @@ class UnmaskLM(TemplateLM):
 
     def __init__(self, path: str | Path | None = None, samples: int = 16, seed: int = 0, batch_size: int | str = AUTO,
                  max_batch_size: int | None = None, device: str | None = None, gen_sampler: str = "ancestral",
-                 gen_steps: int | None = None, gen_grid: str = "uniform", **unknown: Any) -> None:
+                 gen_steps: int | None = None, gen_grid: str = "uniform", gen_guidance: float | None = None,
+                 **unknown: Any) -> None:
         super().__init__()
         if unknown:
             raise UserError(f"model argument {', '.join(map(repr, unknown))} is not one of the unmask model's: "
@@ -96,11 +100,11 @@ class UnmaskLM(TemplateLM):
         if path is None:
             raise UserError("model argument path is required: path=RUN_OR_EXPORT")
         self.settings = _settings(samples, seed, batch_size, max_batch_size)
-        self.generation = _generation(gen_sampler, gen_steps, gen_grid)
+        self.generation = _generation(gen_sampler, gen_steps, gen_grid, gen_guidance)
         self._device = _device(device)
         self.export_dir = choose_export(path)  # a run: its latest checkpoint's export
         self.exported: Exported = load_export(self.export_dir)
-        _check_sampler(self.exported, self.generation.sampler)
+        _check_sampler(self.exported, self.generation)
         self.model = ScoringModel.of(self.exported, self._device)
         self.records: list[RequestRecord] = []
         self.truncated_contexts = 0   # requests whose context lost tokens on the left
@@ -249,10 +253,15 @@ def _device(name: str | None) -> torch.device:
     return resolve_device(name)
 
 
-def _generation(sampler: Any, steps: Any, grid: Any) -> Generation:
+def _generation(sampler: Any, steps: Any, grid: Any, guidance: Any = None) -> Generation:
     """The generation arguments, checked as a plan checks them (one line naming the argument)."""
-    names = {"sampler": "gen_sampler", "steps": "gen_steps", "grid": "gen_grid"}
-    generation = Generation(sampler, None if steps is None else _integer("gen_steps", steps, 1), grid)
+    names = {"sampler": "gen_sampler", "steps": "gen_steps", "grid": "gen_grid", "guidance": "gen_guidance"}
+    if guidance is not None:
+        try:
+            guidance = float(guidance)
+        except ValueError:
+            raise UserError(f"model argument gen_guidance must be a number >= 0, got {guidance!r}") from None
+    generation = Generation(sampler, None if steps is None else _integer("gen_steps", steps, 1), grid, guidance)
     try:
         generation.plan(1, top_p=None, temperature=DEFAULT_TEMPERATURE, seed=0)
     except PlanError as err:
@@ -260,8 +269,14 @@ def _generation(sampler: Any, steps: Any, grid: Any) -> Generation:
     return generation
 
 
-def _check_sampler(exported: Exported, sampler: str) -> None:
-    """The export's process must take ``gen_sampler`` (an autoregressive one: ancestral only)."""
+def _check_sampler(exported: Exported, generation: Generation) -> None:
+    """The export's process must take ``gen_sampler`` (an autoregressive one: ancestral only), and
+    ``gen_guidance`` a diffusion export that samples the whole sequence (not block diffusion)."""
+    sampler = generation.sampler
+    if generation.guidance is not None and (exported.config.get("objective") != "diffusion"
+                                            or exported.spec.block_size is not None):
+        raise UserError("model argument gen_guidance: guidance masks the context in a second pass, which needs a "
+                        "diffusion export that samples the whole sequence (not autoregressive, not block diffusion)")
     if exported.config.get("objective") != "diffusion":
         if sampler != "ancestral":
             raise UserError(f"model argument gen_sampler={sampler}: an autoregressive export samples left to "

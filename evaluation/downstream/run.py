@@ -84,6 +84,7 @@ class DownstreamConfig:
     batch_size: int | None = None        # rows per forward pass; None: by the device's capacity
     gen_sampler: str = "ancestral"       # how a diffusion model samples for generate_until (model.sampling)
     gen_steps: int | None = None         # its budget of network calls (None: one per generated token)
+    gen_guidance: float | None = None    # unsupervised guidance towards the context (docs/fast-generation.md)
     download: bool = False               # let lm-eval fetch datasets from the Hugging Face Hub
     allow_code: bool = False             # run the Python that the user's task YAMLs name (!function)
 
@@ -98,7 +99,9 @@ class DownstreamConfig:
                   ("--num-fewshot", self.num_fewshot is None or self.num_fewshot >= 0, "must be >= 0"),
                   ("--batch-size", self.batch_size is None or self.batch_size >= 1, "must be >= 1"),
                   ("--gen-steps", self.gen_steps is None or 1 <= self.gen_steps <= MAX_STEPS,
-                   f"must lie in [1, {MAX_STEPS:,}] (model.sampling.MAX_STEPS)")]
+                   f"must lie in [1, {MAX_STEPS:,}] (model.sampling.MAX_STEPS)"),
+                  ("--gen-guidance", self.gen_guidance is None or math.isfinite(self.gen_guidance)
+                   and self.gen_guidance >= 0, "must be a number >= 0")]
         for flag, ok, requirement in checks:
             if not ok:
                 raise UserError(f"{flag} {requirement}")
@@ -112,7 +115,8 @@ class DownstreamConfig:
     def model_args(self, device: str) -> dict[str, Any]:
         """The ``unmask`` model's arguments (``evaluation.downstream.lm_eval_model``)."""
         return {"samples": self.samples, "seed": self.seed, "batch_size": self.batch_size or AUTO,
-                "device": device, "gen_sampler": self.gen_sampler, "gen_steps": self.gen_steps}
+                "device": device, "gen_sampler": self.gen_sampler, "gen_steps": self.gen_steps,
+                **({} if self.gen_guidance is None else {"gen_guidance": self.gen_guidance})}
 
 
 @dataclass(frozen=True)
@@ -306,7 +310,7 @@ def _settings(config: DownstreamConfig, device: str) -> dict[str, Any]:
             "limit": config.limit, "num_fewshot": config.num_fewshot, "samples": config.samples,
             "seed": config.seed, "batch_size": config.batch_size or AUTO, "device": device,
             "precision": "bf16" if device.startswith("cuda") else "fp32", "gen_sampler": config.gen_sampler,
-            "gen_steps": config.gen_steps,
+            "gen_steps": config.gen_steps, **({} if config.gen_guidance is None else {"gen_guidance": config.gen_guidance}),
             "offline": not config.download, "allow_code": config.allow_code}
 
 

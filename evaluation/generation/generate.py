@@ -37,6 +37,7 @@ from model.sampling import (
     SamplingPlan,
     check_budget,
     inverse_cdf,
+    reverse_sample,
     row_uniforms,
     sample_generators,
     token_probs,
@@ -166,6 +167,9 @@ def generate(exported: Exported, plan: SamplingPlan, *, num: int, seq_len: int |
     """
     seq_len = exported.network.config.max_seq_len if seq_len is None else seq_len
     _check_positive("--num", num)
+    if plan.guidance is not None and prompt is None and infill is None:
+        raise UserError("--guidance guides generation towards a --prompt or --infill template (its second pass masks "
+                        "them): give one, or leave --guidance out")
     _check_positive("--batch-size", batch_size)
     objective = check_plan(exported, plan, seq_len=seq_len, infill=infill)
     if objective == AUTOREGRESSIVE:
@@ -246,7 +250,9 @@ def _draw(exported: Exported, plan: SamplingPlan, batches: list[_Batch], objecti
     network = exported.network.to(target).eval()
     block_size = exported.spec.block_size
     # A block diffusion's sampler runs its cache between the blocks' calls: not compiled.
-    if block_size is None and should_compile(plan.compile, target, _network_tokens(plan, batches, objective)):
+    # Neither does the prefix cache (model.sampling.window), whose forwards carry it.
+    if block_size is None and plan.prefix_cache is None and should_compile(plan.compile, target,
+                                                                           _network_tokens(plan, batches, objective)):
         network.compile_parts()
     draw = _autoregressive_batch if objective == AUTOREGRESSIVE else _diffusion_batch
     steps = [1 if block_size is None else -(-batch.seq_len // block_size) for batch in batches]
@@ -317,9 +323,10 @@ def check_sampling(plan: SamplingPlan, *, objective: str | None, process: str, m
         _check_autoregressive(plan, seq_len, max_seq_len, infill)
         return objective
     try:
-        PROCESS_TYPES[process].sampler(plan.sampler)
+        sampler = PROCESS_TYPES[process].sampler(plan.sampler)
     except ValueError as err:
         raise UserError(f"--sampler {plan.sampler}: {err}") from None
+    _check_fast_generation(plan, sampler, block_size)
     if block_size is not None:  # block diffusion: its own blocks, any length (model.sampling.blocks)
         if plan.compile == "on":
             raise UserError(f"--compile on: {BLOCKS_UNCOMPILED}; leave --compile auto or off")
@@ -339,6 +346,23 @@ def check_sampling(plan: SamplingPlan, *, objective: str | None, process: str, m
     return objective
 
 
+def _check_fast_generation(plan: SamplingPlan, sampler, block_size: int | None) -> None:
+    """--prefix-cache and --guidance where they apply (docs/fast-generation.md)."""
+    if block_size is not None and plan.prefix_cache is not None:
+        raise UserError("--prefix-cache: a block diffusion export caches its finished blocks exactly already; leave "
+                        "--prefix-cache out")
+    if block_size is not None and plan.guidance is not None:
+        raise UserError("--guidance: a block diffusion export holds the prompt in its blocks' KV cache, which an "
+                        "unprompted second pass cannot share; leave --guidance out")
+    if plan.prefix_cache is not None and plan.compile == "on":
+        raise UserError("--compile on: the prefix cache runs between the network's calls, uncompiled; leave --compile "
+                        "auto or off")
+    if plan.prefix_cache is not None and sampler is reverse_sample:
+        raise UserError(f"--prefix-cache: the {plan.sampler} sampler of this process asks the network for every "
+                        f"position at every step, the context's too; use it with an absorbing export (or the "
+                        f"confidence sampler), or leave --prefix-cache out")
+
+
 def _check_autoregressive(plan: SamplingPlan, seq_len: int | None, max_seq_len: int, infill: str | None) -> None:
     if infill is not None:
         raise UserError("--infill needs a diffusion export: an autoregressive model only "
@@ -349,6 +373,9 @@ def _check_autoregressive(plan: SamplingPlan, seq_len: int | None, max_seq_len: 
     if plan.block_len is not None:
         raise UserError("--block-len needs a diffusion export: an autoregressive model already generates "
                         "left to right")
+    if plan.guidance is not None:
+        raise UserError("--guidance needs a diffusion export: its unconditional pass masks the prompt, which an "
+                        "autoregressive model cannot read; leave --guidance out")
     if seq_len is not None and seq_len > max_seq_len:
         raise UserError(f"--seq-len {seq_len} exceeds the network's max_seq_len {max_seq_len}")
 

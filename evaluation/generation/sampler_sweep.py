@@ -5,7 +5,7 @@
 
 For every sampler the export's process takes (``model.sampling``) and every budget of network
 calls (``SWEEP_BUDGETS`` by default: 16 to 1024), ``num`` samples are drawn with the base
-plan's temperature, nucleus, grid (first-hitting has none) and seed and that sampler's default
+plan's temperature, nucleus, grid (first-hitting and threshold have none) and seed and that sampler's default
 options, and scored (``evaluation.generation.sample_quality``): the mean network calls a
 sample actually needed, the generative perplexity of their text under the reference (None
 without one) and their mean unigram entropy. Read the two together: a sampler that repeats itself gets a low entropy and
@@ -26,6 +26,7 @@ from evaluation.generation.generate import DEFAULT_BATCH_SIZE, generate
 from evaluation.generation.sample_quality import ReferenceModel, score_samples
 from evaluation.results import SweepRow
 from model.sampling import SAMPLERS, SamplingPlan
+from model.sampling.plan import UNBUDGETED
 from pipeline.interchange.export import Exported
 
 __all__ = ["SWEEP_BUDGETS", "sampler_sweep", "sweep_samplers"]
@@ -51,7 +52,7 @@ def sampler_sweep(exported: Exported, base: SamplingPlan, reference: ReferenceMo
     rows = []
     for sampler, budget in progress_bar([(s, b) for s in samplers for b in budgets], desc="sweep", unit="plan"):
         plan = replace(base, sampler=sampler, steps=budget, options=None,
-                       grid="uniform" if sampler == "first-hitting" else base.grid)
+                       grid="uniform" if sampler in UNBUDGETED else base.grid)
         samples = generate(exported, plan, num=num, batch_size=batch_size, device=device)
         quality = score_samples(samples, exported.tokenizer, reference)
         perplexity = quality.generative_perplexity

@@ -13,6 +13,8 @@
 - ``first_hitting``: the exact first-hitting sampler (Zheng et al. 2024);
 - ``confidence``: confidence-ordered unmasking (MaskGIT, LLaDA);
 - ``remasking``: ReMDM (Wang et al. 2025);
+- ``threshold``: threshold decoding (Fast-dLLM), as many tokens per call as pass a confidence threshold;
+- ``window``: the network of semi-autoregressive generation, with its prefix cache and guidance;
 - ``blocks``: block diffusion's block-by-block sampler with a KV cache;
 - ``core``: what they share (token distribution, float64 draws, per-row uniforms, network calls).
 
@@ -48,14 +50,16 @@ from model.sampling.plan import (
     RemaskOptions,
     SamplerOptions,
     SamplingPlan,
+    ThresholdOptions,
     check_budget,
     parse_sampler_options,
 )
 from model.sampling.remasking import remask_sample
+from model.sampling.threshold import threshold_sample
 
 __all__ = ["COMPILE_SETTINGS", "CONFIDENCE_SCORES", "GRIDS", "MAX_SAMPLE_LEN", "MAX_STEPS", "MAX_STEPS_PER_POSITION",
            "REMASK_SCHEDULES", "SAMPLERS", "ConfidenceOptions", "NetworkCalls", "PlanError", "RemaskOptions", "Sampler",
-           "SamplerOptions", "SamplingPlan", "SamplingStats",
+           "SamplerOptions", "SamplingPlan", "SamplingStats", "ThresholdOptions",
            "ancestral_sample", "check_budget", "confidence_sample", "draw", "first_hitting_sample", "inverse_cdf",
            "parse_sampler_options", "remask_sample", "reverse_sample", "row_uniforms", "sample_generators",
-           "time_grid", "token_probs", "top_p_filter"]
+           "threshold_sample", "time_grid", "token_probs", "top_p_filter"]

@@ -115,6 +115,12 @@ def draw_blocks(process, sampler: Sampler, network, plan: SamplingPlan, *, num_s
     if plan.block_len is not None and plan.block_len != block_size:
         raise ValueError(f"block_len {plan.block_len}: a block diffusion model samples in its own blocks of "
                          f"{block_size} tokens")
+    if plan.prefix_cache is not None or plan.guidance is not None:
+        name = "prefix_cache" if plan.prefix_cache is not None else "guidance"
+        why = ("its finished blocks are cached exactly already" if name == "prefix_cache"
+               else "the prompt sits in the KV cache of the finished blocks, which a second, unprompted pass would need "
+                    "again")
+        raise ValueError(f"{name}: a block diffusion model does not take it: {why}")
     context = _context(window, block_size)
     z = initial_tokens(process, num_samples, seq_len, prompt, device)
     # A last partial block is sampled whole and cut: dropping its last positions marginalizes them.

@@ -4,7 +4,8 @@
 starting tokens from the prompt (kept tokens, ``generate_id`` where to generate), one generator
 per sample from ``plan.seed`` unless given, then ``sampler`` over the whole sequence or, with
 ``plan.block_len``, block by block left to right, each block seeing at most ``window``
-positions (MDLM's semi-autoregressive generation). docs/sampling.md#semi-autoregressive-blocks.
+positions (MDLM's semi-autoregressive generation). ``plan.prefix_cache`` and ``plan.guidance``
+run the network through ``model.sampling.window``. docs/sampling.md#semi-autoregressive-blocks.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from model.denoiser import DenoiserLike, as_denoiser
 from model.generators import Generators
 from model.sampling.core import NetworkCalls, SampledProcess, SamplingStats, sample_generators
 from model.sampling.plan import SamplingPlan, check_budget
+from model.sampling.window import WindowCalls, WindowNetwork
 
 __all__ = ["Sampler", "draw", "initial_tokens"]
 
@@ -75,22 +77,34 @@ def draw(process: SampledProcess, sampler: Sampler, denoiser: DenoiserLike, plan
     check_budget(plan, seq_len)  # before the time grid is built
     z = initial_tokens(process, num_samples, seq_len, prompt, device)
     generator = sample_generators(plan.seed, range(num_samples)) if generator is None else generator
-    network = NetworkCalls(as_denoiser(denoiser), num_samples, process.vocab_size, static_shape=plan.static_shape)
+    windowed = plan.prefix_cache is not None or plan.guidance is not None
+    if windowed:   # a caller may pass its own WindowNetwork (one that watches the calls: bench/sampler_quality.py)
+        if not isinstance(denoiser, WindowNetwork):
+            denoiser = WindowNetwork(as_denoiser(denoiser), plan, num_samples, process.generate_id)
+        network = WindowCalls(denoiser, num_samples, process.vocab_size, static_shape=plan.static_shape)
+    else:
+        network = NetworkCalls(as_denoiser(denoiser), num_samples, process.vocab_size, static_shape=plan.static_shape)
+    prompt = z != process.generate_id     # the kept tokens, which guidance masks in its second pass
     if plan.block_len is None:
+        if windowed:
+            denoiser.start(0, prompt)
         z = sampler(process, plan, z, generator, network)
     else:
-        z = _in_blocks(process, sampler, plan, z, generator, network, window)
+        z = _in_blocks(process, sampler, plan, z, generator, network, window, prompt)
     return z, network.stats(plan.steps)
 
 
 def _in_blocks(process: SampledProcess, sampler: Sampler, plan: SamplingPlan, z: Tensor, generator: Generators,
-               network: NetworkCalls, window: int | None) -> Tensor:
-    """Blocks of ``plan.block_len`` left to right, each with the text before it as context."""
+               network: NetworkCalls, window: int | None, prompt: Tensor) -> Tensor:
+    """Blocks of ``plan.block_len`` left to right, each with the text before it as context;
+    ``prompt`` (bool [B, L]): the kept tokens."""
     length = z.shape[1]
     for start in range(0, length, plan.block_len):
         end = min(start + plan.block_len, length)
         first = 0 if window is None else max(0, end - window)
         part = z[:, first:end]                      # [B, W]: kept context, then the block
         if bool((part == process.generate_id).any()):
+            if isinstance(network, WindowCalls):
+                network.denoiser.start(start - first, prompt[:, first:end])
             z[:, first:end] = sampler(process, plan, part.clone(), generator, network)
     return z

@@ -6,7 +6,9 @@ network calls per sequence, per block with ``block_len``; None: the sampler's de
 time grid, temperature and nucleus, the seed, the blocks and the sampler's options. It is
 valid by construction: a bad field raises ``PlanError`` (a ValueError) naming it, so a command
 line can name its flag. ``cache``, ``static_shape`` and ``compile`` say how to run, never what
-to draw. The budget's limits and their reasons: docs/sampling.md#the-budget.
+to draw, except ``prefix_cache`` (an approximation, named in the plan so it is never silent) and
+``guidance`` (a different distribution): docs/fast-generation.md. The budget's limits and their
+reasons: docs/sampling.md#the-budget.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from typing import Any, ClassVar
 
 __all__ = ["COMPILE_SETTINGS", "CONFIDENCE_SCORES", "GRIDS", "MAX_SAMPLE_LEN", "MAX_STEPS", "MAX_STEPS_PER_POSITION",
            "REMASK_SCHEDULES", "SAMPLERS", "ConfidenceOptions", "PlanError", "RemaskOptions", "SamplerOptions",
-           "SamplingPlan", "check_budget", "parse_sampler_options"]
+           "SamplingPlan", "ThresholdOptions", "check_budget", "parse_sampler_options"]
 
-SAMPLERS = ("ancestral", "first-hitting", "confidence", "remdm")
+SAMPLERS = ("ancestral", "first-hitting", "confidence", "remdm", "threshold")
+# The samplers whose budget is optional: without one they make at most one call per token.
+UNBUDGETED = ("first-hitting", "threshold")
 GRIDS = ("uniform", "cosine")
 CONFIDENCE_SCORES = ("max-prob", "margin")
 REMASK_SCHEDULES = ("cap", "rescale", "loop")
@@ -97,9 +101,36 @@ class RemaskOptions:
             _fail("options.alpha_on", f"remask alpha_on must lie in (0, 1), got {self.alpha_on}")
 
 
-SamplerOptions = ConfidenceOptions | RemaskOptions
+@dataclass(frozen=True)
+class ThresholdOptions:
+    """Threshold decoding (Fast-dLLM): each call reveals every masked position whose confidence
+    (``score``, as ``ConfidenceOptions``) exceeds ``threshold``, at least ``min_tokens`` (the most
+    confident ones) and at most ``max_tokens`` (None: no limit)."""
+
+    threshold: float = 0.9
+    min_tokens: int = 1
+    max_tokens: int | None = None
+    score: str = "max-prob"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.threshold, (int, float)) and 0.0 <= self.threshold <= 1.0):
+            _fail("options.threshold", f"threshold must lie in [0, 1], got {self.threshold!r}")
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 1:
+            _fail("options.min_tokens", f"min_tokens must be an integer >= 1 (a call reveals at least one token), "
+                                        f"got {self.min_tokens!r}")
+        if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
+                                            or self.max_tokens < self.min_tokens):
+            _fail("options.max_tokens", f"max_tokens must be an integer >= min_tokens ({self.min_tokens}), "
+                                        f"got {self.max_tokens!r}")
+        if self.score not in CONFIDENCE_SCORES:
+            _fail("options.score", f"confidence score must be one of {', '.join(CONFIDENCE_SCORES)}, "
+                                   f"got {self.score!r}")
+
+
+SamplerOptions = ConfidenceOptions | RemaskOptions | ThresholdOptions
 # Which samplers take options, and of what type.
-OPTIONS_TYPES: dict[str, type] = {"confidence": ConfidenceOptions, "remdm": RemaskOptions}
+OPTIONS_TYPES: dict[str, type] = {"confidence": ConfidenceOptions, "remdm": RemaskOptions,
+                                  "threshold": ThresholdOptions}
 
 
 @dataclass(frozen=True)
@@ -118,16 +149,18 @@ class SamplingPlan:
     static_shape: bool = False          # every row, every position through each call
     compile: str = "auto"               # COMPILE_SETTINGS: torch.compile the network's blocks
     until_eos: int | None = None        # block diffusion: a sample stops after this token id (its EOS)
+    prefix_cache: int | None = None     # blocks: the context's keys and values, recomputed every N calls
+    guidance: float | None = None       # unsupervised classifier-free guidance weight w (two passes a call)
 
     RECORDED: ClassVar[tuple[str, ...]] = ("sampler", "steps", "grid", "top_p", "temperature", "seed",
                                            "block_len", "options", "cache", "static_shape", "compile")
     # Recorded only when set, so that the records of plans without them do not change.
-    RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = ("until_eos",)
+    RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = ("until_eos", "prefix_cache", "guidance")
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
             _fail("sampler", f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
-        if self.steps is None and self.sampler != "first-hitting":
+        if self.steps is None and self.sampler not in UNBUDGETED:
             object.__setattr__(self, "steps", DEFAULT_STEPS)
         if self.steps is not None and (isinstance(self.steps, bool) or not isinstance(self.steps, int)
                                        or self.steps < 1):
@@ -138,9 +171,10 @@ class SamplingPlan:
                            f"limit of the absorbing process use the first-hitting sampler")
         if self.grid not in GRIDS:
             _fail("grid", f"grid must be one of {', '.join(GRIDS)}, got {self.grid!r}")
-        if self.sampler == "first-hitting" and self.grid != "uniform":
-            _fail("grid", f"the first-hitting sampler has no time grid (its event times are exact): leave the grid "
-                          f"at uniform, got {self.grid!r}")
+        if self.sampler in UNBUDGETED and self.grid != "uniform":
+            why = "its event times are exact" if self.sampler == "first-hitting" else "confidence sets its pace"
+            _fail("grid", f"the {self.sampler} sampler has no time grid ({why}): leave the grid at uniform, "
+                          f"got {self.grid!r}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             _fail("top_p", f"top_p must lie in (0, 1], got {self.top_p}")
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
@@ -156,7 +190,28 @@ class SamplingPlan:
             _fail("until_eos", f"until_eos must be a token id >= 0, got {self.until_eos!r}")
         if self.compile not in COMPILE_SETTINGS:
             _fail("compile", f"compile must be one of {', '.join(COMPILE_SETTINGS)}, got {self.compile!r}")
+        self._check_fast_generation()
         self._resolve_options()
+
+    def _check_fast_generation(self) -> None:
+        """``prefix_cache`` and ``guidance`` (docs/fast-generation.md)."""
+        if self.prefix_cache is not None:
+            if isinstance(self.prefix_cache, bool) or not isinstance(self.prefix_cache, int) or self.prefix_cache < 1:
+                _fail("prefix_cache", f"prefix_cache is the refresh interval in network calls, an integer >= 1, "
+                                      f"got {self.prefix_cache!r}")
+            if self.block_len is None:
+                _fail("prefix_cache", "prefix_cache caches the finished blocks' keys and values: it needs "
+                                      "semi-autoregressive blocks (block_len)")
+            if self.static_shape:
+                _fail("prefix_cache", "prefix_cache runs the block's rows alone between refreshes, static_shape every "
+                                      "position: leave one of them out")
+        if self.guidance is not None:
+            if not (isinstance(self.guidance, (int, float)) and not isinstance(self.guidance, bool)
+                    and math.isfinite(self.guidance) and self.guidance >= 0):
+                _fail("guidance", f"guidance must be a number >= 0, got {self.guidance!r}")
+            if self.prefix_cache is not None:
+                _fail("guidance", "guidance runs a second pass with the prompt masked, which the prefix cache does "
+                                  "not hold: leave one of guidance and prefix_cache out")
 
     def _resolve_options(self) -> None:
         expected = OPTIONS_TYPES.get(self.sampler)
@@ -182,7 +237,7 @@ class SamplingPlan:
         """A plan from ``to_dict``'s object; PlanError when it is not a valid plan."""
         unknown = set(record) - set(cls.RECORDED) - set(cls.RECORDED_WHEN_SET)
         if unknown:
-            _fail(sorted(unknown)[0], f"a sampling plan has no field {sorted(unknown)[0]!r}")
+            _fail(min(unknown), f"a sampling plan has no field {min(unknown)!r}")
         values = dict(record)
         sampler = values.get("sampler", "ancestral")
         options = values.pop("options", None)
@@ -192,8 +247,9 @@ class SamplingPlan:
 
     def describe(self) -> str:
         """One line for people: the sampler, its budget and what shapes the distribution."""
-        budget = ("one network call per generated token (exact)" if self.steps is None
-                  else f"{self.steps:,} steps" if self.sampler != "first-hitting"
+        exact = "(exact)" if self.sampler == "first-hitting" else "(at most)"
+        budget = (f"one network call per generated token {exact}" if self.steps is None
+                  else f"{self.steps:,} steps" if self.sampler not in UNBUDGETED
                   else f"a budget of {self.steps:,} network calls")
         parts = [f"{self.sampler} sampler, {budget}"]
         if self.sampler in ("ancestral", "confidence", "remdm"):
@@ -208,6 +264,10 @@ class SamplingPlan:
             parts.append(f"blocks of {self.block_len:,} tokens")
         if self.until_eos is not None:
             parts.append(f"until EOS (id {self.until_eos})")
+        if self.prefix_cache is not None:
+            parts.append(f"prefix cache refreshed every {self.prefix_cache} calls (approximate)")
+        if self.guidance is not None:
+            parts.append(f"guidance {self.guidance:g} (two passes a call)")
         parts.append(f"seed {self.seed}")
         return "; ".join(parts)
 
@@ -218,7 +278,7 @@ def check_budget(plan: SamplingPlan, seq_len: int) -> None:
     if seq_len > MAX_SAMPLE_LEN:
         _fail("seq_len", f"a sample of {seq_len:,} tokens is longer than MAX_SAMPLE_LEN = {MAX_SAMPLE_LEN:,}: "
                          f"a sample is held whole and decoded and scored as one text")
-    if plan.steps is None or plan.sampler == "first-hitting":  # no grid: calls are at most one per token
+    if plan.steps is None or plan.sampler in UNBUDGETED:  # no grid: calls are at most one per token
         return
     positions = min(seq_len, plan.block_len or seq_len)
     limit = MAX_STEPS_PER_POSITION * positions
@@ -270,10 +330,13 @@ def parse_sampler_options(sampler: str, pairs: list[str]) -> SamplerOptions | No
 
 
 def _typed(key: str, text: str, kind: str) -> Any:
-    """``text`` as the option's type (annotations are strings here: ``str`` or ``float``)."""
-    if "float" not in kind:
+    """``text`` as the option's type (annotations are strings here: ``str``, ``float``, ``int``)."""
+    if "float" not in kind and "int" not in kind:
         return text
+    if "None" in kind and text.lower() == "none":
+        return None
     try:
-        return float(text)
+        return float(text) if "float" in kind else int(text)
     except ValueError:
-        _fail(f"options.{key}", f"sampler option {key} must be a number, got {text!r}")
+        what = "a number" if "float" in kind else "an integer"
+        _fail(f"options.{key}", f"sampler option {key} must be {what}, got {text!r}")

@@ -64,7 +64,8 @@ def _cmd_lm_eval(args: argparse.Namespace) -> int:
         tasks=tuple(name.strip() for name in args.tasks.split(",") if name.strip()),
         include_path=tuple(args.include_path or ()), data_dir=args.data_dir, limit=args.limit,
         num_fewshot=args.num_fewshot, samples=args.samples, seed=args.seed, batch_size=args.batch_size,
-        gen_sampler=args.gen_sampler, gen_steps=args.gen_steps, download=args.download, allow_code=args.allow_code)
+        gen_sampler=args.gen_sampler, gen_steps=args.gen_steps, gen_guidance=args.gen_guidance, download=args.download,
+        allow_code=args.allow_code)
     options = DownstreamOptions(out=Path(args.out) if args.out else None, mlflow_uri=args.mlflow_uri,
                                 device=args.device)
     report = run_downstream(Path(args.path), config, options)
@@ -111,6 +112,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                              "unmask sample --help lists them)")
     parser.add_argument("--gen-steps", type=int, metavar="T",
                         help="its budget of network calls for generation tasks (default: one per generated token)")
+    parser.add_argument("--gen-guidance", type=float, metavar="W",
+                        help="unsupervised classifier-free guidance of weight W >= 0 towards the context in "
+                             "generation tasks (diffusion; two network calls a step; docs/fast-generation.md)")
     parser.add_argument("--download", action="store_true",
                         help="let lm-eval download the tasks' datasets from the Hugging Face Hub (default: offline)")
     parser.add_argument("--out", help="report directory (default RUN/report)")

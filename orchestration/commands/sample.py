@@ -56,6 +56,8 @@ examples:
   unmask sample runs/tiny/export --num 2 --steps 256 --grid cosine --top-p 0.9 --prompt "Once upon a time"
   unmask sample runs/tiny --num 1 --steps 128 --infill "The [MASK*8] sat on the [MASK*3]." --seq-len 32
   unmask sample runs/tiny-ar --num 8 --prompt "The" --seq-len 128 --out samples.jsonl
+  unmask sample runs/tiny --num 4 --sampler threshold --sampler-option threshold=0.9 --prompt "ROMEO:" --guidance 1
+  unmask sample runs/tiny --num 4 --seq-len 1024 --block-len 128 --prefix-cache 4 --prompt "ROMEO:"
   unmask sample runs/tiny --num 16 --steps 1000 --reference runs/tiny-ar --out samples.jsonl
   unmask sample runs/small --num 16 --steps 1000 --reference ~/models/gpt2-large   # a HF model dir
   unmask sample runs/bd3 --num 4 --steps 16 --seq-len 4096 --until-eos   # block diffusion: any length

@@ -42,8 +42,11 @@ samplers (--sampler; --steps is the budget of network calls per sequence, or per
                  fewer steps reveal ceil(tokens / steps) tokens per call (approximate)
   confidence     each step reveals the most confident positions; one call per step (not the model's law)
   remdm          ReMDM: revealed tokens may be masked again; at most one call per step
+  threshold      each call reveals every position whose confidence passes a threshold, at least one
+                 (Fast-dLLM); --steps, when given, caps the calls (not the model's law)
 sampler options (--sampler-option KEY=VALUE, repeatable):
   confidence     score={'|'.join(CONFIDENCE_SCORES)}
+  threshold      threshold=0.9 min_tokens=1 max_tokens=N score={'|'.join(CONFIDENCE_SCORES)}
   remdm          schedule={'|'.join(REMASK_SCHEDULES)} eta=E (default per schedule: 0.008, 0.015, 0.02)
                  t_on=0.55 t_off=0.05 alpha_on=0.9 (the loop's)
 """
@@ -62,10 +65,13 @@ class SamplingFlags:
     temperature: str
     block_len: str | None
     compile: str | None     # None: the command's own --compile (unmask eval's) applies, if it has one
+    prefix_cache: str | None = None   # docs/fast-generation.md
+    guidance: str | None = None
 
 
 SAMPLE_FLAGS = SamplingFlags(steps="--steps", grid="--grid", top_p="--top-p", temperature="--temperature",
-                             block_len="--block-len", compile="--compile")
+                             block_len="--block-len", compile="--compile", prefix_cache="--prefix-cache",
+                             guidance="--guidance")
 REPORT_FLAGS = SamplingFlags(steps="--sample-steps", grid="--sample-grid", top_p="--sample-top-p",
                              temperature="--sample-temperature", block_len=None, compile=None)
 
@@ -91,6 +97,14 @@ def add_sampling_arguments(group: argparse._ActionsContainer, flags: SamplingFla
         group.add_argument(flags.compile, choices=COMPILE_SETTINGS, default="auto", dest="compile",
                            help="torch.compile the network's blocks: auto does on a GPU when the samples pass "
                                 "32M tokens or more through it (default: %(default)s)")
+    if flags.prefix_cache is not None:
+        group.add_argument(flags.prefix_cache, type=int, metavar="N", dest="plan_prefix_cache",
+                           help="with --block-len: cache the finished text's keys and values, recomputed every N "
+                                "calls (approximate; 1 is exact; docs/fast-generation.md)")
+    if flags.guidance is not None:
+        group.add_argument(flags.guidance, type=float, metavar="W", dest="plan_guidance",
+                           help="unsupervised classifier-free guidance of weight W >= 0 with --prompt or --infill: "
+                                "a second pass with the prompt masked, two network calls a step")
     group.add_argument("--sampler-option", action="append", metavar="KEY=VALUE", dest="plan_options",
                        help="an option of the sampler (repeatable, each key once; see 'sampler options' below)")
 
@@ -99,16 +113,19 @@ def plan_from_args(args: argparse.Namespace, flags: SamplingFlags, seed: int) ->
     """The plan the flags describe; a UserError naming the flag of a bad value."""
     names = {"sampler": "--sampler", "steps": flags.steps, "grid": flags.grid, "top_p": flags.top_p,
              "temperature": flags.temperature, "block_len": flags.block_len, "seed": "--seed",
-             "options": "--sampler-option", "compile": flags.compile or "--compile"}
+             "options": "--sampler-option", "compile": flags.compile or "--compile",
+             "prefix_cache": flags.prefix_cache, "guidance": flags.guidance}
     sampler = args.sampler or "ancestral"
     try:
         return SamplingPlan(sampler=sampler, steps=args.plan_steps, grid=args.plan_grid or "uniform",
                             top_p=args.plan_top_p,
                             temperature=1.0 if args.plan_temperature is None else args.plan_temperature, seed=seed,
                             block_len=getattr(args, "plan_block_len", None), compile=getattr(args, "compile", "auto"),
-                            options=parse_sampler_options(sampler, args.plan_options or []))
+                            options=parse_sampler_options(sampler, args.plan_options or []),
+                            prefix_cache=getattr(args, "plan_prefix_cache", None),
+                            guidance=getattr(args, "plan_guidance", None))
     except PlanError as err:
-        flag = names.get(err.field.split(".")[0], "--sampler-option")
+        flag = names.get(err.field.split(".")[0]) or "--sampler-option"
         raise UserError(f"{flag}: {err}") from None
 
 
@@ -116,7 +133,9 @@ def given_flags(args: argparse.Namespace, flags: SamplingFlags) -> list[str]:
     """The sampling flags given on the command line (``--seed`` and ``--compile`` are the command's own)."""
     values = (("--sampler", args.sampler), (flags.steps, args.plan_steps), (flags.grid, args.plan_grid),
               (flags.top_p, args.plan_top_p), (flags.temperature, args.plan_temperature),
-              (flags.block_len, getattr(args, "plan_block_len", None)), ("--sampler-option", args.plan_options))
+              (flags.block_len, getattr(args, "plan_block_len", None)), ("--sampler-option", args.plan_options),
+              (flags.prefix_cache, getattr(args, "plan_prefix_cache", None)),
+              (flags.guidance, getattr(args, "plan_guidance", None)))
     return [flag for flag, value in values if flag is not None and value is not None]
 
 

@@ -73,3 +73,14 @@ def test_the_hub_probe_goes_through_the_proxy_the_environment_names(monkeypatch)
         monkeypatch.delenv("https_proxy")
         with pytest.raises(UserError, match="--download: the Hugging Face Hub at https://hub.invalid cannot be reached"):
             check_hub_reachable(timeout=5)
+
+
+def test_lm_eval_gen_guidance_reaches_the_model_and_a_bad_weight_is_refused(exports, capsys):
+    from evaluation.downstream.run import DownstreamConfig
+
+    config = DownstreamConfig(tasks=("ptb_word_order",), gen_guidance=1.5)
+    config.check()
+    assert config.model_args("cpu")["gen_guidance"] == 1.5
+    assert "gen_guidance" not in DownstreamConfig(tasks=("ptb_word_order",)).model_args("cpu")
+    err = _error(capsys, "lm-eval", str(exports["diffusion"]), "--tasks", "ptb_word_order", "--gen-guidance", "-1")
+    assert "--gen-guidance must be a number >= 0" in err

@@ -18,7 +18,8 @@ from tests.support.paths import REPO, TINY
 # A dry run is a few dozen processes, some starting DeepSpeed; minutes on two busy cores.
 DRY_RUN_TIMEOUT_S = 1500
 E2E_STEPS = ["e2e-train", "e2e-init-from", "e2e-export", "e2e-export-hf", "e2e-eval", "e2e-sample-ancestral",
-             "e2e-sample-first-hitting", "e2e-sample-confidence", "e2e-sample-remdm", "e2e-sample-blocks", "e2e-eval-suite",
+             "e2e-sample-first-hitting", "e2e-sample-confidence", "e2e-sample-remdm", "e2e-sample-blocks",
+             "e2e-sample-threshold", "e2e-sample-prefix-cache", "e2e-eval-suite",
              "e2e-bd3lm-tokenizer", "e2e-import-bd3lm", "e2e-sample-bd3lm", "e2e-lm-eval", "e2e-hf-load"]
 MAX_OUT_FILES = 8   # what a device call brings back from $OUT (../shared/gpu/README.md)
 

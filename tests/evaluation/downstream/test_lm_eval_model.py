@@ -101,3 +101,19 @@ def test_an_export_whose_block_size_was_edited_is_refused_naming_config_json_and
                                         r"network.max_seq_len 128") as caught:
         UnmaskLM(path=export, device="cpu")
     assert "max_seq_len 0" not in str(caught.value)
+
+
+def test_generation_takes_guidance_as_a_model_argument(exports):
+    """``gen_guidance`` guides generate_until towards the context: weight 0 answers as no guidance
+    does; an autoregressive export and a value that is not a number are refused in one line."""
+    request = [("the company", {"max_gen_toks": 4, "do_sample": True})]
+    plain, = UnmaskLM(path=exports["absorbing"], device="cpu").generate_until(_requests("generate_until", request))
+    model = UnmaskLM(path=exports["absorbing"], device="cpu", gen_guidance="0")
+    assert model.generation.guidance == 0.0
+    assert model.generate_until(_requests("generate_until", request)) == [plain]
+    with pytest.raises(UserError, match="model argument gen_guidance: guidance masks the context"):
+        UnmaskLM(path=exports["ar"], device="cpu", gen_guidance=1.0)
+    with pytest.raises(UserError, match="model argument gen_guidance must be a number >= 0, got 'strong'"):
+        UnmaskLM(path=exports["absorbing"], device="cpu", gen_guidance="strong")
+    with pytest.raises(UserError, match="model argument gen_guidance: guidance must be a number >= 0"):
+        UnmaskLM(path=exports["absorbing"], device="cpu", gen_guidance=-1)

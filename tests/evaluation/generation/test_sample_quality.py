@@ -237,7 +237,7 @@ def test_unmask_eval_sweeps_every_sampler_over_the_budgets(exports, tmp_path):
     sweep = json.loads((out / "results.json").read_text(encoding="utf-8"))["sampling"]["sweep"]
     budgets = (16, 32, 64, 128, 256, 1024)
     assert [(row["sampler"], row["budget"]) for row in sweep] == [
-        (sampler, budget) for sampler in ("ancestral", "first-hitting", "confidence", "remdm") for budget in budgets]
+        (sampler, budget) for sampler in ("ancestral", "first-hitting", "confidence", "remdm", "threshold") for budget in budgets]
     for row in sweep:
         assert 1 <= row["network_calls"] <= min(row["budget"], 64 if row["sampler"] != "remdm" else row["budget"])
         assert row["generative_perplexity"] > 1 and row["mean_unigram_entropy"] > 0
