@@ -63,7 +63,8 @@ def ladder_shape(size: SizeSpec) -> Shape:
 
 def budget_name(budget: float) -> str:
     """``3e+12`` as ``3e12``: how trial names and plots write a budget."""
-    return f"{budget:.2g}".replace("e+", "e")
+    mantissa, _, exponent = f"{budget:.2g}".partition("e")
+    return f"{mantissa}e{int(exponent)}" if exponent else mantissa
 
 
 @dataclass(frozen=True)

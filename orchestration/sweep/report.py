@@ -173,7 +173,7 @@ def _html(report: SweepReport, table: str) -> str:
         return "<tr>" + "".join(f"<{tag}>{html.escape(c.strip())}</{tag}>" for c in line.strip("|").split("|")) + "</tr>"
 
     body, rows = [], []
-    for line in table.splitlines():
+    for line in [*table.splitlines(), ""]:   # the blank line ends the last table
         if line.startswith("|---"):
             continue
         if line.startswith("|"):
