@@ -134,11 +134,13 @@ def _isoflop_plot(report: SweepReport) -> bytes:
             grid = np.exp(np.linspace(math.log(min(n)), math.log(max(n)), 50))
             axis.plot(grid, np.polyval(minimum.coefficients, np.log(grid)), "-", color=colors[minimum.budget])
             axis.plot([minimum.n_opt], [minimum.loss_opt], "*", color=colors[minimum.budget], markersize=12)
-        axis.set_xscale("log")
+        if axis.has_data():   # a process without a finished trial leaves its panel empty
+            axis.set_xscale("log")
         axis.set_title(process)
         axis.set_xlabel("parameters N")
     axes[0].set_ylabel("final validation bound (nats / token)")
-    axes[0].legend(fontsize="small")
+    if axes[0].has_data():
+        axes[0].legend(fontsize="small")
     return _png(figure)
 
 
@@ -153,6 +155,8 @@ def _laws_plot(report: SweepReport) -> bytes:
     grid = np.exp(np.linspace(math.log(budgets.min()), math.log(budgets.max()), 50))
     for index, (process, fit) in enumerate(report.fits.items()):
         color = f"C{index}"
+        if not fit.minima:
+            continue
         c = [m.budget for m in fit.minima]
         n_axis.plot(c, [m.n_opt for m in fit.minima], "o", color=color, label=process)
         loss_axis.plot(c, [m.loss_opt for m in fit.minima], "o", color=color, label=process)
@@ -160,11 +164,13 @@ def _laws_plot(report: SweepReport) -> bytes:
             n_axis.plot(grid, fit.n_opt(grid), "-", color=color)
             loss_axis.plot(grid, fit.loss_opt(grid), "-", color=color)
     for axis, label in ((n_axis, "N_opt"), (loss_axis, "L_opt (nats / token)")):
-        axis.set_xscale("log")
-        axis.set_yscale("log")
+        if axis.has_data():   # no minimum yet: fewer than three finished sizes at every budget
+            axis.set_xscale("log")
+            axis.set_yscale("log")
         axis.set_xlabel("training FLOPs C")
         axis.set_ylabel(label)
-    n_axis.legend(fontsize="small")
+    if n_axis.has_data():
+        n_axis.legend(fontsize="small")
     return _png(figure)
 
 

@@ -68,3 +68,17 @@ def test_the_report_writes_summary_table_plots_and_page(report, tmp_path):
     assert "| ar | 3 (3 inside the sizes) | 0.500 [" in table
     write_report(report, tmp_path / "again")
     assert (tmp_path / "again" / "report" / "laws.png").read_bytes() == (tmp_path / "report" / "laws.png").read_bytes()
+
+
+def test_a_sweep_without_a_curve_yet_still_writes_its_report(sweep_file, tmp_path):
+    """One size and a process whose every trial failed: no parabola, no law, the table and
+    empty plots all the same (a sweep reports whatever it has)."""
+    plan = plan_sweep(load_sweep(sweep_file(processes={"ar": {"model.objective": "autoregressive"}, "mdlm": {}},
+                                            reference="ar")))
+    ar, mdlm = plan.trials
+    report = SweepReport(plan, {ar.name: TrialOutcome(ar.name, "finished", 1, ar.steps, 4.5),
+                                mdlm.name: TrialOutcome(mdlm.name, "failed", 2, error="UserError: diverged")})
+    assert report.fits["ar"].n_opt is None and report.multipliers == {} and report.failed == [mdlm.name]
+    write_report(report, tmp_path)
+    assert (tmp_path / "report" / "laws.png").read_bytes().startswith(b"\x89PNG")
+    assert "| ar | 0 (0 inside the sizes) | - | - | - |" in (tmp_path / "report" / "summary.md").read_text()
