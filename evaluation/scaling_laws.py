@@ -56,6 +56,7 @@ class PowerLaw:
     points: int
 
     def __call__(self, x: float | np.ndarray) -> float | np.ndarray:
+        """The law at ``x``."""
         return self.coefficient * np.asarray(x, dtype=float) ** self.exponent
 
     def inverse(self, y: float) -> float:
@@ -81,6 +82,7 @@ class ProcessFit:
     loss_opt: PowerLaw | None
 
     def to_json(self) -> dict:
+        """The fit as plain JSON values (the sweep's ``summary.json``)."""
         return asdict(self)
 
 
