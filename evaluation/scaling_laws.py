@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 INTERVAL = 0.95   # the coverage of every interval reported
+MAX_LOG = 700.0   # exp of more is past float64: a multiplier that large is reported as inf
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,12 @@ class PowerLaw:
 
 @dataclass(frozen=True)
 class ComputeMultiplier:
-    """How many times the reference's compute a process needs to reach the same loss."""
+    """How many times the reference's compute a process needs to reach the same loss: None when
+    a law does not fall with compute (exponent >= 0: no compute reaches a lower loss), inf past
+    the floats (a law so flat that the loss is out of its reach)."""
 
     loss: float
-    multiplier: float
+    multiplier: float | None
     interval: tuple[float, float] | None
 
 
@@ -144,9 +147,15 @@ def _log_compute_gradient(law: PowerLaw, loss: float) -> tuple[float, np.ndarray
     return value, np.array([-1.0 / b, -(math.log(loss) - log_k) / (b * b)])
 
 
+def _exp(value: float) -> float:
+    return math.exp(value) if value < MAX_LOG else math.inf
+
+
 def compute_multiplier(reference: PowerLaw, other: PowerLaw, loss: float) -> ComputeMultiplier:
     """C_other(L) / C_reference(L) from two L_opt laws, with a delta-method interval (the fits
     independent; Student's t with the smaller fit's degrees of freedom) when both have covariances."""
+    if reference.exponent >= 0 or other.exponent >= 0:
+        return ComputeMultiplier(loss=loss, multiplier=None, interval=None)
     log_a, grad_a = _log_compute_gradient(reference, loss)
     log_b, grad_b = _log_compute_gradient(other, loss)
     log_m = log_b - log_a
@@ -156,5 +165,5 @@ def compute_multiplier(reference: PowerLaw, other: PowerLaw, loss: float) -> Com
                     + grad_b @ np.asarray(other.covariance) @ grad_b)
         dof = min(reference.points, other.points) - 2
         half = float(stats.t.ppf(0.5 + INTERVAL / 2, dof)) * math.sqrt(max(float(variance), 0.0))
-        interval = (math.exp(log_m - half), math.exp(log_m + half))
-    return ComputeMultiplier(loss=loss, multiplier=math.exp(log_m), interval=interval)
+        interval = (_exp(log_m - half), _exp(log_m + half))
+    return ComputeMultiplier(loss=loss, multiplier=_exp(log_m), interval=interval)

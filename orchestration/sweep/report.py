@@ -76,13 +76,17 @@ class SweepReport:
                 if law is not None:
                     metrics[f"fit/{process}/{key}_exponent"] = law.exponent
         for process, values in self.multipliers.items():
-            if values:
+            if values and values[-1].multiplier is not None and math.isfinite(values[-1].multiplier):
                 metrics[f"fit/{process}/compute_multiplier"] = values[-1].multiplier
         return metrics
 
 
 def _interval(law_interval: tuple[float, float] | None) -> str:
     return f" [{law_interval[0]:.3f}, {law_interval[1]:.3f}]" if law_interval else ""
+
+
+def _times(multiplier: float | None) -> str:
+    return "- (a law that does not fall)" if multiplier is None else f"{multiplier:.3g}x"
 
 
 def _table(report: SweepReport) -> str:
@@ -99,7 +103,7 @@ def _table(report: SweepReport) -> str:
     for process, fit in report.fits.items():
         n_law, l_law = fit.n_opt, fit.loss_opt
         multipliers = report.multipliers.get(process) or []
-        multiplier = ", ".join(f"{m.multiplier:.3g}x at {m.loss:.3f}" for m in multipliers) or "-"
+        multiplier = ", ".join(f"{_times(m.multiplier)} at {m.loss:.3f}" for m in multipliers) or "-"
         inside = sum(m.interior for m in fit.minima)
         fits.append(f"| {process} | {len(fit.minima)} ({inside} inside the sizes) | "
                     f"{f'{n_law.exponent:.3f}' + _interval(n_law.exponent_interval) if n_law else '-'} | "

@@ -71,8 +71,8 @@ class SweepTracking:
                 return
             record = trial.record()
             child.set_tags({PARENT_TAG: self.tracker.run_id, "sweep.status": outcome.status})
-            child.log_params({f"sweep.{key}": str(record[key]) for key in
-                              ("process", "budget", "size", "parameters", "steps", "flops_per_token")})
+            child.log_params({f"sweep.{key}": f"{record[key]:g}" if isinstance(record[key], float) else str(record[key])
+                              for key in ("process", "budget", "size", "parameters", "steps", "flops_per_token")})
             if outcome.nelbo_per_token is not None:
                 child.log_metrics({"sweep/nelbo_per_token": outcome.nelbo_per_token}, outcome.step or 0)
         self._guarded(f"adopting trial {trial.name}", call)

@@ -98,3 +98,12 @@ def test_two_points_fit_exactly_with_no_interval():
     law = power_law([1.0, 10.0], [2.0, 20.0])
     assert law.exponent == pytest.approx(1.0) and law.exponent_interval is None
     assert law.inverse(20.0) == pytest.approx(10.0)
+
+
+def test_a_law_that_does_not_fall_has_no_multiplier_and_a_flat_one_an_infinite_one():
+    falling = power_law([1e15, 1e16, 1e17], [4.0, 3.5, 3.1])
+    flat = power_law([1e15, 1e16, 1e17], [4.0, 3.9999, 3.9998])
+    rising = power_law([1e15, 1e16, 1e17], [3.0, 3.1, 3.2])
+    assert compute_multiplier(falling, rising, 3.5).multiplier is None
+    far = compute_multiplier(falling, flat, 3.1)   # the flat law reaches 3.1 at C ~ 10^(thousands)
+    assert far.multiplier == math.inf and far.interval[1] == math.inf
