@@ -17,6 +17,7 @@ from pathlib import Path
 
 from common.outputs import InputPath, OutputKind, claim_output_dir
 from common.ray_runtime import ray_session
+from orchestration.sweep.lock import sweep_lock
 from orchestration.sweep.plan import SweepPlan, plan_sweep
 from orchestration.sweep.report import SweepReport, write_report
 from orchestration.sweep.spec import SweepSpec, load_sweep
@@ -62,12 +63,18 @@ def run_sweep(request: SweepRequest, *, say: Callable[[str], None] = print,
     if "://" not in plan.data:
         reads.append(InputPath(plan.data, f"{spec.source}: data"))
     claim_output_dir(request.out, SWEEP_KIND, "--out", reads)
+    with sweep_lock(request.out):
+        return _run(request, plan, say, hooks or TrainHooks())
+
+
+def _run(request: SweepRequest, plan: SweepPlan, say: Callable[[str], None], hooks: TrainHooks) -> SweepReport:
+    spec = plan.spec
     outcomes = _outcomes_before(plan, request.out)
     todo = [trial for trial in plan.trials if trial.name not in outcomes]
     say(f"unmask sweep: {len(plan.trials)} trials, {len(outcomes)} finished before, {len(todo)} to run "
         f"(data {plan.data}, sequence length {plan.seq_len})")
     tracking = SweepTracking.open(request.out, load_config(spec.config), request.out.resolve().name)
-    tracking.log_plan({"sweep.file": str(spec.source), "sweep.budgets": ",".join(f"{b:g}" for b in spec.budgets),
+    tracking.describe({"sweep.file": str(spec.source), "sweep.budgets": ",".join(f"{b:g}" for b in spec.budgets),
                        "sweep.processes": ",".join(spec.processes), "sweep.trials": str(len(plan.trials))})
 
     def ended(trial, outcome: TrialOutcome) -> None:
@@ -78,7 +85,7 @@ def run_sweep(request: SweepRequest, *, say: Callable[[str], None] = print,
     if todo:
         with ray_session(request.address, request.num_cpus, log_to_driver=True):
             for outcome in run_trials(todo, request.out, plan.data, cpus=spec.resources.cpus,
-                                      gpus=spec.resources.gpus, max_retries=spec.max_retries, hooks=hooks or TrainHooks(),
+                                      gpus=spec.resources.gpus, max_retries=spec.max_retries, hooks=hooks,
                                       on_outcome=ended):
                 outcomes[outcome.name] = outcome
     report = SweepReport(plan, outcomes)
@@ -86,4 +93,3 @@ def run_sweep(request: SweepRequest, *, say: Callable[[str], None] = print,
     tracking.finish(report.metrics(), files, failed=bool(report.failed))
     say(f"unmask sweep: report in {request.out / 'report' / 'report.html'}, summary in {files[0]}")
     return report
-

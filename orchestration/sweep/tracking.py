@@ -60,8 +60,9 @@ class SweepTracking:
         except FAILURES as err:
             log.warning("unmask sweep: warning: MLflow: %s failed (%s); the sweep goes on", what, err)
 
-    def log_plan(self, params: dict[str, str]) -> None:
-        self._guarded("logging the sweep's params", lambda: self.tracker.log_params(params))
+    def describe(self, tags: dict[str, str]) -> None:
+        """The sweep's file, budgets, processes and trial count: tags, which a grown sweep updates."""
+        self._guarded("tagging the sweep", lambda: self.tracker.set_tags(tags))
 
     def adopt(self, trial: Trial, outcome: TrialOutcome, sweep_dir: Path) -> None:
         """Make the trial's training run a child of the parent, with its point and bound."""
