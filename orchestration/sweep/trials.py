@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Literal
 
 from common.atomic_files import atomic_write_bytes
+from common.outputs import json_object
 from orchestration.sweep.plan import Trial
-from pipeline.config import Config
+from pipeline.config import Config, config_differences
 from pipeline.run_dir.checkpoint import latest_step
 from pipeline.run_dir.layout import RunLayout
 from pipeline.training.hooks import TrainHooks
@@ -97,9 +98,19 @@ def final_validation(run_dir: Path, step: int) -> dict | None:
     return found
 
 
+def _same_config(trial: Trial, run_dir: Path) -> bool:
+    """Whether the run trained the trial's config: every field a resume checks, and the
+    validation batches of its bound (a field a resume may change)."""
+    saved, current = json_object(RunLayout(run_dir).config) or {}, trial.config.to_dict()
+    return (not config_differences(saved, current)
+            and saved.get("eval", {}).get("batches") == current["eval"]["batches"])
+
+
 def finished_outcome(trial: Trial, paths: TrialPaths) -> TrialOutcome | None:
-    """The outcome of a trial whose run reached its last step with its final validation."""
-    if (latest_step(paths.run_dir) or 0) < trial.steps:
+    """The outcome of a trial whose run reached its last step with its final validation, on the
+    trial's config (a sweep file changed since: the trial runs, and its run's resume check names
+    what changed)."""
+    if (latest_step(paths.run_dir) or 0) < trial.steps or not _same_config(trial, paths.run_dir):
         return None
     record = final_validation(paths.run_dir, trial.steps)
     if record is None:

@@ -82,3 +82,25 @@ def test_a_sweep_without_a_curve_yet_still_writes_its_report(sweep_file, tmp_pat
     write_report(report, tmp_path)
     assert (tmp_path / "report" / "laws.png").read_bytes().startswith(b"\x89PNG")
     assert "| ar | 0 (0 inside the sizes) | - | - | - |" in (tmp_path / "report" / "summary.md").read_text()
+
+
+def test_a_finished_trial_is_kept_only_on_its_own_config(micro_run, tmp_path):
+    """A rerun keeps a trial whose run reached its steps with its final bound on the trial's
+    config; one whose sweep file changed it (a resume field, or the bound's batches) runs again."""
+    import shutil
+    from dataclasses import replace
+
+    from orchestration.sweep.plan import Shape, Trial
+    from orchestration.sweep.trials import TrialPaths, finished_outcome
+    from pipeline.config import load_config
+
+    paths = TrialPaths(tmp_path, "mdlm-C1e9-d64-l2")
+    shutil.copytree(micro_run, paths.run_dir)
+    config = load_config(paths.run_dir / "config.json")
+    trial = Trial(paths.name, "mdlm", 1e9, Shape("d64-l2", 2, 64, 2), 1, 1.0, 512, 2, config)
+    kept = finished_outcome(trial, paths)
+    assert kept.status == "finished" and kept.step == 2 and kept.nelbo_per_token > 0
+    for changed in (replace(config, optim=replace(config.optim, lr=config.optim.lr / 2)),
+                    replace(config, eval=replace(config.eval, batches=(config.eval.batches or 0) + 1))):
+        assert finished_outcome(replace(trial, config=changed), paths) is None
+    assert finished_outcome(replace(trial, steps=3), paths) is None   # a larger budget: more steps to go
