@@ -15,7 +15,7 @@ from typing import NoReturn
 import orchestration.interruption  # noqa: F401  first: from here on a signal ends a command in one line
 from common.errors import UserError
 from common.provenance import package_version
-from orchestration.commands import config, data, downstream, evaluate, importing, jobs, run, sample, train
+from orchestration.commands import config, data, downstream, evaluate, importing, jobs, run, sample, sweep, train
 from orchestration.exit_codes import USER_ERROR
 from orchestration.interruption import Terminated, command_of, exit_status, handled_signals, stop_line
 from pipeline.training.hooks import TrainHooks
@@ -40,6 +40,7 @@ examples:
   unmask run                                  # the whole pipeline on a built-in corpus
   unmask submit --address http://HEAD:8265 -- run --config configs/small.yaml --input /shared/owt
   unmask jobs logs JOB_ID --follow
+  unmask sweep configs/sweep-cpu.yaml --out runs/sweep-cpu
   unmask version --all
 """
 
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  unmask version --all", formatter_class=argparse.RawDescriptionHelpFormatter)
     version.add_argument("--all", action="store_true", help="also print Python and dependency versions")
     version.set_defaults(handler=_cmd_version)
-    for group in (data, train, importing, run, evaluate, downstream, sample, jobs, config):
+    for group in (data, train, importing, run, evaluate, downstream, sample, jobs, config, sweep):
         group.register(commands)
     return parser
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["INTERRUPTED", "OK", "PREEMPTED", "PREEMPTED_NAME", "TERMINATED", "USER_ERROR"]
+__all__ = ["FAILED_PARTS", "INTERRUPTED", "OK", "PREEMPTED", "PREEMPTED_NAME", "TERMINATED", "USER_ERROR"]
 
 OK = 0
+# A command of many parts (`unmask sweep`'s trials) that ran to its end but some parts failed
+# after their retries: what is done is kept and reported, and a rerun runs the failed parts again.
+FAILED_PARTS = 1
 # A mistake the user can fix (common.errors.UserError): the message says which; argparse's own.
 USER_ERROR = 2
 # A run stopped by SIGTERM or SIGINT that wrote its checkpoint: neither finished nor failed.

@@ -623,3 +623,25 @@ def test_an_imported_bd3lm_model_gives_bd3lm_s_logits_on_the_gpu_and_samples(tmp
         tokens, _ = process.sample(network, plan, num_samples=2, seq_len=3 * length, window=length,
                                    generator=sample_generators(plan.seed, range(2)), device=device)
     assert tokens.shape == (2, 3 * length) and int(tokens.max()) < VOCAB_SIZE
+
+
+def test_a_sweep_trial_holds_a_gpu_on_ray_and_trains_on_it(tmp_path, tinyshakespeare_shards):
+    """``unmask sweep`` with ``resources: {gpus: 1}``: Ray gives the trial's task the GPU
+    (CUDA_VISIBLE_DEVICES), the ordinary loop trains there in bf16, and the bound is reported."""
+    import json
+
+    import yaml
+
+    from tests.support.cli_runner import run_unmask
+    from tests.support.train_helpers import write_config
+
+    config = write_config(tmp_path / "micro.yaml", {"logging": {"mlflow": False}})
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"config": config.name, "data": str(tinyshakespeare_shards), "budgets": [4e9],
+                                     "sizes": [{"d_model": 64}], "processes": {"mdlm": {}}, "min_steps": 4,
+                                     "eval_batches": 2, "resources": {"cpus": 1, "gpus": 1}}))
+    proc = run_unmask(["sweep", str(sweep), "--out", str(tmp_path / "out")], env={"PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "bf16" in proc.stdout + proc.stderr   # the trial's setup line: the GPU's precision
+    trial = json.loads((tmp_path / "out" / "summary.json").read_text())["trials"][0]
+    assert trial["status"] == "finished" and math.isfinite(trial["nelbo_per_token"])

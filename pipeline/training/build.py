@@ -40,7 +40,7 @@ from pipeline.training.init_from import InitRecord, InitSource, check_tokenizer,
 from pipeline.training.objective import DiffusionObjective, Objective, TrainedModel, engine_model, make_objective
 from pipeline.training.throughput import block_diffusion_flops_per_token, flops_per_token, peak_flops
 
-__all__ = ["TrainingParts", "build_parts", "find_tokenizer", "network_config"]
+__all__ = ["TrainingParts", "build_parts", "find_tokenizer", "network_config", "training_flops_per_token"]
 
 
 @dataclass(frozen=True)
@@ -147,11 +147,13 @@ def build_parts(config: Config, data_dir: str | Path, dist: Distributed,
     bound = make_objective(spec, validate=validate, chunk_rows=config.train.chunked_cross_entropy)
     return TrainingParts(config, dist, data_dir, manifest, tokenizer, network, plan, train_loader, val_loader,
                          engine, ema, engine_model(engine), bound, init_from,
-                         _flops_per_token(config, network, manifest.seq_len),
+                         training_flops_per_token(config, network, manifest.seq_len),
                          peak_flops(dist.device))
 
 
-def _flops_per_token(config: Config, network: TransformerConfig, seq_len: int) -> float:
+def training_flops_per_token(config: Config, network: TransformerConfig, seq_len: int) -> float:
+    """The FLOPs per token of a training step, by the MFU convention (pipeline.training.throughput):
+    what MFU divides by and what a sweep's budgets count (orchestration.sweep)."""
     block_size = config.model.block_size
     return (flops_per_token(network, seq_len) if block_size is None else
             block_diffusion_flops_per_token(network, seq_len, block_size))

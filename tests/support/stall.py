@@ -39,7 +39,10 @@ class StallAfterStep:
 
 
 def _run_dir(argv: list[str]) -> Path:
-    return Path(argv[argv.index("--run-dir") + 1])
+    """The run directory, or a sweep's (``unmask sweep --out``: its first training to reach the
+    step stalls, in its Ray worker)."""
+    flag = "--run-dir" if "--run-dir" in argv else "--out"
+    return Path(argv[argv.index(flag) + 1])
 
 
 def main(argv: list[str]) -> int:
