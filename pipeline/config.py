@@ -59,7 +59,7 @@ MAX_CONFIG_BYTES = 1 << 20
 class ModelSection:
     """The network shape and the objective it is trained on."""
 
-    preset: str = "tiny"                        # tiny | small | medium (model.transformer.PRESETS)
+    preset: str = "tiny"                        # tiny | small | medium | large | xl (model.transformer.PRESETS)
     n_layers: int | None = None                 # None: the preset's value
     d_model: int | None = None                  # None: the preset's value
     n_heads: int | None = None                  # None: the preset's value

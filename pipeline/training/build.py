@@ -37,6 +37,7 @@ from pipeline.tracking.run_records import RunIdentity
 from pipeline.training.ema import EMA
 from pipeline.training.engine import TrainingPlan, build_engine, deepspeed_config, plan_training
 from pipeline.training.init_from import InitRecord, InitSource, check_tokenizer, load_source, with_source_architecture
+from pipeline.training.memory import check_memory, estimate_memory, rank_memory_bytes
 from pipeline.training.objective import DiffusionObjective, Objective, TrainedModel, engine_model, make_objective
 from pipeline.training.throughput import block_diffusion_flops_per_token, flops_per_token, peak_flops
 
@@ -109,7 +110,12 @@ class TrainingParts:
                 f"checkpointing {'on' if plan.activation_checkpointing else 'off'}{_auto(train.activation_checkpointing)}, "
                 f"compile {'on' if plan.compile else 'off'}{_auto(train.compile)}, attention {plan.attention}"
                 f"{_auto(train.attention)}, chunked cross-entropy {chunks}, vocabulary {self.network.vocab_size} padded "
-                f"to {self.network.logit_columns}")
+                f"to {self.network.logit_columns}, memory {self.memory_line()}")
+
+    def memory_line(self) -> str:
+        """The memory estimate per rank (``pipeline.training.memory``) and what a rank has."""
+        estimate = estimate_memory(self.config, self.network, self.plan)
+        return f"{estimate.parts()} estimated of {rank_memory_bytes(self.dist.device) / GIB:.1f} GiB"
 
 
 def _auto(setting: object) -> str:
@@ -136,6 +142,8 @@ def build_parts(config: Config, data_dir: str | Path, dist: Distributed,
     if isinstance(start, InitSource):
         check_tokenizer(start.record, tokenizer.sha256, data_dir)
     plan = plan_training(config, network, dist.world_size, dist.device)
+    # Before the first step, and before anything is loaded or allocated.
+    check_memory(estimate_memory(config, network, plan), plan, network, rank_memory_bytes(dist.device))
     train_loader, val_loader = _loaders(config, data_dir, dist, plan, cache)
     spec, validate = config.model.spec(network), dist.device.type == "cpu"
     torch.manual_seed(config.train.seed)  # the same initial weights on every rank
