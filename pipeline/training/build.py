@@ -86,7 +86,7 @@ class TrainingParts:
                     "accumulation": plan.batches.accumulation, "zero_stage": plan.zero_stage,
                     "precision": plan.precision, "parameters": plan.parameters,
                     "activation_checkpointing": plan.activation_checkpointing, "compile": plan.compile,
-                    "attention": plan.attention, "seq_len": self.manifest.seq_len,
+                    "attention": plan.attention, "float8": plan.float8, "seq_len": self.manifest.seq_len,
                     "vocab_size": self.network.vocab_size,
                     "network": asdict(self.network)}  # the shape the preset and overrides resolved to
         if config.model.block_size is not None:
@@ -108,7 +108,8 @@ class TrainingParts:
         return (f"setup: {batches.world_size} rank(s), micro-batch {batches.micro_batch}{_auto(train.micro_batch_size)} "
                 f"x {batches.accumulation} accumulation, ZeRO-{plan.zero_stage}, {plan.precision}, activation "
                 f"checkpointing {'on' if plan.activation_checkpointing else 'off'}{_auto(train.activation_checkpointing)}, "
-                f"compile {'on' if plan.compile else 'off'}{_auto(train.compile)}, attention {plan.attention}"
+                f"compile {'on' if plan.compile else 'off'}{_auto(train.compile)}, FP8 {'on' if plan.float8 else 'off'}, "
+                f"attention {plan.attention}"
                 f"{_auto(train.attention)}, chunked cross-entropy {chunks}, vocabulary {self.network.vocab_size} padded "
                 f"to {self.network.logit_columns}, memory {self.memory_line()}")
 

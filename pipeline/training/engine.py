@@ -23,6 +23,7 @@ from model.trainable import NetworkWithSchedule
 from model.transformer import Block, Transformer, TransformerConfig, parameter_counts
 from pipeline.config import Config, OptimSection
 from pipeline.training.attention import resolve_attention, resolve_block_attention
+from pipeline.training.float8 import convert_to_float8, resolve_float8
 from pipeline.training.lr_schedule import make_lr_scheduler
 
 __all__ = [
@@ -128,6 +129,7 @@ class TrainingPlan:
     parameters: int                  # of the whole network (before ZeRO-3 partitions it)
     overlap_comm: bool = False       # DeepSpeed reduces gradient buckets during the backward
     block_attention: str = "dense"   # block diffusion's mask: "flex" or "dense" (unused without model.block_size)
+    float8: bool = False             # the blocks' projections in FP8 (pipeline.training.float8)
 
 
 def plan_training(config: Config, network: TransformerConfig, world_size: int, device: torch.device) -> TrainingPlan:
@@ -138,6 +140,7 @@ def plan_training(config: Config, network: TransformerConfig, world_size: int, d
     stage = config.train.zero_stage
     zero_stage = choose_zero_stage(parameters, world_size, precision, memory) if stage == "auto" else stage
     compiled = resolve_compile(config.train.compile, device, zero_stage)
+    float8 = resolve_float8(config.train.float8, device, compiled)
     if config.train.micro_batch_size == "auto" and device.type == "cuda":
         micro, checkpointing = choose_micro_batch(config, network, world_size, zero_stage, precision, memory,
                                                   compiled=compiled)
@@ -154,7 +157,8 @@ def plan_training(config: Config, network: TransformerConfig, world_size: int, d
                                   masked=blocks and block_attention == "dense")
     return TrainingPlan(batches, zero_stage, precision, checkpointing, compiled, attention,
                         config.train.chunked_cross_entropy, parameters,
-                        overlap_comm=device.type == "cuda" and world_size > 1, block_attention=block_attention)
+                        overlap_comm=device.type == "cuda" and world_size > 1, block_attention=block_attention,
+                        float8=float8)
 
 
 def resolve_compile(setting: bool | str, device: torch.device, zero_stage: int) -> bool:
@@ -363,11 +367,13 @@ def network_of(model: nn.Module) -> Transformer:
     return model.network if isinstance(model, NetworkWithSchedule) else model
 
 
-def prepare_model(model: nn.Module, *, checkpointing: bool, compile: bool, **compile_options: Any) -> None:
+def prepare_model(model: nn.Module, *, checkpointing: bool, compile: bool, float8: bool = False,
+                  **compile_options: Any) -> None:
     """Apply the network-side optimizations in place, before an engine wraps the model
     (a network, or a ``NetworkWithSchedule`` holding one).
 
-    ``checkpointing`` wraps each block in activation checkpointing. ``compile``
+    ``float8`` first swaps the blocks' projections for FP8 ones (``convert_to_float8``), which
+    compilation then fuses. ``checkpointing`` wraps each block in activation checkpointing. ``compile``
     (``train.compile``) compiles each (wrapped) block and the head with its loss
     (``Transformer.compile_parts``, ``compile_options`` passed to ``torch.compile``), as
     torchtitan compiles per block, rather than the whole forward: the forward selects the
@@ -375,6 +381,8 @@ def prepare_model(model: nn.Module, *, checkpointing: bool, compile: bool, **com
     identical blocks share one compiled graph, and compiling in place keeps parameter
     names, so checkpoints, EMA and export are unchanged.
     """
+    if float8:
+        convert_to_float8(network_of(model))
     if checkpointing:
         apply_activation_checkpointing(model, check_fn=lambda module: isinstance(module, Block))
     if compile:
@@ -434,7 +442,7 @@ def build_engine(model: nn.Module, plan: TrainingPlan, optim: OptimSection, max_
     the trained module (``model.spec.build_trainable``); returns the engine."""
     import deepspeed
 
-    prepare_model(model, checkpointing=plan.activation_checkpointing, compile=plan.compile)
+    prepare_model(model, checkpointing=plan.activation_checkpointing, compile=plan.compile, float8=plan.float8)
     optimizer = build_optimizer(model, optim, device)
     scheduler = make_lr_scheduler(optimizer, optim, max_steps)
     if plan.zero_stage == 3:
