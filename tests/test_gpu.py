@@ -650,9 +650,9 @@ def test_fp8_is_planned_where_the_gpu_has_it_and_refused_in_one_line_where_not()
 
 
 FP8_STEPS = 40
-# FP8's rounding (e4m3 forward, e5m2 gradients) moves the loss by about a percent at most over
-# a short run; a broken cast or scale moves it by far more, or stops its descent.
-FP8_LOSS_RTOL = 0.03
+# FP8's rounding (e4m3 forward, e5m2 gradients) moves the loss by a few percent at most over a
+# short run; a broken cast or scale moves it by far more, or stops its descent.
+FP8_LOSS_RTOL = 0.05
 
 
 def _loss_curve(float8: bool) -> list[float]:
@@ -662,7 +662,7 @@ def _loss_curve(float8: bool) -> list[float]:
     network = _network().to(torch.bfloat16)
     torch._dynamo.reset()
     prepare_model(network, checkpointing=False, compile=True, float8=float8)
-    optimizer = build_optimizer(network, load_config(None, {"optim.lr": "1e-3"}).optim, torch.device("cuda"))
+    optimizer = build_optimizer(network, load_config(None, {}).optim, torch.device("cuda"))
     x0, losses = _batch(), []
     for _ in range(FP8_STEPS):
         loss = _loss(network, x0, bf16=False)
