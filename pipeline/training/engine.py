@@ -26,31 +26,13 @@ from pipeline.training.attention import resolve_attention, resolve_block_attenti
 from pipeline.training.float8 import convert_to_float8, resolve_float8
 from pipeline.training.lr_schedule import make_lr_scheduler
 
-__all__ = [
-    "ACTIVATION_DTYPES",
-    "BatchPlan",
-    "TrainingPlan",
-    "activation_memory_bytes",
-    "build_engine",
-    "build_optimizer",
-    "choose_inference_batch",
-    "choose_micro_batch",
-    "choose_zero_stage",
-    "deepspeed_config",
-    "device_memory_bytes",
-    "inference_memory_bytes",
-    "model_state_bytes",
-    "model_state_parts",
-    "network_of",
-    "plan_batches",
-    "plan_training",
-    "prepare_model",
-    "resolve_activation_checkpointing",
-    "resolve_compile",
-    "resolve_precision",
-]
+__all__ = ["BatchPlan", "TrainingPlan", "plan_training", "plan_batches", "choose_zero_stage", "resolve_precision",
+           "deepspeed_config", "build_engine", "build_optimizer", "device_memory_bytes", "model_state_bytes",
+           "activation_memory_bytes", "resolve_activation_checkpointing", "prepare_model", "network_of",
+           "choose_micro_batch", "resolve_compile", "ACTIVATION_DTYPES", "inference_memory_bytes",
+           "choose_inference_batch", "model_state_parts"]
 
-# Share of device memory that model states (weights, gradients, optimizer) may take when
+# Share of device memory that model states (weights, gradients, optimizer, EMA) may take when
 # choosing a ZeRO stage; the rest is left to activations and the allocator.
 MODEL_STATE_MEMORY_SHARE = 0.5
 # Bytes per parameter of Adam's state in fp32 (two moments) and of an fp32 master copy.
