@@ -106,10 +106,10 @@ class TrainingParts:
         plan, batches, train = self.plan, self.plan.batches, self.config.train
         chunks = f"{plan.chunked_cross_entropy} rows" if plan.chunked_cross_entropy else "off"
         return (f"setup: {batches.world_size} rank(s), micro-batch {batches.micro_batch}{_auto(train.micro_batch_size)} "
-                f"x {batches.accumulation} accumulation, ZeRO-{plan.zero_stage}, {plan.precision}, activation "
+                f"x {batches.accumulation} accumulation, ZeRO-{plan.zero_stage}, {plan.precision}, FP8 "
+                f"{'on' if plan.float8 else 'off'}, activation "
                 f"checkpointing {'on' if plan.activation_checkpointing else 'off'}{_auto(train.activation_checkpointing)}, "
-                f"compile {'on' if plan.compile else 'off'}{_auto(train.compile)}, FP8 {'on' if plan.float8 else 'off'}, "
-                f"attention {plan.attention}"
+                f"compile {'on' if plan.compile else 'off'}{_auto(train.compile)}, attention {plan.attention}"
                 f"{_auto(train.attention)}, chunked cross-entropy {chunks}, vocabulary {self.network.vocab_size} padded "
                 f"to {self.network.logit_columns}, memory {self.memory_line()}")
 
