@@ -18,12 +18,18 @@
 #                host syncs, every inference path on the device)
 #   4. train     `unmask train --config configs/medium.yaml`, no speed flag, 30 steps
 #   5. bench     bench/train_gpu.py's training rows at micro-batch 16 and 32, before and now
+#   6. scale     bench/train_gpu.py's rows for the large and xl presets (micro-batch 8, 5 steps):
+#                MFU, peak memory beside the memory estimate
+#   7. fp8       bench/train_gpu.py's rows with and without train.float8 at medium and xl
+#                (micro-batch 8, 10 steps): MFU, and the FP8 cases of tests/test_gpu.py (speed,
+#                loss curve against bf16) that decide whether FP8 may default on
 #
 # steps.jsonl has one line per step: its name, exit status, seconds, whether it timed out, and
 # "skipped" when the budget had run out before it. Every log is in logs.tar.gz, re-packed after
 # each step (no background loop: one would hold the call's output pipe open to its limit).
-# 4 and 5 were measured on 2026-11-27 and come last: what the budget cuts, `--steps tests,train,bench`
-# runs in a second call on a machine still warm.
+# 4 and 5 were measured on 2026-11-27 and come last but 6 and 7 (new, unmeasured): what the budget
+# cuts, `--steps scale,fp8` (or `tests,train,bench,scale,fp8`) runs in a second call on a machine still warm.
+# 7 needs torchao in the kit (the fp8 extra); without it its rows say so and its tests skip.
 #
 #   on the device (the kit in ../shared/gpu):  bash .gpu/setup.sh && bash bench/gpu_check.sh
 #   a dry run here, in minutes:                PYTHON=.venv/bin/python bash bench/gpu_check.sh --device cpu \
@@ -39,7 +45,7 @@ device=cuda
 data=.gpu/shards
 eval_data=.gpu/data
 out=${OUT:-gpu-check}
-steps=e2e,inference,tests,train,bench
+steps=e2e,inference,tests,train,bench,scale,fp8
 budget=
 while [ $# -gt 0 ]; do
   case $1 in
@@ -72,6 +78,8 @@ if [ "$device" = cuda ]; then
   bench_steps=10 bench_warmup=3 eval_blocks=32 sample_batch=64 sample_steps=32 lm_eval_requests=256
   limit_e2e_train=150 limit_e2e_command=45 limit_e2e_eval=90 limit_e2e_init=90
   limit_tests=150 limit_inference=200 limit_train=210 limit_bench=150
+  scale_presets="large xl" scale_micro=8 scale_steps=5 fp8_presets="medium xl" fp8_micro=8 fp8_steps=10
+  limit_scale=240 limit_fp8=360
   budget=${budget:-540} peak=()
 else
   config=configs/tiny.yaml preset=tiny train_steps=2 log_every=1 micro_batches=2
@@ -79,6 +87,8 @@ else
   bench_steps=1 bench_warmup=1 eval_blocks=2 sample_batch=2 sample_steps=4 lm_eval_requests=4
   limit_e2e_train=300 limit_e2e_command=200 limit_e2e_eval=300 limit_e2e_init=300
   limit_tests=120 limit_inference=300 limit_train=300 limit_bench=300
+  scale_presets=tiny scale_micro=2 scale_steps=1 fp8_presets=tiny fp8_micro=2 fp8_steps=1
+  limit_scale=300 limit_fp8=300
   budget=${budget:-3600}
   peak=(--peak-tflops 1)  # a nominal peak, so that the dry run computes every utilization
   export CUDA_VISIBLE_DEVICES=""  # a dry run on a GPU machine stays on its CPU
@@ -229,6 +239,20 @@ if wanted bench; then
     --micro-batches $micro_batches --steps "$bench_steps" --warmup "$bench_warmup" --skip-inference \
     --variants pipeline-zero1+eager+unpadded+flash pipeline-zero1
   grep -h '^{' "$logs/bench.log" >> "$out/bench.jsonl"
+fi
+# 6. The large and xl presets: a few steps each, peak memory against the estimate.
+if wanted scale; then
+  step scale "$limit_scale" "$python" bench/train_gpu.py --device "$device" --data "$data" --presets $scale_presets \
+    --micro-batches "$scale_micro" --steps "$scale_steps" --warmup "$bench_warmup" --skip-inference \
+    --variants pipeline-zero1 "${peak[@]}"
+  grep -h '^{' "$logs/scale.log" >> "$out/bench.jsonl"
+fi
+# 7. FP8: MFU with and without at medium and xl, then the tests that decide its default.
+if wanted fp8; then
+  step fp8 "$limit_fp8" "$python" bench/train_gpu.py --device "$device" --data "$data" --presets $fp8_presets \
+    --micro-batches "$fp8_micro" --steps "$fp8_steps" --warmup "$bench_warmup" --skip-inference \
+    --variants pipeline-zero1 pipeline-zero1+fp8 "${peak[@]}"
+  grep -h '^{' "$logs/fp8.log" >> "$out/bench.jsonl"
 fi
 tar -czf "$out/logs.tar.gz" -C "$scratch" logs
 echo "gpu_check.sh: done; results in $out (steps.jsonl, e2e-train.json, train.json, bench.jsonl, logs.tar.gz)"

@@ -3,8 +3,9 @@
 Training. For every (preset, micro-batch, variant) it builds a fresh model, runs --warmup
 steps (compilation, allocator, optimizer state), then times --steps steps between two
 device synchronizations and prints one JSON line: mean step time, tokens/s, MFU (tokens/s x
-pipeline.training.throughput.flops_per_token over the device's bf16 peak, PEAK_BF16_FLOPS), peak memory
-(torch.cuda.max_memory_allocated from the model's creation on; CUDA only) and the share of
+pipeline.training.throughput.flops_per_token over the device's bf16 peak, PEAK_BF16_FLOPS, FP8 rows
+included), peak memory (torch.cuda.max_memory_allocated from the model's creation on; CUDA
+only) beside the memory estimate (pipeline.training.memory.estimate_memory) and the share of
 the timed wall time the host spent blocked on the data loader (an upper bound on the GPU's
 stall, which may still run queued work meanwhile). A variant that runs out of memory gets
 an ``error`` instead. Variants, named BASE[+OPTION...]:
@@ -24,6 +25,8 @@ an ``error`` instead. Variants, named BASE[+OPTION...]:
   +math-attention
   +chunked-ce                      train.chunked_cross_entropy = --chunk-rows
   +checkpointing                   train.activation_checkpointing = true
+  +fp8                             train.float8 = true: the blocks' projections in FP8 (torchao,
+                                   compiled; a GPU of compute capability >= 8.9, else an error row)
   +full-logits                     (torch only) logits at every position, then the masked rows
                                    picked: what computing them at masked positions only saves
   +foreach-adamw                   (torch only) AdamW's multi-tensor path instead of the fused kernel
@@ -57,6 +60,9 @@ come from the shards. One process, one device (several GPUs: bench/train_zero_st
 DeepSpeed prints some lines of its own to stdout: the bench's are those starting with "{".
 
     python bench/train_gpu.py --presets small medium --micro-batches 4 8 16
+    python bench/train_gpu.py --presets large xl --micro-batches 8 --variants pipeline-zero1 --skip-inference
+    python bench/train_gpu.py --presets medium xl --micro-batches 8 --variants pipeline-zero1 pipeline-zero1+fp8 \
+        --skip-inference                                          # MFU with and without FP8
     python bench/train_gpu.py --device cpu --presets tiny --steps 3    # smoke test, minutes
 """
 
@@ -87,6 +93,7 @@ from eval_throughput import measure as measure_evaluation
 from eval_throughput import synchronize  # noqa: E402
 from prep_and_load import SHARED_DATA, SOURCES  # noqa: E402
 
+from common.errors import UserError  # noqa: E402
 from data_prep.shards.format import Manifest  # noqa: E402
 from data_prep.shards.loader import StreamingLoader  # noqa: E402
 from data_prep.tokenizer.load import load_tokenizer  # noqa: E402
@@ -104,6 +111,7 @@ from pipeline.training.attention import attention_kernel  # noqa: E402
 from pipeline.training.build import network_config  # noqa: E402
 from pipeline.training.ema import EMA  # noqa: E402
 from pipeline.training.engine import TrainingPlan, build_engine, build_optimizer, plan_training, prepare_model  # noqa: E402
+from pipeline.training.memory import estimate_memory  # noqa: E402
 from pipeline.training.objective import MicroBatchSlot, engine_model, make_objective  # noqa: E402
 from pipeline.training.throughput import (  # noqa: E402
     block_diffusion_flops_per_token,
@@ -120,7 +128,7 @@ ATTENTION_OPTIONS = {"cudnn": "cudnn", "flash": "flash", "efficient": "efficient
 # on GPU, train.block_attention auto), MFU on the work it does (block_diffusion_flops_per_token).
 BD3_OPTIONS = {"bd3-4": 4, "bd3-8": 8, "bd3-16": 16}
 OPTIONS = ("compile", "eager", "unpadded", *ATTENTION_OPTIONS, "chunked-ce", "checkpointing", "full-logits",
-           "foreach-adamw", "no-pin", "sync", *BD3_OPTIONS)
+           "foreach-adamw", "no-pin", "sync", *BD3_OPTIONS, "fp8")
 TORCH_ONLY = ("full-logits", "foreach-adamw")
 PIPELINE_ONLY = ("no-pin",)
 BEFORE = "pipeline-zero1+eager+unpadded+flash"   # the pipeline as it ran before its GPU defaults
@@ -161,7 +169,7 @@ class Variant:
             "train.compile": compile_, "train.attention": attention,
             "train.chunked_cross_entropy": str(chunk_rows if "chunked-ce" in self.options else 0),
             "train.activation_checkpointing": str("checkpointing" in self.options).lower(),
-            "data.num_workers": str(num_workers)}
+            "train.float8": str("fp8" in self.options).lower(), "data.num_workers": str(num_workers)}
         if "unpadded" in self.options:
             overrides["model.vocab_multiple"] = "1"
         if self.block_size is not None:
@@ -263,7 +271,7 @@ def _torch_step(config: Config, network: TransformerConfig, plan: TrainingPlan, 
     """A step of a plain PyTorch loop on random tokens; and its (empty) teardown."""
     torch.manual_seed(config.train.seed)
     model = _model(network, plan).to(device)
-    prepare_model(model, checkpointing=plan.activation_checkpointing, compile=plan.compile)
+    prepare_model(model, checkpointing=plan.activation_checkpointing, compile=plan.compile, float8=plan.float8)
     optimizer = build_optimizer(model, config.optim, device,
                                 fused=device.type == "cuda" and "foreach-adamw" not in variant.options)
     objective = make_objective(config.model.spec(network), validate=False,
@@ -324,11 +332,15 @@ def measure_training(args: argparse.Namespace, preset: str, micro_batch: int, va
     device = dist.device
     config = variant.config(preset, micro_batch, args.chunk_rows, args.num_workers)
     network = network_config(config.model, manifest)
-    plan = _plan(config, network, variant, dist)
     row = {"bench": "train", "preset": preset, "variant": variant.name, "micro_batch": micro_batch,
            "seq_len": manifest.seq_len, "vocab_size": network.vocab_size, "logit_columns": network.logit_columns,
-           "device": device.type, "precision": plan.precision, "compile": plan.compile, "attention": plan.attention,
-           "steps": args.steps, "data": "synthetic" if variant.zero_stage is None else "loader"}
+           "device": device.type, "steps": args.steps, "data": "synthetic" if variant.zero_stage is None else "loader"}
+    try:
+        plan = _plan(config, network, variant, dist)
+    except UserError as refusal:  # e.g. +fp8 where FP8 cannot run: a row that says why
+        return {**row, "error": str(refusal)}
+    row.update(precision=plan.precision, compile=plan.compile, attention=plan.attention, float8=plan.float8,
+               estimated_memory_bytes=estimate_memory(config, network, plan).total)
     _release_memory(device)
     torch._dynamo.reset()  # each variant compiles its own graphs
     row["memory_before_bytes"] = torch.cuda.memory_allocated(device) if device.type == "cuda" else None

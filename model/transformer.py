@@ -132,16 +132,19 @@ def round_up(count: int, multiple: int) -> int:
 
 PRESETS: dict[str, dict] = {
     # CPU-sized: trains in seconds to minutes on two cores.
-    "tiny": dict(n_layers=4, d_model=256, n_heads=4, max_seq_len=256),
+    "tiny": {"n_layers": 4, "d_model": 256, "n_heads": 4, "max_seq_len": 256},
     # GPT-2 small shape.
-    "small": dict(n_layers=12, d_model=768, n_heads=12, max_seq_len=1024),
+    "small": {"n_layers": 12, "d_model": 768, "n_heads": 12, "max_seq_len": 1024},
     # GPT-2 medium shape.
-    "medium": dict(n_layers=24, d_model=1024, n_heads=16, max_seq_len=1024),
+    "medium": {"n_layers": 24, "d_model": 1024, "n_heads": 16, "max_seq_len": 1024},
+    # GPT-2 large and XL shapes (774M and 1.5B parameters with GPT-2's vocabulary; heads of 64).
+    "large": {"n_layers": 36, "d_model": 1280, "n_heads": 20, "max_seq_len": 1024},
+    "xl": {"n_layers": 48, "d_model": 1600, "n_heads": 25, "max_seq_len": 1024},
 }
 
 
 def preset(name: str, vocab_size: int, **overrides) -> TransformerConfig:
-    """A preset shape (``tiny``, ``small``, ``medium``) with any field overridden."""
+    """A preset shape (``tiny``, ``small``, ``medium``, ``large``, ``xl``) with any field overridden."""
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
     return replace(TransformerConfig(vocab_size=vocab_size, **PRESETS[name]), **overrides)

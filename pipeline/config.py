@@ -59,7 +59,7 @@ MAX_CONFIG_BYTES = 1 << 20
 class ModelSection:
     """The network shape and the objective it is trained on."""
 
-    preset: str = "tiny"                        # tiny | small | medium (model.transformer.PRESETS)
+    preset: str = "tiny"                        # tiny | small | medium | large | xl (model.transformer.PRESETS)
     n_layers: int | None = None                 # None: the preset's value
     d_model: int | None = None                  # None: the preset's value
     n_heads: int | None = None                  # None: the preset's value
@@ -148,6 +148,10 @@ class TrainSection:
     # torch.compile each block and the head with its loss (fused kernels; the first steps
     # compile). "auto": on for CUDA (under ZeRO 1 and 2), off for CPU.
     compile: bool | Literal["auto"] = field(default="auto", metadata=RESUME_SAFE)
+    # FP8 matmuls in the blocks' four projections (torchao's float8 training, tensorwise scales,
+    # compiled): a GPU of compute capability >= 8.9 and the fp8 extra (pip install 'unmask[fp8]').
+    # Off until a device check shows it faster with bf16's loss curve (docs/performance.md#fp8).
+    float8: bool = field(default=False, metadata=RESUME_SAFE)
     # The attention kernel (torch SDPA's backend). "auto": the fastest this device runs at the
     # training dtype (cudnn, then flash, then efficient on GPU; flash on CPU); one it cannot
     # run is refused before training starts.

@@ -37,6 +37,7 @@ from pipeline.tracking.run_records import RunIdentity
 from pipeline.training.ema import EMA
 from pipeline.training.engine import TrainingPlan, build_engine, deepspeed_config, plan_training
 from pipeline.training.init_from import InitRecord, InitSource, check_tokenizer, load_source, with_source_architecture
+from pipeline.training.memory import check_memory, estimate_memory, rank_memory_bytes
 from pipeline.training.objective import DiffusionObjective, Objective, TrainedModel, engine_model, make_objective
 from pipeline.training.throughput import block_diffusion_flops_per_token, flops_per_token, peak_flops
 
@@ -85,7 +86,7 @@ class TrainingParts:
                     "accumulation": plan.batches.accumulation, "zero_stage": plan.zero_stage,
                     "precision": plan.precision, "parameters": plan.parameters,
                     "activation_checkpointing": plan.activation_checkpointing, "compile": plan.compile,
-                    "attention": plan.attention, "seq_len": self.manifest.seq_len,
+                    "attention": plan.attention, "float8": plan.float8, "seq_len": self.manifest.seq_len,
                     "vocab_size": self.network.vocab_size,
                     "network": asdict(self.network)}  # the shape the preset and overrides resolved to
         if config.model.block_size is not None:
@@ -105,11 +106,17 @@ class TrainingParts:
         plan, batches, train = self.plan, self.plan.batches, self.config.train
         chunks = f"{plan.chunked_cross_entropy} rows" if plan.chunked_cross_entropy else "off"
         return (f"setup: {batches.world_size} rank(s), micro-batch {batches.micro_batch}{_auto(train.micro_batch_size)} "
-                f"x {batches.accumulation} accumulation, ZeRO-{plan.zero_stage}, {plan.precision}, activation "
+                f"x {batches.accumulation} accumulation, ZeRO-{plan.zero_stage}, {plan.precision}, FP8 "
+                f"{'on' if plan.float8 else 'off'}, activation "
                 f"checkpointing {'on' if plan.activation_checkpointing else 'off'}{_auto(train.activation_checkpointing)}, "
                 f"compile {'on' if plan.compile else 'off'}{_auto(train.compile)}, attention {plan.attention}"
                 f"{_auto(train.attention)}, chunked cross-entropy {chunks}, vocabulary {self.network.vocab_size} padded "
-                f"to {self.network.logit_columns}")
+                f"to {self.network.logit_columns}, memory {self.memory_line()}")
+
+    def memory_line(self) -> str:
+        """The memory estimate per rank (``pipeline.training.memory``) and what a rank has."""
+        estimate = estimate_memory(self.config, self.network, self.plan)
+        return f"{estimate.parts()} estimated of {rank_memory_bytes(self.dist.device) / GIB:.1f} GiB"
 
 
 def _auto(setting: object) -> str:
@@ -136,6 +143,8 @@ def build_parts(config: Config, data_dir: str | Path, dist: Distributed,
     if isinstance(start, InitSource):
         check_tokenizer(start.record, tokenizer.sha256, data_dir)
     plan = plan_training(config, network, dist.world_size, dist.device)
+    # Before the first step, and before anything is loaded or allocated.
+    check_memory(estimate_memory(config, network, plan), plan, network, rank_memory_bytes(dist.device))
     train_loader, val_loader = _loaders(config, data_dir, dist, plan, cache)
     spec, validate = config.model.spec(network), dist.device.type == "cpu"
     torch.manual_seed(config.train.seed)  # the same initial weights on every rank

@@ -23,15 +23,16 @@ from model.trainable import NetworkWithSchedule
 from model.transformer import Block, Transformer, TransformerConfig, parameter_counts
 from pipeline.config import Config, OptimSection
 from pipeline.training.attention import resolve_attention, resolve_block_attention
+from pipeline.training.float8 import convert_to_float8, resolve_float8
 from pipeline.training.lr_schedule import make_lr_scheduler
 
 __all__ = ["BatchPlan", "TrainingPlan", "plan_training", "plan_batches", "choose_zero_stage", "resolve_precision",
            "deepspeed_config", "build_engine", "build_optimizer", "device_memory_bytes", "model_state_bytes",
            "activation_memory_bytes", "resolve_activation_checkpointing", "prepare_model", "network_of",
            "choose_micro_batch", "resolve_compile", "ACTIVATION_DTYPES", "inference_memory_bytes",
-           "choose_inference_batch"]
+           "choose_inference_batch", "model_state_parts"]
 
-# Share of device memory that model states (weights, gradients, optimizer) may take when
+# Share of device memory that model states (weights, gradients, optimizer, EMA) may take when
 # choosing a ZeRO stage; the rest is left to activations and the allocator.
 MODEL_STATE_MEMORY_SHARE = 0.5
 # Bytes per parameter of Adam's state in fp32 (two moments) and of an fp32 master copy.
@@ -50,15 +51,28 @@ USABLE_MEMORY_SHARE = 0.8
 # (4) and down's input (4). Dropout masks and adaLN modulation add a little more.
 BLOCK_FLOAT32_WIDTHS = 2
 BLOCK_ACTIVATION_WIDTHS = 15
+# Eager blocks (train.compile off) keep 2 more: v is a view of qkv's output, which so stays
+# alive whole beside the rotated q and k (measured on CPU, tests/pipeline/training/test_memory.py).
+EAGER_BLOCK_WIDTHS = 2
+# A block's backward holds, beside its saved tensors, gradients about as wide as the MLP's
+# hidden layer (4 d_model, at the activation dtype): the peak of a recomputed block.
+BLOCK_BACKWARD_WIDTHS = 4
 # Bytes per logit of the loss besides the logits themselves: the float32 log-softmax that
 # autograd keeps and the float32 copy it is computed from.
 LOGIT_FLOAT32_BYTES = 8
+# Bytes per logit of the eager loss, logits included, under fp32 and bf16 alike (measured on
+# CPU): the logits, their float32 log-softmax and a gradient of the logits' size, beside the
+# float32 copy under bf16 (under fp32 the copy is the logits themselves).
+EAGER_LOGIT_BYTES = 12
 # The same for the uniform and learned processes, whose bounds use the whole prediction mu
 # (not only -log mu at the target): they keep about four float32 [N, V] tensors for the
 # backward (16 bytes per logit, counted with torch.autograd.graph.saved_tensors_hooks),
 # beside the float32 copy of the logits.
 FULL_PREDICTION_FLOAT32_BYTES = 20
 FLOAT32_BYTES = 4
+# The float32 EMA of the weights (pipeline.training.ema), per parameter: kept whole on every
+# rank, partitioned under ZeRO-3.
+EMA_BYTES = 4
 # The dtype of the activations (and so of the attention inputs) under each precision.
 ACTIVATION_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # DeepSpeed's gradient buckets under ZeRO 1 and 2, in elements, for one to eight GPUs of a
@@ -97,6 +111,7 @@ class TrainingPlan:
     parameters: int                  # of the whole network (before ZeRO-3 partitions it)
     overlap_comm: bool = False       # DeepSpeed reduces gradient buckets during the backward
     block_attention: str = "dense"   # block diffusion's mask: "flex" or "dense" (unused without model.block_size)
+    float8: bool = False             # the blocks' projections in FP8 (pipeline.training.float8)
 
 
 def plan_training(config: Config, network: TransformerConfig, world_size: int, device: torch.device) -> TrainingPlan:
@@ -106,22 +121,26 @@ def plan_training(config: Config, network: TransformerConfig, world_size: int, d
     memory = device_memory_bytes(device)
     stage = config.train.zero_stage
     zero_stage = choose_zero_stage(parameters, world_size, precision, memory) if stage == "auto" else stage
+    compiled = resolve_compile(config.train.compile, device, zero_stage)
+    float8 = resolve_float8(config.train.float8, device, compiled)
     if config.train.micro_batch_size == "auto" and device.type == "cuda":
-        micro, checkpointing = choose_micro_batch(config, network, world_size, zero_stage, precision, memory)
+        micro, checkpointing = choose_micro_batch(config, network, world_size, zero_stage, precision, memory,
+                                                  compiled=compiled)
         batches = plan_batches(config, world_size, micro)
     else:
         batches = plan_batches(config, world_size)
-        checkpointing = resolve_activation_checkpointing(config, network, batches, zero_stage, precision, memory)
+        checkpointing = resolve_activation_checkpointing(config, network, batches, zero_stage, precision, memory,
+                                                         compiled=compiled)
     blocks = config.model.block_size is not None
     block_attention = (resolve_block_attention(config.train.block_attention, device, network.dropout) if blocks
                        else "dense")
     attention = resolve_attention(config.train.attention, device, ACTIVATION_DTYPES[precision], network.head_dim,
                                   causal=network.causal, dropout=network.dropout,
                                   masked=blocks and block_attention == "dense")
-    return TrainingPlan(batches, zero_stage, precision, checkpointing,
-                        resolve_compile(config.train.compile, device, zero_stage), attention,
+    return TrainingPlan(batches, zero_stage, precision, checkpointing, compiled, attention,
                         config.train.chunked_cross_entropy, parameters,
-                        overlap_comm=device.type == "cuda" and world_size > 1, block_attention=block_attention)
+                        overlap_comm=device.type == "cuda" and world_size > 1, block_attention=block_attention,
+                        float8=float8)
 
 
 def resolve_compile(setting: bool | str, device: torch.device, zero_stage: int) -> bool:
@@ -160,14 +179,15 @@ def _near_divisors(number: int, around: int) -> str:
 
 
 def choose_micro_batch(config: Config, network: TransformerConfig, world_size: int, zero_stage: int,
-                       precision: str, memory_bytes: int) -> tuple[int, bool]:
+                       precision: str, memory_bytes: int, *, compiled: bool = True) -> tuple[int, bool]:
     """``train.micro_batch_size: auto`` on a GPU: the largest micro-batch that divides the
     rank's share of the global batch and whose activations (``activation_memory_bytes``,
     sequences of ``max_seq_len``) fit next to the model states in ``USABLE_MEMORY_SHARE`` of
     ``memory_bytes``; and whether it needs activation checkpointing. With
     ``activation_checkpointing: auto`` a micro-batch without it is preferred (recomputation
     costs a third more compute); only when not even one sequence fits is it turned on. When
-    nothing fits, 1 (the run then fails on memory, and says so)."""
+    nothing fits, 1 (``pipeline.training.memory.check_memory`` then refuses the run).
+    ``compiled``: the blocks and loss run compiled (``train.compile``), keeping less."""
     per_rank = _per_rank_batch(config, world_size)
     states = model_state_bytes(parameter_counts(network).total, zero_stage, world_size, precision)
     budget = USABLE_MEMORY_SHARE * memory_bytes - states
@@ -177,7 +197,7 @@ def choose_micro_batch(config: Config, network: TransformerConfig, world_size: i
         for micro in (m for m in range(per_rank, 0, -1) if per_rank % m == 0):
             needed = activation_memory_bytes(network, micro, network.max_seq_len, precision,
                                              checkpointing=checkpointing, chunk_rows=config.train.chunked_cross_entropy,
-                                             process=config.model.process)
+                                             process=config.model.process, compiled=compiled)
             if needed <= budget:
                 return micro, checkpointing
     return 1, choices[-1]
@@ -214,14 +234,21 @@ def device_memory_bytes(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def model_state_parts(params: int, stage: int, world_size: int, precision: str) -> dict[str, float]:
+    """Bytes per rank of the weights, gradients, optimizer states (Adam's moments and, under
+    bf16, the fp32 master weights) and the EMA under a ZeRO stage: stage 1 partitions the
+    optimizer states over the ranks, 2 the gradients too, 3 everything."""
+    per_param = {"weights": 2 if precision == "bf16" else 4,
+                 "gradients": 4,  # gradients accumulate in fp32 (DeepSpeed's grad_accum_dtype)
+                 "optimizer": ADAM_STATE_BYTES + (MASTER_WEIGHT_BYTES if precision == "bf16" else 0),
+                 "ema": EMA_BYTES}
+    sharded = {1: {"optimizer"}, 2: {"optimizer", "gradients"}, 3: set(per_param)}[stage]
+    return {part: params * size / (world_size if part in sharded else 1) for part, size in per_param.items()}
+
+
 def model_state_bytes(params: int, stage: int, world_size: int, precision: str) -> float:
-    """Bytes per rank for weights, gradients and Adam state under a ZeRO stage."""
-    weight = 2 if precision == "bf16" else 4
-    grad = 4  # gradients accumulate in fp32 (DeepSpeed's grad_accum_dtype)
-    optimizer = ADAM_STATE_BYTES + (MASTER_WEIGHT_BYTES if precision == "bf16" else 0)
-    shards = {1: (weight + grad, optimizer), 2: (weight, grad + optimizer), 3: (0, weight + grad + optimizer)}
-    whole, sharded = shards[stage]
-    return params * (whole + sharded / world_size)
+    """Bytes per rank of the weights, gradients, optimizer states and EMA (``model_state_parts``)."""
+    return sum(model_state_parts(params, stage, world_size, precision).values())
 
 
 def choose_zero_stage(params: int, world_size: int, precision: str, memory_bytes: int) -> int:
@@ -236,35 +263,42 @@ def choose_zero_stage(params: int, world_size: int, precision: str, memory_bytes
 
 
 def activation_memory_bytes(network: TransformerConfig, micro_batch: int, seq_len: int, precision: str, *,
-                            checkpointing: bool = False, chunk_rows: int = 0, process: str = "absorbing") -> float:
+                            checkpointing: bool = False, chunk_rows: int = 0, process: str = "absorbing",
+                            compiled: bool = True) -> float:
     """Estimated peak bytes of the activations of one micro-batch's forward and backward.
 
     Blocks: each keeps ``BLOCK_FLOAT32_WIDTHS`` float32 and ``BLOCK_ACTIVATION_WIDTHS``
     activation-dtype (2 bytes under bf16, 4 under fp32) values per token per unit of
-    d_model; with ``checkpointing`` a block keeps only its input, and one block at a time
-    is recomputed in the backward. Loss: the final norm and head inputs of every token,
-    plus for each row of logits alive at once V logits at the activation dtype and
-    ``LOGIT_FLOAT32_BYTES`` per logit. Every position counts as masked: a micro-batch takes
-    one contiguous slice of the global batch's stratified times, so all of its times may
-    lie near t = 1. ``chunk_rows`` (``train.chunked_cross_entropy``) bounds the rows alive
-    at once. ``process`` (``model.process``): the uniform and learned bounds keep
-    ``FULL_PREDICTION_FLOAT32_BYTES`` per logit instead (the uniform one scores every
-    position), and the learned one passes ``DEFAULT_DRAWS`` copies of each sequence through
-    the network. Assumes flash or memory-efficient attention (SDPA on GPU): the CPU math
-    kernel also stores the L x L scores.
+    d_model (``EAGER_BLOCK_WIDTHS`` more unless ``compiled``). Loss: the final norm and head
+    inputs of every token, plus for each row of logits alive at once V logits at the
+    activation dtype and ``LOGIT_FLOAT32_BYTES`` per logit (eager: ``EAGER_LOGIT_BYTES`` in
+    all). The peak is at the start of the backward, every block's activations and the loss's
+    alive. With ``checkpointing`` a block keeps only its input, and the backward recomputes
+    one block at a time once the loss's tensors are freed: the peak is the larger of the
+    two, a recomputed block's with ``BLOCK_BACKWARD_WIDTHS`` of gradients. Every position counts as masked: a micro-batch takes one contiguous slice of the
+    global batch's stratified times, so all of its times may lie near t = 1. ``chunk_rows``
+    (``train.chunked_cross_entropy``) bounds the rows alive at once. ``process``
+    (``model.process``): the uniform and learned bounds keep ``FULL_PREDICTION_FLOAT32_BYTES``
+    per logit instead (the uniform one scores every position), and the learned one passes
+    ``DEFAULT_DRAWS`` copies of each sequence through the network. Assumes flash or
+    memory-efficient attention (SDPA's kernels on GPU and CPU): the math kernel also stores
+    the L x L scores. tests/pipeline/training/test_memory.py measures it on CPU.
     """
     width = 2 if precision == "bf16" else FLOAT32_BYTES
     tokens = micro_batch * seq_len * (DEFAULT_DRAWS if process == "learned" else 1)
-    loss_bytes = LOGIT_FLOAT32_BYTES if process == "absorbing" else FULL_PREDICTION_FLOAT32_BYTES
-    per_block = tokens * network.d_model * (BLOCK_FLOAT32_WIDTHS * FLOAT32_BYTES + BLOCK_ACTIVATION_WIDTHS * width)
-    if checkpointing:
-        blocks = network.n_layers * tokens * network.d_model * width + per_block
+    if process != "absorbing":
+        logit_bytes = FULL_PREDICTION_FLOAT32_BYTES + width
     else:
-        blocks = network.n_layers * per_block
+        logit_bytes = LOGIT_FLOAT32_BYTES + width if compiled else EAGER_LOGIT_BYTES
+    widths = BLOCK_ACTIVATION_WIDTHS + (0 if compiled else EAGER_BLOCK_WIDTHS)
+    per_block = tokens * network.d_model * (BLOCK_FLOAT32_WIDTHS * FLOAT32_BYTES + widths * width)
     rows = min(chunk_rows, tokens) if chunk_rows else tokens
     head_inputs = tokens * network.d_model * (FLOAT32_BYTES + width)
-    logits = rows * network.logit_columns * (loss_bytes + width)
-    return float(blocks + head_inputs + logits)
+    logits = rows * network.logit_columns * logit_bytes
+    if checkpointing:
+        recomputed = per_block + tokens * network.d_model * BLOCK_BACKWARD_WIDTHS * width
+        return float(network.n_layers * tokens * network.d_model * width + head_inputs + max(recomputed, logits))
+    return float(network.n_layers * per_block + head_inputs + logits)
 
 
 def inference_memory_bytes(network: TransformerConfig, batch: int, seq_len: int, precision: str) -> float:
@@ -293,7 +327,7 @@ def choose_inference_batch(network: TransformerConfig, seq_len: int, precision: 
 
 
 def resolve_activation_checkpointing(config: Config, network: TransformerConfig, plan: BatchPlan, zero_stage: int,
-                                     precision: str, memory_bytes: int) -> bool:
+                                     precision: str, memory_bytes: int, *, compiled: bool = True) -> bool:
     """``train.activation_checkpointing`` as a decision: true and false as given; "auto" is
     on only when the model states (``model_state_bytes``) and the micro-batch's activations
     without checkpointing (``activation_memory_bytes``, sequences of ``max_seq_len``) exceed
@@ -305,7 +339,7 @@ def resolve_activation_checkpointing(config: Config, network: TransformerConfig,
     states = model_state_bytes(parameter_counts(network).total, zero_stage, plan.world_size, precision)
     activations = activation_memory_bytes(network, plan.micro_batch, network.max_seq_len, precision,
                                           chunk_rows=config.train.chunked_cross_entropy,
-                                          process=config.model.process)
+                                          process=config.model.process, compiled=compiled)
     return states + activations > USABLE_MEMORY_SHARE * memory_bytes
 
 
@@ -315,11 +349,13 @@ def network_of(model: nn.Module) -> Transformer:
     return model.network if isinstance(model, NetworkWithSchedule) else model
 
 
-def prepare_model(model: nn.Module, *, checkpointing: bool, compile: bool, **compile_options: Any) -> None:
+def prepare_model(model: nn.Module, *, checkpointing: bool, compile: bool, float8: bool = False,
+                  **compile_options: Any) -> None:
     """Apply the network-side optimizations in place, before an engine wraps the model
     (a network, or a ``NetworkWithSchedule`` holding one).
 
-    ``checkpointing`` wraps each block in activation checkpointing. ``compile``
+    ``float8`` first swaps the blocks' projections for FP8 ones (``convert_to_float8``), which
+    compilation then fuses. ``checkpointing`` wraps each block in activation checkpointing. ``compile``
     (``train.compile``) compiles each (wrapped) block and the head with its loss
     (``Transformer.compile_parts``, ``compile_options`` passed to ``torch.compile``), as
     torchtitan compiles per block, rather than the whole forward: the forward selects the
@@ -327,6 +363,8 @@ def prepare_model(model: nn.Module, *, checkpointing: bool, compile: bool, **com
     identical blocks share one compiled graph, and compiling in place keeps parameter
     names, so checkpoints, EMA and export are unchanged.
     """
+    if float8:
+        convert_to_float8(network_of(model))
     if checkpointing:
         apply_activation_checkpointing(model, check_fn=lambda module: isinstance(module, Block))
     if compile:
@@ -386,7 +424,7 @@ def build_engine(model: nn.Module, plan: TrainingPlan, optim: OptimSection, max_
     the trained module (``model.spec.build_trainable``); returns the engine."""
     import deepspeed
 
-    prepare_model(model, checkpointing=plan.activation_checkpointing, compile=plan.compile)
+    prepare_model(model, checkpointing=plan.activation_checkpointing, compile=plan.compile, float8=plan.float8)
     optimizer = build_optimizer(model, optim, device)
     scheduler = make_lr_scheduler(optimizer, optim, max_steps)
     if plan.zero_stage == 3:

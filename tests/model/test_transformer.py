@@ -142,6 +142,8 @@ def test_preset_shapes_and_parameter_counts():
         assert counts.total == expected + (GPT2_VOCAB + 1) * width
     assert round(parameter_counts(preset("small", GPT2_VOCAB)).non_embedding / 1e6, 1) == 85.0
     assert round(parameter_counts(preset("medium", GPT2_VOCAB)).non_embedding / 1e6, 1) == 302.0
+    assert round(parameter_counts(preset("large", GPT2_VOCAB)).non_embedding / 1e6, 1) == 707.9
+    assert round(parameter_counts(preset("xl", GPT2_VOCAB)).non_embedding / 1e6, 1) == 1474.7
 
 
 MDLM_OPTIONS = {"tie_weights": False, "mlp_bias": True, "head_bias": True, "head_mask_row": True,

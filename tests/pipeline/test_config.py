@@ -43,7 +43,7 @@ def _write(path, data) -> str:
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_shipped_configs_load_and_validate(path):
     config = load_config(path)
-    assert config.model.preset in ("tiny", "small", "medium")
+    assert config.model.preset in ("tiny", "small", "medium", "large", "xl")
 
 
 def test_paper_recipe_in_the_medium_config():
@@ -254,7 +254,7 @@ def test_base_may_name_a_shipped_preset(tmp_path):
     assert config.train.max_steps == 5 and config.optim == tiny.optim and config.model == tiny.model
 
 
-@pytest.mark.parametrize("name", ["demo", "tiny-ar", "medium"])
+@pytest.mark.parametrize("name", ["demo", "tiny-ar", "medium", "large", "xl"])
 def test_the_presets_that_build_on_others_resolve_to_their_base_with_their_own_fields(name):
     raw = yaml.safe_load((PRESET_CONFIGS / f"{name}.yaml").read_text())
     expected = load_config(PRESET_CONFIGS / f"{raw.pop('base')}.yaml").to_dict()

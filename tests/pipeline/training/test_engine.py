@@ -20,7 +20,10 @@ from model.transformer import parameter_counts, preset
 from pipeline.config import Config, OptimSection, load_config
 from pipeline.training.engine import (
     BLOCK_ACTIVATION_WIDTHS,
+    BLOCK_BACKWARD_WIDTHS,
     BLOCK_FLOAT32_WIDTHS,
+    EAGER_BLOCK_WIDTHS,
+    EAGER_LOGIT_BYTES,
     USABLE_MEMORY_SHARE,
     activation_memory_bytes,
     build_optimizer,
@@ -174,7 +177,11 @@ def test_activation_estimate_follows_its_stated_formula():
     head = tokens * d * (4 + 2)
     assert activation_memory_bytes(network, 16, 1024, "bf16") == 24 * block + head + tokens * v * (8 + 2)
     checkpointed = activation_memory_bytes(network, 16, 1024, "bf16", checkpointing=True)
-    assert checkpointed == 24 * tokens * d * 2 + block + head + tokens * v * (8 + 2)
+    recomputed = block + tokens * d * BLOCK_BACKWARD_WIDTHS * 2  # one block at a time, once the loss is freed
+    assert checkpointed == 24 * tokens * d * 2 + head + max(recomputed, tokens * v * (8 + 2))
+    eager_block = tokens * d * (BLOCK_FLOAT32_WIDTHS * 4 + (BLOCK_ACTIVATION_WIDTHS + EAGER_BLOCK_WIDTHS) * 2)
+    assert activation_memory_bytes(network, 16, 1024, "bf16", compiled=False) == \
+        24 * eager_block + head + tokens * v * EAGER_LOGIT_BYTES
     chunked = activation_memory_bytes(network, 16, 1024, "bf16", chunk_rows=4096)
     assert chunked == 24 * block + head + 4096 * v * (8 + 2)
     assert activation_memory_bytes(network, 16, 1024, "fp32") > activation_memory_bytes(network, 16, 1024, "bf16")
