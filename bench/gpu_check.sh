@@ -18,6 +18,8 @@
 #                host syncs, every inference path on the device)
 #   4. train     `unmask train --config configs/medium.yaml`, no speed flag, 30 steps
 #   5. bench     bench/train_gpu.py's training rows at micro-batch 16 and 32, before and now
+#   6. checkpoint bench/checkpoint_stall.py (bench.jsonl): the stall of medium's checkpoints,
+#                synchronous and with checkpoint.asynchronous
 #
 # steps.jsonl has one line per step: its name, exit status, seconds, whether it timed out, and
 # "skipped" when the budget had run out before it. Every log is in logs.tar.gz, re-packed after
@@ -39,7 +41,7 @@ device=cuda
 data=.gpu/shards
 eval_data=.gpu/data
 out=${OUT:-gpu-check}
-steps=e2e,inference,tests,train,bench
+steps=e2e,inference,tests,train,bench,checkpoint
 budget=
 while [ $# -gt 0 ]; do
   case $1 in
@@ -72,6 +74,7 @@ if [ "$device" = cuda ]; then
   bench_steps=10 bench_warmup=3 eval_blocks=32 sample_batch=64 sample_steps=32 lm_eval_requests=256
   limit_e2e_train=150 limit_e2e_command=45 limit_e2e_eval=90 limit_e2e_init=90
   limit_tests=150 limit_inference=200 limit_train=210 limit_bench=150
+  limit_checkpoint=240 checkpoint_args=(--steps 12 --every 5 --warmup 2 --batch 8)
   budget=${budget:-540} peak=()
 else
   config=configs/tiny.yaml preset=tiny train_steps=2 log_every=1 micro_batches=2
@@ -79,6 +82,7 @@ else
   bench_steps=1 bench_warmup=1 eval_blocks=2 sample_batch=2 sample_steps=4 lm_eval_requests=4
   limit_e2e_train=300 limit_e2e_command=200 limit_e2e_eval=300 limit_e2e_init=300
   limit_tests=120 limit_inference=300 limit_train=300 limit_bench=300
+  limit_checkpoint=300 checkpoint_args=(--steps 4 --every 2 --warmup 0 --batch 2)
   budget=${budget:-3600}
   peak=(--peak-tflops 1)  # a nominal peak, so that the dry run computes every utilization
   export CUDA_VISIBLE_DEVICES=""  # a dry run on a GPU machine stays on its CPU
@@ -223,6 +227,13 @@ if wanted bench; then
     --micro-batches $micro_batches --steps "$bench_steps" --warmup "$bench_warmup" --skip-inference \
     --variants pipeline-zero1+eager+unpadded+flash pipeline-zero1
   grep -h '^{' "$logs/bench.log" >> "$out/bench.jsonl"
+fi
+
+# 6. The stall of a checkpoint, synchronous and asynchronous (the runs stay in the scratch directory).
+if wanted checkpoint; then
+  step checkpoint "$limit_checkpoint" "$python" bench/checkpoint_stall.py --data "$data" --preset "$preset" \
+    --layers 0 --d-model 0 "${checkpoint_args[@]}" --root "$scratch"
+  grep -h '"bench": "checkpoint"' "$logs/checkpoint.log" >> "$out/bench.jsonl"
 fi
 tar -czf "$out/logs.tar.gz" -C "$scratch" logs
 echo "gpu_check.sh: done; results in $out (steps.jsonl, e2e-train.json, train.json, bench.jsonl, logs.tar.gz)"

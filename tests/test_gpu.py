@@ -594,3 +594,25 @@ def test_an_imported_bd3lm_model_gives_bd3lm_s_logits_on_the_gpu_and_samples(tmp
         tokens, _ = process.sample(network, plan, num_samples=2, seq_len=3 * length, window=length,
                                    generator=sample_generators(plan.seed, range(2)), device=device)
     assert tokens.shape == (2, 3 * length) and int(tokens.max()) < VOCAB_SIZE
+
+
+# ------------------------------------------------------------------ asynchronous checkpoints
+def test_an_asynchronous_checkpoint_snapshots_the_device_state_and_resumes_on_the_device(tmp_path,
+                                                                                          tinyshakespeare_shards):
+    """checkpoint.asynchronous on the GPU: the snapshot copies the engine's device tensors to the
+    host, the threads write and commit them (every file verifies), and the run resumes on the
+    device from the checkpoint written while it trained on."""
+    from pipeline.run_dir.checkpoint import verify_checkpoint
+    from tests.support.train_helpers import run_train, write_config
+
+    overrides = {"checkpoint": {"every": 2, "keep_last": 3, "asynchronous": True}, "train": {"max_steps": 4},
+                 "logging": {"mlflow": False}}
+    config = write_config(tmp_path / "c.yaml", overrides)
+    run_train(tmp_path / "run", tinyshakespeare_shards, config)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert (checkpoints / "latest").read_text() == "step-00000004"
+    assert all(verify_checkpoint(checkpoints / tag) is None for tag in ("step-00000002", "step-00000004"))
+    longer = write_config(tmp_path / "longer.yaml", {**overrides, "train": {"max_steps": 6}})
+    resumed = run_train(tmp_path / "run", tinyshakespeare_shards, longer)
+    assert "resumed from" in resumed.output and sorted(resumed.losses()) == [1, 2, 3, 4, 5, 6]
+    assert all(math.isfinite(loss) for loss in resumed.losses().values())
