@@ -148,7 +148,7 @@ def main() -> None:
 def system_metrics_runs(args: argparse.Namespace, root: Path) -> list[dict]:
     """Off, then the server without system metrics, with them every 10 s and every 1 s."""
     results = [run(args, root, "off", None)]
-    with running_mlflow_server(root / "server") as uri:
+    with running_mlflow_server(root / "mlflow-server") as uri:
         for name, interval in (("server", 0.0), ("server+system-10s", 10.0), ("server+system-1s", 1.0)):
             results.append(run(args, root, name, uri, interval=interval))
     return results
