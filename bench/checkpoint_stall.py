@@ -5,7 +5,9 @@ every ``--every`` steps, and reads ``train/step_time`` from metrics.jsonl. A sav
 log of its step, so its stall lands in the next step's time: the stall is the mean time of the
 steps right after a checkpoint minus the median of the steps that neither follow one nor are
 the first ``--warmup``. "during write" is the median of the other steps of each checkpoint
-interval, where an asynchronous write competes with the loop for the CPU.
+interval, where an asynchronous write competes with the loop for the CPU. ``loop_waited_s`` is
+the trainer's own ``checkpoint/stall_s``: the time the loop spent in the save call (for an
+asynchronous save, the snapshot and any wait for the save before), the final save excluded.
 
     .venv/bin/unmask prep --input ../shared/data/corpora/tinyshakespeare/input.txt \\
         --out /tmp/ts --seq-len 64 --vocab-size 384
@@ -66,8 +68,9 @@ def run(args: argparse.Namespace, root: Path, asynchronous: bool) -> dict:
     after = [times[s] for s in sorted(follows)]
     during = [t for s, t in times.items() if s > args.warmup and s not in follows]
     base = statistics.median(during)
+    waited = [r["checkpoint/stall_s"] for r in records if "checkpoint/stall_s" in r and r["step"] < args.steps]
     return {"bench": "checkpoint", "config": "asynchronous" if asynchronous else "synchronous",
-            "checkpoints": len(after),
+            "checkpoints": len(after), "loop_waited_s": statistics.fmean(waited),
             "checkpoint_mb": _checkpoint_bytes(run_dir) / 1e6, "step_after_checkpoint_s": statistics.fmean(after),
             "step_during_write_s": base, "stall_s": statistics.fmean(after) - base, "wall_s": wall}
 

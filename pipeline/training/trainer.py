@@ -14,6 +14,7 @@ the records from ``pipeline.tracking.run_records``. The manual: docs/training.md
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -316,7 +317,10 @@ class Trainer:
 
     def _save(self) -> None:
         self.state.loader = self.parts.train_loader.state_dict()
+        started = time.perf_counter()
         self.checkpoints.save(self.parts.engine, self.parts.ema, self.parts.meta(self.state))
+        # How long the loop waited: the whole write, or (asynchronous) the snapshot and any wait for the last one.
+        self.records.log({"checkpoint/stall_s": time.perf_counter() - started}, self.state.step)
 
     def _committed(self, directory: Path, step: int) -> None:
         """A checkpoint is complete on disk (every rank; after its write, when asynchronous)."""

@@ -6,6 +6,7 @@ and a failed write stops the run in one line. Real DeepSpeed engines on CPU, rea
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 from pathlib import Path
@@ -107,6 +108,9 @@ def test_the_steps_go_on_while_a_checkpoint_is_written(shards, tmp_path):
     assert seen["latest_at_step_3"] is None and seen["state_file_at_step_3"] is False  # still being written
     assert committed == [2, 4] and result.checkpoint.name == "step-00000004"
     assert verify_checkpoint(result.checkpoint) is None
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    waited = {r["step"]: r["checkpoint/stall_s"] for r in records if "checkpoint/stall_s" in r}
+    assert sorted(waited) == [2, 4] and all(seconds > 0 for seconds in waited.values())
 
 
 def _world_of_one() -> Distributed:
