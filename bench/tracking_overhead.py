@@ -146,12 +146,39 @@ def main() -> None:
 
 
 def system_metrics_runs(args: argparse.Namespace, root: Path) -> list[dict]:
-    """Off, then the server without system metrics, with them every 10 s and every 1 s."""
+    """Off, then the server without system metrics, with them every 10 s and every 1 s; then
+    the monitor's own CPU time per sample."""
     results = [run(args, root, "off", None)]
     with running_mlflow_server(root / "mlflow-server") as uri:
         for name, interval in (("server", 0.0), ("server+system-10s", 10.0), ("server+system-1s", 1.0)):
             results.append(run(args, root, name, uri, interval=interval))
+        results.append(monitor_cpu_cost(uri, root))
     return results
+
+
+def monitor_cpu_cost(uri: str, root: Path, seconds: float = 20.0, interval: float = 0.2) -> dict:
+    """CPU seconds the monitor's thread takes per sample (psutil, NVML, the run's status, the
+    batch sent), measured in a process that does nothing else: what it takes from the loop's
+    cores, whatever else the machine runs. At the default 10 s interval, the share of one core
+    is this over 10."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.tracking.system_metrics import SystemMetrics
+    from pipeline.tracking.tracker import Tracker
+
+    tracker = Tracker.open(root / "monitor", tracking_uri=uri, experiment="bench-system-metrics")
+    idle = time.process_time()
+    threading.Event().wait(1.0)
+    idle = time.process_time() - idle  # this process's own background CPU in 1 s, without the monitor
+    metrics = SystemMetrics.start(uri, tracker.run_id, interval)
+    start = time.process_time()
+    threading.Event().wait(seconds)
+    metrics.stop()
+    cpu = time.process_time() - start - idle * seconds
+    samples = len(MlflowClient(uri).get_metric_history(tracker.run_id, "system/cpu_utilization_percentage"))
+    tracker.finish()
+    return {"config": "monitor alone", "samples": samples, "cpu_s_per_sample": cpu / samples,
+            "core_share_at_10s": cpu / samples / 10.0}
 
 
 def _print(results: list[dict]) -> None:
