@@ -23,6 +23,8 @@
 #   7. fp8       bench/train_gpu.py's rows with and without train.float8 at medium and xl
 #                (micro-batch 8, 10 steps): MFU, and the FP8 cases of tests/test_gpu.py (speed,
 #                loss curve against bf16) that decide whether FP8 may default on
+#   8. checkpoint bench/checkpoint_stall.py (bench.jsonl): the stall of medium's checkpoints,
+#                synchronous and with checkpoint.asynchronous
 #
 # steps.jsonl has one line per step: its name, exit status, seconds, whether it timed out, and
 # "skipped" when the budget had run out before it. Every log is in logs.tar.gz, re-packed after
@@ -45,7 +47,7 @@ device=cuda
 data=.gpu/shards
 eval_data=.gpu/data
 out=${OUT:-gpu-check}
-steps=e2e,inference,tests,train,bench,scale,fp8
+steps=e2e,inference,tests,train,bench,scale,fp8,checkpoint
 budget=
 while [ $# -gt 0 ]; do
   case $1 in
@@ -80,6 +82,7 @@ if [ "$device" = cuda ]; then
   limit_tests=150 limit_inference=200 limit_train=210 limit_bench=150
   scale_presets="large xl" scale_micro=8 scale_steps=5 fp8_presets="medium xl" fp8_micro=8 fp8_steps=10
   limit_scale=240 limit_fp8=360
+  limit_checkpoint=240 checkpoint_args=(--steps 12 --every 5 --warmup 2 --batch 8)
   budget=${budget:-540} peak=()
 else
   config=configs/tiny.yaml preset=tiny train_steps=2 log_every=1 micro_batches=2
@@ -89,6 +92,7 @@ else
   limit_tests=120 limit_inference=300 limit_train=300 limit_bench=300
   scale_presets=tiny scale_micro=2 scale_steps=1 fp8_presets=tiny fp8_micro=2 fp8_steps=1
   limit_scale=300 limit_fp8=300
+  limit_checkpoint=300 checkpoint_args=(--steps 4 --every 2 --warmup 0 --batch 2)
   budget=${budget:-3600}
   peak=(--peak-tflops 1)  # a nominal peak, so that the dry run computes every utilization
   export CUDA_VISIBLE_DEVICES=""  # a dry run on a GPU machine stays on its CPU
@@ -253,6 +257,12 @@ if wanted fp8; then
     --micro-batches "$fp8_micro" --steps "$fp8_steps" --warmup "$bench_warmup" --skip-inference \
     --variants pipeline-zero1 pipeline-zero1+fp8 "${peak[@]}"
   grep -h '^{' "$logs/fp8.log" >> "$out/bench.jsonl"
+fi
+# 8. The stall of a checkpoint, synchronous and asynchronous (the runs stay in the scratch directory).
+if wanted checkpoint; then
+  step checkpoint "$limit_checkpoint" "$python" bench/checkpoint_stall.py --data "$data" --preset "$preset" \
+    --layers 0 --d-model 0 "${checkpoint_args[@]}" --root "$scratch"
+  grep -h '"bench": "checkpoint"' "$logs/checkpoint.log" >> "$out/bench.jsonl"
 fi
 tar -czf "$out/logs.tar.gz" -C "$scratch" logs
 echo "gpu_check.sh: done; results in $out (steps.jsonl, e2e-train.json, train.json, bench.jsonl, logs.tar.gz)"

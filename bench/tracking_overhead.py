@@ -13,6 +13,10 @@ first ``--warmup``):
 Also the cost the loop would pay per step if it logged synchronously (one ``log_batch``
 round trip to the server) next to what it pays now (putting the record on the queue).
 
+With ``--system-metrics``: only the cost of MLflow's system metrics (``logging.system_metrics_interval``):
+off, then the server without them, with them at the default 10 s, and at 1 s (10x as often).
+The other configurations run without them.
+
     .venv/bin/unmask prep --input ../shared/data/corpora/tinyshakespeare/input.txt \
         --out /tmp/ts --seq-len 64 --vocab-size 384
     .venv/bin/python bench/tracking_overhead.py --data /tmp/ts
@@ -42,13 +46,13 @@ from tests.support.mlflow_server import free_port, running_mlflow_server  # noqa
 CALLS = 200  # per-call timing of the logging calls themselves
 
 
-def _config(args: argparse.Namespace, root: Path, mlflow: bool) -> Path:
+def _config(args: argparse.Namespace, root: Path, mlflow: bool, interval: float = 0.0) -> Path:
     config = {"model": {"preset": "tiny", "n_layers": 2, "d_model": 64, "n_heads": 2},
               "train": {"max_steps": args.steps, "global_batch_size": 8, "micro_batch_size": 8},
               "optim": {"lr": 1.0e-3, "warmup_steps": 2}, "eval": {"every": 0, "batches": 1},
               "checkpoint": {"every": 10**6}, "data": {"num_workers": 0},
-              "logging": {"every": 1, "progress": False, "mlflow": mlflow}}
-    path = root / f"config-{mlflow}.yaml"
+              "logging": {"every": 1, "progress": False, "mlflow": mlflow, "system_metrics_interval": interval}}
+    path = root / f"config-{mlflow}-{interval}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -75,9 +79,10 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 
-def run(args: argparse.Namespace, root: Path, name: str, uri: str | None, *, stop_server=None) -> dict:
+def run(args: argparse.Namespace, root: Path, name: str, uri: str | None, *, stop_server=None,
+        interval: float = 0.0) -> dict:
     run_dir = root / name
-    config = _config(args, root, mlflow=name != "off")
+    config = _config(args, root, mlflow=name != "off", interval=interval)
     process = subprocess.Popen(_command(args, config, run_dir, uri), cwd=REPO, env=_env(), text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     output, stopped, down_at = [], threading.Event(), args.warmup
@@ -121,10 +126,14 @@ def main() -> None:
     parser.add_argument("--data", required=True, help="shards from `unmask prep`")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--system-metrics", action="store_true", help="only the cost of MLflow's system metrics")
     args = parser.parse_args()
     print(json.dumps({"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count()}))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
+        if args.system_metrics:
+            _print(system_metrics_runs(args, root))
+            return
         results = [run(args, root, "off", None), run(args, root, "sqlite", None)]
         with running_mlflow_server(root / "server") as uri:
             results.append(run(args, root, "server", uri))
@@ -133,6 +142,46 @@ def main() -> None:
         server = running_mlflow_server(server_root, port)
         uri = server.__enter__()
         results.append(run(args, root, "outage", uri, stop_server=lambda: server.__exit__(None, None, None)))
+    _print(results)
+
+
+def system_metrics_runs(args: argparse.Namespace, root: Path) -> list[dict]:
+    """Off, then the server without system metrics, with them every 10 s and every 1 s; then
+    the monitor's own CPU time per sample."""
+    results = [run(args, root, "off", None)]
+    with running_mlflow_server(root / "mlflow-server") as uri:
+        for name, interval in (("server", 0.0), ("server+system-10s", 10.0), ("server+system-1s", 1.0)):
+            results.append(run(args, root, name, uri, interval=interval))
+        results.append(monitor_cpu_cost(uri, root))
+    return results
+
+
+def monitor_cpu_cost(uri: str, root: Path, seconds: float = 20.0, interval: float = 0.2) -> dict:
+    """CPU seconds the monitor's thread takes per sample (psutil, NVML, the run's status, the
+    batch sent), measured in a process that does nothing else: what it takes from the loop's
+    cores, whatever else the machine runs. At the default 10 s interval, the share of one core
+    is this over 10."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.tracking.system_metrics import SystemMetrics
+    from pipeline.tracking.tracker import Tracker
+
+    tracker = Tracker.open(root / "monitor", tracking_uri=uri, experiment="bench-system-metrics")
+    idle = time.process_time()
+    threading.Event().wait(1.0)
+    idle = time.process_time() - idle  # this process's own background CPU in 1 s, without the monitor
+    metrics = SystemMetrics.start(uri, tracker.run_id, interval)
+    start = time.process_time()
+    threading.Event().wait(seconds)
+    metrics.stop()
+    cpu = time.process_time() - start - idle * seconds
+    samples = len(MlflowClient(uri).get_metric_history(tracker.run_id, "system/cpu_utilization_percentage"))
+    tracker.finish()
+    return {"config": "monitor alone", "samples": samples, "cpu_s_per_sample": cpu / samples,
+            "core_share_at_10s": cpu / samples / 10.0}
+
+
+def _print(results: list[dict]) -> None:
     base = results[0]["median_step_s"]
     for result in results:
         if "median_step_s" in result:

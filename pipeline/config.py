@@ -191,6 +191,8 @@ class CheckpointSection:
     """When checkpoints are written, and how many are kept."""
     every: int = field(default=1000, metadata=RESUME_SAFE)   # steps; also at the end and on SIGTERM
     keep_last: int = field(default=3, metadata=RESUME_SAFE)   # older checkpoints are deleted
+    # true: the steps go on while a checkpoint is written (a host copy of its tensors is kept meanwhile)
+    asynchronous: bool = field(default=False, metadata=RESUME_SAFE)
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,9 @@ class LoggingSection:
     # A tracking server that does not answer at the start stops the run (within 30 s);
     # false: train without it, with a warning (metrics stay in RUN/metrics.jsonl).
     mlflow_required: bool = field(default=True, metadata=RESUME_SAFE)
+    # seconds between samples of the machine's metrics (CPU, host memory, and per GPU utilisation,
+    # memory and power) in the MLflow run's System metrics; 0: none
+    system_metrics_interval: float = field(default=10.0, metadata=RESUME_SAFE)
 
 
 @dataclass(frozen=True)
@@ -322,6 +327,8 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
         ("checkpoint.every", c.checkpoint.every >= 1, positive),
         ("checkpoint.keep_last", c.checkpoint.keep_last >= 1, positive),
         ("logging.every", c.logging.every >= 1, positive),
+        ("logging.system_metrics_interval", c.logging.system_metrics_interval >= 0,
+         "must be >= 0 (seconds; 0: no system metrics)"),
     ]
 
 

@@ -734,3 +734,25 @@ def test_fp8_training_follows_the_bf16_loss_curve():
     assert fp8[-1] < 0.9 * fp8[0], fp8  # it learns
     for step, (ours, theirs) in enumerate(zip(fp8, bf16)):
         assert abs(ours - theirs) <= FP8_LOSS_RTOL * theirs, (step, ours, theirs)
+
+
+# ------------------------------------------------------------------ asynchronous checkpoints
+def test_an_asynchronous_checkpoint_snapshots_the_device_state_and_resumes_on_the_device(tmp_path,
+                                                                                          tinyshakespeare_shards):
+    """checkpoint.asynchronous on the GPU: the snapshot copies the engine's device tensors to the
+    host, the threads write and commit them (every file verifies), and the run resumes on the
+    device from the checkpoint written while it trained on."""
+    from pipeline.run_dir.checkpoint import verify_checkpoint
+    from tests.support.train_helpers import run_train, write_config
+
+    overrides = {"checkpoint": {"every": 2, "keep_last": 3, "asynchronous": True}, "train": {"max_steps": 4},
+                 "logging": {"mlflow": False}}
+    config = write_config(tmp_path / "c.yaml", overrides)
+    run_train(tmp_path / "run", tinyshakespeare_shards, config)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert (checkpoints / "latest").read_text() == "step-00000004"
+    assert all(verify_checkpoint(checkpoints / tag) is None for tag in ("step-00000002", "step-00000004"))
+    longer = write_config(tmp_path / "longer.yaml", {**overrides, "train": {"max_steps": 6}})
+    resumed = run_train(tmp_path / "run", tinyshakespeare_shards, longer)
+    assert "resumed from" in resumed.output and sorted(resumed.losses()) == [1, 2, 3, 4, 5, 6]
+    assert all(math.isfinite(loss) for loss in resumed.losses().values())

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -33,6 +34,7 @@ from common.disk_full import DiskFull, is_disk_full
 from common.errors import UserError
 from common.file_records import HASH_THREADS, sha256_file
 from pipeline.distributed import Distributed
+from pipeline.run_dir.async_checkpoint import AsyncSaves, capture_engine_state, host_copy
 from pipeline.run_dir.layout import TAG_PATTERN, RunLayout
 from pipeline.run_dir.rank_files import rank_file, rng_state, set_rng_state
 from pipeline.run_dir.reshard import DEEPSPEED_DIR, EMA_FILE, UNIVERSAL_DIR, universal_checkpoint, universal_loading
@@ -308,13 +310,22 @@ def _load_engine(engine, root: Path, tag: str) -> None:
 
 # ----------------------------------------------------------------------------- the manager
 class CheckpointManager:
-    """Saves and restores the engine, the EMA and the loop state of one run."""
+    """Saves and restores the engine, the EMA and the loop state of one run. ``asynchronous``:
+    saves are written in the background (``pipeline.run_dir.async_checkpoint``; :meth:`poll` at
+    each step boundary, :meth:`finish` before reading ``latest``). ``on_committed(directory, step)``
+    runs on every rank once a checkpoint is committed; ``on_file_written(path, step)`` in the writing
+    thread after each file of an asynchronous save (``TrainHooks.on_checkpoint_file``)."""
 
-    def __init__(self, run_dir: Path, dist: Distributed, keep_last: int) -> None:
+    def __init__(self, run_dir: Path, dist: Distributed, keep_last: int, *, asynchronous: bool = False,
+                 on_committed: Callable[[Path, int], None] | None = None,
+                 on_file_written: Callable[[Path, int], None] | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.layout = RunLayout(run_dir)
         self.root = self.layout.checkpoints
         self.dist, self.keep_last = dist, keep_last
+        self.on_committed = on_committed or (lambda directory, step: None)
+        self.on_file_written = on_file_written or (lambda path, step: None)
+        self.saves = AsyncSaves(dist, self._failure, self.on_committed) if asynchronous else None
 
     def latest(self) -> Path | None:
         return latest_checkpoint(self.run_dir, warn=self.dist.is_main)
@@ -342,7 +353,9 @@ class CheckpointManager:
         return self.root / chosen if chosen else None
 
     def save(self, engine, ema: EMAState, meta: CheckpointMeta) -> Path:
-        """Write checkpoint ``meta.step`` on every rank; commit it with ``latest``."""
+        """Write checkpoint ``meta.step`` on every rank; commit it with ``latest`` (asynchronous: start to)."""
+        if self.saves is not None:
+            return self._start_save(engine, ema, meta)
         directory = self.layout.checkpoint(meta.step)
         failure: BaseException | None = None
         try:
@@ -361,7 +374,56 @@ class CheckpointManager:
             except OSError as err:
                 failure = err
         self._raise_if_any_failed(failure, directory)
+        self.on_committed(directory, meta.step)
         return directory
+
+    def _start_save(self, engine, ema: EMAState, meta: CheckpointMeta) -> Path:
+        """Take the snapshot of checkpoint ``meta.step`` (the step waits for this only), then write
+        and commit it in the background, after the save in flight."""
+        self.saves.finish()
+        directory, failure = self.layout.checkpoint(meta.step), None
+        try:
+            if self.dist.is_main and directory.exists():
+                shutil.rmtree(directory)  # a half-written save of this step by a killed run
+            self.dist.barrier()
+            snapshot = capture_engine_state(engine, self.root, directory.name)
+            directory.mkdir(parents=True, exist_ok=True)
+            rank_state = host_copy({"ema": ema.state_dict(), "rng": rng_state()})
+        except (OSError, RuntimeError) as err:
+            failure = err
+        self._raise_if_any_failed(failure, directory)
+        path, meta = rank_file(directory, self.dist.rank), replace(meta, world_size=self.dist.world_size)
+
+        def write() -> None:
+            snapshot.write(lambda written: self.on_file_written(written, meta.step))
+            torch.save(rank_state, path)
+            self.on_file_written(path, meta.step)
+
+        self.saves.start(directory, meta.step, write, lambda: self._commit(directory, meta))
+        return directory
+
+    def poll(self) -> None:
+        """Move the asynchronous save in flight on (every rank, at a step boundary)."""
+        if self.saves is not None:
+            self.saves.poll()
+
+    def finish(self) -> None:
+        """Wait until the asynchronous save in flight is committed (every rank)."""
+        if self.saves is not None:
+            self.saves.finish()
+
+    def settle_after_failure(self) -> None:
+        """A run is failing: alone, it still commits the save in flight (its state is sound);
+        with other ranks it cannot (they may not reach the collectives), and commits nothing."""
+        if self.saves is None:
+            return
+        if self.dist.world_size > 1:
+            self.saves.abandon()
+            return
+        try:
+            self.saves.finish()
+        except UserError as err:
+            log.error("%s", err)
 
     def _commit(self, directory: Path, meta: CheckpointMeta) -> None:
         for script in DEEPSPEED_RECOVERY_SCRIPTS:
@@ -376,11 +438,16 @@ class CheckpointManager:
         if not self.dist.any(failure is not None):
             self.dist.barrier()
             return
+        raise self._failure(failure, directory) from failure
+
+    def _failure(self, failure: BaseException | None, directory: Path) -> UserError:
+        """The error every rank raises when one could not write ``directory`` (``failure``: this
+        rank's, or None); rank 0 removes the partial checkpoint."""
         error = UserError(f"another rank failed to write checkpoint {directory}; see its message") \
             if failure is None else write_failure(failure, directory, self.run_dir)  # before space is freed
         if self.dist.is_main:
             shutil.rmtree(directory, ignore_errors=True)  # frees the space a partial save took
-        raise error from failure
+        return error
 
     def load(self, engine, ema: EMAState, directory: Path) -> CheckpointMeta:
         """Restore engine, EMA and RNG from ``directory``; return its metadata. A checkpoint of

@@ -6,7 +6,8 @@ ranks record nothing. A failed write of metrics.jsonl does not stop the step: it
 ``failure``, for the loop to raise at the next step boundary once every rank has
 checkpointed. ``start_tracking`` opens the run's MLflow run (``Tracker.open``) and logs its
 identity (``RunIdentity``) once; a server that does not answer stops the run, or with
-``logging.mlflow_required`` off the run goes on without it. The manual: docs/mlflow.md.
+``logging.mlflow_required`` off the run goes on without it. The machine's metrics go to the same
+run (``pipeline.tracking.system_metrics``). The manual: docs/mlflow.md.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pipeline.run_dir.checkpoint import write_failure
 from pipeline.run_dir.layout import RunLayout
 from pipeline.run_dir.metrics_log import MetricsLog
 from pipeline.tracking.background import FAILED_CLOSE_WAIT_S, BackgroundTracker
+from pipeline.tracking.system_metrics import STOP_WAIT_S, SystemMetrics
 from pipeline.tracking.tracker import OPTIONAL_WAIT_S, REACHABLE_WAIT_S, Tracker, TrackingUnreachable, flatten_params
 
 __all__ = ["RunIdentity", "RunRecords"]
@@ -49,6 +51,7 @@ class RunRecords:
         self.run_dir, self.main = Path(run_dir), main
         self.metrics = MetricsLog(RunLayout(run_dir).metrics)
         self.tracker: BackgroundTracker | None = None
+        self.system_metrics: SystemMetrics | None = None
         self.failure: UserError | None = None
 
     @property
@@ -85,6 +88,8 @@ class RunRecords:
                                       f"of the run ({type(err).__name__}: {str(err)[:300]}); retry, or pass "
                                       "--logging.mlflow_required false to train without it") from None
         self.tracker = BackgroundTracker(tracker, skip=skip, metrics_file=str(self.metrics.path))
+        self.system_metrics = SystemMetrics.start(tracker.tracking_uri, tracker.run_id,
+                                                  logging_.system_metrics_interval)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         """Rank 0: append to metrics.jsonl and queue for MLflow (a failed write: ``failure``)."""
@@ -98,7 +103,11 @@ class RunRecords:
             self.tracker.log_metrics(metrics, step)
 
     def close(self, status: str) -> None:
-        """End the MLflow run as FINISHED, KILLED or FAILED (a failed run waits less for it)."""
+        """End the MLflow run as FINISHED, KILLED or FAILED (a failed run waits less for it); the
+        machine's metrics stop first (their last samples go to a run still running)."""
+        if self.system_metrics is not None:
+            self.system_metrics.stop(FAILED_CLOSE_WAIT_S if status == "FAILED" else STOP_WAIT_S)
+            self.system_metrics = None
         if self.tracker is not None:
             if status == "FAILED":
                 self.tracker.close(status, wait_s=FAILED_CLOSE_WAIT_S)

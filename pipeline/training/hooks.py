@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["BatchHook", "CheckpointHook", "StepHook", "TrainHooks"]
+__all__ = ["BatchHook", "CheckpointHook", "FileHook", "StepHook", "TrainHooks"]
 
 # After each checkpoint is committed: (its directory, the step).
 CheckpointHook = Callable[[Path, int], None]
@@ -24,6 +24,10 @@ StepHook = Callable[[int, Callable[[], bool]], None]
 # device). A script may inspect or log the data; the resume tests record which sequences
 # formed each global batch.
 BatchHook = Callable[[int, int, "Tensor"], None]
+# In the thread writing an asynchronous checkpoint (checkpoint.asynchronous), after each of this
+# rank's files: (the file, the checkpoint's step). The kill tests stall the writer there to kill
+# the run in the middle of a write.
+FileHook = Callable[[Path, int], None]
 
 
 @dataclass(frozen=True)
@@ -33,3 +37,4 @@ class TrainHooks:
     on_step: StepHook | None = None
     on_checkpoint: CheckpointHook | None = None
     on_batch: BatchHook | None = None
+    on_checkpoint_file: FileHook | None = None

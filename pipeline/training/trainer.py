@@ -14,6 +14,7 @@ the records from ``pipeline.tracking.run_records``. The manual: docs/training.md
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -109,7 +110,9 @@ class Trainer:
 
     def __init__(self, parts: TrainingParts, run_dir: Path, hooks: TrainHooks) -> None:
         self.parts, self.config, self.dist, self.run_dir, self.hooks = parts, parts.config, parts.dist, run_dir, hooks
-        self.checkpoints = CheckpointManager(run_dir, self.dist, self.config.checkpoint.keep_last)
+        self.checkpoints = CheckpointManager(run_dir, self.dist, self.config.checkpoint.keep_last,
+                                             asynchronous=self.config.checkpoint.asynchronous,
+                                             on_committed=self._committed, on_file_written=hooks.on_checkpoint_file)
         self.records = RunRecords(run_dir, self.dist.is_main)
         self.state = TrainState(loader=parts.train_loader.state_dict())
         self.objective = parts.objective(self.config.train.block_mask_rate)
@@ -143,7 +146,9 @@ class Trainer:
                 validation, preempted = self._loop()
             except StopRequested as stop:  # a signal ended a wait for data (common.stop_request)
                 validation, preempted = None, self._checkpoint_after_stop(stop)
+            self.checkpoints.finish()  # an asynchronous save in flight: committed before the run ends
         except BaseException:
+            self.checkpoints.settle_after_failure()
             self.records.close("FAILED")
             raise
         self.records.close("KILLED" if preempted else "FINISHED")
@@ -157,6 +162,7 @@ class Trainer:
         """A signal ended a wait for data: before a step (the loader reads whole global batches,
         so the step's first micro-batch waits and nothing of the step is done) or in the
         validation after one. The state is the last whole step's: checkpointed, unless it is."""
+        self.checkpoints.finish()
         step, latest = self.state.step, self.checkpoints.latest()
         if self.dist.is_main:
             log.warning("%s; the last whole step is %d", stop, step)
@@ -179,6 +185,7 @@ class Trainer:
                     validation = self._validate()  # the curve starts at the initial weights
                 while state.step < config.train.max_steps:
                     self._step(batches, meter)  # a failure inside a step leaves no sound state to save
+                    self.checkpoints.poll()  # an asynchronous save in flight: committed once written
                     bar.update(1)
                     last = state.step == config.train.max_steps
                     validation = self._between_steps(last, meter, bar, signals) or validation
@@ -310,11 +317,17 @@ class Trainer:
 
     def _save(self) -> None:
         self.state.loader = self.parts.train_loader.state_dict()
-        directory = self.checkpoints.save(self.parts.engine, self.parts.ema, self.parts.meta(self.state))
+        started = time.perf_counter()
+        self.checkpoints.save(self.parts.engine, self.parts.ema, self.parts.meta(self.state))
+        # How long the loop waited: the whole write, or (asynchronous) the snapshot and any wait for the last one.
+        self.records.log({"checkpoint/stall_s": time.perf_counter() - started}, self.state.step)
+
+    def _committed(self, directory: Path, step: int) -> None:
+        """A checkpoint is complete on disk (every rank; after its write, when asynchronous)."""
         if self.dist.is_main:
             log.info("checkpoint %s", directory)
         if self.hooks.on_checkpoint is not None:
-            self.hooks.on_checkpoint(directory, self.state.step)
+            self.hooks.on_checkpoint(directory, step)
 
 
 def _endless(loader: StreamingLoader) -> Iterator[torch.Tensor]:

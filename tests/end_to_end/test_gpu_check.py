@@ -47,7 +47,7 @@ def test_the_gpu_check_dry_runs_on_cpu_and_writes_every_result(tmp_path, tinysha
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [(s["step"], s["rc"], s["timed_out"], s.get("skipped", False)) for s in steps] == [
-        (name, 0, False, False) for name in [*E2E_STEPS, "inference", "tests", "train", "bench", "scale", "fp8"]]
+        (name, 0, False, False) for name in [*E2E_STEPS, "inference", "tests", "train", "bench", "scale", "fp8", "checkpoint"]]
     assert json.loads((out / "environment.json").read_text())["attention_kernels"] == ["flash", "math"]
     for name in ("train.json", "e2e-train.json"):
         train = json.loads((out / name).read_text())
@@ -73,6 +73,9 @@ def test_the_gpu_check_dry_runs_on_cpu_and_writes_every_result(tmp_path, tinysha
     assert "train.float8 = true: FP8 matmuls need a CUDA GPU" in fp8["error"]
     assert all(row["tokens_per_s"] > 0 and row["estimated_memory_bytes"] > 0 for row in rows
                if row["bench"] == "train" and "error" not in row)
+    stalls = [row for row in rows if row["bench"] == "checkpoint"]
+    assert [row["config"] for row in stalls] == ["synchronous", "asynchronous"]
+    assert all(row["checkpoints"] == 1 and row["checkpoint_mb"] > 0 for row in stalls)
     evaluated = [row for row in rows if row["bench"] == "evaluate"]
     assert [row["tuned"] for row in evaluated] == [False, True]
     assert all(0 < row["utilization"] < row["utilization_2n_4ldt"] for row in evaluated)   # the head on half the rows

@@ -1,5 +1,6 @@
 """Stopping a training run at a known step, for the kill tests: a ``StepHook`` that stalls
-a rank after step N until a stop is requested (SIGTERM) or the process is killed.
+a rank after step N until a stop is requested (SIGTERM) or the process is killed; or, with
+``IN_WRITE_ENV`` set, a ``FileHook`` that stalls the writer of asynchronous checkpoint N.
 
 Each rank stalls once per run directory (a marker file holds its pid), so a restarted job
 runs on. Run ``python -m tests.support.stall N -- unmask-args...`` to get ``unmask`` itself (or
@@ -18,6 +19,8 @@ from typing import Callable
 MARKER = "stalled-rank-{rank}.pid"
 ANNOUNCEMENT = "unmask: stalling after step"
 POLL_S = 0.05
+# Set (to anything): stall in the write of checkpoint N (``StallInWrite``) instead of after step N.
+IN_WRITE_ENV = "UNMASK_TEST_STALL_IN_WRITE"
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,27 @@ class StallAfterStep:
             time.sleep(POLL_S)
 
 
+@dataclass(frozen=True)
+class StallInWrite:
+    """In the thread writing asynchronous checkpoint ``step`` (``TrainHooks.on_checkpoint_file``),
+    after this rank's first file: write the marker, announce, and wait to be killed. The loop goes
+    on meanwhile, until it waits for this write (the next checkpoint, or the end)."""
+
+    step: int
+    run_dir: Path
+
+    def __call__(self, path: Path, step: int) -> None:
+        rank = int(os.environ.get("RANK", "0"))
+        marker = Path(self.run_dir) / MARKER.format(rank=rank)
+        if step != self.step or marker.exists():
+            return
+        marker.write_text(str(os.getpid()))
+        print(f"{ANNOUNCEMENT} {step}, in the write of its checkpoint after {path.name} (rank {rank}, pid "
+              f"{os.getpid()}); waiting to be killed", flush=True)
+        while True:
+            time.sleep(POLL_S)
+
+
 def _run_dir(argv: list[str]) -> Path:
     """The run directory, or a sweep's (``unmask sweep --out``: its first training to reach the
     step stalls, in its Ray worker)."""
@@ -51,6 +75,8 @@ def main(argv: list[str]) -> int:
     from pipeline.training.hooks import TrainHooks
 
     step, args = int(argv[0]), argv[argv.index("--") + 1:]
+    if os.environ.get(IN_WRITE_ENV):
+        return unmask(args, hooks=TrainHooks(on_checkpoint_file=StallInWrite(step, _run_dir(args))))
     return unmask(args, hooks=TrainHooks(on_step=StallAfterStep(step, _run_dir(args))))
 
 

@@ -125,11 +125,14 @@ def _signal_tree(pid: int, stop: signal.Signals) -> None:
 
 
 def run_until_stall(run_dir: Path, data: Path, config: Path, stall_after: int, *, world_size: int = 1,
-                    stop: signal.Signals = signal.SIGKILL, extra: list[str] = ()) -> Run:
+                    stop: signal.Signals = signal.SIGKILL, extra: list[str] = (),
+                    env: dict[str, str] | None = None) -> Run:
     """Train until the stall hook fires after ``stall_after`` steps, then send ``stop`` to the
-    whole process group (SIGKILL: a crash; SIGTERM: a preemption) and wait for the end."""
+    whole process group (SIGKILL: a crash; SIGTERM: a preemption) and wait for the end (``env``:
+    ``tests.support.stall.IN_WRITE_ENV`` stalls in the write of checkpoint ``stall_after`` instead)."""
     args = ["--config", str(config), "--data", str(data), "--run-dir", str(run_dir), *extra]
-    proc = start_unmask(["train", *args], world_size=world_size, stall_after=stall_after, start_new_session=True)
+    proc = start_unmask(["train", *args], world_size=world_size, stall_after=stall_after, start_new_session=True,
+                        env=env)
     lines = []
     try:
         for line in proc.stdout:
