@@ -21,8 +21,8 @@ from torch import Tensor
 from model.block_attention import FLEX_TILE, AttentionLayout, BlockAttention, MaskMod, block_mask_mod
 
 __all__ = ["block_document_starts", "causal_mask_mod", "dense_document_mask", "document_layout",
-           "document_mask_mod", "document_starts", "flex_document_mask", "restrict_to_documents",
-           "training_document_layout"]
+           "document_mask_mod", "document_starts", "flex_document_mask", "masks_documents",
+           "restrict_to_documents", "training_document_layout"]
 
 
 def document_starts(tokens: Tensor, separator: int) -> Tensor:
@@ -111,3 +111,8 @@ def restrict_to_documents(layout: AttentionLayout, tokens: Tensor, separator: in
     same = dense_document_mask(starts)
     mask = same if layout.mask is None else same & layout.mask
     return AttentionLayout(torch.arange(tokens.shape[1], device=tokens.device) - starts, mask)
+
+
+def masks_documents(network: object) -> bool:
+    """Whether ``network`` (a ``Transformer``, or anything with its ``config``) masks documents."""
+    return getattr(getattr(network, "config", None), "document_separator", None) is not None

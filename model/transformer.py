@@ -299,9 +299,10 @@ class Transformer(nn.Module, Denoiser):
     only; their indices are read first, the forward's one host synchronization), ``targets``
     (-log p of them in float32 instead of the logits, ``chunk_rows`` rows of the head at a
     time: ``model.cross_entropy``), ``clean`` and ``block_size`` (block diffusion's forward over
-    [z ; x0], its mask's kernel ``block_attention``: "dense" or "flex") and ``layout`` (the block
-    sampler's positions, mask and KV cache). All go through ``forward`` so that wrappers that
-    only see calls (DeepSpeed's engine and ZeRO-3, torch.compile) see them. As a ``Denoiser``,
+    [z ; x0], its mask's kernel ``block_attention``: "dense" or "flex", document masking's too:
+    ``model.documents``) and ``layout`` (the block sampler's positions, mask and KV cache).
+    With ``config.document_separator`` every forward attends within the documents of its rows.
+    All go through ``forward`` so that wrappers that only see calls (DeepSpeed's engine and ZeRO-3, torch.compile) see them. As a ``Denoiser``,
     ``logits``, ``logits_at`` and ``nll_at`` are these calls; it is ``time_independent`` without
     time conditioning. ``compile_parts`` compiles each block and the head with its loss.
     """
@@ -324,8 +325,9 @@ class Transformer(nn.Module, Denoiser):
                                                              -math.inf) if padded else None
         self.register_buffer("logit_mask", mask, persistent=False)
         self._compiled_loss: CompiledCrossEntropy | None = None
-        # Block diffusion's training mask: "dense" (SDPA) or "flex" (FlexAttention, GPU); see
-        # model.block_attention. Layouts are built once per (length, block size, device).
+        # Block diffusion's training mask, and document masking's: "dense" (SDPA) or "flex"
+        # (FlexAttention, GPU); see model.block_attention. Block layouts are built once per
+        # (length, block size, device); documents' per batch (model.documents).
         self.block_attention: BlockAttention = block_attention
         self._layouts: dict[tuple, AttentionLayout] = {}
         self.reset_parameters()
@@ -411,6 +413,8 @@ class Transformer(nn.Module, Denoiser):
     def _document_layout(self, z: Tensor, clean: Tensor | None, block_size: int | None,
                          layout: AttentionLayout | None) -> AttentionLayout:
         separator = self.config.document_separator
+        if z.shape[1] > self.config.max_seq_len:  # positions restart per document, the window stays the limit
+            raise ValueError(f"sequence length {z.shape[1]} exceeds max_seq_len {self.config.max_seq_len}")
         if layout is not None and clean is None:  # a sampler's layout
             return restrict_to_documents(layout, z, separator)
         return training_document_layout(z, clean, separator, self.block_attention, causal=self.config.causal,

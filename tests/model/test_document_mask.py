@@ -142,6 +142,22 @@ def test_block_sampler_without_cache_sees_what_training_saw():
                                    rtol=0, atol=1e-10)
 
 
+def test_a_document_masked_block_model_samples_without_its_kv_cache():
+    """`unmask sample` asks for the KV cache; a network that reads its documents from its rows
+    recomputes the window instead, and draws what the uncached sampler draws."""
+    from model.block_diffusion import BlockDiffusion
+    from model.sampling import SamplingPlan, sample_generators
+
+    network, process = _network(), BlockDiffusion(make_schedule("linear"), VOCAB, 8)
+    plan = SamplingPlan(sampler="first-hitting", seed=0)
+    drawn = {}
+    for kv_cache in (True, False):
+        with torch.no_grad():
+            drawn[kv_cache], _ = process.sample(network, plan, num_samples=2, seq_len=LENGTH, kv_cache=kv_cache,
+                                                generator=sample_generators(plan.seed, range(2)))
+    assert torch.equal(drawn[True], drawn[False]) and drawn[True].shape == (2, LENGTH)
+
+
 def test_a_kv_cache_is_refused():
     network = _network()
     with pytest.raises(ValueError, match="cannot apply to a KV cache"):
