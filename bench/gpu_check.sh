@@ -9,7 +9,8 @@
 #                checkpoint, a new run from its weights (--init-from), `unmask export` in both
 #                formats, `unmask eval --quick` with samples, `unmask eval --suite zero-shot` under the
 #                bd3lm protocol, `unmask sample` once per sampler and
-#                once in blocks, an imported BD3-LM fixture sampled, `unmask lm-eval --limit` on the local PTB task, and transformers loading the HF export on the device; each
+#                once in blocks, an imported BD3-LM fixture sampled, `unmask lm-eval --limit` on the local PTB task, transformers loading the HF export on the device, and
+#                the short run again with model.document_mask (FlexAttention) and its `unmask eval --quick`; each
 #                command is its own line of steps.jsonl (e2e-train, e2e-export, ...)
 #   2. inference bench/train_gpu.py's inference rows (bench.jsonl): evaluation as before and
 #                now with its FLOP utilization, sampling 64 x 1024 from all-mask by cached
@@ -214,6 +215,17 @@ print(json.dumps({"hf_load": type(model).__name__, "device": str(next(model.para
                   "max_abs_logit_difference": difference}))
 assert next(model.parameters()).device.type == device.type and difference < 1e-3, difference
 PY
+  # Document masking (model.document_mask): the same short run with FlexAttention's per-batch
+  # BlockMask (e2e-train-documents.json against e2e-train.json: its cost in tokens/s and MFU),
+  # then its export scored on the device with the mask it was trained with.
+  step e2e-train-documents "$limit_e2e_train" "${unmask[@]}" train --config "$config" --data "$data" \
+    --run-dir "$scratch/e2e-documents" --no-progress --logging.mlflow false --model.document_mask true \
+    --train.max_steps "$e2e_steps" --train.global_batch_size "$e2e_batch" --logging.every "$e2e_every" \
+    --eval.every "$e2e_every" --eval.batches 2 --checkpoint.every 1000
+  train_json "$scratch/e2e-documents" > "$out/e2e-train-documents.json"
+  cat "$out/e2e-train-documents.json"
+  step e2e-eval-documents "$limit_e2e_eval" "${unmask[@]}" eval "$scratch/e2e-documents" --datasets val \
+    --shards "$data" --quick --device "$device"
 fi
 
 # 2. Inference: evaluation (as before and as now), sampling 64 x 1024, lm-eval's scoring.

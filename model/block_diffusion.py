@@ -21,6 +21,7 @@ from torch import Tensor
 from model.absorbing import AbsorbingDiffusion
 from model.checks import check_reconstruction
 from model.denoiser import Denoiser, DenoiserLike, as_denoiser
+from model.documents import masks_documents
 from model.generators import Generators, batch_generator, uniforms
 from model.process import NelboTerms, Reconstruction, low_discrepancy_times
 from model.sampling import SamplingPlan, SamplingStats
@@ -80,11 +81,12 @@ class BlockDiffusion(AbsorbingDiffusion):
         """Block by block with a KV cache of the finished blocks (``model.sampling.blocks``):
         ``plan.sampler`` inside each block, any ``seq_len`` that is a multiple of the block size
         (past ``window`` the cache slides), stopping at ``plan.until_eos``. ``denoiser``: a
-        ``Transformer``. ``kv_cache`` False recomputes the finished blocks at every call;
-        ``on_block`` is called after each block."""
+        ``Transformer``. ``kv_cache`` False recomputes the finished blocks at every call, as a
+        network that masks documents always does (``model.documents``: it reads them from the
+        rows it is given); ``on_block`` is called after each block."""
         return draw_blocks(self, self.sampler(plan.sampler), denoiser, plan, num_samples=num_samples,
                            seq_len=seq_len, prompt=prompt, generator=generator, window=window, device=device,
-                           cache=kv_cache, on_block=on_block)
+                           cache=kv_cache and not masks_documents(denoiser), on_block=on_block)
 
     def num_blocks(self, length: int) -> int:
         """L / L'; ValueError when the block size does not divide ``length``."""

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from model.block_attention import AttentionLayout, BlockAttention, CleanBlocksDenoiser, training_layout
 from model.cross_entropy import CompiledCrossEntropy, chunked_cross_entropy
 from model.denoiser import Denoiser
+from model.documents import restrict_to_documents, training_document_layout
 
 __all__ = ["TransformerConfig", "Transformer", "ParameterCounts", "PRESETS", "preset",
            "parameter_counts", "count_parameters", "TimeInput", "RopeAngles", "LOGLINEAR_SIGMA_EPS",
@@ -72,6 +73,9 @@ class TransformerConfig:
     time_input: TimeInput = "scaled_t"  # or "loglinear_sigma": MDLM's sigma(t)
     rope_angles: RopeAngles = "float64"  # or "float32": MDLM's rounding of the rotary angles
     vocab_multiple: int = 1         # embedding and head rows padded to a multiple of this (docs/model-api.md)
+    # The token id that ends a packed document (prep's EOS): attention stays inside each
+    # document of the input and positions restart after it (model.documents). None: the window.
+    document_separator: int | None = None
 
     def __post_init__(self) -> None:
         checks = {
@@ -83,6 +87,8 @@ class TransformerConfig:
             "time_input": self.time_input in get_args(TimeInput),
             "rope_angles": self.rope_angles in get_args(RopeAngles),
             "vocab_multiple": isinstance(self.vocab_multiple, int) and self.vocab_multiple >= 1,
+            "document_separator": self.document_separator is None or (
+                isinstance(self.document_separator, int) and 0 <= self.document_separator < self.vocab_size),
         }
         for field, ok in checks.items():
             if not ok:
@@ -179,15 +185,17 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        """x: [B, H, L, head_dim]; ``positions`` (LongTensor [L]): the position of each of the L
+        """x: [B, H, L, head_dim]; ``positions`` (LongTensor [L] or [B, L]): the position of each of the L
         rows (None: 0..L-1). Block diffusion gives its clean copy the noisy copy's positions."""
         length = x.shape[-2]
         if positions is None:
             if length > self.cos.shape[0]:
                 raise ValueError(f"sequence length {length} exceeds max_seq_len {self.cos.shape[0]}")
             cos, sin = self.cos[:length], self.sin[:length]
-        else:
+        else:  # positions [L], or [B, L] (model.documents): one row of angles per sequence
             cos, sin = self.cos[positions], self.sin[positions]
+            if positions.dim() == 2:  # [B, L, head_dim/2] -> [B, 1, L, head_dim/2], broadcast over the heads
+                cos, sin = cos[:, None], sin[:, None]
         x1, x2 = x.float().chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
@@ -294,9 +302,10 @@ class Transformer(nn.Module, Denoiser):
     only; their indices are read first, the forward's one host synchronization), ``targets``
     (-log p of them in float32 instead of the logits, ``chunk_rows`` rows of the head at a
     time: ``model.cross_entropy``), ``clean`` and ``block_size`` (block diffusion's forward over
-    [z ; x0], its mask's kernel ``block_attention``: "dense" or "flex") and ``layout`` (the block
-    sampler's positions, mask and KV cache). All go through ``forward`` so that wrappers that
-    only see calls (DeepSpeed's engine and ZeRO-3, torch.compile) see them. As a ``Denoiser``,
+    [z ; x0], its mask's kernel ``block_attention``: "dense" or "flex", document masking's too:
+    ``model.documents``) and ``layout`` (the block sampler's positions, mask and KV cache).
+    With ``config.document_separator`` every forward attends within the documents of its rows.
+    All go through ``forward`` so that wrappers that only see calls (DeepSpeed's engine and ZeRO-3, torch.compile) see them. As a ``Denoiser``,
     ``logits``, ``logits_at`` and ``nll_at`` are these calls; it is ``time_independent`` without
     time conditioning. ``compile_parts`` compiles each block and the head with its loss.
     """
@@ -319,8 +328,9 @@ class Transformer(nn.Module, Denoiser):
                                                              -math.inf) if padded else None
         self.register_buffer("logit_mask", mask, persistent=False)
         self._compiled_loss: CompiledCrossEntropy | None = None
-        # Block diffusion's training mask: "dense" (SDPA) or "flex" (FlexAttention, GPU); see
-        # model.block_attention. Layouts are built once per (length, block size, device).
+        # Block diffusion's training mask, and document masking's: "dense" (SDPA) or "flex"
+        # (FlexAttention, GPU); see model.block_attention. Block layouts are built once per
+        # (length, block size, device); documents' per batch (model.documents).
         self.block_attention: BlockAttention = block_attention
         self._layouts: dict[tuple, AttentionLayout] = {}
         self.reset_parameters()
@@ -372,6 +382,9 @@ class Transformer(nn.Module, Denoiser):
         length = z.shape[1]
         if clean is not None:  # block diffusion's training forward over [z ; x] (model.block_attention)
             layout = self._training_layout(z, clean, block_size)
+        if self.config.document_separator is not None:  # attention inside each document (model.documents)
+            layout = self._document_layout(z, clean, block_size, layout)
+        if clean is not None:
             z = torch.cat([z, clean], dim=1)  # [B, L] + [B, L] -> [B, 2L]
         x = self.embed(z)
         for block in self.blocks:
@@ -399,6 +412,16 @@ class Transformer(nn.Module, Denoiser):
         if key not in self._layouts:
             self._layouts[key] = training_layout(z.shape[1], block_size, z.device, self.block_attention)
         return self._layouts[key]
+
+    def _document_layout(self, z: Tensor, clean: Tensor | None, block_size: int | None,
+                         layout: AttentionLayout | None) -> AttentionLayout:
+        separator = self.config.document_separator
+        if z.shape[1] > self.config.max_seq_len:  # positions restart per document, the window stays the limit
+            raise ValueError(f"sequence length {z.shape[1]} exceeds max_seq_len {self.config.max_seq_len}")
+        if layout is not None and clean is None:  # a sampler's layout
+            return restrict_to_documents(layout, z, separator)
+        return training_document_layout(z, clean, separator, self.block_attention, causal=self.config.causal,
+                                        block_size=block_size)
 
     def _condition(self, z: Tensor, t: Tensor | None) -> Tensor | None:
         """The adaLN input: the embedding of t, of time input 0 (``adaptive_norm``), or None."""

@@ -82,6 +82,10 @@ class ModelSection:
     # tokens, masked diffusion inside each; it must divide the sequence length. null: one block,
     # the whole sequence (MDLM). Absorbing process, time-free network.
     block_size: int | None = None
+    # Attention restricted to each packed document (the data's EOS ends one) and positions
+    # restarting per document, for every objective and block diffusion (model.documents,
+    # docs/training.md#document-masking). false: attention over the whole window.
+    document_mask: bool = False
 
     def spec(self, network: TransformerConfig) -> ModelSpec:
         """The model this section trains on ``network``, as an export records it. For the
@@ -156,9 +160,10 @@ class TrainSection:
     # training dtype (cudnn, then flash, then efficient on GPU; flash on CPU); one it cannot
     # run is refused before training starts.
     attention: Literal["auto", "cudnn", "flash", "efficient", "math"] = field(default="auto", metadata=RESUME_SAFE)
-    # Block diffusion's attention mask (model.block_size): "flex", FlexAttention with a compiled
-    # block mask (GPU), or "dense", SDPA with a boolean mask (train.attention's kernel). "auto":
-    # flex where it runs (GPU, no dropout), dense otherwise.
+    # Block diffusion's attention mask (model.block_size), and document masking's
+    # (model.document_mask): "flex", FlexAttention with a compiled block mask (GPU), or "dense",
+    # SDPA with a boolean mask (train.attention's kernel). "auto": flex where it runs (GPU, no
+    # dropout), dense otherwise.
     block_attention: Literal["auto", "flex", "dense"] = field(default="auto", metadata=RESUME_SAFE)
     # Block diffusion, training only: each block's masking rate drawn in [beta, omega] (the
     # paper's clipped schedule, less variance); evaluation and validation always bound over the
@@ -284,9 +289,9 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
          "must be [beta, omega] with 0 <= beta < omega <= 1"),
         ("train.block_mask_rate", m.block_size is not None or tuple(t.block_mask_rate) == (0.0, 1.0),
          "clips block diffusion's masking rates: set model.block_size, or leave it [0, 1]"),
-        ("train.block_attention", m.block_size is not None or t.block_attention == "auto",
-         ("chooses block diffusion's attention mask, and without blocks there is none: set model.block_size, or "
-          "leave it auto")),
+        ("train.block_attention", m.block_size is not None or m.document_mask or t.block_attention == "auto",
+         ("chooses block diffusion's or document masking's attention mask, and without either there is none: set "
+          "model.block_size or model.document_mask, or leave it auto")),
         ("train.block_mask_rate_search", m.block_size is not None or not t.block_mask_rate_search,
          "searches block diffusion's masking-rate interval: set model.block_size, or leave it false"),
         ("train.block_mask_rate_search", not t.block_mask_rate_search or c.eval.every > 0,

@@ -10,6 +10,10 @@ micro-step, the objective through the engine's edge, sampling under bf16, the we
 its KV-cache sampler, and an imported BD3-LM model's logits against BD3-LM's own; the compiled
 activation estimate against the GPU's peak, and FP8 (``train.float8``): planned or refused by
 compute capability, and its loss curve against bf16's. ``make
+
+
+its KV-cache sampler, document masking's FlexAttention step (MDLM, blocks, AR) against its dense
+mask, and an imported BD3-LM model's logits against BD3-LM's own. ``make
 gpu-check`` runs these and the GPU benchmark in one command; ``bench/gpu_check.sh`` runs them
 on a lent device (docs/performance.md).
 """
@@ -356,6 +360,39 @@ def test_block_diffusion_trains_with_flexattention_and_matches_the_dense_mask():
             loss = process.nelbo(network, x0, t, torch.Generator(device="cuda").manual_seed(2)).sum() / x0.numel()
         loss.backward()
         losses[kind], grads[kind] = loss.detach(), network.blocks[0].attn.qkv.weight.grad.float()
+    assert torch.isfinite(losses["flex"])
+    torch.testing.assert_close(losses["flex"], losses["dense"], rtol=BF16_LOSS_RTOL, atol=0)
+    assert torch.nn.functional.cosine_similarity(grads["flex"].flatten(), grads["dense"].flatten(), dim=0) > 0.99
+
+
+@pytest.mark.parametrize("kind", ["mdlm", "block", "ar"])
+def test_document_masking_trains_with_flexattention_and_matches_the_dense_mask(kind):
+    """``model.document_mask`` on GPU: FlexAttention with a BlockMask per batch (``auto``'s choice),
+    loss and gradients those of the dense SDPA mask (bf16 rounding), for MDLM, blocks and AR."""
+    from model.autoregressive import Autoregressive
+    from model.block_diffusion import BlockDiffusion
+
+    eos = VOCAB - 1
+    config = load_config(None, {"model.preset": "small", "model.document_mask": "true",
+                                "train.global_batch_size": str(BATCH)})
+    network_config = preset("small", VOCAB, max_seq_len=LENGTH, document_separator=eos)
+    assert plan_training(config, network_config, 1, torch.device("cuda")).block_attention == "flex"
+    x0 = _batch()
+    x0[:, 37::53] = eos  # documents of 53 tokens, packed; tiles of 128 cut them
+    t = torch.rand(BATCH, LENGTH // 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    losses, grads = {}, {}
+    for attention in ("dense", "flex"):
+        network = _network(attention, document_separator=eos, causal=kind == "ar")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            if kind == "ar":
+                loss = Autoregressive(VOCAB, validate=False).nll(network, x0).sum() / x0.numel()
+            elif kind == "block":
+                process = BlockDiffusion(make_schedule("linear"), VOCAB, 16, validate=False)
+                loss = process.nelbo(network, x0, t, torch.Generator(device="cuda").manual_seed(2)).sum() / x0.numel()
+            else:
+                loss = _loss(network, x0, bf16=True)
+        loss.backward()
+        losses[attention], grads[attention] = loss.detach(), network.blocks[0].attn.qkv.weight.grad.float()
     assert torch.isfinite(losses["flex"])
     torch.testing.assert_close(losses["flex"], losses["dense"], rtol=BF16_LOSS_RTOL, atol=0)
     assert torch.nn.functional.cosine_similarity(grads["flex"].flatten(), grads["dense"].flatten(), dim=0) > 0.99

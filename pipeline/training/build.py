@@ -89,7 +89,7 @@ class TrainingParts:
                     "attention": plan.attention, "float8": plan.float8, "seq_len": self.manifest.seq_len,
                     "vocab_size": self.network.vocab_size,
                     "network": asdict(self.network)}  # the shape the preset and overrides resolved to
-        if config.model.block_size is not None:
+        if config.model.block_size is not None or config.model.document_mask:
             resolved["block_attention"] = plan.block_attention
         params = {**config.to_dict(), "resolved": resolved}
         tags = {"git_commit": git_commit(), "data_manifest_sha256": self.manifest.sha256(),
@@ -204,7 +204,8 @@ def network_config(model: ModelSection, manifest: Manifest) -> TransformerConfig
         config = preset(model.preset, vocab, **shape)
         return replace(config, max_seq_len=max_seq_len, dropout=model.dropout,
                        time_conditioning=model.time_conditioning,
-                       causal=model.objective == "autoregressive", vocab_multiple=model.vocab_multiple)
+                       causal=model.objective == "autoregressive", vocab_multiple=model.vocab_multiple,
+                       document_separator=manifest.tokenizer["eos_id"] if model.document_mask else None)
     except ValueError as err:
         raise UserError(f"config section model: {err}") from None
 

@@ -110,7 +110,7 @@ class TrainingPlan:
     chunked_cross_entropy: int       # rows per chunk of the head and loss; 0: all at once
     parameters: int                  # of the whole network (before ZeRO-3 partitions it)
     overlap_comm: bool = False       # DeepSpeed reduces gradient buckets during the backward
-    block_attention: str = "dense"   # block diffusion's mask: "flex" or "dense" (unused without model.block_size)
+    block_attention: str = "dense"   # block diffusion's or document masking's mask: "flex" or "dense" (else unused)
     float8: bool = False             # the blocks' projections in FP8 (pipeline.training.float8)
 
 
@@ -131,12 +131,12 @@ def plan_training(config: Config, network: TransformerConfig, world_size: int, d
         batches = plan_batches(config, world_size)
         checkpointing = resolve_activation_checkpointing(config, network, batches, zero_stage, precision, memory,
                                                          compiled=compiled)
-    blocks = config.model.block_size is not None
-    block_attention = (resolve_block_attention(config.train.block_attention, device, network.dropout) if blocks
+    masked = config.model.block_size is not None or network.document_separator is not None
+    block_attention = (resolve_block_attention(config.train.block_attention, device, network.dropout) if masked
                        else "dense")
     attention = resolve_attention(config.train.attention, device, ACTIVATION_DTYPES[precision], network.head_dim,
                                   causal=network.causal, dropout=network.dropout,
-                                  masked=blocks and block_attention == "dense")
+                                  masked=masked and block_attention == "dense")
     return TrainingPlan(batches, zero_stage, precision, checkpointing, compiled, attention,
                         config.train.chunked_cross_entropy, parameters,
                         overlap_comm=device.type == "cuda" and world_size > 1, block_attention=block_attention,

@@ -20,7 +20,8 @@ DRY_RUN_TIMEOUT_S = 1500
 E2E_STEPS = ["e2e-train", "e2e-init-from", "e2e-export", "e2e-export-hf", "e2e-eval", "e2e-sample-ancestral",
              "e2e-sample-first-hitting", "e2e-sample-confidence", "e2e-sample-remdm", "e2e-sample-blocks",
              "e2e-sample-threshold", "e2e-sample-prefix-cache", "e2e-eval-suite",
-             "e2e-bd3lm-tokenizer", "e2e-import-bd3lm", "e2e-sample-bd3lm", "e2e-lm-eval", "e2e-hf-load"]
+             "e2e-bd3lm-tokenizer", "e2e-import-bd3lm", "e2e-sample-bd3lm", "e2e-lm-eval", "e2e-hf-load",
+             "e2e-train-documents", "e2e-eval-documents"]
 MAX_OUT_FILES = 8   # what a device call brings back from $OUT (../shared/gpu/README.md)
 
 
@@ -49,7 +50,7 @@ def test_the_gpu_check_dry_runs_on_cpu_and_writes_every_result(tmp_path, tinysha
     assert [(s["step"], s["rc"], s["timed_out"], s.get("skipped", False)) for s in steps] == [
         (name, 0, False, False) for name in [*E2E_STEPS, "inference", "tests", "train", "bench", "scale", "fp8", "checkpoint"]]
     assert json.loads((out / "environment.json").read_text())["attention_kernels"] == ["flash", "math"]
-    for name in ("train.json", "e2e-train.json"):
+    for name in ("train.json", "e2e-train.json", "e2e-train-documents.json"):
         train = json.loads((out / name).read_text())
         assert train["step"] == 2 and train["tokens_per_s"] > 0 and train["mfu"] is None  # no MFU without a peak
     with tarfile.open(out / "logs.tar.gz") as packed:

@@ -37,6 +37,7 @@ NETWORK_FIELDS = (
     "vocab_size", "n_layers", "d_model", "n_heads", "max_seq_len", "mlp_ratio", "dropout", "time_conditioning",
     "time_embed_dim", "tie_weights", "causal", "rope_base", "norm_eps", "init_std", "mlp_bias", "head_bias",
     "head_mask_row", "adaptive_norm", "time_frequencies", "time_input", "rope_angles", "vocab_multiple",
+    "document_separator",
 )
 MAX_TIME_PERIOD = 10_000.0  # periods of the sinusoidal time features span 1 to this many units
 TIME_SCALE = 1000.0         # time input "scaled_t": TIME_SCALE * t
@@ -61,6 +62,9 @@ class UnmaskConfig(PretrainedConfig):
         if self.network.get("vocab_multiple", 1) != 1:  # exports drop the padded vocabulary rows
             raise ValueError(f"network vocab_multiple = {self.network['vocab_multiple']}: this file takes the "
                              "weights of an export, whose vocabulary is unpadded (vocab_multiple 1)")
+        if self.network.get("document_separator") is not None:  # unmask's model.documents is not carried over
+            raise ValueError(f"network document_separator = {self.network['document_separator']}: this file "
+                             "attends over the whole window, not per document; use the unmask export")
         kwargs.setdefault("tie_word_embeddings", False)  # the tied head reads the embedding itself
         super().__init__(**kwargs)
 

@@ -117,6 +117,20 @@ def test_the_modeling_file_implements_every_network_field(transformers):
     assert set(module.NETWORK_FIELDS) == {field.name for field in dataclasses.fields(TransformerConfig)}
     with pytest.raises(ValueError, match="does not know the network fields"):
         module.UnmaskConfig(network={"vocab_size": 5, "a_field_of_the_future": 1})
+    with pytest.raises(ValueError, match="document_separator = 2: this file attends over the whole window"):
+        module.UnmaskConfig(network={"vocab_size": 5, "document_separator": 2})
+
+
+def test_a_document_masked_model_is_refused_in_one_line_and_nothing_is_written(tokenizer_dir, tmp_path):
+    """The modeling file attends over the whole window: a model trained per document
+    (model.document_mask) would give other logits there, so it stays an unmask export."""
+    from common.errors import UserError
+
+    source = _random_export(tmp_path / "export", tokenizer_dir, document_separator=2)
+    with pytest.raises(UserError, match=r"--format hf: this model attends within each document "
+                                        r"\(model.document_mask, separator id 2\)"):
+        export_to_hf(source, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
 
 
 # ----------------------------------------------------------------------------- block diffusion (BD3-LM)

@@ -86,10 +86,13 @@ def test_an_attention_mask_for_blocks_without_blocks_is_refused():
 
     for form in ("flex", "dense"):
         with pytest.raises(UserError, match=rf"config field train.block_attention = '{form}': chooses block "
-                                            r"diffusion's attention mask, and without blocks there is none: set "
-                                            r"model.block_size, or leave it auto"):
+                                            r"diffusion's or document masking's attention mask, and without either "
+                                            r"there is none: set model.block_size or model.document_mask, or leave "
+                                            r"it auto"):
             load_config(None, {"train.block_attention": form})
     config = load_config(None, {"train.block_attention": "dense", "model.block_size": "4"})
+    assert config.train.block_attention == "dense"
+    config = load_config(None, {"train.block_attention": "dense", "model.document_mask": "true"})
     assert config.train.block_attention == "dense"
 
 
