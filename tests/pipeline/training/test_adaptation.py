@@ -6,6 +6,8 @@ recorded; the objective anneals before ``anneal_steps`` and never after; bad con
 from __future__ import annotations
 
 import dataclasses
+import math
+import signal
 
 import pytest
 import torch
@@ -16,11 +18,13 @@ from model.annealing import AttentionAnnealing
 from model.schedules import make_schedule
 from model.transformer import Transformer, TransformerConfig, preset
 from pipeline.config import AdaptSection, Config, ModelSection
+from pipeline.run_dir.checkpoint import read_state, resolve_checkpoint
 from pipeline.training.adaptation import MASK_INIT, check_not_adapting
 from pipeline.training.init_from import InitFrom, adapted_source, load_source, read_source, source_network
 from pipeline.training.objective import DiffusionObjective, MicroBatchSlot
 from tests.support.causal_lm_fixtures import VOCAB_SIZE, hf_logits, write_causal_lm
 from tests.support.paths import needs_shared
+from tests.support.train_helpers import MICRO_RUN, run_train, run_until_stall, write_config
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), needs_shared("corpora/tinyshakespeare/input.txt")]
 
@@ -125,3 +129,55 @@ def test_the_objective_anneals_before_anneal_steps_only():
         middle = bound(annealed, network, 5)
         assert not torch.allclose(middle, bound(plain, network, 5)) and not torch.allclose(middle,
                                                                                             bound(plain, causal, 5))
+
+
+# ------------------------------------------------------------------ training, from an unmask autoregressive run
+ADAPT_RUN = {"model": {"block_size": 8}, "adapt": {"anneal_steps": 4}, "train": {"zero_stage": 1}}
+
+
+@pytest.fixture(scope="module")
+def ar_run(tmp_path_factory, tinyshakespeare_shards):
+    """A finished 2-step run of the causal baseline (unmask's own autoregressive network)."""
+    root = tmp_path_factory.mktemp("ar")
+    config = write_config(root / "ar.yaml", {**MICRO_RUN, "model": {"objective": "autoregressive"}})
+    return run_train(root / "run", tinyshakespeare_shards, config).run_dir
+
+
+@pytest.fixture(scope="module")
+def adapted_run(tmp_path_factory, tinyshakespeare_shards, ar_run):
+    """That run adapted to block diffusion (blocks of 8), its attention opening over 4 of its 6 steps."""
+    root = tmp_path_factory.mktemp("adapted")
+    config = write_config(root / "adapt.yaml", ADAPT_RUN)
+    return run_train(root / "run", tinyshakespeare_shards, config, extra=["--init-from", str(ar_run)])
+
+
+def _deterministic(run) -> dict[tuple[int, str], float]:
+    return {(record["step"], key): value for record in run.metrics() for key, value in record.items()
+            if key.startswith(("train/loss", "train/attention_opened", "val/"))}
+
+
+@pytest.mark.slow
+def test_an_autoregressive_run_adapts_and_records_it(adapted_run, ar_run):
+    opened = {m["step"]: m["train/attention_opened"] for m in adapted_run.metrics() if "train/attention_opened" in m}
+    assert opened == {1: 0.25, 2: 0.5, 3: 0.75, 4: 1.0, 5: 1.0, 6: 1.0}
+    assert all(math.isfinite(v) for v in adapted_run.losses().values())
+    meta = read_state(resolve_checkpoint(adapted_run.run_dir))
+    record = meta.init_from
+    assert record["kind"] == "run" and record["network"]["causal"]
+    assert record["adaptation"]["target"] == "BD3 (block size 8)" and record["adaptation"]["anneal_steps"] == 4
+    assert meta.network["shift"] and not meta.network["causal"]
+
+
+@pytest.mark.slow
+def test_an_adapted_run_resumes_mid_annealing_bit_equal(tmp_path, tinyshakespeare_shards, ar_run, adapted_run):
+    """Killed after step 5 (checkpoint at step 3, the attention a quarter shut), resumed: every loss
+    and validation equal to the uninterrupted run's."""
+    config = write_config(tmp_path / "adapt.yaml", ADAPT_RUN)
+    run_dir = tmp_path / "run"
+    killed = run_until_stall(run_dir, tinyshakespeare_shards, config, stall_after=5, stop=signal.SIGKILL,
+                             extra=["--init-from", str(ar_run)])
+    assert killed.returncode != 0
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step-00000003"
+    resumed = run_train(run_dir, tinyshakespeare_shards, config, extra=["--init-from", str(ar_run)])
+    assert "resumed from" in resumed.output
+    assert _deterministic(resumed) == _deterministic(adapted_run)  # equal floats, not close
