@@ -106,7 +106,8 @@ class KVCache:
     cached keys and values followed by the current rows' (of the cached rows ``rows``, bool
     [B]: a sampler passes only the rows that need the network); with ``append`` True it also
     keeps the current rows (a finished block's clean pass, every row). ``last`` is the last
-    token of the cached text, [B]: a shifted network's first row of the next block (``model.shift``).
+    token of the cached text, [B]: a shifted network's first row of the next block (``model.shift``),
+    set by its clean pass.
     """
 
     append: bool = False

@@ -560,9 +560,11 @@ class Transformer(nn.Module, Denoiser):
         if layout is not None and cache is None:
             raise ValueError("a shifted network builds its own attention layout; a layout may only bring a KV cache")
         last = None if cache is None else cache.last_of(z.shape[0])
+        lead = self.config.start_id if last is None else last
         if cache is not None and cache.append:  # a finished block's clean rows: [x_{bL'-1}, x^b without its last]
-            z = z[:, :-1]
-        return shifted_input(z, self.config.start_id if last is None else last)
+            cache.last = z[:, -1]               # the next block's group reads it first
+            return shifted_input(z[:, :-1], lead)
+        return shifted_input(z, lead)
 
     def _embed(self, tokens: Tensor, layout: AttentionLayout | None) -> Tensor:
         """The embedding of the rows' ids, plus a learned table's positions (``FamilyLayers``)."""
