@@ -13,13 +13,14 @@ from tests.support.tokenizer_fixtures import VOCAB_SIZE, byte_level_bpe
 __all__ = ["FAMILIES", "VOCAB_SIZE", "hf_logits", "write_causal_lm"]
 
 # Each family's config: 2 layers of width 32, 4 heads; Llama and Qwen2 with 2 key/value heads
-# (grouped-query attention), Qwen2 with its query/key/value biases.
+# (grouped-query attention), Qwen2 with its query/key/value biases; the ids of the tokenizer's
+# </s> (0) and <s> (1) as transformers' eos and bos.
 FAMILIES = {
-    "gpt2": {"n_positions": 64, "n_embd": 32, "n_layer": 2, "n_head": 4},
+    "gpt2": {"n_positions": 64, "n_embd": 32, "n_layer": 2, "n_head": 4, "bos_token_id": 1, "eos_token_id": 0},
     "llama": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "max_position_embeddings": 64},
+              "num_key_value_heads": 2, "max_position_embeddings": 64, "bos_token_id": 1, "eos_token_id": 0},
     "qwen2": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "max_position_embeddings": 64},
+              "num_key_value_heads": 2, "max_position_embeddings": 64, "bos_token_id": 1, "eos_token_id": 0},
 }
 
 
