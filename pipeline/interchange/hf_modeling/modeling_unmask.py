@@ -37,7 +37,11 @@ NETWORK_FIELDS = (
     "vocab_size", "n_layers", "d_model", "n_heads", "max_seq_len", "mlp_ratio", "dropout", "time_conditioning",
     "time_embed_dim", "tie_weights", "causal", "rope_base", "norm_eps", "init_std", "mlp_bias", "head_bias",
     "head_mask_row", "adaptive_norm", "time_frequencies", "time_input", "rope_angles", "vocab_multiple",
+    "shift", "family",
 )
+# Fields of a network adapted from an autoregressive model, at the values this file computes (an
+# unmask network's): the others are refused.
+ADAPTED_FIELDS = {"shift": False, "family": None}
 MAX_TIME_PERIOD = 10_000.0  # periods of the sinusoidal time features span 1 to this many units
 TIME_SCALE = 1000.0         # time input "scaled_t": TIME_SCALE * t
 LOGLINEAR_SIGMA_EPS = 1e-3  # time input "loglinear_sigma": -log(1 - (1 - eps) t)
@@ -58,6 +62,10 @@ class UnmaskConfig(PretrainedConfig):
         if unknown:
             raise ValueError(f"this modeling file does not know the network fields {unknown}: export again "
                              "with the unmask version that trained the model")
+        adapted = sorted(name for name, value in ADAPTED_FIELDS.items() if self.network.get(name, value) != value)
+        if adapted:
+            raise ValueError(f"network {adapted[0]} = {self.network[adapted[0]]!r}: a model adapted from an "
+                             "autoregressive one, which this file does not compute; use its unmask export")
         if self.network.get("vocab_multiple", 1) != 1:  # exports drop the padded vocabulary rows
             raise ValueError(f"network vocab_multiple = {self.network['vocab_multiple']}: this file takes the "
                              "weights of an export, whose vocabulary is unpadded (vocab_multiple 1)")

@@ -117,6 +117,26 @@ def test_the_modeling_file_implements_every_network_field(transformers):
     assert set(module.NETWORK_FIELDS) == {field.name for field in dataclasses.fields(TransformerConfig)}
     with pytest.raises(ValueError, match="does not know the network fields"):
         module.UnmaskConfig(network={"vocab_size": 5, "a_field_of_the_future": 1})
+    # An adapted autoregressive model's network is refused, not computed wrong.
+    for adapted in ({"shift": True}, {"family": {"learned_positions": 64}}):
+        with pytest.raises(ValueError, match="adapted from an autoregressive one"):
+            module.UnmaskConfig(network={"vocab_size": 5, **adapted})
+
+
+def test_an_adapted_model_is_refused_before_anything_is_written(tmp_path):
+    """The HF format does not hold an adapted model yet: one line, and no directory."""
+    from common.errors import UserError
+    from model.spec import ModelSpec
+    from model.transformer import FamilyLayers
+    from pipeline.interchange.hf_export import write_hf_export
+
+    network = TransformerConfig(vocab_size=VOCAB_SIZE, n_layers=1, d_model=32, n_heads=4, max_seq_len=MAX_SEQ_LEN,
+                                shift=True, family=FamilyLayers(learned_positions=MAX_SEQ_LEN + 1, norm_bias=True))
+    config = ModelSpec(network=network, objective="diffusion", process="absorbing", schedule="linear",
+                       schedule_args={}).to_dict()
+    with pytest.raises(UserError, match="^--format hf .*adapted from an autoregressive one.*--format unmask$"):
+        write_hf_export(tmp_path / "hf", {}, config, tmp_path)
+    assert not (tmp_path / "hf").exists()
 
 
 # ----------------------------------------------------------------------------- block diffusion (BD3-LM)
