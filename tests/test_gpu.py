@@ -559,3 +559,65 @@ def test_an_imported_bd3lm_model_gives_bd3lm_s_logits_on_the_gpu_and_samples(tmp
         tokens, _ = process.sample(network, plan, num_samples=2, seq_len=3 * length, window=length,
                                    generator=sample_generators(plan.seed, range(2)), device=device)
     assert tokens.shape == (2, 3 * length) and int(tokens.max()) < VOCAB_SIZE
+
+
+# ------------------------------------------------------------------ an adapted autoregressive model (docs/adapting.md)
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_hugging_face_causal_lm_read_as_our_network_gives_transformers_logits_on_the_gpu(tmp_path, family):
+    """The family layers on CUDA (SDPA's kernels, float32): transformers' own logits within 1e-4."""
+    import transformers
+
+    from pipeline.interchange.causal_lm_import import read_causal_lm
+    from tests.support.causal_lm_fixtures import VOCAB_SIZE, write_causal_lm
+
+    directory = write_causal_lm(tmp_path / family, family, seed=3)
+    model = read_causal_lm(directory)
+    ours = Transformer(model.network).cuda().eval()
+    ours.load_state_dict({name: tensor.cuda() for name, tensor in model.tensors.items()})
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).cuda().eval()
+    x = torch.randint(0, VOCAB_SIZE, (4, 32), generator=torch.Generator().manual_seed(1)).cuda()
+    start = torch.full((4, 1), model.start_token, device="cuda")
+    with torch.no_grad():
+        expected = theirs(input_ids=torch.cat([start, x], 1)).logits
+        actual = ours(torch.cat([torch.full_like(start, VOCAB_SIZE), x], 1))
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-4)
+
+
+def test_a_shifted_block_model_trains_with_flexattention_and_matches_the_dense_mask():
+    """The shift's training layout (``model.shift``) as a FlexAttention BlockMask: the dense mask's
+    loss and gradients (bf16 rounding); annealed steps (dense) run under bf16 too."""
+    from model.annealing import AttentionAnnealing
+    from model.block_diffusion import BlockDiffusion
+    from pipeline.training.objective import annealed
+
+    x0 = _batch()
+    process = BlockDiffusion(make_schedule("linear"), VOCAB, 16, validate=False)
+    t = torch.rand(BATCH, LENGTH // 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    losses, grads = {}, {}
+    for kind in ("dense", "flex"):
+        network = _network(kind, shift=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = process.nelbo(network, x0, t, torch.Generator(device="cuda").manual_seed(2)).sum() / x0.numel()
+        loss.backward()
+        losses[kind], grads[kind] = loss.detach(), network.blocks[0].attn.qkv.weight.grad.float()
+    torch.testing.assert_close(losses["flex"], losses["dense"], rtol=BF16_LOSS_RTOL, atol=0)
+    assert torch.nn.functional.cosine_similarity(grads["flex"].flatten(), grads["dense"].flatten(), dim=0) > 0.99
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        half_open = process.nelbo(annealed(network, AttentionAnnealing(0.5, seed=4)), x0, t,
+                                  torch.Generator(device="cuda").manual_seed(2)).sum() / x0.numel()
+    assert torch.isfinite(half_open) and not torch.isclose(half_open, losses["flex"])
+
+
+def test_a_shifted_block_model_samples_with_its_kv_cache_under_bf16():
+    """An adapted model's block sampler on a GPU: the cache's lead token carried block to block;
+    first-hitting makes one call per token."""
+    from model.block_diffusion import BlockDiffusion
+
+    network, device, samples = _network(shift=True).eval(), torch.device("cuda"), 4
+    process = BlockDiffusion(make_schedule("linear"), VOCAB, 16, validate=False)
+    plan = SamplingPlan(sampler="first-hitting", seed=0)
+    with torch.inference_mode(), inference_mode(network, device):
+        tokens, stats = process.sample(network, plan, num_samples=samples, seq_len=LENGTH, window=LENGTH,
+                                       generator=sample_generators(plan.seed, range(samples)), device=device)
+    assert tokens.shape == (samples, LENGTH) and int(tokens.max()) < VOCAB
+    assert list(stats.row_calls) == [LENGTH] * samples
