@@ -26,7 +26,6 @@ import torch
 from safetensors.torch import save_file
 
 from common.atomic_files import atomic_write_bytes
-from common.errors import UserError
 from common.outputs import OutputKind, new_output_dir
 from data_prep.tokenizer.base import Tokenizer
 from data_prep.tokenizer.gpt2_bpe import GPT2_ENCODER_FILE, GPT2_EOS_TOKEN, GPT2_MERGES_FILE
@@ -56,10 +55,6 @@ def write_hf_export(out: Path, tensors: Mapping[str, torch.Tensor], config: dict
     appears whole or not at all. Tensors that are not the network's (a learned schedule's)
     stay in the unmask export only."""
     spec = ModelSpec.from_dict(config)
-    if spec.network.shift or spec.network.family is not None:
-        raise UserError(f"--format hf {out}: the model is adapted from an autoregressive one (its pretrained family's "
-                        "layers, the shift: docs/adapting.md), which the transformers modeling file does not compute "
-                        "yet; export it with --format unmask")
     with new_output_dir(out, HF_EXPORT_KIND, "--out") as staging:
         save_file(_network_weights(tensors, spec), str(staging / HF_WEIGHTS_FILE), metadata={"format": "pt"})
         shutil.copyfile(_MODELING_SOURCE, staging / HF_MODELING_FILE)
