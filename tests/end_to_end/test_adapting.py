@@ -1,6 +1,6 @@
 """Adapting a GPT-2 directory as a user does it, every command after the model is saved: prep
 with its tokenizer.json, `unmask train --init-from DIR` into block diffusion (annealing), export,
-sample, eval, and a new run from the adapted export; data of another tokenizer is refused in
+sample, eval (its report naming the source), and a new run from the adapted export; data of another tokenizer is refused in
 one line (docs/adapting.md)."""
 
 from __future__ import annotations
@@ -55,6 +55,10 @@ def test_a_gpt2_directory_is_adapted_and_every_command_reads_the_result(tmp_path
     evaluated = _ok(["eval", str(tmp_path / "export"), "--datasets", "val", "--shards", str(shards), "--quick",
                      "--out", str(tmp_path / "eval")])
     assert "perplexity <=" in evaluated
+    report = (tmp_path / "eval" / "report.md").read_text(encoding="utf-8")  # it names the source
+    for field, value in (("init_from.source", str(source)), ("init_from.family", "gpt2"),
+                         ("init_from.sha256", record["sha256"]), ("init_from.adaptation.target", "BD3 (block size 8)")):
+        assert f"`{field}` | `{value}`" in report, field
     # A new run from the adapted export: its network whole (shape set as the source's), no second adaptation.
     again = write_config(tmp_path / "again.yaml", {"model": {"block_size": 8, "n_layers": 2, "d_model": 32,
                                                              "n_heads": 4}, "train": {"max_steps": 1},
