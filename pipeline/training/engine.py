@@ -115,9 +115,11 @@ def plan_training(config: Config, network: TransformerConfig, world_size: int, d
     blocks = config.model.block_size is not None
     block_attention = (resolve_block_attention(config.train.block_attention, device, network.dropout) if blocks
                        else "dense")
+    # A boolean mask reaches SDPA with block diffusion's dense mask, and in an adapted run's annealed
+    # steps (model.annealing): the kernel must take one (flash on GPU does not).
+    masked = (blocks and block_attention == "dense") or config.adapt.anneal_steps > 0
     attention = resolve_attention(config.train.attention, device, ACTIVATION_DTYPES[precision], network.head_dim,
-                                  causal=network.causal, dropout=network.dropout,
-                                  masked=blocks and block_attention == "dense")
+                                  causal=network.causal, dropout=network.dropout, masked=masked)
     return TrainingPlan(batches, zero_stage, precision, checkpointing,
                         resolve_compile(config.train.compile, device, zero_stage), attention,
                         config.train.chunked_cross_entropy, parameters,

@@ -181,3 +181,20 @@ def test_an_adapted_run_resumes_mid_annealing_bit_equal(tmp_path, tinyshakespear
     resumed = run_train(run_dir, tinyshakespeare_shards, config, extra=["--init-from", str(ar_run)])
     assert "resumed from" in resumed.output
     assert _deterministic(resumed) == _deterministic(adapted_run)  # equal floats, not close
+
+
+@pytest.mark.parametrize(("anneal_steps", "masked"), [(0, False), (10, True)])
+def test_annealing_asks_for_an_attention_kernel_that_takes_a_mask(monkeypatch, anneal_steps, masked):
+    """Annealed steps pass SDPA a boolean mask: the run's kernel must take one (flash on GPU does not)."""
+    from pipeline.training import engine
+
+    asked = {}
+
+    def resolve(setting, device, dtype, head_dim, **options):
+        asked.update(options)
+        return "math"
+
+    monkeypatch.setattr(engine, "resolve_attention", resolve)
+    network = dataclasses.replace(preset("tiny", VOCAB_SIZE), max_seq_len=LENGTH, shift=True)
+    engine.plan_training(_config(anneal_steps=anneal_steps), network, 1, torch.device("cpu"))
+    assert asked["masked"] is masked
