@@ -621,3 +621,22 @@ def test_a_shifted_block_model_samples_with_its_kv_cache_under_bf16():
                                        generator=sample_generators(plan.seed, range(samples)), device=device)
     assert tokens.shape == (samples, LENGTH) and int(tokens.max()) < VOCAB
     assert list(stats.row_calls) == [LENGTH] * samples
+
+
+def test_an_annealed_step_runs_under_the_attention_kernel_its_plan_resolves():
+    """An adapted run's annealed steps pass SDPA a boolean mask: the kernel its plan picks takes it."""
+    from model.annealing import AttentionAnnealing
+    from pipeline.training.attention import attention_kernel
+    from pipeline.training.objective import annealed
+
+    network = _network(shift=True)
+    config = load_config(None, {"model.preset": "small", "train.global_batch_size": str(BATCH),
+                                "adapt.anneal_steps": "100"})
+    plan = plan_training(config, network.config, 1, torch.device("cuda"))
+    diffusion = AbsorbingDiffusion(make_schedule("linear"), VOCAB, validate=False)
+    x0, t = _batch(), torch.linspace(0.05, 0.95, BATCH, dtype=torch.float64)
+    with attention_kernel(plan.attention), torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = diffusion.nelbo(annealed(network, AttentionAnnealing(0.5, seed=1)), x0, t=t,
+                               generator=torch.Generator(device="cuda").manual_seed(2)).sum() / x0.numel()
+    loss.backward()
+    assert torch.isfinite(loss) and plan.attention != "flash"
