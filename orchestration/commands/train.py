@@ -30,7 +30,7 @@ examples:
   unmask train --config configs/medium.yaml --data shards/ --run-dir runs/m --train.max_steps 20000
   unmask train --config ft.yaml --data shards/ --run-dir runs/ft --init-from runs/tiny   # a new run from its weights
   unmask train --config configs/adapt-gpt2-medium.yaml --data shards/ --run-dir runs/diffugpt \
-      --init-from gpt2-medium/            # adapt a Hugging Face causal LM (or an unmask AR run) into diffusion
+      --init-from gpt2-medium/    # adapt a Hugging Face causal LM (or an unmask AR run) into diffusion
   torchrun --nproc-per-node 8 -m orchestration.cli train --config configs/medium.yaml --data shards/ --run-dir runs/m
   deepspeed --hostfile hostfile --module orchestration.cli train --config configs/medium.yaml --data shards/ --run-dir runs/m
   unmask train --launcher ray --num-workers 8 --gpus-per-worker 1 --max-failures 3 --ray-address auto \

@@ -6,9 +6,10 @@ architecture, or its network whole: a Hugging Face model, an autoregressive sour
 the ``TrainingPlan`` (every "auto" decided), the loaders, the trained module (built complete
 from the config by ``model.spec.build_trainable``, from ``train.seed``: the same weights on
 every rank; a source's weights are loaded before DeepSpeed partitions it), the engine, the EMA
-and the objective (an adapted run's anneals its attention: ``model.annealing``). ``TrainingParts`` then says what a checkpoint records
-of the run (``meta``), what its MLflow run does (``identity``) and what the first log line
-does (``setup_line``). The manual: docs/training.md.
+and the objective (an adapted run's anneals its attention: ``model.annealing``).
+``TrainingParts`` then says what a checkpoint records of the run (``meta``), what its MLflow
+run does (``identity``) and what the first log line does (``setup_line``). The manual:
+docs/training.md.
 """
 
 from __future__ import annotations

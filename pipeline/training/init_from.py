@@ -307,6 +307,7 @@ def adapted_source(source: InitSource, network: TransformerConfig, config: Confi
     record = replace(source.record, adaptation=adaptation_record(config, causal, network, start).to_json())
     return InitSource(record, adapted_tensors(source.tensors, causal, network))
 
+
 def check_tokenizer(record: InitRecord, tokenizer_sha256: str, data_dir: Path) -> None:
     """The new run's data must be tokenized as the source's (its embedding rows are token ids)."""
     if record.tokenizer_sha256 != tokenizer_sha256:

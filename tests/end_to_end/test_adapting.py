@@ -1,7 +1,7 @@
 """Adapting a GPT-2 directory as a user does it, every command after the model is saved: prep
 with its tokenizer.json, `unmask train --init-from DIR` into block diffusion (annealing), export,
-sample, eval (its report naming the source), and a new run from the adapted export; data of another tokenizer is refused in
-one line (docs/adapting.md)."""
+sample, eval (its report naming the source), and a new run from the adapted export; data of
+another tokenizer is refused in one line (docs/adapting.md)."""
 
 from __future__ import annotations
 
