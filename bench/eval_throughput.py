@@ -4,7 +4,7 @@ For each preset, times ``estimate_bound`` with K time samples over N blocks of r
 (the cost does not depend on the token values) and, as the baseline measured in the same
 run, a plain no-grad forward of the network over the same blocks with logits at every
 position. On a GPU both run under bf16 autocast, as ``unmask eval`` does; with ``--tuned``
-also as it runs since issue 24: compiled, with the fastest attention kernel
+also as it runs with its GPU defaults: compiled, with the fastest attention kernel
 (``evaluation.inference.inference_mode``), ``--batch-size`` left to the device when not given.
 Prints one JSON object per preset. Example:
 

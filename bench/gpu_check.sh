@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issues 24 and 30), in one call on a lent device (docs/performance.md), most
+# The GPU check, in one call on a lent device (docs/performance.md), most
 # valuable step first, each under its own timeout and all of them under one budget (--budget
 # seconds, 540 on a GPU: the 10-minute call less the kit's setup), results written under $OUT as
 # they come (what is there comes back even when the call is cut):
@@ -7,7 +7,8 @@
 #   1. e2e       the user's path, every command as a user types it, on the device: a short
 #                `medium` run (train.json: tokens/s, MFU, peak memory) with validation and one
 #                checkpoint, a new run from its weights (--init-from), `unmask export` in both
-#                formats, `unmask eval --quick` with samples, `unmask sample` once per sampler and
+#                formats, `unmask eval --quick` with samples, `unmask eval --suite zero-shot` under the
+#                bd3lm protocol, `unmask sample` once per sampler and
 #                once in blocks, an imported BD3-LM fixture sampled, `unmask lm-eval --limit` on the local PTB task, and transformers loading the HF export on the device; each
 #                command is its own line of steps.jsonl (e2e-train, e2e-export, ...)
 #   2. inference bench/train_gpu.py's inference rows (bench.jsonl): evaluation as before and
@@ -161,6 +162,11 @@ if wanted e2e; then
             "$run/export/config.json" 2>/dev/null || echo 64)
   step e2e-sample-blocks "$limit_e2e_command" "${unmask[@]}" sample "$run" --num 2 \
     --seq-len $(( context + context / 4 )) --block-len $(( context / 4 )) --steps 8 --device "$device"
+  # The papers' zero-shot table under BD3-LM's protocol (BOS chunk EOS blocks, the BOS never
+  # scored): the suite's sets under --eval-data (the others named as missing), on the device.
+  step e2e-eval-suite "$limit_e2e_eval" "${unmask[@]}" eval "$run" --suite zero-shot --data-dir "$eval_data" \
+    --protocol bd3lm --split test --seq-len "$context" --max-documents 200 --quick --device "$device" \
+    --out "$scratch/suite-report"
   # BD3-LM's checkpoint format: its committed fixture (adaLN at sigma = 0, blocks of 4) imported,
   # then sampled block by block through the KV cache on the device, past its 16-token context.
   step e2e-bd3lm-tokenizer "$limit_e2e_command" "$python" -c "import sys; from pathlib import Path; \
@@ -211,7 +217,7 @@ if wanted train; then
   cat "$out/train.json"
 fi
 
-# 5. Training rows: the pipeline before issue 24's defaults and with them.
+# 5. Training rows: the pipeline before its GPU defaults and with them.
 if wanted bench; then
   step bench "$limit_bench" "$python" bench/train_gpu.py --device "$device" --data "$data" --presets "$preset" \
     --micro-batches $micro_batches --steps "$bench_steps" --warmup "$bench_warmup" --skip-inference \

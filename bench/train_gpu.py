@@ -34,7 +34,7 @@ an ``error`` instead. Variants, named BASE[+OPTION...]:
                                    [z ; x] under FlexAttention's block mask; the same tokens per step,
                                    MFU on the work it does (pipeline.training.throughput.block_diffusion_flops_per_token):
                                    compare its step time with the same variant without it
-  pipeline-zero1+eager+unpadded+flash is the pipeline as it ran before these defaults (issue 24).
+  pipeline-zero1+eager+unpadded+flash is the pipeline as it ran before these defaults.
 
 Every variant trains with one micro-batch per optimizer step. Evaluation: per preset,
 bench/eval_throughput.py's measure (estimate_bound, tokens/s per time sample, next to a
@@ -123,7 +123,7 @@ OPTIONS = ("compile", "eager", "unpadded", *ATTENTION_OPTIONS, "chunked-ce", "ch
            "foreach-adamw", "no-pin", "sync", *BD3_OPTIONS)
 TORCH_ONLY = ("full-logits", "foreach-adamw")
 PIPELINE_ONLY = ("no-pin",)
-BEFORE = "pipeline-zero1+eager+unpadded+flash"   # the pipeline's defaults before issue 24
+BEFORE = "pipeline-zero1+eager+unpadded+flash"   # the pipeline as it ran before its GPU defaults
 DEFAULT_VARIANTS = [BEFORE, "pipeline-zero1", "pipeline-zero1+flash", "pipeline-zero1+unpadded",
                     "pipeline-zero2", "pipeline-zero1+no-pin", "torch+eager", "torch", "torch+chunked-ce",
                     "torch+full-logits", "torch+checkpointing", "torch+math-attention", "torch+foreach-adamw",
@@ -446,7 +446,7 @@ def measure_inference(args: argparse.Namespace, preset: str, manifest: Manifest,
     network = network_config(ModelSection(preset=preset, vocab_multiple=1), manifest)  # an export's
     peak = peak_flops(device) or (args.peak_tflops * 1e12 if args.peak_tflops else None)
     rows = []
-    for tuned in (False, True):  # as `unmask eval` ran before issue 24, and as it runs now
+    for tuned in (False, True):  # as `unmask eval` ran before its GPU defaults, and as it runs now
         evaluation = measure_evaluation(preset, manifest.seq_len, args.eval_samples,
                                         None if tuned else args.eval_batch, args.repeats,
                                         vocab_size=network.vocab_size, blocks=args.eval_blocks, device=str(device),

@@ -2,8 +2,11 @@
 giving a written tree the modes the user's umask asks for.
 
 A file is written under its temporary name (``temporary_path``: hidden, with the writer's
-pid) and renamed; a writer killed in between leaves that name behind, which
-``remove_temporaries`` clears once no writer of the directory is left."""
+pid) and renamed; a failed write (a full disk, a signal) removes it, and what a writer
+killed in between leaves behind ``remove_temporaries`` clears once no writer of the
+directory is left. The rename replaces a file, or a symbolic link (never what the link
+points to), and never a device, a FIFO or a socket (``special_kind``): ``/dev/null`` stays
+``/dev/null``, even for root."""
 
 from __future__ import annotations
 
@@ -12,7 +15,10 @@ import re
 import stat
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "give_default_modes", "is_temporary", "remove_temporaries", "temporary_path"]
+from common.errors import UserError
+
+__all__ = ["atomic_write_bytes", "give_default_modes", "is_temporary", "remove_temporaries", "special_kind",
+           "temporary_path"]
 
 # The modes open() and mkdir() ask for; the process umask then takes away what the user denies.
 _FILE_MODE, _DIRECTORY_MODE = 0o666, 0o777
@@ -42,15 +48,39 @@ def remove_temporaries(directory: str | Path) -> list[Path]:
     return left
 
 
+# What a path that is neither a file nor a directory is, by the type bits of its mode.
+_SPECIAL_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                  (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(mode: int) -> str | None:
+    """What a file of ``mode`` (``os.stat``'s ``st_mode``) is when it is a device, a FIFO or a
+    socket ("a character device", ...); None for a file, a directory or a link."""
+    return next((kind for is_kind, kind in _SPECIAL_KINDS if is_kind(mode)), None)
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write to a temporary name in the same directory, fsync, then rename into place."""
+    """Write to a temporary name in the same directory, fsync, then rename into place; on
+    any failure the temporary file goes. A device, FIFO or socket at ``path`` is refused
+    (module docstring)."""
     path = Path(path)
+    try:
+        kind = special_kind(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        kind = None
+    if kind is not None:
+        raise UserError(f"{path}: is {kind}, not a file; unmask replaces the files it writes, and never "
+                        f"replaces {kind}: move it away, or write elsewhere")
     temporary = temporary_path(path)
-    with open(temporary, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def give_default_modes(root: str | Path) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["FileRecord", "HASH_THREADS", "changed_files", "record_files", "sha256_file", "tree_files"]
+__all__ = ["FileRecord", "HASH_THREADS", "changed_files", "record_files", "resized_files", "sha256_file", "tree_files"]
 
 # Files hashed at once (hashlib releases the GIL while it hashes).
 HASH_THREADS = 4
@@ -65,16 +65,30 @@ def record_files(root: Path, names: Iterable[str]) -> dict[str, FileRecord]:
     return records
 
 
-def _differs(path: Path, record: FileRecord, *, trust_times: bool) -> str | None:
-    """How the file ``path`` differs from ``record``, or None when it holds what was written."""
+def _resized(path: Path, record: FileRecord) -> str | None:
+    """How the file ``path`` differs from ``record`` in what one ``stat`` shows, or None."""
     if path.is_symlink() or not path.is_file():
         return "is no longer a file" if path.exists() or path.is_symlink() else "is missing"
-    status = path.stat()
-    if status.st_size != record["bytes"]:
-        return f"has {status.st_size} bytes, {record['bytes']} were written (truncated or replaced)"
-    if trust_times and status.st_mtime_ns == record.get("mtime_ns"):
+    size = path.stat().st_size
+    if size == record["bytes"]:
+        return None
+    return f"has {size} bytes, {record['bytes']} were written (truncated or replaced)"
+
+
+def _differs(path: Path, record: FileRecord, *, trust_times: bool) -> str | None:
+    """How the file ``path`` differs from ``record``, or None when it holds what was written."""
+    resized = _resized(path, record)
+    if resized is not None:
+        return resized
+    if trust_times and path.stat().st_mtime_ns == record.get("mtime_ns"):
         return None
     return None if sha256_file(path) == record["sha256"] else "has other bytes than were written (sha256 differs)"
+
+
+def resized_files(root: Path, records: dict[str, FileRecord]) -> dict[str, str]:
+    """``{name: how it differs}`` for each recorded file under ``root`` that is missing, no
+    longer a file, or of another size: the free part of ``changed_files`` (one ``stat`` each)."""
+    return {name: problem for name in sorted(records) if (problem := _resized(root / name, records[name])) is not None}
 
 
 def changed_files(root: Path, records: dict[str, FileRecord], *, trust_times: bool) -> dict[str, str]:

@@ -16,7 +16,14 @@ reasoning: docs/concepts.md, "Output directories"):
 4. Outputs that grow in place (``claim_output_dir``) are marked before the work, and given back
    (``OutputClaim.abandon``) by a command that fails before writing anything worth keeping.
 5. Output files (``check_output_file``, ``write_output_file``) are checked the same way and
-   written atomically. Every refusal is one ``UserError`` line: the flag, the path, the fix.
+   written atomically; a device or a FIFO (``/dev/null``, ``/dev/stdout``, a named pipe) is
+   written in place, never replaced, and a block device, a socket or a symbolic link is refused.
+6. Nothing is written through a symbolic link: a link where a command writes a file or a
+   directory of its own inside an output is refused before any work (``refuse_links``).
+7. A write that fails for want of space is one ``DiskFull`` line naming what was being
+   written and what is intact (a whole output's staging directory, a file's temporary, go).
+
+Every refusal is one ``UserError`` line: the flag, the path, the fix.
 """
 
 from __future__ import annotations
@@ -25,19 +32,22 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.atomic_files import atomic_write_bytes, give_default_modes, is_temporary
+from common.atomic_files import atomic_write_bytes, give_default_modes, is_temporary, special_kind
+from common.bounded_read import read_bounded
+from common.disk_full import DiskFull, is_disk_full
 from common.errors import UserError
 from common.file_records import FileRecord, changed_files, record_files, tree_files
 
 __all__ = ["MARKER", "InputPath", "OutputClaim", "OutputKind", "check_output_dir", "check_output_file",
-           "claim_output_dir", "entry_names", "holds_only", "json_object", "marked_files", "new_output_dir",
-           "read_marker", "staged_directory", "write_output_file"]
+           "claim_output_dir", "entry_names", "holds_only", "json_object", "marked_files", "marker_problem",
+           "new_output_dir", "read_marker", "refuse_links", "staged_directory", "write_output_file"]
 
 MARKER = ".unmask-output.json"
 # The hidden siblings of a replacement: the new directory being written, and the old one for
@@ -45,10 +55,19 @@ MARKER = ".unmask-output.json"
 _SIBLING = re.compile(r"^\.(?P<name>.+)\.unmask-(?P<role>new|old)-(?P<pid>\d+)$")
 # Entries a refusal names before "and N more".
 SHOWN_ENTRIES = 3
+# The most ``json_object`` reads: a marker, a config.json, an MLflow record are kilobytes (a
+# marker records a few hundred bytes per file of its output).
+MAX_RECORD_BYTES = 64 << 20
+# The write check's file (``_probe``): hidden, with the pid of the process that made it.
+_PROBE = re.compile(r"^\.unmask-write-check-(?P<pid>\d+)-")
 
 
 def _never(path: Path) -> bool:
     return False
+
+
+def _no_copy(path: Path) -> list[str] | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -65,6 +84,10 @@ class OutputKind:
     # Top-level files that other steps of unmask write into a whole output after it appeared
     # (a report's MLflow record): not compared with the marker, and carried into a replacement.
     carried: frozenset[str] = frozenset()
+    # Recognizes an output of this kind that has lost its marker (an earlier unmask's, or a copy
+    # without it), which is refused all the same: the files beside it (relative paths), or None
+    # when the directory does not hold one. It lets a refusal say what the directory is.
+    unmarked_copy: Callable[[Path], list[str] | None] = field(default=_no_copy, compare=False)
 
 
 @dataclass(frozen=True)
@@ -83,10 +106,11 @@ def entry_names(directory: Path) -> set[str]:
 
 
 def json_object(path: Path) -> dict | None:
-    """The JSON object in the file ``path``; None if absent, unreadable or not an object."""
+    """The JSON object in the file ``path``; None if absent, unreadable, larger than
+    ``MAX_RECORD_BYTES`` or not an object."""
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        record = json.loads(read_bounded(path, MAX_RECORD_BYTES, "a JSON record").decode("utf-8"))
+    except (OSError, ValueError, UserError):
         return None
     return record if isinstance(record, dict) else None
 
@@ -94,6 +118,21 @@ def json_object(path: Path) -> dict | None:
 def read_marker(directory: Path) -> dict | None:
     """The marker of ``directory`` (module docstring), or None when it has none."""
     return json_object(directory / MARKER)
+
+
+def marker_problem(directory: Path) -> str | None:
+    """Why the marker of ``directory`` cannot be read, naming it (not JSON, not a record of an
+    output's kind); None when there is none, or it reads (``read_marker``)."""
+    path = directory / MARKER
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
+        return f"{path} cannot be read as JSON ({err})"
+    if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+        return f"{path} is not the record of an unmask output (no kind in it)"
+    return None
 
 
 def marked_files(directory: Path) -> dict[str, FileRecord] | None:
@@ -132,7 +171,8 @@ def _listed(directory: Path, names: Sequence[str]) -> str:
 def _refuse_files_on_the_way(target: Path, flag: str) -> None:
     blocker = next((p for p in (target, *target.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
-        where = "is a file" if blocker == target else f"lies below {blocker}, which is a file"
+        what = _special(blocker) or "a file"
+        where = f"is {what}" if blocker == target else f"lies below {blocker}, which is {what}"
         raise UserError(f"{flag} {target}: {where}, not a directory; choose a directory (it is created if missing)")
 
 
@@ -159,15 +199,26 @@ def _refuse_inputs(target: Path, flag: str, inputs: Sequence[InputPath]) -> None
 
 def _in_the_way(directory: Path, kind: OutputKind, flag: str) -> str | None:
     """Why ``directory`` cannot take ``kind``'s output, with the fix; None when it can."""
-    names, marker = entry_names(directory), read_marker(directory)
+    names, unreadable = entry_names(directory), marker_problem(directory)
+    if unreadable is not None:
+        return (f"{unreadable}, so the directory is not known to hold {kind.noun}; move it away, or choose a new "
+                f"or empty directory for {flag}")
+    marker = read_marker(directory)
     if marker is None:
         if not names or kind.unmarked(directory):
             return None
+        beside = kind.unmarked_copy(directory)
+        if beside is not None:
+            others = f"; beside it, {_listed(directory, beside)}, which is not part of one" if beside else ""
+            return (f"holds {kind.noun} without its {MARKER} (written by an earlier unmask, or copied without that "
+                    f"file), which is not replaced{others}; move it away, or choose a new or empty directory for "
+                    f"{flag}")
         return (f"is not {kind.noun}: it holds {_listed(directory, list(names))}; choose a new or empty "
                 f"directory for {flag}")
-    if marker.get("kind") != kind.name:
-        return (f"holds {marker.get('what') or marker.get('kind')} (its {MARKER} says so), not {kind.noun}; "
-                f"choose a new or empty directory for {flag}")
+    if marker["kind"] != kind.name:
+        what = marker.get("what")
+        what = what if isinstance(what, str) and what != kind.noun else f"an output of kind {marker['kind']!r}"
+        return f"holds {what} (its {MARKER} says so), not {kind.noun}; choose a new or empty directory for {flag}"
     return _not_ours(directory, kind, flag) if kind.whole else None
 
 
@@ -196,15 +247,27 @@ def _nearest_existing(path: Path) -> Path:
     return next(p for p in (path, *path.parents) if p.exists())
 
 
+def _clear_dead_probes(directory: Path) -> None:
+    """The write checks that processes killed in the middle of one left in ``directory``."""
+    for entry in directory.iterdir():
+        match = _PROBE.match(entry.name)
+        if match is not None and int(match["pid"]) != os.getpid() and not _alive(int(match["pid"])):
+            entry.unlink(missing_ok=True)
+
+
 def _probe(directory: Path, target: Path, flag: str) -> None:
-    """Write and remove a file in ``directory``: permissions, read-only mounts, full quotas."""
+    """Write and remove a file in ``directory``: permissions, read-only mounts, full quotas.
+    The file goes whatever stops the check; one a killed process left, the next check clears."""
     try:
-        handle, probe = tempfile.mkstemp(prefix=".unmask-write-check-", dir=directory)
-        os.close(handle)
-        os.unlink(probe)
+        handle, probe = tempfile.mkstemp(prefix=f".unmask-write-check-{os.getpid()}-", dir=directory)
     except OSError as err:
         raise UserError(f"{flag} {target}: cannot write there ({err.strerror or err}); choose a directory "
                         f"you can write to, or fix its permissions") from None
+    try:
+        os.close(handle)
+    finally:
+        Path(probe).unlink(missing_ok=True)
+    _clear_dead_probes(directory)
 
 
 def check_output_dir(path: str | Path, kind: OutputKind, flag: str, inputs: Sequence[InputPath] = ()) -> Path:
@@ -356,29 +419,70 @@ def new_output_dir(path: str | Path, kind: OutputKind, flag: str,
                    inputs: Sequence[InputPath] = ()) -> Iterator[Path]:
     """Write ``kind``'s output for ``path``: check it (``check_output_dir``), yield a new
     hidden sibling to write into, then mark it with its files' records and rename it into place
-    (rule 3). Whatever the block raises leaves ``path`` as it was."""
+    (rule 3). Whatever the block raises leaves ``path`` as it was; a full disk is one
+    ``DiskFull`` line (rule 7)."""
     target = check_output_dir(path, kind, flag, inputs)
     if not kind.whole:
         raise ValueError(f"{kind.name} grows in place: use claim_output_dir")
-    with staged_directory(target) as staging:
-        yield staging
-        check_output_dir(target, kind, flag)  # what may have changed there while the work ran
-        for name in sorted(kind.carried):
-            if (target / name).is_file() and not (staging / name).exists():
-                shutil.copy2(target / name, staging / name)
-        _write_marker(staging, kind, record_files(staging, _present_files(staging)))
+    existed = target.exists()
+    try:
+        with staged_directory(target) as staging:
+            yield staging
+            check_output_dir(target, kind, flag)  # what may have changed there while the work ran
+            for name in sorted(kind.carried):
+                if (target / name).is_file() and not (staging / name).exists():
+                    shutil.copy2(target / name, staging / name)
+            _write_marker(staging, kind, record_files(staging, _present_files(staging)))
+    except Exception as err:
+        if not is_disk_full(err, target.parent, by_free_space=False):
+            raise
+        kept = f"the earlier one in {target} is as it was" if existed else f"{target} was not created"
+        raise DiskFull(f"{flag} {target}: no space left on device while writing {kind.noun}; nothing of it was "
+                       f"kept ({kept}), and what the command read is untouched: free space on that disk (or give "
+                       f"another {flag}) and rerun the same command") from None
 
 
 # ------------------------------------------------------------------ output files
+def _mode(file: Path) -> int | None:
+    """The mode of what ``file`` names, through links; None when nothing is there."""
+    try:
+        return file.stat().st_mode
+    except OSError:  # missing, or a dangling link
+        return None
+
+
+def _special(file: Path) -> str | None:
+    """What ``file`` is (through links) when it is a device, a FIFO or a socket; None otherwise."""
+    mode = _mode(file)
+    return None if mode is None else special_kind(mode)
+
+
+def _written_in_place(file: Path) -> bool:
+    """Whether ``file`` is a stream written where it is, never replaced (rule 5): a character
+    device (``/dev/null``, a terminal) or a FIFO, directly or through links (``/dev/stdout``)."""
+    mode = _mode(file)
+    return mode is not None and (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode))
+
+
 def check_output_file(path: str | Path, flag: str, *, inputs: Sequence[InputPath] = (),
                       ours: Callable[[Path], bool] = _never, noun: str = "an output of unmask") -> Path:
     """Check, before any work, that the file ``path`` (given with ``flag``) can be written: not
     a directory, not an input, in a directory that exists or can be created and is writable;
-    an existing non-empty file only when ``ours`` recognizes it as ``noun``."""
+    an existing non-empty file only when ``ours`` recognizes it as ``noun``; a character
+    device or a FIFO, written in place (rule 5); never a block device, a socket or a link."""
     file = Path(path)
     if file.is_dir():
         raise UserError(f"{flag} {path}: is a directory; give a file name")
     _refuse_inputs(file, flag, inputs)
+    if _written_in_place(file):
+        return file
+    special = _special(file)
+    if special is not None:
+        raise UserError(f"{flag} {path}: is {special}, not a file; give a file name")
+    if file.is_symlink():
+        raise UserError(f"{flag} {path}: is a symbolic link (to {os.readlink(file)}); unmask replaces the file it "
+                        f"writes, which would replace the link: give the file itself, {file.resolve()}, or a new "
+                        f"file name")
     if file.is_file() and file.stat().st_size and not ours(file):
         raise UserError(f"{flag} {path}: exists and is not {noun}, which it would replace; give a new file "
                         f"name, or move the file away")
@@ -390,9 +494,39 @@ def check_output_file(path: str | Path, flag: str, *, inputs: Sequence[InputPath
     return file
 
 
+def _write_in_place(file: Path, data: bytes) -> None:
+    """Write ``data`` into the stream ``file`` as a shell's ``>`` would, never creating a file."""
+    with open(os.open(file, os.O_WRONLY), "wb") as stream:
+        stream.write(data)
+
+
 def write_output_file(path: str | Path, data: bytes) -> None:
     """Write the file ``path`` (checked with ``check_output_file``) atomically, creating its
-    directory if needed."""
+    directory if needed; a character device or a FIFO is written in place (rule 5). A full
+    disk is one ``DiskFull`` line, and leaves the file as it was (rule 7)."""
     file = Path(path)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(file, data)
+    existed = file.exists()
+    try:
+        if _written_in_place(file):
+            _write_in_place(file, data)
+            return
+        file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(file, data)
+    except OSError as err:
+        if not is_disk_full(err, file.parent, by_free_space=False):
+            raise
+        kept = "it is as it was" if existed else "it was not created"
+        raise DiskFull(f"{file}: no space left on device while writing it; {kept}: free space on that disk (or "
+                       f"write elsewhere) and rerun the same command") from None
+
+
+# ------------------------------------------------------------------ links
+def refuse_links(paths: Sequence[Path], flag: str, owner: Path) -> None:
+    """Refuse, before any work, a symbolic link at any of ``paths``: what the command writes
+    inside the output ``owner`` (given with ``flag``) would go through the link into what it
+    points to, the user's own files (rule 6)."""
+    for path in paths:
+        if path.is_symlink():
+            raise UserError(f"{flag} {owner}: {path.relative_to(owner)} is a symbolic link (to {os.readlink(path)}), "
+                            f"and this command writes its own {path.name} there; it never writes through a link: "
+                            f"remove the link (or put a copy of what it points to in its place)")

@@ -1,9 +1,16 @@
-"""Connecting to Ray: a local instance pinned to 127.0.0.1, or a cluster by address."""
+"""Connecting to Ray: a local instance pinned to 127.0.0.1, or a cluster by address.
+
+``ray.init`` replaces the process's SIGTERM handler with one that exits 15 without a word;
+``ray_session`` puts the command's own back (``orchestration.interruption``: one line, the
+staging removed). The manual: docs/cluster.md#preemption-and-exit-codes.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -47,6 +54,20 @@ def _cannot_connect(address: str, err: Exception) -> UserError:
 
 
 @contextlib.contextmanager
+def _keeping_sigterm_handler() -> Iterator[None]:
+    """Around ``ray.init``: the SIGTERM handler it replaces is put back (module docstring).
+    Only the main thread has handlers to keep."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+
+
+@contextlib.contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None, *,
                 log_to_driver: bool = False) -> Iterator[None]:
     """Use the running Ray if this process already joined one; else start or join one.
@@ -72,13 +93,14 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, *,
         yield
         return
     kwargs = dict(include_dashboard=False, log_to_driver=log_to_driver, configure_logging=False)
-    if address is None:
-        ray.init(address="local", num_cpus=num_cpus, _node_ip_address=LOCAL_NODE_IP, **kwargs)
-    else:
-        try:
-            ray.init(address=address, **kwargs)
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            raise _cannot_connect(address, err) from None
+    with _keeping_sigterm_handler():
+        if address is None:
+            ray.init(address="local", num_cpus=num_cpus, _node_ip_address=LOCAL_NODE_IP, **kwargs)
+        else:
+            try:
+                ray.init(address=address, **kwargs)
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                raise _cannot_connect(address, err) from None
     try:
         yield
     finally:

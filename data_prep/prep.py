@@ -14,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.disk_full import DiskFull, is_disk_full
 from common.errors import UserError
 from common.outputs import InputPath, check_output_dir, claim_output_dir
 from data_prep.readers import local_roots
+from data_prep.resume import WORK_DIR
 from data_prep.tokenizer.hugging_face import NO_SPECIAL_TOKENS, ROLE_FLAGS, SpecialTokens
 from data_prep.tokenizer.load import load_tokenizer
 from data_prep.tokenizer.training import TrainingRequest, prep_tokenizer
@@ -55,8 +57,23 @@ class PrepRequest:
 def prep(request: PrepRequest) -> PrepResult:
     """Run (or resume, or skip) a prep, with the tokenizer it names: loaded, or trained into
     OUT/tokenizer and reused on a rerun while its training request is unchanged. Either way
-    the prep keeps the tokenizer's files in OUT/tokenizer (``data_prep.write_shards``)."""
-    config, out = request.config, Path(request.out_dir)
+    the prep keeps the tokenizer's files in OUT/tokenizer (``data_prep.write_shards``). A full
+    disk is one ``DiskFull`` line saying what a rerun resumes from."""
+    out = Path(request.out_dir)
+    try:
+        return _prep(request, out)
+    except Exception as err:
+        if not is_disk_full(err, out, by_free_space=False):
+            raise
+        done = len(list((out / WORK_DIR / "ledger").glob("*.json")))  # finished units and shards
+        kept = (f"the {done} units and shards it finished are kept in {out / WORK_DIR}, and rerunning the same "
+                f"command resumes from them" if done else "nothing of it was kept")
+        raise DiskFull(f"--out {out}: no space left on device while writing the prep; {kept}: free space on that "
+                       f"disk (or give another --out) and rerun") from None
+
+
+def _prep(request: PrepRequest, out: Path) -> PrepResult:
+    config = request.config
     corpus = [InputPath(root, "--input") for root in local_roots(config.inputs)]
     check_output_dir(out, PREP_KIND, "--out", corpus)  # before training a tokenizer into it
     run = dict(workers=request.workers, ray_address=request.ray_address, overwrite=request.overwrite,

@@ -98,6 +98,21 @@ def _format_version(manifest_path: Path) -> object:
         return None
 
 
+def _another_format(version: object) -> str:
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        return (f"a prep of a newer unmask (shard format {version}; this one writes format {FORMAT_VERSION}: "
+                f"upgrade unmask to resume it)")
+    return f"a prep in shard format {version} (this unmask writes format {FORMAT_VERSION})"
+
+
+def _finished(out: Path) -> tuple[Manifest | None, str | None]:
+    """The manifest in ``out``, or None and what is wrong with it (a hand-edited one)."""
+    try:
+        return Manifest.read(out), None
+    except UserError as err:
+        return None, f"a damaged manifest ({err})"
+
+
 def start_or_resume(out: Path, identity: dict, overwrite: bool,
                     tokenizer_follows: bool = False) -> tuple[Manifest | None, str]:
     """Ready ``out`` for the prep ``identity``: the finished manifest when it matches (nothing
@@ -109,13 +124,14 @@ def start_or_resume(out: Path, identity: dict, overwrite: bool,
     manifest_path, identity_path = out / MANIFEST_NAME, work / IDENTITY_NAME
     note = ""
     if manifest_path.is_file() and (version := _format_version(manifest_path)) != FORMAT_VERSION:
-        what = f"a prep in shard format {version} (this unmask writes format {FORMAT_VERSION})"
+        what = _another_format(version)
     elif manifest_path.is_file():
-        manifest = Manifest.read(out)
-        if manifest.prep_config_sha256 == identity["sha256"] and _shards_intact(out, manifest):
+        manifest, what = _finished(out)
+        if manifest is not None and manifest.prep_config_sha256 == identity["sha256"] and \
+                _shards_intact(out, manifest):
             return manifest, note
-        what = "a different prep's manifest" if manifest.prep_config_sha256 != identity["sha256"] \
-            else "a manifest whose shards are missing or damaged"
+        what = what or ("a different prep's manifest" if manifest.prep_config_sha256 != identity["sha256"]
+                        else "a manifest whose shards are missing or damaged")
     elif identity_path.is_file() and (unfinished := json.loads(identity_path.read_text()))["sha256"] \
             != identity["sha256"]:
         changes = _policy_changes(unfinished, identity, tokenizer_follows)

@@ -35,6 +35,7 @@ from common.progress import bar as progress_bar
 from common.ray_runtime import ray_session
 from data_prep.ledger import Ledger
 from data_prep.readers import (
+    BINARY_FIX,
     DEFAULT_UNIT_BYTES,
     InputFile,
     ReadCounters,
@@ -43,6 +44,7 @@ from data_prep.readers import (
     local_roots,
     plan_units,
     resolve_inputs,
+    skipped_as_binary,
 )
 from data_prep.resume import WORK_DIR, start_or_resume
 from data_prep.shard_stage import SplitLayout, plan_shards, shard_key, write_one_shard
@@ -126,8 +128,8 @@ class PrepResult:
         that are mostly padding."""
         skipped = [entry for entry in self.manifest.inputs if entry.get("skipped")]
         lines = [] if not skipped else [
-            f"skipped {len(skipped)} input file(s) as binary (manifest.json: counts.binary_files_skipped"
-            f"); leave them out, or convert UTF-16 text to UTF-8 (iconv -f UTF-16 -t UTF-8 IN > OUT.txt):",
+            f"skipped {len(skipped)} input file(s) as binary (manifest.json: counts.binary_files_skipped); "
+            f"{BINARY_FIX}:",
             *(f"  {entry['uri']}: {entry['skipped']}" for entry in skipped)]
         counts = self.manifest.counts
         read = _documents_read(counts)
@@ -405,11 +407,12 @@ def _refuse_an_empty_corpus(config: PrepConfig, ledger: Ledger, units: Sequence[
                (counters.bad_utf8_skipped, "skipped for invalid UTF-8 (--bad-utf8 skip)"),
                (counters.bad_json_skipped, "skipped as broken JSONL lines (--bad-json skip)")]
     read = ", ".join(f"{count:,} {what}" for count, what in dropped if count) or "none found"
-    binary = (f"; {counters.binary_files_skipped} file(s) skipped as binary" if counters.binary_files_skipped
-              else "")
+    binary = [(entry["binary_file"]["uri"], entry["binary_file"]["reason"])
+              for entry in (ledger.get(unit_key(unit.index)) for unit in units) if "binary_file" in entry]
     shutil.rmtree(out / WORK_DIR, ignore_errors=True)
-    raise UserError(f"--input {' '.join(config.inputs)}: no documents to prepare (documents: {read}{binary}); "
-                    f"check the files, --text-format, --text-field or --text-column, and --bad-utf8")
+    fix = (skipped_as_binary(binary) if binary and read == "none found" else
+           "check the files, --text-format, --text-field or --text-column, and --bad-utf8")
+    raise UserError(f"--input {' '.join(config.inputs)}: no documents to prepare (documents: {read}); {fix}")
 
 
 def _pad_id(tokenizer: Tokenizer) -> int:

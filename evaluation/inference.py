@@ -22,8 +22,8 @@ from model.sampling import COMPILE_SETTINGS
 from model.transformer import Transformer
 from pipeline.training.attention import attention_kernel, resolve_attention
 
-__all__ = ["COMPILE_MIN_TOKENS", "COMPILE_SETTINGS", "DEVICE_HELP", "default_device", "inference_mode",
-           "resolve_device", "should_compile"]
+__all__ = ["BLOCKS_UNCOMPILED", "COMPILE_MIN_TOKENS", "COMPILE_SETTINGS", "DEVICE_HELP", "default_device",
+           "inference_mode", "resolve_device", "should_compile"]
 
 # Every command's --device help: what resolve_device does with no --device.
 DEVICE_HELP = "cpu, cuda, cuda:1 (default: cuda when there is one, else cpu)"
@@ -32,6 +32,11 @@ DEVICE_HELP = "cpu, cuda, cuda:1 (default: cuda when there is one, else cpu)"
 # medium takes about half a minute, which the fused kernels pay back only over a couple of
 # minutes of work (~30M tokens at 2e5/s).
 COMPILE_MIN_TOKENS = 32_000_000
+# Why a block diffusion model is never compiled, which `--compile on` is refused with: its
+# sampler runs the KV cache between the network's calls, and its compiled blocks with
+# FlexAttention's mask have not run on a GPU yet.
+BLOCKS_UNCOMPILED = ("a block diffusion model is sampled and scored uncompiled (its sampler runs the KV cache "
+                     "between the network's calls, and its compiled FlexAttention blocks have not run on a GPU yet)")
 
 
 def default_device() -> torch.device:

@@ -23,9 +23,9 @@ from evaluation.records import ABSENT, Absent, JsonObject, Record, RecordFile
 from model.sampling import SamplingPlan
 
 __all__ = ["ABSENT", "DOWNSTREAM_JSON", "LM_EVAL_JSON", "Absent", "Comparison", "DatasetResult", "DownstreamResults",
-           "EvalResults", "GenerativePerplexity", "MlflowRecord", "ModelRecord", "PerTimeContributions",
-           "ProtocolRecord", "SampleRecord", "SamplingRecord", "ScheduleRecord", "ScheduleToken", "SweepRow",
-           "TaskResult", "TokenizerRecord", "TrainingRecord"]
+           "EvalResults", "GenerativePerplexity", "MissingDataset", "MlflowRecord", "ModelRecord",
+           "PerTimeContributions", "ProtocolRecord", "SampleRecord", "SamplingRecord", "ScheduleRecord",
+           "ScheduleToken", "SuiteRecord", "SweepRow", "TaskResult", "TokenizerRecord", "TrainingRecord"]
 
 DOWNSTREAM_JSON = "downstream.json"
 LM_EVAL_JSON = "lm_eval_results.json"   # lm-eval's own results, beside downstream.json
@@ -58,11 +58,28 @@ class ModelRecord(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class MissingDataset(Record):
+    """A set of a suite that was not scored: its files were not under --data-dir."""
+
+    name: str
+    split: str
+    expected: str   # the files it is read from, and where to get them
+
+
+@dataclass(frozen=True, kw_only=True)
+class SuiteRecord(Record):
+    """The suite an evaluation scored (``--suite``), and its sets that were missing."""
+
+    name: str
+    missing: tuple[MissingDataset, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class ProtocolRecord(Record):
     """How the numbers were made: every setting needed to reproduce them. In this order: the
     report's "Evaluation" table lists the fields as they come."""
 
-    name: str                             # the protocol (evaluation.bounds.protocols): "unmask" | "mdlm"
+    name: str                             # the protocol (evaluation.bounds.protocols): unmask, mdlm, bd3lm, duo
     seq_len: int
     samples_per_block: int
     seed: int
@@ -78,6 +95,7 @@ class ProtocolRecord(Record):
     block_size: int | Absent = ABSENT     # block diffusion's L' (absent: one block, MDLM)
     precision: str
     world_size: int
+    suite: SuiteRecord | Absent = ABSENT  # the suite the datasets came from (evaluation.bounds.suites)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,7 +30,7 @@ from common.errors import UserError
 from common.outputs import InputPath, check_output_dir, json_object
 from common.provenance import git_commit, package_version
 from data_prep.shards.format import MANIFEST_NAME
-from evaluation.bounds.scoring import VAL_DATASET, Scores, ScoringConfig, score_datasets
+from evaluation.bounds.scoring import VAL_DATASET, Scores, ScoringConfig, score_datasets, with_suite
 from evaluation.generation.generate import check_plan, generate
 from evaluation.generation.sample_quality import ReferenceModel, check_reference, load_reference, score_samples
 from evaluation.generation.sampler_sweep import sampler_sweep, sweep_samplers
@@ -60,20 +60,16 @@ from pipeline.distributed import Distributed, init_distributed
 from pipeline.interchange.export import (
     CONFIG_FILE,
     Exported,
-    damaged_export,
-    export,
     export_files,
-    has_ema,
     load_export,
     resolve_export,
     training_run_of,
-    verify_export,
 )
-from pipeline.run_dir.checkpoint import resolve_checkpoint
+from pipeline.interchange.run_export import choose_export
 from pipeline.run_dir.layout import RunLayout
 
-__all__ = ["ReportOptions", "ZeroShotReport", "check_report_dir", "export_if_missing", "is_up_to_date", "model_record",
-           "report_dir", "run_zero_shot"]
+__all__ = ["ReportOptions", "ZeroShotReport", "check_report_dir", "is_up_to_date", "model_record", "report_dir",
+           "run_zero_shot"]
 
 log = logging.getLogger("unmask.eval")
 # Token values listed as unmasking first and last in a learned schedule's record (seed 002 shows 10-12).
@@ -196,25 +192,6 @@ def _read_comparison(path: Path, names: tuple[str, ...]) -> Comparison:
     return Comparison(model=other.model, datasets=other.datasets, path=str(path.resolve()))
 
 
-def export_if_missing(path: Path) -> None:
-    """A training run without an export is exported first: its latest checkpoint's EMA
-    weights, or its live weights when the checkpoint has no EMA (with a warning). An export
-    that is there but damaged (``verify_export``) is refused, not taken as up to date."""
-    layout = RunLayout(path)
-    if not layout.is_training_run():
-        return
-    if (layout.export / CONFIG_FILE).is_file():
-        problem = verify_export(layout.export)
-        if problem is not None:
-            raise damaged_export(problem, layout.export)
-        return
-    weights = "ema" if has_ema(resolve_checkpoint(path)) else "model"
-    if weights == "model":
-        log.warning("%s: the latest checkpoint has no EMA; evaluating its live weights", path)
-    log.info("%s has no export yet: exporting its latest checkpoint (%s weights)", path, weights)
-    export(path, weights=weights)
-
-
 # ------------------------------------------------------------------ the records of rank 0
 def model_record(export_dir: Path, exported: Exported) -> ModelRecord:
     """The record of the export at ``export_dir``: where, what, which weights."""
@@ -236,14 +213,16 @@ def _init_from(config: dict) -> dict | Absent:
     return ABSENT if not source else {key: value for key, value in source.items() if key != "network"}
 
 
-def _training_record(run_dir: Path) -> TrainingRecord | None:
-    """The training's validation bound at step 0 (untrained) and at its last validation."""
+def _training_record(run_dir: Path, step: int | None) -> TrainingRecord | None:
+    """The training's validation bound at step 0 (untrained) and at its last validation up to
+    ``step``, the export's (an older checkpoint's export is not set beside later validations)."""
     layout = RunLayout(run_dir)
     path = layout.metrics
     if not path.is_file():
         return None
     validations = [(record["step"], record[VAL_METRIC]) for line in path.read_text().splitlines()
-                   if line.strip() and VAL_METRIC in (record := json.loads(line))]
+                   if line.strip() and VAL_METRIC in (record := json.loads(line))
+                   and (not isinstance(step, int) or record["step"] <= step)]
     if not validations or validations[0][0] != 0:
         return None
     config = json.loads(layout.config.read_text())
@@ -317,7 +296,7 @@ def _report(scores: Scores, exported: Exported, export_dir: Path, comparison: Co
         samples, sampling, failure = (), ABSENT, err
     results = EvalResults(
         model=model_record(export_dir, exported), protocol=scores.protocol, datasets=scores.datasets,
-        training=ABSENT if run_dir is None else _training_record(run_dir),
+        training=ABSENT if run_dir is None else _training_record(run_dir, exported.config.get("step")),
         comparison=ABSENT if comparison is None else _shared(comparison, scores.datasets, options.compare),
         samples=samples, sampling=sampling, mlflow=None, created=_now(), unmask_version=package_version("unmask"),
         git_commit=git_commit(),
@@ -366,7 +345,7 @@ def run_zero_shot(target: Path, config: ScoringConfig, options: ReportOptions, *
     before any work when it can be known then.
     """
     target = Path(target)
-    config = _with_the_runs_shards(target, config)
+    config = with_suite(_with_the_runs_shards(target, config))  # a suite: its sets under --data-dir
     config.check()  # the flags and every dataset, before any work
     options.check()
     comparison = _read_comparison(Path(options.compare), config.datasets) if options.compare else None
@@ -386,10 +365,10 @@ def run_zero_shot(target: Path, config: ScoringConfig, options: ReportOptions, *
 def _score_and_report(group: Distributed, target: Path, config: ScoringConfig, options: ReportOptions,
                       comparison: Comparison | None, requested_device: torch.device | None) -> ZeroShotReport | None:
     """``run_zero_shot``'s work in the process group: export if needed, score, write the report (rank 0)."""
-    if group.is_main:
-        export_if_missing(target)
+    if group.is_main:  # a run's newest checkpoint, exported first where RUN/export is missing or older
+        choose_export(target, refresh=True)
     group.barrier()
-    export_dir = resolve_export(target)
+    export_dir = choose_export(target)
     exported = load_export(export_dir)
     if options.num_samples:  # a sampler the process does not take, a budget past its limits: before the scoring
         check_plan(exported, options.sampling, steps_flag="--sample-steps")

@@ -12,6 +12,7 @@ here is the full one. The manual: docs/block-diffusion.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -74,14 +75,16 @@ class BlockDiffusion(AbsorbingDiffusion):
 
     def sample(self, denoiser: DenoiserLike, plan: SamplingPlan, *, num_samples: int, seq_len: int,
                prompt: Tensor | None = None, generator: Generators = None, window: int | None = None,
-               device: torch.device | str | None = None, kv_cache: bool = True) -> tuple[Tensor, SamplingStats]:
+               device: torch.device | str | None = None, kv_cache: bool = True,
+               on_block: Callable[[], None] | None = None) -> tuple[Tensor, SamplingStats]:
         """Block by block with a KV cache of the finished blocks (``model.sampling.blocks``):
         ``plan.sampler`` inside each block, any ``seq_len`` that is a multiple of the block size
         (past ``window`` the cache slides), stopping at ``plan.until_eos``. ``denoiser``: a
-        ``Transformer``. ``kv_cache`` False recomputes the finished blocks at every call."""
+        ``Transformer``. ``kv_cache`` False recomputes the finished blocks at every call;
+        ``on_block`` is called after each block."""
         return draw_blocks(self, self.sampler(plan.sampler), denoiser, plan, num_samples=num_samples,
                            seq_len=seq_len, prompt=prompt, generator=generator, window=window, device=device,
-                           cache=kv_cache)
+                           cache=kv_cache, on_block=on_block)
 
     def num_blocks(self, length: int) -> int:
         """L / L'; ValueError when the block size does not divide ``length``."""

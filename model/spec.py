@@ -60,6 +60,7 @@ class ModelSpec:
     def __post_init__(self) -> None:
         _check_kind("objective", self.objective, ObjectiveKind)
         _check_kind("process", self.process, ProcessKind)
+        _check_block_size(self.block_size, self.network.max_seq_len)
         if self.block_size is not None and (self.objective, self.process) != ("diffusion", "absorbing"):
             raise ValueError(f"ModelSpec: block_size applies to the absorbing diffusion only, not to "
                              f"{self.process if self.objective == 'diffusion' else self.objective!r}")
@@ -90,7 +91,23 @@ class ModelSpec:
             raise ValueError(f"the model spec has {problem}: written by another version of unmask; export (or "
                              f"import) the model again with this one")
         present = {f.name: record[f.name] for f in fields(cls) if f.name != "network" and f.name in record}
-        return cls(network=TransformerConfig(**record["network"]), **present)
+        try:
+            return cls(network=TransformerConfig(**record["network"]), **present)
+        except ValueError as err:  # what the writer never writes: a record changed since
+            raise ValueError(f"{err}; restore the value it was written with, or export (or import) the model "
+                             f"again") from None
+
+
+def _check_block_size(block_size: Any, max_seq_len: int) -> None:
+    """Block diffusion's rules, as training and the imports apply them: an integer >= 1 that
+    divides the network's window (its blocks are scored and sampled whole)."""
+    if block_size is None:
+        return
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be an integer >= 1 (null: one block, MDLM), got {block_size!r}")
+    if max_seq_len % block_size:
+        raise ValueError(f"block_size {block_size} does not divide network.max_seq_len {max_seq_len}: a block "
+                         f"diffusion model scores and samples whole blocks of its window")
 
 
 def _check_kind(name: str, value: str, kind: Any) -> None:

@@ -4,15 +4,19 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import platform
+import signal
 import sys
+from typing import NoReturn
 
-import orchestration.startup_preemption  # noqa: F401  first: a SIGTERM from here on is a preemption (its docstring)
+import orchestration.interruption  # noqa: F401  first: from here on a signal ends a command in one line
 from common.errors import UserError
 from common.provenance import package_version
 from orchestration.commands import config, data, downstream, evaluate, importing, jobs, run, sample, train
-from orchestration.exit_codes import PREEMPTED, USER_ERROR
-from orchestration.startup_preemption import StoppedDuringStartup, preemptible_startup
+from orchestration.exit_codes import USER_ERROR
+from orchestration.interruption import Terminated, command_of, exit_status, handled_signals, stop_line
 from pipeline.training.hooks import TrainHooks
 
 DESCRIPTION = """\
@@ -71,13 +75,32 @@ def main(argv: list[str] | None = None, *, hooks: TrainHooks = TrainHooks()) -> 
     """Run ``unmask ARGV``; the exit status. ``hooks`` run inside every training loop the
     command starts (a script embedding the command line may watch or pause its steps)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    with preemptible_startup(argv):
+    with handled_signals():
         try:
-            return _run(argv, hooks)
-        except StoppedDuringStartup as stop:
-            print(f"unmask: stopped by {stop} outside the training loop (starting up, or between stages); "
-                  f"rerun the same command to go on: finished work is kept", file=sys.stderr)
-            return PREEMPTED
+            status = _run(argv, hooks)
+        except (Terminated, KeyboardInterrupt) as stop:
+            signum = signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM
+            print(stop_line(command_of(argv), signum), file=sys.stderr)
+            status = exit_status(command_of(argv), signum)
+    return status
+
+
+def entry_point() -> NoReturn:
+    """The ``unmask`` console script and ``python -m orchestration.cli``: ``main``, then the end."""
+    end_process(main())
+
+
+def end_process(status: int) -> NoReturn:
+    """End this process with ``status``. One rank of a launcher's job (torchrun, deepspeed:
+    WORLD_SIZE > 1) ends without the interpreter's teardown: there a C++ thread of gloo or
+    DeepSpeed that still holds a Python object can take the rank down ("terminate called without
+    an active exception", SIGABRT), failing a job whose every checkpoint and record is written."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
 
 
 def _run(argv: list[str], hooks: TrainHooks) -> int:
@@ -97,4 +120,4 @@ def _run(argv: list[str], hooks: TrainHooks) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry_point()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["OK", "USER_ERROR", "PREEMPTED", "PREEMPTED_NAME"]
+__all__ = ["INTERRUPTED", "OK", "PREEMPTED", "PREEMPTED_NAME", "TERMINATED", "USER_ERROR"]
 
 OK = 0
 # A mistake the user can fix (common.errors.UserError): the message says which; argparse's own.
@@ -15,3 +15,7 @@ USER_ERROR = 2
 # onExitCodes, SLURM's requeue scripts).
 PREEMPTED = 75  # os.EX_TEMPFAIL
 PREEMPTED_NAME = "EX_TEMPFAIL"
+# A command stopped by a signal outside the training loop (orchestration.interruption): what a
+# shell reports for a process the signal ends, 128 + the signal's number (SIGINT 2, SIGTERM 15).
+INTERRUPTED = 130
+TERMINATED = 143

@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
-from common.outputs import InputPath, claim_output_dir, json_object
+from common.outputs import InputPath, claim_output_dir, json_object, refuse_links
 from data_prep.builtin_corpus import write_cpython_corpus
 from data_prep.prep import PrepRequest, prep
 from data_prep.readers import ReadOptions, local_roots
@@ -242,6 +243,8 @@ def run_pipeline(request: RunRequest, *, say: Callable[[str], None] = print,
     A stage that fails raises (``Preempted`` for a training stopped by a signal); rerunning
     the same request continues from it. ``hooks`` run inside the training loop."""
     request.check()
+    layout = request.layout
+    refuse_links([*layout.pipeline_writes(), *layout.training_writes()], "--run-dir", request.run_dir)
     claim = claim_output_dir(request.run_dir, RUN_KIND, "--run-dir", request.reads())
     context = StageContext(say, hooks)
     start = time.perf_counter()
@@ -253,7 +256,7 @@ def run_pipeline(request: RunRequest, *, say: Callable[[str], None] = print,
         claim.abandon(written=[request.layout.corpus.name])
         raise
     summary = _summary(request, stages, time.perf_counter() - start)
-    request.layout.summary.write_text(summary.to_json())
+    atomic_write_bytes(request.layout.summary, summary.to_json().encode())
     return summary
 
 

@@ -24,6 +24,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
+from common.bounded_read import read_bounded
 from common.errors import UserError
 from model.learned import learned_schedule_arguments
 from model.schedules import make_schedule
@@ -50,6 +51,9 @@ RESUME_SAFE = {"resume_safe": True}
 # A config's key naming the config it builds on (see _read_layers), and where presets live.
 BASE_KEY = "base"
 PRESET_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+# The most a config file may hold: the presets are about 1 KB, a config with every field
+# about 5 KB. A path to something else (/dev/zero, a data file) is refused, not read to the end.
+MAX_CONFIG_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -285,6 +289,9 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
          "must be [beta, omega] with 0 <= beta < omega <= 1"),
         ("train.block_mask_rate", m.block_size is not None or tuple(t.block_mask_rate) == (0.0, 1.0),
          "clips block diffusion's masking rates: set model.block_size, or leave it [0, 1]"),
+        ("train.block_attention", m.block_size is not None or t.block_attention == "auto",
+         ("chooses block diffusion's attention mask, and without blocks there is none: set model.block_size, or "
+          "leave it auto")),
         ("train.block_mask_rate_search", m.block_size is not None or not t.block_mask_rate_search,
          "searches block diffusion's masking-rate interval: set model.block_size, or leave it false"),
         ("train.block_mask_rate_search", not t.block_mask_rate_search or c.eval.every > 0,
@@ -292,6 +299,9 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
         ("adapt.anneal_steps", c.adapt.anneal_steps >= 0, "must be >= 0 (0: the target's attention from the start)"),
         ("data.num_workers", c.data.num_workers >= 0, "must be >= 0"),
         ("data.shuffle_window", c.data.shuffle_window >= 1, "must be >= 1 (sequences)"),
+        ("data.shuffle_window", c.data.shuffle_window >= t.global_batch_size,
+         (f"is fewer sequences than one global batch (train.global_batch_size = {t.global_batch_size}), and a "
+          f"window holds whole global batches: it would be one batch; set at least {t.global_batch_size}")),
         ("data.cache_gb", c.data.cache_gb >= 0, "must be >= 0"),
         ("optim.lr", o.lr > 0 and math.isfinite(o.lr), "must be a positive number"),
         ("optim.betas", all(0.0 <= b < 1.0 for b in o.betas), "both must lie in [0, 1)"),
@@ -304,7 +314,8 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
         ("train.global_batch_size", t.global_batch_size >= 1, positive),
         ("model.vocab_multiple", m.vocab_multiple >= 1, f"{positive} (1: no padding)"),
         ("train.micro_batch_size", not isinstance(t.micro_batch_size, int) or t.micro_batch_size >= 1, positive),
-        ("train.micro_batch_size", not isinstance(t.micro_batch_size, int)
+        # (The list is built before it is checked: no modulo by a size that the check above refuses.)
+        ("train.micro_batch_size", not isinstance(t.micro_batch_size, int) or t.micro_batch_size < 1
          or t.global_batch_size % t.micro_batch_size == 0,
          f"must divide train.global_batch_size = {t.global_batch_size}"),
         ("train.seed", t.seed >= 0, "must be >= 0"),
@@ -395,7 +406,7 @@ def _read_yaml(path: Path) -> Any:
         raise UserError(f"{path}: is a directory, not a YAML config file; pass a file such as "
                         f"configs/tiny.yaml to --config")
     try:
-        data = path.read_bytes()
+        data = read_bounded(path, MAX_CONFIG_BYTES, "a YAML config file")
     except FileNotFoundError:
         raise UserError(f"{path}: config file not found") from None
     except OSError as err:

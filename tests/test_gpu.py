@@ -272,6 +272,28 @@ def test_the_evaluation_bound_under_bf16_is_the_fp32_bound_within_its_standard_e
     assert abs(bf16.nelbo_per_token - fp32.nelbo_per_token) < EVAL_Z_LIMIT * fp32.standard_error
 
 
+def test_bd3lm_framed_blocks_score_all_but_the_bos_under_bf16_as_under_fp32():
+    """``--protocol bd3lm`` on a GPU: BOS chunk EOS blocks without an EOS between rows, the BOS
+    never masked nor scored (``positions``), the bf16 bound the fp32 one within its error."""
+    from evaluation.bounds.protocols import BD3LM
+
+    network = _network().eval()
+    generator = torch.Generator().manual_seed(4)
+    documents = [torch.randint(0, VOCAB - 1, (200,), generator=generator).tolist() for _ in range(16)]
+    wrapped = BD3LM.wrap(documents, LENGTH, bos_id=VOCAB - 1, eos_id=VOCAB - 1, pad_id=0)
+    blocks = wrapped.blocks
+    assert not blocks.positions[:, 0].any() and bool(blocks.positions[:, 1:].all())
+    diffusion = AbsorbingDiffusion(make_schedule("linear"), VOCAB, validate=False)
+    estimates = {}
+    for bf16 in (False, True):
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            estimates[bf16] = estimate_bound(diffusion, network, blocks, samples_per_block=8, seed=0,
+                                             batch_size=8, device="cuda")
+    fp32, bf16 = estimates[False], estimates[True]
+    assert fp32.num_tokens == bf16.num_tokens == blocks.tokens.shape[0] * (LENGTH - 1)
+    assert abs(bf16.nelbo_per_token - fp32.nelbo_per_token) < EVAL_Z_LIMIT * fp32.standard_error
+
+
 def test_first_hitting_sampling_runs_under_bf16_one_call_per_token():
     """As ``unmask sample`` runs on a GPU (``evaluation.generation.generate``): inference mode, bf16
     autocast and the attention kernel of evaluation (compiled sampling is tested on CPU; a
@@ -310,17 +332,20 @@ def test_block_diffusion_trains_with_flexattention_and_matches_the_dense_mask():
 
 def test_block_diffusion_samples_with_its_kv_cache_under_bf16():
     """BD3-LM's sampler as `unmask sample` runs it on a GPU: inference mode, bf16, the KV cache of
-    finished blocks; first-hitting makes one call per token, past the network's context too."""
+    finished blocks; first-hitting makes one call per token, past the network's context too. The
+    caller hears of every block (`unmask sample`'s progress bar counts them)."""
     from model.block_diffusion import BlockDiffusion
 
     network, device, samples, length = _network().eval(), torch.device("cuda"), 4, LENGTH + 64
     process = BlockDiffusion(make_schedule("linear"), VOCAB, 16, validate=False)
     plan = SamplingPlan(sampler="first-hitting", seed=0)
+    blocks = []
     with torch.inference_mode(), inference_mode(network, device):
         tokens, stats = process.sample(network, plan, num_samples=samples, seq_len=length, window=LENGTH,
-                                       generator=sample_generators(plan.seed, range(samples)), device=device)
+                                       generator=sample_generators(plan.seed, range(samples)), device=device,
+                                       on_block=lambda: blocks.append(1))
     assert tokens.shape == (samples, length) and 0 <= int(tokens.min()) and int(tokens.max()) < VOCAB
-    assert list(stats.row_calls) == [length] * samples
+    assert list(stats.row_calls) == [length] * samples and len(blocks) == length // 16
 
 
 def test_init_from_weights_loaded_on_the_host_give_the_sources_loss_on_the_device():
@@ -342,7 +367,7 @@ def test_init_from_weights_loaded_on_the_host_give_the_sources_loss_on_the_devic
     torch.testing.assert_close(_loss(target, x0, bf16=True), _loss(source, x0, bf16=True), rtol=BF16_LOSS_RTOL, atol=0)
 
 
-# ------------------------------------------------------------------ every inference path on the GPU (issue 30)
+# ------------------------------------------------------------------ every inference path on the GPU
 GPU_PLANS = {"ancestral": SamplingPlan(steps=16), "ancestral-static": SamplingPlan(steps=16, static_shape=True),
              "first-hitting": SamplingPlan(sampler="first-hitting"),
              "first-hitting-k4": SamplingPlan(sampler="first-hitting", steps=8),
@@ -479,7 +504,10 @@ def test_transformers_runs_a_block_model_s_hf_export_on_the_gpu_with_the_cpu_s_l
 
 def test_an_export_is_checked_then_loaded_onto_the_gpu_and_a_truncated_one_is_refused(tmp_path):
     """``load_export(map_location="cuda")``, as sampling and evaluation call it on a GPU: the
-    export's recorded files are checked on the host first (issue 33)."""
+    export's recorded files are checked on the host first, every digest in full: a truncated file,
+    and bytes overwritten in place under the recorded modification time, are refused."""
+    import os
+
     from common.errors import UserError
     from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
     from pipeline.interchange.export import load_export
@@ -491,6 +519,13 @@ def test_an_export_is_checked_then_loaded_onto_the_gpu_and_a_truncated_one_is_re
     loaded = load_export(export, map_location="cuda")  # the tensors are read onto the GPU, then into the network
     assert loaded.config["step"] == 0 and not any(p.isnan().any() for p in loaded.network.parameters())
     weights = export / "model.safetensors"
+    before = weights.stat()
+    with weights.open("r+b") as file:
+        file.seek(before.st_size // 2)
+        file.write(b"Q" * 4096)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(UserError, match=rf"{weights} has other bytes than were written \(sha256 differs\)"):
+        load_export(export, map_location="cuda")
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(UserError, match=rf"{weights} has 1000 bytes, \d+ were written .*the export is damaged"):
         load_export(export, map_location="cuda")
@@ -498,7 +533,7 @@ def test_an_export_is_checked_then_loaded_onto_the_gpu_and_a_truncated_one_is_re
 
 def test_a_budget_past_its_limit_is_refused_before_the_gpu_holds_anything():
     """The budget limits (``model.sampling.plan``) are checked before the tokens or the time grid
-    reach the device (issue 33): nothing is allocated on it, the network is never called."""
+    reach the device: nothing is allocated on it, the network is never called."""
     diffusion = AbsorbingDiffusion(make_schedule("linear"), VOCAB, validate=False)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -509,7 +544,7 @@ def test_a_budget_past_its_limit_is_refused_before_the_gpu_holds_anything():
 
 def test_the_loader_pins_the_batches_it_joins_from_its_workers(tmp_path):
     """On a GPU the trainer asks for pinned batches; the loader pins each micro-batch after
-    joining its workers' parts (issue 32), and the batches are those of an unpinned loader."""
+    joining its workers' parts, and the batches are those of an unpinned loader."""
     from data_prep.shards.loader import StreamingLoader
     from tests.support.shard_fixtures import write_numbered_split
 

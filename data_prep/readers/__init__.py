@@ -13,7 +13,13 @@ and below them ``byte_source``, ``lines``, ``paragraphs``, ``long_documents``, `
 ``pieces``. The manual: docs/data-preparation.md, "Inputs".
 """
 
-from data_prep.readers.byte_source import BINARY_CHECK_BYTES, READ_BLOCK_BYTES, binary_reason
+from data_prep.readers.byte_source import (
+    BINARY_CHECK_BYTES,
+    BINARY_FIX,
+    READ_BLOCK_BYTES,
+    binary_reason,
+    skipped_as_binary,
+)
 from data_prep.readers.formats import read_batches, read_unit
 from data_prep.readers.inputs import FileFormat, InputFile, local_roots, resolve_inputs
 from data_prep.readers.jsonl import MAX_JSONL_LINE_BYTES
@@ -29,8 +35,9 @@ from data_prep.readers.pieces import Piece, Pieces, ReadCounters
 from data_prep.readers.planning import DEFAULT_UNIT_BYTES, WorkUnit, plan_units
 
 __all__ = [
-    "BINARY_CHECK_BYTES", "DEFAULT_PIECE_BYTES", "DEFAULT_UNIT_BYTES", "MAX_JSONL_LINE_BYTES",
+    "BINARY_CHECK_BYTES", "BINARY_FIX", "DEFAULT_PIECE_BYTES", "DEFAULT_UNIT_BYTES", "MAX_JSONL_LINE_BYTES",
     "MIN_PIECE_BYTES", "READ_BLOCK_BYTES", "BadJson", "BadUtf8", "FileFormat", "InputFile",
     "Piece", "Pieces", "ReadCounters", "ReadOptions", "TextFormat", "WorkUnit", "binary_reason",
     "local_roots", "plan_units", "read_batches", "read_unit", "resolve_inputs",
+    "skipped_as_binary",
 ]

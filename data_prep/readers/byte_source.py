@@ -10,8 +10,8 @@ from typing import Iterator
 from common.errors import UserError
 from data_prep.readers.inputs import InputFile, filesystem
 
-__all__ = ["BINARY_CHECK_BYTES", "READ_BLOCK_BYTES", "UTF8_BOM", "ByteSource", "binary_reason",
-           "head_binary_reason", "without_bom"]
+__all__ = ["BINARY_CHECK_BYTES", "BINARY_FIX", "READ_BLOCK_BYTES", "UTF8_BOM", "ByteSource", "binary_reason",
+           "head_binary_reason", "skipped_as_binary", "without_bom"]
 
 # One read per MiB amortizes the cost of a call (a syscall, or an HTTP range request on an
 # object store) and bounds the memory a reader holds.
@@ -23,6 +23,8 @@ UTF8_BOM = codecs.BOM_UTF8
 BINARY_CHECK_BYTES = 8000
 _WIDE_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
               (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16"))
+# What to do with files skipped as binary: most often they are UTF-16 text.
+BINARY_FIX = "leave them out, or convert UTF-16 text to UTF-8 (iconv -f UTF-16 -t UTF-8 IN > OUT.txt)"
 
 
 class ByteSource:
@@ -97,6 +99,13 @@ def binary_reason(file: InputFile) -> str | None:
         return None
     with ByteSource(file) as source:
         return head_binary_reason(source.head(BINARY_CHECK_BYTES))
+
+
+def skipped_as_binary(files: list[tuple[str, str]]) -> str:
+    """The files (uri, ``binary_reason``) skipped as binary in one clause, with ``BINARY_FIX``:
+    for the refusal of inputs of which nothing else was read."""
+    named = "; ".join(f"{uri}: {reason}" for uri, reason in files)
+    return f"{len(files)} file(s) skipped as binary ({named}): {BINARY_FIX}"
 
 
 def without_bom(blocks: Iterator[bytes]) -> tuple[int, Iterator[bytes]]:

@@ -15,6 +15,7 @@ from typing import Literal, Sequence
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from common.atomic_files import special_kind
 from common.errors import UserError
 
 __all__ = ["FileFormat", "InputFile", "filesystem", "local_roots", "resolve_inputs"]
@@ -100,11 +101,24 @@ def _expand(pattern: str) -> list[InputFile]:
         elif info.type == pafs.FileType.Directory:
             matches = _matching_files(fs, path, "**")
         else:
-            raise UserError(f"{pattern}: no such file or directory")
+            raise UserError(_not_a_file(fs, path, pattern))
     if not matches:
         raise UserError(f"{pattern}: matches no files (hidden files are left out)")
     prefix = _uri_prefix(fs, root or ".", path)
     return [_input_file(prefix + match.path, match.size) for match in matches]
+
+
+def _not_a_file(fs: pafs.FileSystem, path: str, pattern: str) -> str:
+    """Why ``pattern``, neither a file nor a directory, is no input: missing, or (a local path)
+    a device, a FIFO or a socket, which a prep cannot read by byte ranges, nor read again."""
+    try:
+        kind = special_kind(os.stat(path).st_mode) if isinstance(fs, pafs.LocalFileSystem) else None
+    except OSError:
+        kind = None
+    if kind is None:
+        return f"{pattern}: no such file or directory"
+    return (f"{pattern}: is {kind}, not a file or a directory; prep reads its inputs by byte ranges, some twice: "
+            f"save what it gives to a file and give that file")
 
 
 def _matching_files(fs: pafs.FileSystem, root: str, glob: str) -> list[pafs.FileInfo]:

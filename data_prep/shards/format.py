@@ -26,6 +26,7 @@ from typing import BinaryIO, Iterator
 import numpy as np
 
 from common.atomic_files import atomic_write_bytes, temporary_path
+from common.bounded_read import read_bounded
 from common.errors import UserError
 from common.file_records import sha256_file
 
@@ -39,9 +40,13 @@ SPLITS = ("train", "val")
 CHUNK_BYTES = 1 << 20
 # Token ids up to this bound fit in uint16.
 UINT16_LIMIT = 1 << 16
+# The most a manifest may hold: about 200 bytes per chunk (CHUNK_BYTES of tokens), so 1 GiB
+# lists some 5 TiB of shards. A path to something else is refused, not read to the end.
+MAX_MANIFEST_BYTES = 1 << 30
 
 __all__ = [
-    "FORMAT_VERSION", "MANIFEST_NAME", "SPLITS", "TOKENIZER_DIR", "ChunkInfo", "ShardInfo", "SplitInfo", "Manifest",
+    "FORMAT_VERSION", "MANIFEST_NAME", "MAX_MANIFEST_BYTES", "SPLITS", "TOKENIZER_DIR", "ChunkInfo", "ShardInfo",
+    "SplitInfo", "Manifest",
     "WrittenShard", "token_dtype", "chunk_rows", "shard_path", "write_shard", "iter_chunks", "decode_chunk",
 ]
 
@@ -226,9 +231,12 @@ class Manifest:
         if not path.is_file():
             raise UserError(f"{path}: no manifest; run `unmask prep --out {data_dir}` first")
         try:
-            return cls.from_json(path.read_text(), str(path))
+            text = read_bounded(path, MAX_MANIFEST_BYTES, "a shard manifest").decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise UserError(f"{path}: not a valid unmask manifest ({err}); rerun `unmask prep`") from None
         except OSError as err:
             raise UserError(f"{path}: cannot read the manifest ({err})") from None
+        return cls.from_json(text, str(path))
 
     @classmethod
     def from_json(cls, text: str, source: str) -> "Manifest":
@@ -246,11 +254,61 @@ class Manifest:
         for split in manifest.splits.values():
             for shard in split.shards:
                 _check_inside(shard.path, source)
+        _check_chunk_tables(manifest, source)
         return manifest
 
     def sha256(self) -> str:
         """Identity of the data (tags training runs)."""
         return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+
+# The token dtypes the writer uses (``token_dtype``).
+_TOKEN_DTYPES = ("<u2", "<u4")
+_EDITED = "the manifest was edited or damaged: rerun the `unmask prep` that made it, with --overwrite"
+
+
+def _check_chunk_tables(manifest: Manifest, source: str) -> None:
+    """Before anything is read: every chunk lies inside its shard (the size the manifest
+    records), after the one before it, and holds its rows. A hand-edited byte count, offset
+    or row count would otherwise become a read of a petabyte, of a negative offset, or rows
+    that are not there; each is one line naming the shard, the chunk and the field."""
+    if manifest.dtype not in _TOKEN_DTYPES or not _is_count(manifest.seq_len) or manifest.seq_len < 1:
+        raise UserError(f"{source}: dtype {manifest.dtype!r} and seq_len {manifest.seq_len!r} are not a token "
+                        f"array's ({'/'.join(_TOKEN_DTYPES)}, seq_len >= 1); {_EDITED}")
+    row_bytes = manifest.seq_len * np.dtype(manifest.dtype).itemsize
+    for split in manifest.splits.values():
+        for shard in split.shards:
+            where = f"{source}: shard {shard.path}"
+            for field_name in ("bytes", "sequences"):
+                if not _is_count(getattr(shard, field_name)):
+                    raise UserError(f"{where}: {field_name} {getattr(shard, field_name)!r} is not a count; {_EDITED}")
+            end = 0  # of the chunk before
+            for index, chunk in enumerate(shard.chunks):
+                _check_chunk(chunk, f"{where}, chunk {index}", end, shard.bytes, row_bytes)
+                end = chunk.offset + chunk.bytes
+            rows = sum(chunk.rows for chunk in shard.chunks)
+            if rows != shard.sequences:
+                raise UserError(f"{where}: its chunks hold {rows} rows, but sequences is {shard.sequences}; {_EDITED}")
+
+
+def _check_chunk(chunk: ChunkInfo, where: str, after: int, shard_bytes: int, row_bytes: int) -> None:
+    for field_name in ("offset", "bytes", "rows"):
+        if not _is_count(getattr(chunk, field_name)):
+            raise UserError(f"{where}: {field_name} {getattr(chunk, field_name)!r} is not a count (an integer "
+                            f">= 0); {_EDITED}")
+    if chunk.offset < after:
+        raise UserError(f"{where}: offset {chunk.offset} lies before the end of the chunk before it (byte {after}); "
+                        f"{_EDITED}")
+    if chunk.offset + chunk.bytes > shard_bytes:
+        raise UserError(f"{where}: offset {chunk.offset} + bytes {chunk.bytes} runs past the end of the shard "
+                        f"(its bytes: {shard_bytes}); {_EDITED}")
+    if chunk.rows < 1 or chunk.rows * row_bytes >= chunk.bytes:
+        raise UserError(f"{where}: rows {chunk.rows} of {row_bytes} bytes each do not fit its bytes {chunk.bytes} "
+                        f"(with the array's header); {_EDITED}")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _another_format(source: str, version: object) -> str:

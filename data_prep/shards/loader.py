@@ -7,10 +7,11 @@ lane. Micro-batch m of rank r is slot m W + r of the global batch, the slot orde
 training times (``pipeline.training.objective.MicroBatchSlot``): the global batches do not
 depend on the number of ranks, micro-batches or DataLoader workers, and every rank yields the
 same number of batches. A rank reads only the chunks of its own lanes, and checks each
-chunk's sha256 as it reads it; a ``UserError`` met in a DataLoader worker reaches the caller
-as itself. ``state_dict()`` is the position in global batches: a loader restored from it
-yields exactly the batches an uninterrupted one would have yielded next, on any number of
-ranks with the same global batch size and window; a position of another order is refused.
+chunk's sha256 as it reads it; a ``UserError`` met in a DataLoader worker, or the
+``StopRequested`` of a read that a signal stopped, reaches the caller as itself.
+``state_dict()`` is the position in global batches: a loader restored from it yields exactly
+the batches an uninterrupted one would have yielded next, on any number of ranks with the
+same global batch size and window; a position of another order is refused.
 The reasoning and the measurements: docs/data-at-scale.md.
 """
 
@@ -26,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from common.errors import UserError
+from common.stop_request import StopRequested
 from data_prep.shards.format import ShardInfo, decode_chunk
 from data_prep.shards.storage import ChunkCache, ShardStore, read_manifest
 
@@ -173,10 +175,11 @@ class _StreamPlan:
     def chunk_rows(self, epoch: int, piece: _Piece) -> "np.ndarray | _Permuted":
         """The rows of a piece's chunk in their permuted order (read and checked)."""
         shard = self.shards[piece.shard]
-        chunk = decode_chunk(self.store.read(shard, shard.chunks[piece.chunk]), self.store.name(shard))
-        if chunk.ndim != 2 or chunk.shape[1] != self.seq_len or chunk.dtype.str != self.dtype:
+        info = shard.chunks[piece.chunk]
+        chunk = decode_chunk(self.store.read(shard, info), self.store.name(shard))
+        if chunk.shape != (info.rows, self.seq_len) or chunk.dtype.str != self.dtype:
             raise UserError(f"{self.store.name(shard)}: chunk of shape {chunk.shape} and dtype {chunk.dtype.str}, "
-                            f"the manifest says [*, {self.seq_len}] {self.dtype}; rerun `unmask prep`")
+                            f"the manifest says [{info.rows}, {self.seq_len}] {self.dtype}; rerun `unmask prep`")
         if not self.shuffle:
             return chunk
         # The permuted order as a view's index: the rows are gathered once, into the lanes.
@@ -241,11 +244,12 @@ class _Permuted:
 
 @dataclass(frozen=True)
 class _WorkerFailure:
-    """A user's mistake met in a DataLoader worker (a corrupt shard), sent to the main process
-    as an item of the stream: raised there as itself, the one line it is. Raised in the
-    worker, DataLoader would re-raise it with the worker's traceback folded into its message."""
+    """A user's mistake met in a DataLoader worker (a corrupt shard), or a read it stopped at
+    a stop request (``common.stop_request``), sent to the main process as an item of the
+    stream: raised there as itself, the one line it is. Raised in the worker, DataLoader would
+    re-raise it with the worker's traceback folded into its message."""
 
-    error: UserError
+    error: UserError | StopRequested
 
 
 class _EpochStream(IterableDataset):
@@ -261,7 +265,7 @@ class _EpochStream(IterableDataset):
     def in_worker(self, part: int, parts: int) -> Iterator[torch.Tensor | _WorkerFailure]:
         try:
             yield from self.plan.parts(self.epoch, self.first_global, part, parts)
-        except UserError as err:
+        except (UserError, StopRequested) as err:
             yield _WorkerFailure(err)
 
 

@@ -12,7 +12,12 @@ Remote reads:
   a log line or MLflow. ``AWS_ENDPOINT_URL`` points S3 at any S3-compatible store.
 - A transient failure (503, a reset or refused connection, a timeout) is retried with
   exponential backoff for up to ``RetryPolicy.budget_s`` seconds, logged once per attempt:
-  an outage of a few minutes stalls training, it does not kill it.
+  an outage of a few minutes stalls training, it does not kill it. A refusal (401, 403: the
+  credentials or the bucket's policy) and a missing bucket or object are final: one line at
+  once, a refusal naming where the credentials came from (``credential_source``). A stop
+  request (SIGTERM in training, ``common.stop_request``) ends a retry's wait at once.
+- ``check_writable``: a destination URI is checked (its bucket, one object written and
+  removed) before the work whose output goes there.
 - ``ChunkCache``: a local directory of verified chunks, named by their sha256, kept under a
   size limit (least recently used first out), shared by the ranks and workers of a node.
 
@@ -23,23 +28,26 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import multiprocessing
 import os
 import random
 import shutil
+import tempfile
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.synchronize import Event
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 from urllib.parse import urlparse
 
+from common import stop_request
 from common.errors import UserError
 from data_prep.shards.format import MANIFEST_NAME, TOKENIZER_DIR, ChunkInfo, Manifest, ShardInfo
 
-__all__ = ["ChunkCache", "ReadStats", "RetryPolicy", "ShardStore", "check_no_credentials", "default_cache_dir",
-           "is_remote", "localize_metadata", "open_filesystem", "read_manifest", "read_remote_file", "resolve_location",
-           "upload_data",
-           "READ_STATS"]
+__all__ = ["READ_STATS", "ChunkCache", "ReadStats", "RetryPolicy", "ShardStore", "cache_root", "check_no_credentials",
+           "check_writable", "credential_source", "default_cache_dir", "is_remote", "localize_metadata",
+           "open_filesystem", "read_manifest", "read_remote_file", "resolve_location", "upload_data"]
 
 log = logging.getLogger("unmask.storage")
 T = TypeVar("T")
@@ -48,6 +56,16 @@ T = TypeVar("T")
 _SHARD_FIX = "copy the data again, or rerun `unmask prep` with --overwrite"
 # Query parameters of a pyarrow S3 URI that would carry a secret.
 _SECRET_PARAMS = ("access_key", "secret_key", "session_token")
+# What a store's refusal of the credentials says, in the words of the AWS SDK (pyarrow's S3:
+# ACCESS_DENIED; a HEAD request's 403 carries no body, so only its status names it), of S3's
+# XML errors and of Google Cloud Storage. Waiting does not heal any of them.
+_DENIED = ("ACCESS_DENIED", "AccessDenied", "INVALID_ACCESS_KEY_ID", "InvalidAccessKeyId",
+           "SIGNATURE_DOES_NOT_MATCH", "SignatureDoesNotMatch", "EXPIRED_TOKEN", "ExpiredToken",
+           "HTTP status 401", "HTTP status 403", "PERMISSION_DENIED", "UNAUTHENTICATED")
+# What a store says of a bucket or an object it does not have.
+_MISSING = ("NO_SUCH_BUCKET", "NoSuchBucket", "NO_SUCH_KEY", "NoSuchKey", "does not exist", "past end of file")
+# URI schemes whose first path component is a bucket.
+_BUCKET_SCHEMES = ("s3", "gs", "gcs")
 
 
 def is_remote(location: str | Path) -> bool:
@@ -115,18 +133,63 @@ READ_STATS = ReadStats()
 _STATS_LOCK = threading.Lock()
 
 
+def _denied(err: OSError) -> bool:
+    """The store refused the credentials, or its policy refuses them this request."""
+    return isinstance(err, PermissionError) or any(word in str(err) for word in _DENIED)
+
+
 def _transient(err: OSError) -> bool:
-    """A missing object or a refused permission will not heal by waiting; the rest may."""
-    if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError)):
+    """A refusal or a missing bucket or object will not heal by waiting; the rest may."""
+    if isinstance(err, (FileNotFoundError, IsADirectoryError)) or _denied(err):
         return False
-    text = str(err)
-    return not any(word in text for word in ("NoSuchKey", "NoSuchBucket", "AccessDenied", "does not exist",
-                                             "InvalidAccessKeyId", "SignatureDoesNotMatch",
-                                             "past end of file"))
+    return not any(word in str(err) for word in _MISSING)
 
 
-def with_retries(action: Callable[[], T], what: str, policy: RetryPolicy) -> T:
-    """``action()``, retried with exponential backoff while it fails with a transient OSError."""
+def _first_line(err: OSError) -> str:
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
+def credential_source(location: str) -> str:
+    """Where the client of ``location``'s store takes its credentials from, in the order of
+    the AWS SDK's default chain (what pyarrow's S3 uses): named in a refusal, never the key."""
+    scheme = urlparse(location).scheme
+    if scheme != "s3":
+        return f"the {scheme}:// filesystem's default credentials"
+    env = os.environ
+    shared = Path(env.get("AWS_SHARED_CREDENTIALS_FILE") or Path.home() / ".aws" / "credentials")
+    if env.get("AWS_ACCESS_KEY_ID"):
+        where = "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in the environment"
+    elif shared.is_file():
+        where = f"profile {env.get('AWS_PROFILE') or 'default'!r} of {shared}"
+    elif env.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
+        where = "the web identity token of AWS_WEB_IDENTITY_TOKEN_FILE (role AWS_ROLE_ARN)"
+    elif env.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") or env.get("AWS_CONTAINER_CREDENTIALS_FULL_URI"):
+        where = "the container's credentials endpoint (AWS_CONTAINER_CREDENTIALS_*)"
+    else:
+        where = f"the instance's role (no AWS_ACCESS_KEY_ID in the environment, no {shared})"
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    return where + (f", for the store at {endpoint} (AWS_ENDPOINT_URL)" if endpoint else "")
+
+
+def _failure(name: str, location: str, err: OSError, retry: RetryPolicy, otherwise: str,
+             kept: str = "") -> UserError:
+    """The one line for an OSError that ``with_retries`` gave up on, on ``name`` of
+    ``location``: a refusal names the credentials' source, an outage the retry budget, and
+    anything else is said with ``otherwise``; ``kept`` (what is safe) ends the line."""
+    if _denied(err):
+        line = (f"{name}: access denied ({_first_line(err)}): the store refused the credentials from "
+                f"{credential_source(location)}; check them, and that the bucket's policy allows them")
+    elif _transient(err):
+        line = f"{name}: unreachable for {retry.budget_s:.0f} s ({_first_line(err)}); check the store, then rerun"
+    else:
+        line = f"{name}: {_first_line(err)}; {otherwise}"
+    return UserError(f"{line}; {kept}" if kept else line)
+
+
+def with_retries(action: Callable[[], T], what: str, policy: RetryPolicy, stop: Event | None = None) -> T:
+    """``action()``, retried with exponential backoff while it fails with a transient OSError;
+    a stop request on ``stop`` (default: this process's, ``common.stop_request``) ends the
+    wait at once with ``StopRequested``."""
     waited, wait, attempt = 0.0, policy.first_wait_s, 0
     while True:
         try:
@@ -136,10 +199,10 @@ def with_retries(action: Callable[[], T], what: str, policy: RetryPolicy) -> T:
             if not _transient(err) or waited >= policy.budget_s:
                 raise
             pause = min(wait, policy.max_wait_s) * (0.5 + random.random() / 2)  # jitter: ranks do not sync up
-            log.warning("%s: %s; retry %d in %.1f s", what, str(err).splitlines()[0], attempt, pause)
+            log.warning("%s: %s; retry %d in %.1f s", what, _first_line(err), attempt, pause)
             with _STATS_LOCK:
                 READ_STATS.retries += 1
-            time.sleep(pause)
+            stop_request.wait(pause, f"{what}: stopped while retrying ({_first_line(err)})", stop)
             waited, wait = waited + pause, wait * 2
 
 
@@ -198,10 +261,21 @@ class ShardStore:
                  retry: RetryPolicy = RetryPolicy()) -> None:
         self.location, self.cache, self.retry = str(location), cache, retry
         self.remote = is_remote(location)
+        # This process's stop event, which travels with the store to its DataLoader workers:
+        # a signal to this process ends their retries too.
+        self.stop = stop_request.event()
         self._filesystem = None  # opened lazily: the store travels to DataLoader workers by pickle
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_filesystem": None}
+        # The event goes only to a process being started (a DataLoader worker); pickled for
+        # anything else, the store takes the stop event of the process that unpickles it.
+        spawning = multiprocessing.context.get_spawning_popen() is not None
+        return {**self.__dict__, "_filesystem": None, "stop": self.stop if spawning else None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.stop is None:
+            self.stop = stop_request.event()
 
     def name(self, shard: ShardInfo) -> str:
         return f"{self.location.rstrip('/')}/{shard.path}"
@@ -235,28 +309,31 @@ class ShardStore:
         if not self.remote:
             try:
                 with open(Path(self.location) / shard.path, "rb") as handle:
-                    return os.pread(handle.fileno(), chunk.bytes, chunk.offset)
+                    size = os.fstat(handle.fileno()).st_size
+                    return os.pread(handle.fileno(), _available(chunk, size), chunk.offset)
             except FileNotFoundError:
                 raise UserError(f"{self.name(shard)}: shard listed in the manifest is missing; {_SHARD_FIX}") \
                     from None
         try:
-            return with_retries(lambda: self._remote_range(shard, chunk), self.name(shard), self.retry)
+            return with_retries(lambda: self._remote_range(shard, chunk), self.name(shard), self.retry, self.stop)
         except FileNotFoundError:
             raise UserError(f"{self.name(shard)}: shard listed in the manifest is missing; {_SHARD_FIX}") from None
         except OSError as err:
-            if not _transient(err):
-                raise UserError(f"{self.name(shard)}: {str(err).splitlines()[0]}; {_SHARD_FIX}") from None
-            raise UserError(f"{self.name(shard)}: unreachable for {self.retry.budget_s:.0f} s "
-                            f"({str(err).splitlines()[0]}); check the store and resume the run") from None
+            raise _failure(self.name(shard), self.location, err, self.retry, _SHARD_FIX) from None
 
     def _remote_range(self, shard: ShardInfo, chunk: ChunkInfo) -> bytes:
         if self._filesystem is None:
             self._filesystem = open_filesystem(self.location)
         filesystem, base = self._filesystem
         with filesystem.open_input_file(f"{base.rstrip('/')}/{shard.path}") as handle:
-            # A truncated object: what it still holds of the chunk (``read`` names the shard).
-            available = max(0, min(chunk.bytes, handle.size() - chunk.offset))
+            available = _available(chunk, handle.size())
             return handle.read_at(available, chunk.offset) if available else b""
+
+
+def _available(chunk: ChunkInfo, size: int) -> int:
+    """The bytes of ``chunk`` that a shard of ``size`` bytes holds: of a truncated shard, what
+    it still holds (``ShardStore.read`` names the shard), never more than the file."""
+    return max(0, min(chunk.bytes, size - chunk.offset))
 
 
 def read_remote_file(location: str, relative: str, retry: RetryPolicy = RetryPolicy()) -> bytes:
@@ -272,18 +349,67 @@ def read_remote_file(location: str, relative: str, retry: RetryPolicy = RetryPol
     return with_retries(fetch, f"{location.rstrip('/')}/{relative}", retry)
 
 
-def read_manifest(location: str | Path) -> Manifest:
-    """The manifest of a data directory or of a data location's URI."""
+def _missing_bucket(location: str) -> str | None:
+    """The bucket of ``location`` (an object store's URI) if the store does not have it."""
+    if urlparse(location).scheme not in _BUCKET_SCHEMES:
+        return None
+    import pyarrow.fs as pafs
+
+    filesystem, base = open_filesystem(location)
+    bucket = base.strip("/").split("/")[0]
+    info = with_retries(lambda: filesystem.get_file_info(bucket), f"{location}: the bucket", RetryPolicy())
+    return bucket if info.type == pafs.FileType.NotFound else None
+
+
+def read_manifest(location: str | Path, flag: str = "--data") -> Manifest:
+    """The manifest of a data directory or of a data location's URI (given with ``flag``)."""
     if not is_remote(location):
         return Manifest.read(location)
-    name = f"{str(location).rstrip('/')}/{MANIFEST_NAME}"
+    location = str(location)
+    check_no_credentials(location, flag)
+    name, retry = f"{location.rstrip('/')}/{MANIFEST_NAME}", RetryPolicy()
     try:
-        text = read_remote_file(str(location), MANIFEST_NAME).decode()
-    except FileNotFoundError:
-        raise UserError(f"{name}: no manifest; run `unmask prep --out {location}` first") from None
+        try:
+            data = read_remote_file(location, MANIFEST_NAME, retry)
+        except FileNotFoundError:
+            _refuse_a_missing_bucket(location, flag, "then run `unmask prep --out {location}`")
+            raise UserError(f"{name}: no manifest; run `unmask prep --out {location}` first") from None
     except OSError as err:
-        raise UserError(f"{name}: cannot read the manifest ({str(err).splitlines()[0]})") from None
-    return Manifest.from_json(text, name)
+        raise _failure(name, location, err, retry, "cannot read the manifest") from None
+    return Manifest.from_json(data.decode("utf-8", errors="replace"), name)
+
+
+def _refuse_a_missing_bucket(location: str, flag: str, then: str) -> None:
+    """A UserError if the store lacks the bucket of ``location``; its fix ends with ``then``."""
+    bucket = _missing_bucket(location)
+    if bucket is not None:
+        raise UserError(f"{flag} {location}: the bucket {bucket!r} does not exist at this store; check the name, or "
+                        f"create the bucket and {then.format(location=location)}")
+
+
+def check_writable(location: str, flag: str) -> None:
+    """Before the work whose output goes to ``location`` (a URI, given with ``flag``): its
+    bucket exists and takes an object (one written and removed), so that a refusal comes
+    before the work, not after it. A store that lets the probe in but not out keeps it (a
+    warning says so)."""
+    check_no_credentials(location, flag)
+    filesystem, base = open_filesystem(location)
+    probe, retry = f"{base.rstrip('/')}/.unmask-write-check-{os.getpid()}", RetryPolicy()
+
+    def put() -> None:
+        with filesystem.open_output_stream(probe) as out:
+            out.write(b"")
+
+    try:
+        _refuse_a_missing_bucket(location, flag, "rerun")
+        with_retries(put, f"{flag} {location}", retry)
+    except OSError as err:
+        raise _failure(f"{flag} {location}", location, err, retry, "cannot write there") from None
+    try:
+        with_retries(lambda: filesystem.delete_file(probe), f"{flag} {location}", retry)
+    except OSError as err:
+        log.warning("%s %s: cannot remove the write check %s (%s); remove it by hand", flag, location,
+                    probe.rsplit("/", 1)[-1], _first_line(err))
 
 
 def default_cache_dir() -> Path:
@@ -291,28 +417,57 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "unmask"
 
 
-def localize_metadata(location: str, cache_root: str | Path) -> Path:
-    """A local directory holding the manifest and the tokenizer of the data at ``location``
-    (a URI), under ``cache_root``: what training reads besides the shards. Fetched again when
-    the manifest changed; written under a temporary name and renamed, so ranks that fetch it
-    at once each see a whole copy."""
-    manifest = read_manifest(location).to_json()
-    key = hashlib.sha256(f"{location}\n{manifest}".encode()).hexdigest()[:24]
-    target = Path(cache_root) / "metadata" / key
-    if (target / MANIFEST_NAME).is_file():
-        return target
-    staging = target.with_name(f".{key}.{os.getpid()}")
-    filesystem, base = open_filesystem(location)
-    import pyarrow.fs as pafs
+def cache_root(cache_dir: str | None) -> Path:
+    """The directory that caches what is read from object storage: ``cache_dir`` (the config's
+    ``data.cache_dir``; None: ``default_cache_dir()``), created if missing and checked by
+    writing a file there; a one-line UserError naming the setting and the fix otherwise."""
+    path = Path(cache_dir) if cache_dir else default_cache_dir()
+    setting = "data.cache_dir" if cache_dir else "the default cache directory ($XDG_CACHE_HOME/unmask)"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(prefix=".unmask-write-check-", dir=path)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as err:
+        in_the_way = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        problem = ("is a file, not a directory" if in_the_way == path else f"lies below {in_the_way}, a file"
+                   if in_the_way is not None else f"cannot be written ({err.strerror or err})")
+        raise UserError(f"{setting} = {path}: {problem}; the data read from object storage is cached there: "
+                        f"set data.cache_dir to a writable directory") from None
+    return path
 
-    selector = pafs.FileSelector(f"{base.rstrip('/')}/{TOKENIZER_DIR}", allow_not_found=True, recursive=True)
-    for info in with_retries(lambda: filesystem.get_file_info(selector), location, RetryPolicy()):
-        if info.type == pafs.FileType.File:
-            relative = info.path[len(base.rstrip("/")) + 1:]
+
+def localize_metadata(location: str, cache_dir: str | Path) -> Path:
+    """A local directory holding the manifest and the tokenizer of the data at ``location``
+    (a URI), under ``cache_dir`` (``cache_root``'s): what training reads besides the
+    shards. Fetched again when the manifest or the tokenizer's objects changed; written under
+    a temporary name and renamed, so ranks that fetch it at once each see a whole copy. A
+    tokenizer missing from the store is named there, not in the local copy."""
+    manifest = read_manifest(location).to_json()
+    retry, tokenizer = RetryPolicy(), f"{location.rstrip('/')}/{TOKENIZER_DIR}"
+    try:
+        files = _remote_files(location, TOKENIZER_DIR, retry)
+        if not files:
+            raise UserError(f"{tokenizer}: missing from the store, where the manifest records the tokenizer the "
+                            f"shards were made with; upload the prep's {TOKENIZER_DIR}/ there again (rerunning the "
+                            f"same `unmask prep --out {location}` sends what the store lacks)")
+        key = hashlib.sha256(f"{location}\n{manifest}\n{files}".encode()).hexdigest()[:24]
+        target = Path(cache_dir) / "metadata" / key
+        if (target / MANIFEST_NAME).is_file():
+            return target
+        contents = {relative: read_remote_file(location, relative, retry) for relative, _, _ in files}  # small
+    except FileNotFoundError:  # removed between the listing and the read
+        raise UserError(f"{tokenizer}: changed while it was read; rerun") from None
+    except OSError as err:
+        raise _failure(tokenizer, location, err, retry, "cannot read the tokenizer") from None
+    staging = target.with_name(f".{key}.{os.getpid()}")
+    try:
+        for relative, data in {**contents, MANIFEST_NAME: manifest.encode()}.items():
             (staging / relative).parent.mkdir(parents=True, exist_ok=True)
-            (staging / relative).write_bytes(read_remote_file(location, relative))
-    staging.mkdir(parents=True, exist_ok=True)
-    (staging / MANIFEST_NAME).write_text(manifest)
+            (staging / relative).write_bytes(data)
+    except OSError as err:
+        raise UserError(f"{staging}: cannot write the local copy of {location}'s manifest and tokenizer "
+                        f"({err.strerror or err}); set data.cache_dir to a writable directory") from None
     try:
         os.replace(staging, target)
     except OSError:  # another rank renamed its copy first
@@ -320,27 +475,46 @@ def localize_metadata(location: str, cache_root: str | Path) -> Path:
     return target
 
 
+def _remote_files(location: str, directory: str, retry: RetryPolicy) -> list[tuple[str, int, int]]:
+    """(path relative to ``location``, size, mtime in ns) of the files under
+    ``location/directory`` (a URI), in path order."""
+    import pyarrow.fs as pafs
+
+    filesystem, base = open_filesystem(location)
+    base = base.rstrip("/")
+    selector = pafs.FileSelector(f"{base}/{directory}", allow_not_found=True, recursive=True)
+    infos = with_retries(lambda: filesystem.get_file_info(selector), f"{location.rstrip('/')}/{directory}", retry)
+    return sorted((info.path[len(base) + 1:], info.size, info.mtime_ns or 0) for info in infos
+                  if info.type == pafs.FileType.File)
+
+
 def upload_data(local: Path, location: str, skip: tuple[str, ...] = ()) -> int:
     """Copy a finished prep in ``local`` to ``location`` (a URI); the number of files sent.
     The shards and the tokenizer go first, the manifest last: a reader sees either no
     manifest or one whose every shard is there. A file already there with the same size is
     not sent again (a rerun after a failed upload resumes it; shards are named by content
-    through the manifest's checksums, which every read checks)."""
+    through the manifest's checksums, which every read checks). A failure is one line that
+    says the prep is kept in ``local``."""
     filesystem, base = open_filesystem(location)
     files = sorted(p for p in local.rglob("*") if p.is_file() and p.relative_to(local).parts[0] not in skip)
     files.sort(key=lambda p: p.name == MANIFEST_NAME)  # the manifest last
-    sent = 0
+    sent, retry = 0, RetryPolicy()
     for path in files:
         relative = path.relative_to(local).as_posix()
-        target = f"{base.rstrip('/')}/{relative}"
-        info = with_retries(lambda: filesystem.get_file_info(target), f"{location}/{relative}", RetryPolicy())
-        if relative != MANIFEST_NAME and info.size == path.stat().st_size:
-            continue
+        target, name = f"{base.rstrip('/')}/{relative}", f"{location.rstrip('/')}/{relative}"
 
-        def put() -> None:
+        def put(target: str = target, path: Path = path) -> None:
             with filesystem.open_output_stream(target) as out:  # one object, visible whole once closed
                 out.write(path.read_bytes())
 
-        with_retries(put, f"{location.rstrip('/')}/{relative}", RetryPolicy())
+        try:
+            info = with_retries(lambda target=target: filesystem.get_file_info(target), name, retry)
+            if relative != MANIFEST_NAME and info.size == path.stat().st_size:
+                continue
+            with_retries(put, name, retry)
+        except OSError as err:
+            raise _failure(name, location, err, retry, "cannot upload it",
+                           kept=f"the prep is kept in {local}: rerun the same command to send what the store lacks") \
+                from None
         sent += 1
     return sent

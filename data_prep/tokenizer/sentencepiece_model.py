@@ -134,6 +134,9 @@ class SentencePieceTokenizer(Tokenizer):
         self.path = str(path)
         self.sha256 = hashlib.sha256(self._model_proto).hexdigest()
         self.vocab_size = self._sp.get_piece_size()
+        if self.vocab_size == 0:  # sentencepiece loads an empty proto as a model of no pieces
+            raise UserError(f"SentencePiece model {self.path or '(from bytes)'} is empty ({len(self._model_proto)} "
+                            f"bytes, no pieces): truncated or emptied; copy it again from where it was trained")
         if self._sp.eos_id() < 0:
             raise UserError(f"SentencePiece model {self.path or '(from bytes)'} has no eos piece; "
                             f"documents need one to mark their ends: train with an eos_id")

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from common.atomic_files import atomic_write_bytes
+from common.errors import UserError
 from common.outputs import InputPath, OutputKind, new_output_dir, staged_directory
 from data_prep.readers import (
+    BINARY_FIX,
     ReadCounters,
     ReadOptions,
     WorkUnit,
@@ -26,6 +28,7 @@ from data_prep.readers import (
     plan_units,
     read_batches,
     resolve_inputs,
+    skipped_as_binary,
 )
 from data_prep.shards.format import TOKENIZER_DIR
 from data_prep.tokenizer.base import Tokenizer
@@ -82,19 +85,25 @@ class CorpusText:
         self._counters = ReadCounters()
 
     def __iter__(self) -> Iterator[str]:
+        """The documents' text; a UserError naming the binary files if they were all there was."""
         self._units = plan_units(resolve_inputs(self._inputs), self._options)
         for unit in self._units:
             for batch in read_batches(unit, self._options, self._counters):
                 yield from batch.texts
+        if not self._counters.documents and self._counters.binary_files_skipped:
+            raise UserError(f"--input {' '.join(self._inputs)}: no text to train the tokenizer on: "
+                            f"{skipped_as_binary(self._skipped())}")
+
+    def _skipped(self) -> list[tuple[str, str]]:
+        return [(unit.file.uri, reason) for unit in self._units
+                if unit.start == 0 and (reason := binary_reason(unit.file))]
 
     def warnings(self) -> list[str]:
         """The files skipped as binary, with why and how to fix it; empty if none."""
         if not self._counters.binary_files_skipped:
             return []
-        skipped = [(unit.file.uri, reason) for unit in self._units
-                   if unit.start == 0 and (reason := binary_reason(unit.file))]
-        return [(f"tokenizer training skipped {len(skipped)} input file(s) as binary; leave them "
-                 f"out, or convert UTF-16 text to UTF-8 (iconv -f UTF-16 -t UTF-8 IN > OUT.txt):"),
+        skipped = self._skipped()
+        return [f"tokenizer training skipped {len(skipped)} input file(s) as binary; {BINARY_FIX}:",
                 *(f"  {uri}: {reason}" for uri, reason in skipped)]
 
 

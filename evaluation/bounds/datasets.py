@@ -4,37 +4,41 @@
     data.documents        # detokenized text units, in file order
     data.protocol()       # JSON-able record of exactly what was read and how
 
-The files are those ``../shared/data/SOURCES.md`` describes; nothing is ever downloaded. A unit
-is what SEDD's and MDLM's evaluation code reads as one (a sentence of PTB and 1BW, a LAMBADA
-passage), except WikiText, cut at articles; ``rows=True`` reads the rows of the Hugging Face
-datasets that code loads (the ``mdlm`` protocol), empty rows kept. Units carry no separators:
-the estimator puts an EOS after each. Which file, which unit and why:
-docs/evaluation.md#the-datasets-and-their-detokenizers.
+The files are those ``../shared/data/SOURCES.md`` describes, in its layout, plus AG News, PubMed
+and ArXiv in the formats their releases and Hugging Face give (``evaluation.bounds.file_readers``);
+nothing is ever downloaded. A unit is what SEDD's and MDLM's evaluation code reads as one (a
+sentence of PTB and 1BW, a LAMBADA passage, an AG News item, an article), except WikiText, cut at
+articles; ``rows=True`` reads the rows of the Hugging Face datasets that code loads (the
+MDLM-line protocols), empty rows kept. Units carry no separators: the protocol puts an EOS after
+each, or none. Which file, which unit and why: docs/evaluation.md#the-datasets-and-their-detokenizers.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from common.errors import UserError, json_problem
+from common.errors import UserError
 from common.file_records import sha256_file
-from data_prep.readers.lines import is_blank_line
 from evaluation.bounds.detokenizers import DETOKENIZERS
+from evaluation.bounds.file_readers import (
+    ag_news_csv,
+    decode_utf8,
+    jsonl_strings,
+    lines,
+    paragraphs,
+    parquet_strings,
+    scientific_papers_jsonl,
+)
 
-__all__ = ["DATASET_NAMES", "FILE_SPLIT", "EvalDataset", "check_text_file", "dataset_file", "load_dataset",
-           "load_text_file"]
+__all__ = ["DATASET_NAMES", "FILE_SPLIT", "EvalDataset", "check_text_file", "dataset_file", "expected_files",
+           "find_dataset_file", "load_dataset", "load_text_file"]
 
-DATASET_NAMES = ("lambada", "wikitext2", "wikitext103", "ptb", "lm1b")
+DATASET_NAMES = ("lambada", "wikitext2", "wikitext103", "ptb", "lm1b", "ag_news", "pubmed", "arxiv")
 FILE_SPLIT = "all"  # the split recorded for a generic file: all of it
-SOURCES_HINT = "../shared/data/SOURCES.md"  # relative to the repository root
 # A WikiText top-level heading: " = Title = " (section headings are " = = Title = = ").
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
 
@@ -75,44 +79,58 @@ class EvalDataset:
 
 
 # ---------------------------------------------------------------- the named datasets
+Reader = Callable[[Path, bytes], list[str]]  # (file, its bytes) -> raw units
+
+
 @dataclass(frozen=True)
 class _Units:
     """How a file is cut into raw units, and what one unit is, in words."""
 
-    reader: Callable[[Path, str], list[str]]  # (file, its text) -> raw units
+    reader: Reader
     description: str
 
 
 @dataclass(frozen=True)
-class _SplitSpec:
-    """Where one split lives, how to cut it into units (ours, or the HF rows), how to detokenize."""
+class _SplitFile:
+    """One file a split may be read from: where, in which format, cut into which units (ours, or
+    the rows of the Hugging Face dataset the MDLM-line code reads)."""
 
     relative_path: str
+    format: str   # what the file holds, in words, for the messages
     units: _Units
+    rows: _Units
+
+
+@dataclass(frozen=True)
+class _SplitSpec:
+    """Where one split lives (the first of ``files`` that exists is read) and its detokenizer."""
+
+    files: tuple[_SplitFile, ...]
     detokenizer: str
-    rows: _Units  # the rows of the HF dataset that the SEDD/MDLM code reads
 
 
 @dataclass(frozen=True)
 class _DatasetSpec:
-    sources_section: str  # where SOURCES.md says to get the files, e.g. "section 1 (PTB)"
+    sources: str  # where to get the files, in words, e.g. "see ../shared/data/SOURCES.md section 1 (PTB)"
     splits: dict[str, _SplitSpec]
 
 
-def _lines(path: Path, text: str) -> list[str]:
-    """One unit per line. Lines end at "\\n" only, as `wc -l` and Python's text reader count
-    them (str.splitlines would also split at \\x0b, \\x1c, U+2028 ... inside LM1B sentences)."""
-    del path
-    return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
+def _text(reader: Callable[[Path, str], list[str]]) -> Reader:
+    """A reader of the file's UTF-8 text."""
+    return lambda path, data: reader(path, decode_utf8(path, data))
+
+
+def _parquet(column: str, split: str) -> Reader:
+    return lambda path, data: parquet_strings(path, column, f"a parquet of {split} (its column {column!r})")
 
 
 def _wikitext_articles(path: Path, text: str) -> list[str]:
     """One unit per article: a top-level heading line and the lines up to the next one. Lines
     before the first heading form a unit of their own unless they are all blank."""
-    lines = _lines(path, text)
+    rows = lines(text)
     articles: list[list[str]] = [[]]
-    for index, line in enumerate(lines):
-        if _is_wikitext_title(lines, index):
+    for index, line in enumerate(rows):
+        if _is_wikitext_title(rows, index):
             articles.append([])
         articles[-1].append(line)
     if not "".join(articles[0]).strip():
@@ -131,51 +149,100 @@ def _is_wikitext_title(lines: list[str], index: int) -> bool:
 
 def _wikitext_rows(path: Path, text: str) -> list[str]:
     """The rows of HF ``wikitext-*-raw-v1``: every line with its newline, a blank line as ""."""
-    return [line + "\n" if line.strip() else "" for line in _lines(path, text)]
+    return [line + "\n" if line.strip() else "" for line in lines(text)]
 
 
 def _stripped_lines(path: Path, text: str) -> list[str]:
     """The rows of HF ``ptb_text_only`` and ``lm1b``: every line, stripped."""
-    return [line.strip() for line in _lines(path, text)]
+    return [line.strip() for line in lines(text)]
 
 
 def _jsonl_texts(path: Path, text: str) -> list[str]:
-    return _jsonl_field(path, text, "text")
+    return jsonl_strings(path, text, "text")
 
 
-_SENTENCES = _Units(_lines, "sentence per line")
-_SENTENCE_ROWS = _Units(_stripped_lines, "sentence per line, stripped (a row of HF ptb_text_only / lm1b)")
+def _one_file(relative_path: str, units: _Units, detokenizer: str, rows: _Units | None = None) -> _SplitSpec:
+    """A split of one plain file (the sets of ../shared/data)."""
+    return _SplitSpec((_SplitFile(relative_path, "", units, rows or units),), detokenizer)
+
+
+_SENTENCES = _Units(_text(lambda path, text: lines(text)), "sentence per line")
+_SENTENCE_ROWS = _Units(_text(_stripped_lines), "sentence per line, stripped (a row of HF ptb_text_only / lm1b)")
 _LM1B_SHARD = " (heldout shard 00000, the benchmark's test set)"
 _WIKITEXT_SPLITS = {
-    split: _SplitSpec(
+    split: _one_file(
         f"wikitext-2-raw/wiki.{split}.raw",
-        _Units(_wikitext_articles, "article (a top-level ' = Title = ' heading and the lines up to the next one)"),
+        _Units(_text(_wikitext_articles),
+               "article (a top-level ' = Title = ' heading and the lines up to the next one)"),
         "wikitext",
-        _Units(_wikitext_rows, "line with its newline (a row of HF wikitext-*-raw-v1; a blank line is an "
-                               "empty row)"))
+        _Units(_text(_wikitext_rows), "line with its newline (a row of HF wikitext-*-raw-v1; a blank line is an "
+                                      "empty row)"))
     for split in ("test", "valid")
 }
-_LAMBADA_TEST = _Units(_jsonl_texts, "passage per JSON line ('text' field of OpenAI's GPT-2 test file)")
-_LAMBADA_DEV = _Units(_lines, "passage per line (original LAMBADA development set: lower-cased and "
-                              "tokenized, not comparable with the test file)")
+_LAMBADA_TEST = _Units(_text(_jsonl_texts), "passage per JSON line ('text' field of OpenAI's GPT-2 test file)")
+_LAMBADA_DEV = _Units(_text(lambda path, text: lines(text)),
+                      "passage per line (original LAMBADA development set: lower-cased and "
+                      "tokenized, not comparable with the test file)")
+
+# AG News (Zhang et al. 2015): its test split only, the CSV Hugging Face's builder downloads, or a
+# parquet of that builder's split. One unit is one news item, as HF's ``text`` joins it.
+_AG_NEWS_ITEM = "news item: title, a space, description (the text of HF ag_news)"
+_AG_NEWS = _DatasetSpec(
+    "see ../shared/data/SOURCES.md section 8 (AG News) for where to get the CSV, or save Hugging Face's "
+    "ag_news test split as ag_news/test.parquet",
+    {"test": _SplitSpec((
+        _SplitFile("ag_news/test.csv", "AG News's CSV: class index, title, description",
+                   *(2 * (_Units(_text(ag_news_csv), _AG_NEWS_ITEM),))),
+        _SplitFile("ag_news/test.parquet", "a parquet of Hugging Face's ag_news test split, column 'text'",
+                   *(2 * (_Units(_parquet("text", "Hugging Face's ag_news test split"), _AG_NEWS_ITEM),)))),
+        "ag_news")})
+
+# Cohan et al.'s scientific papers (PubMed, ArXiv): the release's JSON lines as they come out of
+# its zip (DIR/pubmed/val.txt, or the zip unzipped into DIR/pubmed), or a parquet of Hugging Face's
+# scientific_papers split. One unit is one article, its sentences joined by "\n" as HF's ``article``.
+_ARTICLE = "article: the release's article_text sentences joined by a newline (the article of HF scientific_papers)"
+_RELEASE_SPLIT = {"valid": ("val", "validation"), "test": ("test", "test")}
+_RELEASE_URL = "https://s3.amazonaws.com/datasets.huggingface.co/scientific_papers/1.1.1/{name}-dataset.zip"
+
+
+def _scientific_papers(name: str, megabytes: int) -> _DatasetSpec:
+    release = _Units(_text(scientific_papers_jsonl), _ARTICLE)
+    splits = {}
+    for split, (release_name, hf_split) in _RELEASE_SPLIT.items():
+        hf_name = f"Hugging Face's scientific_papers/{name} {hf_split} split"
+        parquet = _Units(_parquet("article", hf_name), _ARTICLE)
+        json_lines = f"the release's {release_name}.txt: JSON lines, 'article_text' a list of sentences"
+        splits[split] = _SplitSpec((
+            _SplitFile(f"{name}/{release_name}.txt", json_lines, release, release),
+            _SplitFile(f"{name}/{name}-dataset/{release_name}.txt", json_lines, release, release),
+            _SplitFile(f"{name}/{hf_split}.parquet", f"a parquet of {hf_name}, column 'article'", parquet, parquet)),
+            "scientific_papers")
+    return _DatasetSpec(f"not in ../shared/data ({megabytes} MB, SOURCES.md section 9): unzip "
+                        f"{_RELEASE_URL.format(name=name)} into the data directory's {name}/, or save Hugging Face's "
+                        f"scientific_papers/{name} split as {name}/validation.parquet or {name}/test.parquet", splits)
+
+
 _SPECS: dict[str, _DatasetSpec] = {
-    "ptb": _DatasetSpec("section 1 (Penn Treebank)", {
-        split: _SplitSpec(f"ptb/ptb.{split}.txt", _SENTENCES, "ptb", _SENTENCE_ROWS)
+    "ptb": _DatasetSpec("see ../shared/data/SOURCES.md section 1 (Penn Treebank) for where to get it", {
+        split: _one_file(f"ptb/ptb.{split}.txt", _SENTENCES, "ptb", _SENTENCE_ROWS)
         for split in ("test", "valid")
     }),
-    "wikitext2": _DatasetSpec("section 2b (WikiText-2 raw)", _WIKITEXT_SPLITS),
-    "wikitext103": _DatasetSpec("sections 2b and 3 (WikiText-103 shares WikiText-2's raw test "
-                                "and valid files)", _WIKITEXT_SPLITS),
-    "lambada": _DatasetSpec("section 4 (LAMBADA)", {
-        "test": _SplitSpec("lambada/lambada_test.jsonl", _LAMBADA_TEST, "lambada", _LAMBADA_TEST),
-        "valid": _SplitSpec("lambada/lambada_development_plain_text.txt", _LAMBADA_DEV, "lambada_plain",
-                            _LAMBADA_DEV),
+    "wikitext2": _DatasetSpec("see ../shared/data/SOURCES.md section 2b (WikiText-2 raw) for where to get it",
+                              _WIKITEXT_SPLITS),
+    "wikitext103": _DatasetSpec("see ../shared/data/SOURCES.md sections 2b and 3 (WikiText-103 shares WikiText-2's "
+                                "raw test and valid files) for where to get it", _WIKITEXT_SPLITS),
+    "lambada": _DatasetSpec("see ../shared/data/SOURCES.md section 4 (LAMBADA) for where to get it", {
+        "test": _one_file("lambada/lambada_test.jsonl", _LAMBADA_TEST, "lambada"),
+        "valid": _one_file("lambada/lambada_development_plain_text.txt", _LAMBADA_DEV, "lambada_plain"),
     }),
-    "lm1b": _DatasetSpec("section 5 (One Billion Word)", {
-        "test": _SplitSpec("lm1b/news.en.heldout-00000-of-00050",
-                           _Units(_lines, _SENTENCES.description + _LM1B_SHARD), "lm1b",
-                           _Units(_stripped_lines, _SENTENCE_ROWS.description + _LM1B_SHARD)),
+    "lm1b": _DatasetSpec("see ../shared/data/SOURCES.md section 5 (One Billion Word) for where to get it", {
+        "test": _one_file("lm1b/news.en.heldout-00000-of-00050",
+                          _Units(_SENTENCES.reader, _SENTENCES.description + _LM1B_SHARD), "lm1b",
+                          _Units(_SENTENCE_ROWS.reader, _SENTENCE_ROWS.description + _LM1B_SHARD)),
     }),
+    "ag_news": _AG_NEWS,
+    "pubmed": _scientific_papers("pubmed", 127),
+    "arxiv": _scientific_papers("arxiv", 217),
 }
 
 
@@ -184,25 +251,51 @@ def load_dataset(name: str, data_dir: Path, split: str = "test", *, detokenizer:
     """Read one split of a zero-shot set from ``data_dir`` (laid out as ../shared/data) and cut
     it into detokenized units. ``detokenizer`` overrides the set's standard one (for example
     "lambada_gpt2" to keep the GPT-2 / SEDD leading newline). ``rows``: the units are the rows
-    of the HF dataset the SEDD/MDLM code reads, empty ones kept (docs/evaluation.md#mdlms-protocol)."""
+    of the HF dataset the MDLM-line code reads, empty ones kept (docs/evaluation.md#mdlms-protocol)."""
     split_spec = _split_spec(name, _dataset_spec(name), split)
     path = dataset_file(name, data_dir, split)
-    data, text = _read_utf8(path)
-    units = split_spec.rows if rows else split_spec.units
-    return _build(name, split, path, data, units.reader(path, text), detokenizer or split_spec.detokenizer,
+    split_file = next(file for file in split_spec.files if path == Path(data_dir) / file.relative_path)
+    units = split_file.rows if rows else split_file.units
+    data = path.read_bytes()
+    return _build(name, split, path, data, units.reader(path, data), detokenizer or split_spec.detokenizer,
                   units.description, keep_empty=rows)
 
 
 def dataset_file(name: str, data_dir: Path, split: str = "test") -> Path:
-    """The file that ``load_dataset`` reads, checked to exist (cheap: for validating a list of
-    datasets before evaluating any)."""
+    """The file that ``load_dataset`` reads (the first of the split's files that exists),
+    checked to exist (cheap: for validating a list of datasets before evaluating any)."""
+    found = find_dataset_file(name, data_dir, split)
+    if found is None:
+        spec = _dataset_spec(name)
+        files = spec.splits[split].files
+        raise UserError(f"{name} {split}: {_expected([Path(data_dir) / file.relative_path for file in files], files)}; "
+                        f"{spec.sources}, and check that --data-dir {data_dir} is the data folder")
+    return found
+
+
+def find_dataset_file(name: str, data_dir: Path, split: str = "test") -> Path | None:
+    """The file that ``load_dataset`` would read, or None when none of the split's files is
+    there (an unknown dataset or split is refused)."""
+    files = _split_spec(name, _dataset_spec(name), split).files
+    return next((path for file in files if (path := Path(data_dir) / file.relative_path).is_file()), None)
+
+
+def expected_files(name: str, split: str) -> str:
+    """The files ``name``'s ``split`` is read from under a data directory, and where to get them,
+    in words (for a missing set of a suite)."""
     spec = _dataset_spec(name)
-    path = Path(data_dir) / _split_spec(name, spec, split).relative_path
-    if not path.is_file():
-        raise UserError(f"{name} {split}: expected file {path} does not exist; see "
-                        f"{SOURCES_HINT} {spec.sources_section} for where to get it, and check "
-                        f"that the data directory {data_dir} is the shared data folder")
-    return path
+    files = _split_spec(name, spec, split).files
+    return f"{_expected([Path(file.relative_path) for file in files], files)}; {spec.sources}"
+
+
+def _expected(paths: list[Path], files: tuple[_SplitFile, ...]) -> str:
+    if len(paths) == 1:
+        return f"expected file {paths[0]} does not exist"
+    by_format: dict[str, list[Path]] = {}
+    for path, file in zip(paths, files):
+        by_format.setdefault(file.format, []).append(path)
+    return "expected " + " or ".join(f"{' or '.join(map(str, group))} ({format})"
+                                     for format, group in by_format.items())
 
 
 def _dataset_spec(name: str) -> _DatasetSpec:
@@ -256,89 +349,16 @@ def check_text_file(path: Path, detokenizer: str = "identity") -> Path:
 
 def _read_generic(path: Path, suffix: str, field: str) -> tuple[bytes, list[str]]:
     """The file's bytes and its raw units."""
+    data = path.read_bytes()
     if suffix == ".parquet":
-        data = path.read_bytes()
-        return data, _parquet_column(path, field)
-    data, text = _read_utf8(path)
-    text = text.replace("\r\n", "\n")  # Windows files read like Unix ones
+        return data, parquet_strings(path, field)
+    text = decode_utf8(path, data).replace("\r\n", "\n")  # Windows files read like Unix ones
     if suffix == ".jsonl":
-        return data, _jsonl_field(path, text, field)
-    return data, _paragraphs(text)
-
-
-def _paragraphs(text: str) -> list[str]:
-    """Runs of non-blank lines, each joined with "\\n" (blank as in prep's readers)."""
-    paragraphs: list[list[str]] = [[]]
-    for line in text.split("\n"):
-        if not is_blank_line(line):
-            paragraphs[-1].append(line)
-        elif paragraphs[-1]:
-            paragraphs.append([])
-    return ["\n".join(lines) for lines in paragraphs if lines]
-
-
-def _jsonl_field(path: Path, text: str, field: str) -> list[str]:
-    """The string ``field`` of every non-blank JSON line."""
-    values = []
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not is_blank_line(line):
-            values.append(_json_string(path, number, line, field))
-    return values
-
-
-def _json_string(path: Path, number: int, line: str, field: str) -> str:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path} line {number}: not valid JSON ({json_problem(err)}); each line must be "
-                        f"one JSON object") from None
-    if not isinstance(record, dict) or field not in record:
-        raise UserError(f"{path} line {number}: no field {field!r}; give the field that holds "
-                        f"the text (text_field)")
-    if not isinstance(record[field], str):
-        raise UserError(f"{path} line {number}: field {field!r} is "
-                        f"{type(record[field]).__name__}, not a string")
-    return record[field]
-
-
-def _parquet_column(path: Path, field: str) -> list[str]:
-    """The string column ``field``; binary columns must hold UTF-8."""
-    try:
-        schema = pq.read_schema(path)
-        if field not in schema.names:
-            raise UserError(f"{path}: no column {field!r}; columns are {schema.names}; give the "
-                            f"one that holds the text (text_field)")
-        column = pq.read_table(path, columns=[field]).column(field)
-    except (pa.ArrowInvalid, OSError) as err:
-        raise UserError(f"{path}: not a readable Parquet file ({err})") from None
-    return [_parquet_value(path, field, row, value) for row, value in enumerate(column.to_pylist())]
-
-
-def _parquet_value(path: Path, field: str, row: int, value: object) -> str:
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise UserError(f"{path} row {row} (from 0): column {field!r} is not UTF-8; re-encode "
-                            f"the text as UTF-8") from None
-    if not isinstance(value, str):
-        raise UserError(f"{path} row {row} (from 0): column {field!r} holds {value!r}, not a "
-                        f"string")
-    return value
+        return data, jsonl_strings(path, text, field)
+    return data, paragraphs(text)
 
 
 # ---------------------------------------------------------------- shared steps
-def _read_utf8(path: Path) -> tuple[bytes, str]:
-    """The file's bytes and their text; a UTF-8 byte-order mark is dropped."""
-    data = path.read_bytes()
-    try:
-        return data, data.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise UserError(f"{path} line {line}: byte {err.start} is not UTF-8 ({err.reason}); "
-                        f"re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-
-
 def _detokenizer(key: str) -> Callable[[str], str]:
     if key not in DETOKENIZERS:
         raise UserError(f"unknown detokenizer {key!r}; choose one of {', '.join(DETOKENIZERS)}")

@@ -4,22 +4,23 @@ tokenizer reads the text, as the GPT-2 paper's zero-shot evaluation did (``DETOK
 The rules are those of SEDD's and MDLM's evaluation code (louaaron/Score-Entropy-Discrete-Diffusion
 ``data.py``, kuleshov-group/mdlm ``dataloader.py``), quirks included, because the published
 numbers were measured on text detokenized that way. The departures (WikiText's " N " rule,
-LAMBADA's quotes and leading newline) are listed in
-docs/evaluation.md#the-datasets-and-their-detokenizers and noted where they happen;
-``wikitext_mdlm`` and ``lambada_mdlm`` have none (MDLM's text exactly, for the ``mdlm``
-protocol). Every function is pure (``str -> str``), deterministic, and never turns a single
-space into two.
+LAMBADA's quotes and leading newline, the scientific papers' rules applied line by line) are
+listed in docs/evaluation.md#the-datasets-and-their-detokenizers and noted where they happen;
+``wikitext_mdlm``, ``lambada_mdlm`` and ``scientific_papers_mdlm`` have none (the text of MDLM's,
+BD3-LM's and Duo's code exactly, for their protocols). Every function is pure (``str -> str``),
+deterministic, and never turns a single space into two.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = [
-    "DETOKENIZERS", "LAMBADA_GPT2_PREFIX", "Detokenizer", "identity", "lambada_detokenize",
+    "DETOKENIZERS", "LAMBADA_GPT2_PREFIX", "Detokenizer", "ag_news_detokenize", "identity", "lambada_detokenize",
     "lambada_gpt2_detokenize", "lambada_mdlm_detokenize", "lambada_plain_detokenize", "lm1b_detokenize",
-    "ptb_detokenize", "wikitext_detokenize", "wikitext_mdlm_detokenize",
+    "ptb_detokenize", "scientific_papers_detokenize", "scientific_papers_mdlm_detokenize", "wikitext_detokenize",
+    "wikitext_mdlm_detokenize",
 ]
 
 Detokenizer = Callable[[str], str]
@@ -73,15 +74,23 @@ _WT_HEADINGS = (("= = = =", "===="), ("= = =", "==="), ("= =", "=="))
 _WT_LATE = ((" \N{DEGREE SIGN} ", "\N{DEGREE SIGN}"), (" 's", "'s"))
 
 
+# MDLM's rule for a quote before a digit between slashes. Its replacement is the literal text
+# "/'[0-9]/" (a regex written where a string was meant): it matches nothing in WikiText, and MDLM's
+# code runs it on every set it detokenizes this way, so the _mdlm rules keep it.
+_WT_MDLM_SLASH_QUOTE = re.compile(r"/' [0-9]/")
 # MDLM's late rules, in its order: the degree sign, the spaces around its rows' newline, its PTB
 # number rule (" N " -> " 1 "), then the possessive.
 _WT_MDLM_LATE = ((" \N{DEGREE SIGN} ", "\N{DEGREE SIGN}"), (" \n", "\n"), ("\n ", "\n"), (" N ", " 1 "),
                  (" 's", "'s"))
 
 
-def _wikitext_common(text: str) -> str:
-    """The rules ours and MDLM's share, in their order, up to the section headings."""
-    text = _replace_all(text, _WT_CONTRACTION + _WT_NUMBER_SEPARATORS + _WT_PUNCTUATION)
+def _wikitext_common(text: str, *, slash_quote: bool = False) -> str:
+    """The rules ours and MDLM's share, in their order, up to the section headings
+    (``slash_quote``: MDLM's slash-quote rule, after the contraction, where it runs it)."""
+    text = _replace_all(text, _WT_CONTRACTION)
+    if slash_quote:
+        text = _WT_MDLM_SLASH_QUOTE.sub("/'[0-9]/", text)
+    text = _replace_all(text, _WT_NUMBER_SEPARATORS + _WT_PUNCTUATION)
     return _replace_all(_tighten_all(text, _WT_PAIRS), _WT_HEADINGS)
 
 
@@ -98,9 +107,10 @@ def wikitext_detokenize(text: str) -> str:
 
 def wikitext_mdlm_detokenize(text: str) -> str:
     """MDLM's WikiText rules on one row of HF ``wikitext-*-raw-v1`` (a line with its newline):
-    those of ``wikitext_detokenize``, plus " N " -> " 1 ", with no stripping: only a space next
-    to a newline goes, so a row keeps its leading space (" = Robert Boulter =\\n")."""
-    return _replace_all(_wikitext_common(text), _WT_MDLM_LATE)
+    those of ``wikitext_detokenize``, plus " N " -> " 1 " and its slash-quote rule, with no
+    stripping: only a space next to a newline goes, so a row keeps its leading space
+    (" = Robert Boulter =\\n")."""
+    return _replace_all(_wikitext_common(text, slash_quote=True), _WT_MDLM_LATE)
 
 
 # ---------------------------------------------------------------- Penn Treebank
@@ -150,9 +160,10 @@ _LM1B_PAIRS = (
 _LM1B_CURRENCY = (("$ ", "$"), ("\N{POUND SIGN} ", "\N{POUND SIGN}"))
 
 
-def _lm1b_line(line: str) -> str:
-    # Stripped first, as HF's lm1b reader does: the end-of-sentence rules anchor at the end.
-    line = _replace_all(line.strip(), _LM1B_URLS)
+def _lm1b_rules(line: str) -> str:
+    """The One-Billion-Word rules in their order, on the text as given (the end-of-sentence
+    rules anchor at its end: Python's "$" also matches before a final newline)."""
+    line = _replace_all(line, _LM1B_URLS)
     line = _LM1B_CLITIC.sub(r"'\1", line)
     line = _LM1B_STOP_END.sub(r" \1.", _LM1B_STOP_MID.sub(r" \1. ", line))
     line = _LM1B_QUESTION_END.sub("?", _replace_all(line, _LM1B_QUESTION))
@@ -160,6 +171,11 @@ def _lm1b_line(line: str) -> str:
     line = _replace_all(line, _LM1B_PUNCTUATION)
     line = _tighten_all(line, _LM1B_PAIRS)
     return _replace_all(line, _LM1B_CURRENCY)
+
+
+def _lm1b_line(line: str) -> str:
+    # Stripped first, as HF's lm1b reader does: the end-of-sentence rules anchor at the end.
+    return _lm1b_rules(line.strip())
 
 
 def lm1b_detokenize(text: str) -> str:
@@ -204,6 +220,34 @@ def lambada_plain_detokenize(text: str) -> str:
     return lm1b_detokenize(_replace_all(lambada_detokenize(text), _PLAIN_NOT))
 
 
+# ---------------------------------------------------------------- AG News
+def ag_news_detokenize(text: str) -> str:
+    """An AG News item (title, a space, description, as Hugging Face joins them) stripped. Its
+    escapes ("#39;" for an apostrophe, "\\" for a line break, HTML entities) are the set's own
+    text, scored by every paper as they are: left alone (docs/evaluation.md)."""
+    return text.strip()
+
+
+# ---------------------------------------------------------------- scientific papers (PubMed, ArXiv)
+def _scientific_papers_line(line: str) -> str:
+    return _lm1b_line(_wikitext_line(line))
+
+
+def scientific_papers_detokenize(text: str) -> str:
+    """Undo the tokenization of the scientific papers ("one - third", " , ", "( n = 30 )"): the
+    WikiText rules, then the One-Billion-Word ones, as MDLM's code does, but line by line (one
+    line is one sentence of the release's ``article_text``) and without WikiText's " N " -> " 1 "
+    rule, which turns the variable N of ArXiv's formulas into 1. Each line stripped."""
+    return _per_line(text, _scientific_papers_line)
+
+
+def scientific_papers_mdlm_detokenize(text: str) -> str:
+    """MDLM's ``scientific_papers_detokenizer`` (BD3-LM's and Duo's are the same): its WikiText
+    rules, then its One-Billion-Word rules, on the whole article at once: quotes pair across
+    sentences, the end-of-sentence rules see only the article's end, nothing is stripped."""
+    return _lm1b_rules(wikitext_mdlm_detokenize(text))
+
+
 DETOKENIZERS: dict[str, Detokenizer] = {
     "identity": identity,
     "wikitext": wikitext_detokenize,
@@ -214,4 +258,7 @@ DETOKENIZERS: dict[str, Detokenizer] = {
     "lambada_plain": lambada_plain_detokenize,
     "wikitext_mdlm": wikitext_mdlm_detokenize,
     "lambada_mdlm": lambada_mdlm_detokenize,
+    "ag_news": ag_news_detokenize,
+    "scientific_papers": scientific_papers_detokenize,
+    "scientific_papers_mdlm": scientific_papers_mdlm_detokenize,
 }

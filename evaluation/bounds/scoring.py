@@ -9,7 +9,8 @@ Each dataset is read and detokenized as its protocol says (``evaluation.bounds.p
 tokenized with the model's own tokenizer, wrapped into blocks and scored by the estimator
 (``evaluation.bounds.estimator``); bits per byte divide the total by the UTF-8 bytes of the
 detokenized text. ``val`` is the val split of the training shards (their tokenizer must be the
-export's; ours is the only protocol that reads it). Every number carries the record of what was
+export's; ours is the only protocol that reads it). With a ``suite`` the datasets are its sets
+whose files are under ``data_dir`` (``evaluation.bounds.suites``). Every number carries the record of what was
 read and how (``DatasetResult.dataset``) and ``Scores.protocol`` every setting, so it can be
 reproduced; every rank returns the same scores. See docs/evaluation.md#the-protocol.
 """
@@ -17,9 +18,9 @@ reproduced; every rank returns the same scores. See docs/evaluation.md#the-proto
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -45,8 +46,17 @@ from evaluation.bounds.estimator import (
     per_time_contributions,
 )
 from evaluation.bounds.protocols import DEFAULT_PROTOCOL, PROTOCOLS, UNMASK, ZeroShotProtocol, get_protocol
-from evaluation.inference import COMPILE_SETTINGS, inference_mode, should_compile
-from evaluation.results import ABSENT, DatasetResult, PerTimeContributions, ProtocolRecord
+from evaluation.bounds.suites import missing_sets, present_sets, suite_sets
+from evaluation.inference import BLOCKS_UNCOMPILED, COMPILE_SETTINGS, inference_mode, should_compile
+from evaluation.results import (
+    ABSENT,
+    Absent,
+    DatasetResult,
+    MissingDataset,
+    PerTimeContributions,
+    ProtocolRecord,
+    SuiteRecord,
+)
 from model.autoregressive import Autoregressive
 from model.process import DiffusionProcess
 from model.transformer import TransformerConfig
@@ -54,7 +64,7 @@ from pipeline.interchange.export import Exported
 from pipeline.training.engine import choose_inference_batch, device_memory_bytes
 
 __all__ = ["VAL_DATASET", "Scores", "ScoringConfig", "check_datasets", "default_batch_size", "score_dataset",
-           "score_datasets"]
+           "score_datasets", "with_suite"]
 
 VAL_DATASET = "val"
 VAL_NEEDS_SHARDS = ("dataset 'val' needs --shards DIR (the training data of `unmask prep`; a run of `unmask run` "
@@ -67,6 +77,7 @@ PER_T_BLOCKS = 256
 # at most LARGEST_GPU_BATCH (beyond it a forward is long enough that nothing is left to gain).
 CPU_BATCH_SIZE = 16
 LARGEST_GPU_BATCH = 256
+AUTOREGRESSIVE = "autoregressive"  # an export's objective (and estimator) when it is a causal model
 AllReduce = Callable[[list[float]], list[float]]
 
 
@@ -82,11 +93,11 @@ class Scores:
 class ScoringConfig:
     """The protocol of an evaluation (recorded verbatim in the results)."""
 
-    datasets: tuple[str, ...]
+    datasets: tuple[str, ...] = ()    # empty with a suite: its sets under data_dir (with_suite)
     data_dir: str | None = None       # root of the standard files (../shared/data layout)
     shards: str | None = None         # training shards, for the "val" dataset
     split: str | None = None          # None: the protocol's (ours: test; MDLM's: per dataset)
-    protocol: str = DEFAULT_PROTOCOL  # a PROTOCOLS key: "unmask" (ours) or "mdlm"
+    protocol: str = DEFAULT_PROTOCOL  # a PROTOCOLS key: "unmask" (ours), "mdlm", "bd3lm" or "duo"
     detokenizer: str | None = None    # a DETOKENIZERS key for every text dataset; None: the protocol's
     samples_per_block: int = 16       # K; the 95% interval is honest from about 16 (estimator docs)
     seed: int = 0
@@ -100,6 +111,7 @@ class ScoringConfig:
     # Each replicate scores a random subset of this many blocks (estimate_bound): the whole
     # set's bound with an honest, wider interval, at a cost that does not grow with the set.
     blocks_per_replicate: int | None = None
+    suite: str | None = None          # a suites.SUITES key: the datasets are its sets (see datasets)
 
     def check(self, *, shards_pending: bool = False) -> None:
         """The flags, then every dataset (check_datasets); ``shards_pending``: see there."""
@@ -122,11 +134,33 @@ class ScoringConfig:
             if not ok:
                 raise UserError(f"{flag} {requirement}")
         if not self.add_eos and get_protocol(self.protocol).framed:
-            raise UserError(f"--no-eos contradicts --protocol {self.protocol}, which puts an EOS after every document")
+            raise UserError(f"--no-eos contradicts --protocol {self.protocol}, which fixes where EOS goes (its "
+                            f"code's own rule)")
+        if self.suite is not None:
+            _check_suite(self.suite, self.datasets)
         if not self.datasets:
             raise UserError(f"--datasets: name at least one of {', '.join(DATASET_NAMES + (VAL_DATASET,))} "
                             f"or a file path")
         check_datasets(self, shards_pending=shards_pending)
+
+
+def with_suite(config: ScoringConfig) -> ScoringConfig:
+    """``config`` with the datasets of its suite whose files are under its ``data_dir``
+    (``suites.present_sets``); unchanged without a suite, or when its datasets are chosen."""
+    if config.suite is None or config.datasets:
+        return config
+    return replace(config, datasets=present_sets(config.suite, config.data_dir, config.protocol, config.split))
+
+
+def _check_suite(suite: str, datasets: tuple[str, ...]) -> None:
+    """A known suite whose sets have been chosen (with_suite), and only from it."""
+    members = suite_sets(suite)
+    if not datasets:
+        raise UserError(f"--suite {suite}: its sets are not chosen yet (evaluation.bounds.scoring.with_suite)")
+    strangers = [name for name in datasets if name not in members]
+    if strangers:
+        raise UserError(f"--suite {suite} scores {', '.join(members)}; {', '.join(strangers)} is not one of them: "
+                        f"give --datasets instead of --suite to choose the sets yourself")
 
 
 def check_datasets(config: ScoringConfig, *, shards_pending: bool = False) -> None:
@@ -146,7 +180,7 @@ def check_datasets(config: ScoringConfig, *, shards_pending: bool = False) -> No
                 if config.shards is None:
                     raise UserError(VAL_NEEDS_SHARDS)
                 if not shards_pending:
-                    read_manifest(config.shards)
+                    read_manifest(config.shards, "--shards")
             elif name in DATASET_NAMES:
                 if config.data_dir is None:
                     raise UserError(f"dataset {name!r} needs --data-dir (the ../shared/data layout; see SOURCES.md)")
@@ -188,7 +222,7 @@ def _text_blocks(dataset: EvalDataset, exported: Exported, seq_len: int, config:
     pad = tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.eos_id
     documents = tokenizer.encode_batch(dataset.documents)
     wrapped = protocol.wrap(documents, seq_len, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=pad,
-                            add_eos=config.add_eos)
+                            add_eos=config.add_eos, autoregressive=exported.config["objective"] == AUTOREGRESSIVE)
     record = {**dataset.protocol(), "protocol": protocol.name}
     if protocol.framed:
         record["dropped_tokens"] = wrapped.dropped_tokens
@@ -199,7 +233,7 @@ def _val_blocks(exported: Exported, shards: str | None) -> tuple[Blocks, int, di
     """The val split of the training shards: (blocks, UTF-8 bytes, protocol record)."""
     if shards is None:
         raise UserError(VAL_NEEDS_SHARDS)
-    manifest = read_manifest(shards)
+    manifest = read_manifest(shards, "--shards")
     if manifest.tokenizer.get("sha256") != exported.tokenizer.sha256:
         raise UserError(f"{shards}: its tokenizer (sha256 {str(manifest.tokenizer.get('sha256'))[:12]}...) differs "
                         f"from the model's ({exported.tokenizer.sha256[:12]}...): the bound would be meaningless")
@@ -231,7 +265,7 @@ def score_dataset(name: str, exported: Exported, config: ScoringConfig, *, devic
         utf8_bytes = dataset.utf8_bytes
     network = exported.network.to(device)
     batch_size = config.batch_size or default_batch_size(network.config, seq_len, device)
-    common = dict(batch_size=batch_size, device=device, rank=rank, world_size=world_size)
+    common = {"batch_size": batch_size, "device": device, "rank": rank, "world_size": world_size}
     # A block diffusion model is evaluated uncompiled: its compiled blocks with FlexAttention's
     # mask, then its KV-cache sampler, have not run on a GPU yet.
     if exported.spec.block_size is None and should_compile(config.compile, device,
@@ -324,8 +358,12 @@ def _record(dataset: dict, estimate: BoundEstimate, utf8_bytes: int,
 def score_datasets(exported: Exported, config: ScoringConfig, *, device: torch.device, rank: int = 0,
                    world_size: int = 1, all_reduce: AllReduce | None = None,
                    progress: Callable[[str], None] = lambda message: None) -> Scores:
-    """The bound on every dataset of ``config``, and the protocol that produced them."""
+    """The bound on every dataset of ``config`` (of its suite's sets under its data_dir), and the
+    protocol that produced them."""
+    config = with_suite(config)
     config.check()
+    if config.compile == "on" and exported.spec.block_size is not None:
+        raise UserError(f"--compile on: {BLOCKS_UNCOMPILED}; leave --compile auto or off")
     torch.manual_seed(config.seed)
     np.random.seed(config.seed)
     datasets = {}
@@ -347,18 +385,28 @@ def _bound_in_words(estimator: str, block_size: int | None) -> str:
 
 def _protocol(exported: Exported, config: ScoringConfig, world_size: int) -> ProtocolRecord:
     objective = exported.config["objective"]
-    estimator = "autoregressive" if objective == "autoregressive" else (
+    estimator = AUTOREGRESSIVE if objective == AUTOREGRESSIVE else (
         "discrete" if config.discrete_steps else "continuous")
     protocol = get_protocol(config.protocol)
     return ProtocolRecord(
         name=protocol.name, seq_len=_seq_len(exported, config, protocol),
         samples_per_block=config.samples_per_block, seed=config.seed, estimator=estimator,
         discrete_steps=config.discrete_steps, target_rel_error=config.target_rel_error,
-        add_eos=config.add_eos, split=config.split or protocol.split_summary(config.datasets),
+        add_eos=protocol.eos_per_unit if protocol.framed else config.add_eos,
+        split=config.split or protocol.split_summary(config.datasets),
         max_documents=config.max_documents,
         blocks_per_replicate=config.blocks_per_replicate if config.blocks_per_replicate else ABSENT,
         wrapping=protocol.wrapping,
         bound=_bound_in_words(estimator, exported.spec.block_size),
         block_size=ABSENT if exported.spec.block_size is None else exported.spec.block_size,
         precision="bf16 autocast on GPU, float32 on CPU; log-softmax float32; sums float64",
-        world_size=world_size)
+        world_size=world_size, suite=_suite_record(config))
+
+
+def _suite_record(config: ScoringConfig) -> SuiteRecord | Absent:
+    """The suite the datasets came from, with its sets that were not under data_dir."""
+    if config.suite is None:
+        return ABSENT
+    missing = missing_sets(config.suite, config.datasets, config.protocol, config.split)
+    return SuiteRecord(name=config.suite, missing=tuple(MissingDataset(name=item.name, split=item.split,
+                                                                       expected=item.expected) for item in missing))

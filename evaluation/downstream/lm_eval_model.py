@@ -39,7 +39,8 @@ from evaluation.downstream.likelihoods import Score, ScoringModel, ScoringSettin
 from evaluation.generation.generate import continue_tokens
 from evaluation.inference import inference_mode, resolve_device
 from model.sampling import PlanError, SamplingPlan, check_budget
-from pipeline.interchange.export import Exported, load_export, resolve_export
+from pipeline.interchange.export import Exported, load_export
+from pipeline.interchange.run_export import choose_export
 
 __all__ = ["MODEL_NAME", "RequestRecord", "UnmaskLM", "sample_continuation"]
 
@@ -97,7 +98,7 @@ class UnmaskLM(TemplateLM):
         self.settings = _settings(samples, seed, batch_size, max_batch_size)
         self.generation = _generation(gen_sampler, gen_steps, gen_grid)
         self._device = _device(device)
-        self.export_dir = resolve_export(path)
+        self.export_dir = choose_export(path)  # a run: its latest checkpoint's export
         self.exported: Exported = load_export(self.export_dir)
         _check_sampler(self.exported, self.generation.sampler)
         self.model = ScoringModel.of(self.exported, self._device)

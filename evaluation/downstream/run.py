@@ -44,9 +44,10 @@ from evaluation.inference import resolve_device
 from evaluation.report.results_tracking import track_downstream
 from evaluation.report.write import JSON_NAME, ReportFiles, read_record, write_report
 from evaluation.results import LM_EVAL_JSON, DownstreamResults, EvalResults, TaskResult
-from evaluation.zero_shot import ReportOptions, check_report_dir, export_if_missing, model_record, report_dir
+from evaluation.zero_shot import ReportOptions, check_report_dir, model_record, report_dir
 from model.sampling import MAX_STEPS
-from pipeline.interchange.export import resolve_export, training_run_of
+from pipeline.interchange.export import training_run_of
+from pipeline.interchange.run_export import choose_export
 
 __all__ = ["DownstreamConfig", "DownstreamOptions", "DownstreamReport", "check_hub_reachable", "hub_offline",
            "run_downstream"]
@@ -337,8 +338,7 @@ def run_downstream(target: Path, config: DownstreamConfig, options: DownstreamOp
         from evaluation.downstream.lm_eval_model import UnmaskLM
 
         manager = _task_manager(config)
-        export_if_missing(target)
-        export_dir = resolve_export(target)
+        export_dir = choose_export(target, refresh=True)  # a run's newest checkpoint, exported if need be
         model = UnmaskLM(path=export_dir, **config.model_args(device))
         results = lm_eval.simple_evaluate(model=model, tasks=list(config.tasks), task_manager=manager,
                                           limit=config.limit, num_fewshot=config.num_fewshot, log_samples=False)

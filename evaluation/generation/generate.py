@@ -19,7 +19,7 @@ templates and blocks: docs/sampling.md.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -28,7 +28,7 @@ from torch import Tensor
 from common.errors import UserError
 from common.progress import bar as progress_bar
 from data_prep.tokenizer.base import Tokenizer
-from evaluation.inference import inference_mode, resolve_device, should_compile
+from evaluation.inference import BLOCKS_UNCOMPILED, inference_mode, resolve_device, should_compile
 from model.denoiser import Denoiser
 
 # The diffusion sampler's float64 inverse-CDF draw: the AR sampler draws its tokens the same way.
@@ -239,20 +239,27 @@ def continue_tokens(exported: Exported, plan: SamplingPlan, prompts: Sequence[Se
 def _draw(exported: Exported, plan: SamplingPlan, batches: list[_Batch], objective: str,
           device: str | None) -> list[Sample]:
     """Every batch, in order, on ``device`` (None: the GPU when there is one), with a progress
-    bar: under inference mode, and on a GPU as evaluation runs the network
-    (``evaluation.inference``: bf16 autocast, the fastest attention kernel), its blocks
-    compiled as the plan's ``compile`` says."""
+    bar (of batches; of blocks for a block diffusion, whose one sample may run for minutes):
+    under inference mode, and on a GPU as evaluation runs the network (``evaluation.inference``:
+    bf16 autocast, the fastest attention kernel), its blocks compiled as the plan's ``compile`` says."""
     target = resolve_device(device)
     network = exported.network.to(target).eval()
+    block_size = exported.spec.block_size
     # A block diffusion's sampler runs its cache between the blocks' calls: not compiled.
-    if exported.spec.block_size is None and should_compile(plan.compile, target,
-                                                           _network_tokens(plan, batches, objective)):
+    if block_size is None and should_compile(plan.compile, target, _network_tokens(plan, batches, objective)):
         network.compile_parts()
     draw = _autoregressive_batch if objective == AUTOREGRESSIVE else _diffusion_batch
+    steps = [1 if block_size is None else -(-batch.seq_len // block_size) for batch in batches]
     samples = []
-    with torch.inference_mode(), inference_mode(network, target):
-        for batch in progress_bar(batches, desc="sample", unit="batch"):
-            samples += draw(exported, network, plan, batch, target)
+    with (torch.inference_mode(), inference_mode(network, target),
+          progress_bar(total=sum(steps), desc="sample", unit="batch" if block_size is None else "block") as bar):
+        for batch, step in zip(batches, steps):
+            done = bar.n
+            if block_size is None:
+                samples += draw(exported, network, plan, batch, target)
+            else:
+                samples += _diffusion_batch(exported, network, plan, batch, target, on_block=bar.update)
+            bar.update(done + step - bar.n)  # the batch, or the blocks an early EOS left undrawn
     return samples
 
 
@@ -275,8 +282,11 @@ def until_eos_plan(exported: Exported, plan: SamplingPlan) -> SamplingPlan:
     """``plan`` stopping each sample at the tokenizer's EOS (``--until-eos``): block diffusion
     exports only (a UserError naming the flag otherwise)."""
     if exported.spec.block_size is None:
-        raise UserError("--until-eos needs a block diffusion export (model.block_size): this model samples the "
-                        "whole sequence at once")
+        why = ("an autoregressive model samples at most its max_seq_len tokens, and its text already ends at the "
+               "first EOS" if exported.spec.objective == AUTOREGRESSIVE else
+               "this model samples the whole sequence at once")
+        raise UserError(f"--until-eos needs a block diffusion export (model.block_size), which samples block by "
+                        f"block until the EOS, any length: {why}; leave --until-eos out")
     return replace(plan, until_eos=exported.tokenizer.eos_id)
 
 
@@ -311,6 +321,8 @@ def check_sampling(plan: SamplingPlan, *, objective: str | None, process: str, m
     except ValueError as err:
         raise UserError(f"--sampler {plan.sampler}: {err}") from None
     if block_size is not None:  # block diffusion: its own blocks, any length (model.sampling.blocks)
+        if plan.compile == "on":
+            raise UserError(f"--compile on: {BLOCKS_UNCOMPILED}; leave --compile auto or off")
         if plan.block_len is not None and plan.block_len != block_size:
             raise UserError(f"--block-len {plan.block_len}: this block diffusion export samples in its own blocks "
                             f"of {block_size} tokens; leave --block-len out")
@@ -347,12 +359,14 @@ def _check_positive(flag: str, value: int) -> None:
 
 
 def _diffusion_batch(exported: Exported, network: torch.nn.Module, plan: SamplingPlan, batch: _Batch,
-                     device: torch.device) -> list[Sample]:
+                     device: torch.device, on_block: Callable[[], object] | None = None) -> list[Sample]:
+    """The batch's samples; ``on_block``: called after each block of a block diffusion."""
     diffusion = exported.process(validate=True)  # checks the prompt's token ids
+    blocks = {} if on_block is None else {"on_block": on_block}
     tokens, stats = diffusion.sample(network, plan, num_samples=len(batch.indices), seq_len=batch.seq_len,
                                      prompt=batch.conditioning.to(device), generator=sample_generators(
                                          plan.seed, batch.indices), window=exported.network.config.max_seq_len,
-                                     device=device)
+                                     device=device, **blocks)
     return [_sample(exported.tokenizer, row, _conditioning_end(kept, diffusion.generate_id), calls, shown, plan, index)
             for row, kept, calls, shown, index in zip(tokens.tolist(), batch.conditioning, stats.row_calls,
                                                       batch.shown, batch.indices)]

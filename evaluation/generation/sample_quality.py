@@ -37,6 +37,7 @@ from evaluation.generation.generate import Sample
 from evaluation.results import GenerativePerplexity
 from model.autoregressive import Autoregressive
 from pipeline.interchange.export import CONFIG_FILE, WEIGHTS_FILE, Exported, load_export, resolve_export
+from pipeline.interchange.run_export import choose_export
 from pipeline.run_dir.layout import RunLayout
 
 if TYPE_CHECKING:  # transformers is optional: imported only to load a Hugging Face reference
@@ -178,7 +179,10 @@ def _load_huggingface(path: Path, device: torch.device) -> HuggingFaceReference:
 
 
 def _load_export(path: Path, device: torch.device) -> ExportReference:
-    export_dir = resolve_export(path)
+    try:
+        export_dir = choose_export(path)  # a run's reference is its latest checkpoint's export
+    except UserError as err:
+        raise UserError(f"--reference {path}: {err}") from None
     exported = load_export(export_dir)
     _require_autoregressive(path, exported.config.get("objective"))
     return ExportReference(exported, export_dir, device)

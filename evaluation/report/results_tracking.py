@@ -9,15 +9,19 @@ costs that record (a warning), never the results nor the report.
 ``track_results`` logs ``unmask eval``'s metrics (``eval/...``) at the checkpoint's step to the
 training's own MLflow run when the export belongs to one, or, with a tracking URI, to a new run
 in the ``unmask-eval`` experiment tagged with the checkpoint; ``track_downstream`` logs
-``unmask lm-eval``'s (``lm_eval/TASK/METRIC``) to the same run. What is logged, and why some
-are tags: docs/evaluation.md#the-report and docs/downstream.md.
+``unmask lm-eval``'s (``lm_eval/TASK/METRIC``) to the same run. A dataset or task is named by
+any file name: ``metric_part`` makes it a name every MLflow server takes, distinct from the
+others, so one odd name never costs the record. What is logged, and why some are tags:
+docs/evaluation.md#the-report and docs/downstream.md.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +41,7 @@ from evaluation.results import (
 from pipeline.tracking.tracker import Tracker, TrackingUnreachable, flatten_params
 
 __all__ = ["CURVE_METRICS", "DOWNSTREAM_PREFIX", "EVAL_EXPERIMENT", "REPORT_ARTIFACT_DIR", "VAL_METRIC",
-           "EvalTracking", "downstream_metrics", "track_downstream", "track_results"]
+           "EvalTracking", "downstream_metrics", "metric_part", "metric_parts", "track_downstream", "track_results"]
 
 log = logging.getLogger("unmask.eval")
 
@@ -50,8 +54,37 @@ TRACKING_ERRORS = (TrackingUnreachable, MlflowException, OSError)
 DOWNSTREAM_PREFIX = "lm_eval"
 # lm-eval's filters ("none", "strict-match", ...): "none" is left out of the metric's name.
 NO_FILTER = "none"
-# MLflow's metric names allow letters, digits and _ - . / : and spaces; anything else becomes _.
-_METRIC_UNSAFE = re.compile(r"[^A-Za-z0-9_\-./: ]")
+# What a part of a metric's name may hold: ASCII letters, digits, _ - . and spaces, which every
+# MLflow server takes (colons are refused on Windows, other letters by some stores); anything
+# else becomes _. "/" separates the parts.
+_UNSAFE_IN_PART = re.compile(r"[^A-Za-z0-9_\-. ]")
+# The longest part kept as it is; a longer one keeps its start and a digest of the whole. Two
+# parts and their prefix and suffix stay below MLflow's 250 characters (MAX_ENTITY_KEY_LENGTH).
+MAX_NAME_PART = 100
+DIGEST_CHARS = 8
+
+
+def _with_digest(part: str, text: str) -> str:
+    return f"{part[:MAX_NAME_PART - DIGEST_CHARS - 1]}_{hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]}"
+
+
+def metric_part(text: str) -> str:
+    """``text`` (a dataset's or a task's name: any file name) as one part of a metric's name
+    that MLflow takes: each unsafe character becomes _; a part that is only dots (which MLflow
+    reads as a path: "eval/../x" is "x") or is longer than ``MAX_NAME_PART`` keeps its start
+    and a digest of ``text``."""
+    part = _UNSAFE_IN_PART.sub("_", text)
+    if not part.strip("."):
+        return _with_digest("", text)
+    return part if len(part) <= MAX_NAME_PART else _with_digest(part, text)
+
+
+def metric_parts(texts: Iterable[str]) -> dict[str, str]:
+    """``{text: metric_part(text)}``, distinct: texts whose parts would meet (``a(b)`` and
+    ``a)b(``) each get a digest of their own text."""
+    parts = {text: metric_part(text) for text in texts}
+    counts = Counter(parts.values())
+    return {text: part if counts[part] == 1 else _with_digest(part, text) for text, part in parts.items()}
 
 
 def _first_clause(err: BaseException) -> str:
@@ -116,22 +149,29 @@ def _log_metrics(tracker: Tracker, results: EvalResults) -> None:
         _log_schedule(tracker, results.schedule, step)
     if results.sampling:
         _log_sampling(tracker, results.sampling, step)
+    parts = metric_parts(results.datasets)
+    renamed = {f"eval/{part}/dataset": name for name, part in parts.items() if part != name}
+    if renamed:  # a dataset whose name had to change is found by its tag: eval/PART/dataset = its name
+        tracker.set_tags(renamed)
+    metrics = {}
     for name, record in results.datasets.items():
-        key = name.replace("/", "_")
-        tracker.log_metrics({f"eval/{key}/nelbo_per_token": record.nelbo_per_token,
-                             f"eval/{key}/perplexity_bound": record.perplexity_bound,
-                             f"eval/{key}/bits_per_byte": record.bits_per_byte,
-                             f"eval/{key}/standard_error": record.standard_error}, step)
+        key = parts[name]
+        metrics.update({f"eval/{key}/nelbo_per_token": record.nelbo_per_token,
+                        f"eval/{key}/perplexity_bound": record.perplexity_bound,
+                        f"eval/{key}/bits_per_byte": record.bits_per_byte,
+                        f"eval/{key}/standard_error": record.standard_error})
+    tracker.log_metrics(metrics, step)
 
 
 def downstream_metrics(downstream: DownstreamResults) -> dict[str, float]:
     """The MLflow metrics of ``unmask lm-eval``'s tasks (module docstring)."""
     metrics: dict[str, float] = {}
+    tasks = metric_parts(downstream.tasks)
     for task, record in downstream.tasks.items():
-        prefix = _METRIC_UNSAFE.sub("_", f"{DOWNSTREAM_PREFIX}/{task}")
+        prefix = f"{DOWNSTREAM_PREFIX}/{tasks[task]}"
         for key, (value, error) in record.values().items():
             name, _, where = key.partition(",")
-            name = _METRIC_UNSAFE.sub("_", name if where in ("", NO_FILTER) else f"{name}_{where}")
+            name = metric_part(name if where in ("", NO_FILTER) else f"{name}_{where}")
             metrics[f"{prefix}/{name}"] = value
             if error is not None:
                 metrics[f"{prefix}/{name}_stderr"] = error

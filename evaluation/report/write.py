@@ -39,13 +39,7 @@ from evaluation.report.document import (
     render_markdown,
 )
 from evaluation.report.plots import Curves, report_plots
-from evaluation.report.references import (
-    REFERENCE_SEQ_LEN,
-    REFERENCE_TOKENIZER,
-    Reference,
-    protocol_note,
-    references_for,
-)
+from evaluation.report.zero_shot_table import zero_shot_blocks
 from evaluation.results import (
     ABSENT,
     DOWNSTREAM_JSON,
@@ -70,10 +64,8 @@ Record = TypeVar("Record")
 MARKDOWN_NAME = "report.md"
 HTML_NAME = "report.html"
 JSON_NAME = "results.json"
-GPT2_TOKENIZER_KIND = "gpt2-bpe"  # data_prep.tokenizer's kind of the GPT-2 byte-level BPE
 AUTOREGRESSIVE = "autoregressive"
 MISSING = "—"
-UNKNOWN_PROTOCOL = "the paper's own (not recorded in our sources)"
 
 
 # Files that other steps write into a report directory (the MLflow record of a report's own run,
@@ -182,7 +174,8 @@ def _results_blocks(results: EvalResults) -> list[Block]:
         "shrink the interval, not the bound).")
     return [Heading(2, "Results"), Table(header, rows),
             paragraph(explanation, " Tokens are counted with the model's tokenizer (EOS "
-                      "included, and under the mdlm protocol the BOS and EOS around every block); "
+                      "included, and under the mdlm, bd3lm and duo protocols the scored BOS and EOS "
+                      "around every block); "
                       "bits per byte divide the total by the UTF-8 bytes of the detokenized text "
                       "and do not depend on the tokenizer. The protocol column names how the set "
                       "was read and wrapped (evaluation.bounds.protocols) and the split it scored.")]
@@ -235,72 +228,6 @@ def _protocol_blocks(results: EvalResults) -> list[Block]:
         Heading(3, "Estimates"),
         _by_dataset_table({name: record.estimate for name, record in datasets.items()}),
     ]
-
-
-def _our_scale(network: dict[str, Any]) -> str:
-    if not network:
-        return MISSING
-    return (f"{network.get('n_layers', '?')} layers, d_model {network.get('d_model', '?')}, "
-            f"{network.get('n_heads', '?')} heads")
-
-
-def _our_reference_row(results: EvalResults, record: DatasetResult) -> tuple[Inline, ...]:
-    model = results.model
-    exact = _is_autoregressive(results)
-    value = f"{'' if exact else '≤ '}{_number(record.perplexity_bound, 2)}"
-    # The training data column stays empty: the results do not name this run's corpus.
-    return (f"this run ({model.objective}, step {_count(model.step)})", value, _our_scale(model.network),
-            f"{model.tokenizer.kind} (vocab {_count(model.tokenizer.vocab_size)})", MISSING,
-            _protocol_of(record), "this report")
-
-
-def _reference_row(reference: Reference) -> tuple[Inline, ...]:
-    model = f"{reference.model} ({reference.note})" if reference.note else reference.model
-    return (model, reference.display_value, reference.scale, reference.tokenizer,
-            reference.training_data, reference.protocol or UNKNOWN_PROTOCOL, reference.source)
-
-
-def _comparability_caveats(results: EvalResults) -> list[str]:
-    """Why this run's numbers may not be comparable with the references at all."""
-    protocol = results.protocol
-    caveats = []
-    kind = results.model.tokenizer.kind
-    if kind != GPT2_TOKENIZER_KIND:
-        caveats.append(f"This run's tokenizer ({kind or 'not recorded'}) is not {REFERENCE_TOKENIZER}: "
-                       f"per-token perplexities are NOT comparable with the references.")
-    if protocol.seq_len != REFERENCE_SEQ_LEN:
-        caveats.append(f"This run's sequence length is {protocol.seq_len}, the references' "
-                       f"{REFERENCE_SEQ_LEN}.")
-    if protocol.max_documents is not None:
-        caveats.append("This run scored only the first max_documents documents of each set (see the "
-                       "protocol); the references scored whole sets.")
-    return caveats
-
-
-def _reference_blocks(results: EvalResults) -> list[Block]:
-    blocks: list[Block] = [
-        Heading(2, "Reference numbers"),
-        paragraph(f"Published perplexities, for orientation. Numbers are only comparable at the "
-                  f"same tokenizer and the same evaluation protocol: every reference below uses "
-                  f"the {REFERENCE_TOKENIZER} tokenizer at sequence length {REFERENCE_SEQ_LEN}, "
-                  f"and the protocol alone (split, BOS/EOS handling, detokenizer, wrapping) moves "
-                  f"these numbers by 5 to 15 percent across papers. ≤ marks an upper bound (a "
-                  f"diffusion model's NELBO); other values are exact perplexities."),
-        *(paragraph(caveat) for caveat in _comparability_caveats(results)),
-    ]
-    compared = [(name, record, references_for(name)) for name, record in results.datasets.items()]
-    compared = [entry for entry in compared if entry[2]]
-    if not compared:
-        blocks.append(paragraph("No published reference numbers for these datasets."))
-    header = ("model", "perplexity", "scale", "tokenizer", "training data", "protocol", "source")
-    for name, record, references in compared:
-        blocks.append(Heading(3, name))
-        note = protocol_note(name, _protocol_name(record))
-        if note:
-            blocks.append(paragraph(f"Protocol difference: {note}."))
-        rows = (_our_reference_row(results, record), *map(_reference_row, references))
-        blocks.append(Table(header, rows))
-    return blocks
 
 
 def _schedule_token_table(tokens: tuple[ScheduleToken, ...]) -> Table:
@@ -478,7 +405,7 @@ def _downstream_blocks(downstream: DownstreamResults | None, step: int | None) -
 def _document(results: EvalResults, plots: list[Plot], downstream: DownstreamResults | None) -> list[Block]:
     return [*_header_blocks(results), *_results_blocks(results), *_downstream_blocks(downstream, results.model.step),
             *_training_blocks(results), *_schedule_blocks(results), *_comparison_blocks(results),
-            *_reference_blocks(results), *_sample_blocks(results), *_plot_blocks(plots), *_protocol_blocks(results)]
+            *zero_shot_blocks(results), *_sample_blocks(results), *_plot_blocks(plots), *_protocol_blocks(results)]
 
 
 # ------------------------------------------------------------------------- reading and writing

@@ -11,6 +11,8 @@ docs/block-diffusion.md#sample.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -110,11 +112,13 @@ def _context(window: int | None, block_size: int) -> int | None:
 @torch.no_grad()
 def draw_blocks(process, sampler: Sampler, network, plan: SamplingPlan, *, num_samples: int, seq_len: int,
                 prompt: Tensor | None = None, generator: Generators = None, window: int | None = None,
-                device: torch.device | str | None = None, cache: bool = True) -> tuple[Tensor, SamplingStats]:
+                device: torch.device | str | None = None, cache: bool = True,
+                on_block: Callable[[], None] | None = None) -> tuple[Tensor, SamplingStats]:
     """Sample ``num_samples`` sequences of ``seq_len`` tokens (any: a last partial block is
     sampled whole and cut) block by block (module docstring). ``process``: a ``BlockDiffusion``; ``network``:
     a ``Transformer`` (its forward takes a ``layout``); the rest as ``model.sampling.draw``.
-    ``cache`` False recomputes the finished blocks at every call."""
+    ``cache`` False recomputes the finished blocks at every call. ``on_block`` is called after
+    each block (a caller's progress within a long sample)."""
     block_size = process.block_size
     check_positive_int("num_samples", num_samples)
     check_positive_int("seq_len", seq_len)
@@ -140,6 +144,8 @@ def draw_blocks(process, sampler: Sampler, network, plan: SamplingPlan, *, num_s
             generated &= ~finished[:, None]
         if bool(generated.any()):
             z[:, start:end] = sampler(process, plan, z[:, start:end].clone(), generator, calls)
+        if on_block is not None:
+            on_block()
         if plan.until_eos is not None:
             finished |= (generated & (z[:, start:end] == plan.until_eos)).any(1)
             if bool(finished.all()):

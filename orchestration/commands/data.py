@@ -11,7 +11,7 @@ from pathlib import Path
 from data_prep.prep import PrepRequest, prep
 from data_prep.readers import DEFAULT_UNIT_BYTES, ReadOptions
 from data_prep.resume import WORK_DIR
-from data_prep.shards.storage import check_no_credentials, default_cache_dir, is_remote, upload_data
+from data_prep.shards.storage import check_writable, default_cache_dir, is_remote, upload_data
 from data_prep.tokenizer.hugging_face import ROLE_FLAGS, SpecialTokens
 from data_prep.tokenizer.training import TrainingRequest, train_tokenizer
 from data_prep.write_shards import DEFAULT_SHARD_BYTES, DEFAULT_VAL_FRACTION, PrepConfig
@@ -71,10 +71,11 @@ def _cmd_tokenizer_train(args: argparse.Namespace) -> int:
 
 def _local_out(out: str) -> Path:
     """Where the prep writes: ``out``, or for a URI a local staging directory named by it
-    (a rerun resumes there, then uploads what the store lacks)."""
+    (a rerun resumes there, then uploads what the store lacks), once the store has shown
+    that it takes objects there: a refusal comes before the prep, not after it."""
     if not is_remote(out):
         return Path(out)
-    check_no_credentials(out, "--out")
+    check_writable(out, "--out")
     return default_cache_dir() / "prep-staging" / hashlib.sha256(out.encode()).hexdigest()[:24]
 
 

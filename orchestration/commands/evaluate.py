@@ -7,10 +7,12 @@ import argparse
 import json
 from pathlib import Path
 
+from common.errors import UserError
 from common.logs import configure_logging
 from evaluation.bounds.detokenizers import DETOKENIZERS
 from evaluation.bounds.protocols import DEFAULT_PROTOCOL, PROTOCOLS
 from evaluation.bounds.scoring import ScoringConfig
+from evaluation.bounds.suites import SUITES, ZERO_SHOT
 from evaluation.inference import COMPILE_SETTINGS, DEVICE_HELP
 from evaluation.results import EvalResults
 from orchestration.commands.sampling_flags import (
@@ -32,6 +34,7 @@ examples:
   unmask eval runs/tiny --datasets val --shards shards/ --samples 32
   unmask eval runs/m/export --datasets wikitext103 --data-dir data/ --target-rel-error 0.002
   unmask eval runs/m --datasets ptb,wikitext2,lambada,lm1b --data-dir data/ --protocol mdlm
+  unmask eval runs/m --suite zero-shot --data-dir data/ --protocol duo --quick
   unmask eval runs/m --datasets lambada --data-dir data/ --detokenizer lambada_gpt2
   unmask eval runs/m --datasets ptb --data-dir data/ --num-samples 16 --reference runs/m-ar --sample-top-p 0.9
   unmask eval runs/m --datasets val --num-samples 8 --sampler first-hitting --reference runs/m-ar --sample-sweep
@@ -44,9 +47,14 @@ QUICK_BLOCKS_PER_REPLICATE = 64
 
 
 def _eval_config(args: argparse.Namespace) -> ScoringConfig:
+    if args.datasets is not None and args.suite is not None:
+        raise UserError(f"--suite {args.suite} chooses its own datasets: give --datasets or --suite, not both")
+    if args.datasets is None and args.suite is None:
+        raise UserError(f"give --datasets NAMES, or --suite {ZERO_SHOT} for the seven sets of the papers' zero-shot "
+                        f"table")
     return ScoringConfig(
-        datasets=tuple(name.strip() for name in args.datasets.split(",") if name.strip()),
-        data_dir=args.data_dir, shards=args.shards, split=args.split, protocol=args.protocol,
+        datasets=tuple(name.strip() for name in (args.datasets or "").split(",") if name.strip()),
+        suite=args.suite, data_dir=args.data_dir, shards=args.shards, split=args.split, protocol=args.protocol,
         detokenizer=args.detokenizer, samples_per_block=args.samples,
         seed=args.seed, seq_len=args.seq_len, batch_size=args.batch_size, compile=args.compile,
         discrete_steps=args.discrete_steps,
@@ -60,6 +68,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from evaluation.zero_shot import ReportOptions, run_zero_shot
 
     configure_logging()
+    config = _eval_config(args)
     sampling = plan_from_args(args, REPORT_FLAGS, args.seed)
     check_samples_drawn(args, REPORT_FLAGS, args.num_samples)
     check_flags_apply(args, REPORT_FLAGS, objective_of(Path(args.path)), args.path)
@@ -67,7 +76,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                             sample_sweep=args.sample_sweep, reference=Path(args.reference) if args.reference else None,
                             compare=Path(args.compare) if args.compare else None,
                             out=Path(args.out) if args.out is not None else None, mlflow_uri=args.mlflow_uri)
-    report = run_zero_shot(Path(args.path), _eval_config(args), options, device=args.device or None)
+    report = run_zero_shot(Path(args.path), config, options, device=args.device or None)
     if report is not None:  # rank 0
         _print_summary(report.results, report.files.markdown)
     return 0
@@ -81,6 +90,9 @@ def _print_summary(results: EvalResults, report: Path) -> None:
         print(f"{name:>24}: {bound} {record.perplexity_bound:.3f} (95% {low:.3f}-{high:.3f}), "
               f"{record.nelbo_per_token:.4f} nats/token, {record.bits_per_byte:.4f} bits/byte, "
               f"{record.num_tokens:,} tokens ({record.dataset.get('split')} split)")
+    suite = results.protocol.suite
+    for missing in suite.missing if suite else ():
+        print(f"{missing.name:>24}: not scored ({missing.split} split): {missing.expected}")
     sampling = results.sampling
     if sampling:
         print(f"{'samples':>24}: mean unigram entropy {sampling.mean_unigram_entropy:.3f} nats", end="")
@@ -102,15 +114,22 @@ def register(commands: argparse._SubParsersAction) -> None:
         epilog=EVAL_EPILOG, formatter_class=RAW)
     parser.add_argument("path", metavar="RUN_OR_EXPORT", help="a training run (exported first if needed) "
                                                               "or an export directory")
-    parser.add_argument("--datasets", required=True,
-                        help="comma-separated: lambada, wikitext2, wikitext103, ptb, lm1b, val, or file paths")
+    parser.add_argument("--datasets",
+                        help="comma-separated: lambada, wikitext2, wikitext103, ptb, lm1b, ag_news, pubmed, arxiv, "
+                             "val, or file paths")
+    parser.add_argument("--suite", choices=tuple(SUITES),
+                        help=f"{ZERO_SHOT}: every set of the papers' zero-shot table (PTB, WikiText, LM1B, LAMBADA, "
+                             "AG News, PubMed, ArXiv) found under --data-dir, the missing ones named; the report "
+                             "puts the table beside the published rows (instead of --datasets)")
     parser.add_argument("--data-dir", help="root of the standard files (layout of ../shared/data)")
     parser.add_argument("--shards", help="training shards (for the val dataset)")
     parser.add_argument("--split", help="test or valid (default: the protocol's; test for ours)")
     parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default=DEFAULT_PROTOCOL,
                         help="how the sets become scored blocks: unmask (ours: test split, EOS per document, "
-                             "nothing dropped) or mdlm (MDLM's code: its splits, rows and detokenizers, BOS/EOS "
-                             "around every block of 1024) (default: %(default)s)")
+                             "nothing dropped); mdlm (MDLM's code: its splits, rows and detokenizers, an EOS per row, "
+                             "BOS/EOS around every block of 1024); bd3lm (BD3-LM's zero-shot scripts: no EOS between "
+                             "rows, the BOS not scored); duo (Duo's scripts and MDLM's paper: no EOS between rows) "
+                             "(default: %(default)s)")
     parser.add_argument("--detokenizer", choices=tuple(DETOKENIZERS),
                         help="for every text dataset instead of the protocol's (e.g. lambada_gpt2)")
     parser.add_argument("--samples", type=int, default=16, help="time samples per block K (default 16)")

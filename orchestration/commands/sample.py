@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from common.errors import UserError
 from common.outputs import InputPath, check_output_file, write_output_file
 from evaluation.generation.generate import DEFAULT_BATCH_SIZE, INFILL_SYNTAX, Sample, generate, until_eos_plan
 from evaluation.generation.sample_quality import SampleQuality, check_reference, load_reference, score_samples
@@ -20,7 +21,8 @@ from orchestration.commands.sampling_flags import (
     objective_of,
     plan_from_args,
 )
-from pipeline.interchange.export import export_directory, load_export, resolve_export
+from pipeline.interchange.export import export_directory, load_export
+from pipeline.interchange.run_export import choose_export
 
 RAW = argparse.RawDescriptionHelpFormatter
 SAMPLE_SEPARATOR = "----- sample {index} (network calls: {calls}) -----"
@@ -71,7 +73,23 @@ def _is_samples_file(path: Path) -> bool:
     return isinstance(record, dict) and {"text", "tokens"} <= record.keys()
 
 
+def _check_text(text: str | None, flag: str) -> None:
+    """A text flag must be Unicode: bytes of the command line that are not UTF-8 reach Python
+    as lone surrogates (U+DC80 + the byte), which no tokenizer encodes."""
+    if text is None:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        code = ord(text[err.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"the lone surrogate U+{code:04X}"
+        raise UserError(f"{flag}: {what} at character {err.start} is not UTF-8 text; pass the text in UTF-8 "
+                        f"(e.g. convert it with iconv -t UTF-8)") from None
+
+
 def _cmd_sample(args: argparse.Namespace) -> int:
+    _check_text(args.prompt, "--prompt")
+    _check_text(args.infill, "--infill")
     if args.out is not None:  # before sampling, not after it; never into the export (it appears whole)
         check_output_file(args.out, "--out", inputs=[InputPath(export_directory(args.run_or_export),
                                                                "the export it samples")],
@@ -81,7 +99,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     plan = plan_from_args(args, SAMPLE_FLAGS, args.seed)
     check_flags_apply(args, SAMPLE_FLAGS, objective_of(Path(args.run_or_export)), args.run_or_export)
     device = resolve_device(args.device)
-    exported = load_export(resolve_export(Path(args.run_or_export)))
+    exported = load_export(choose_export(args.run_or_export))  # RUN: its latest checkpoint's export, or refused
     if args.until_eos:
         plan = until_eos_plan(exported, plan)
     samples = generate(exported, plan, num=args.num, seq_len=args.seq_len, prompt=args.prompt, infill=args.infill,

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from common.errors import UserError
 from common.logs import configure_logging
 from common.outputs import check_output_dir
-from data_prep.shards.storage import is_remote, read_manifest
-from orchestration.exit_codes import OK, PREEMPTED
+from data_prep.shards.storage import cache_root, is_remote, read_manifest
+from orchestration.exit_codes import OK, PREEMPTED, USER_ERROR
 from pipeline.config import Config, config_yaml, load_config, parse_overrides
 from pipeline.run_dir.layout import RUN_KIND, training_data
 from pipeline.training.init_from import InitFrom, init_inputs
@@ -73,6 +73,7 @@ def _check_paths(args: argparse.Namespace, config: Config) -> None:
         return
     if is_remote(config.data.path):  # object storage: its manifest says whether a prep finished there
         read_manifest(config.data.path)
+        cache_root(config.data.cache_dir)  # where its manifest, tokenizer and chunks are kept
         check_output_dir(args.run_dir, RUN_KIND, "--run-dir", [])
         return
     data = Path(config.data.path)
@@ -86,8 +87,25 @@ def _check_paths(args: argparse.Namespace, config: Config) -> None:
                                                            *init_inputs(init_from_args(args))])
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
+def _checked_config(args: argparse.Namespace) -> Config:
+    """The config, its batches spread over the ranks the launcher starts, before anything
+    else: every rank of a job reads the same config and meets the same mistake in it."""
     config = _train_config(args)
+    ranks = args.num_workers if args.launcher == "ray" else int(os.environ.get("WORLD_SIZE", "1"))
+    if not args.print_config and ranks >= 1:  # (fewer Ray workers are refused with the launch's flags)
+        from pipeline.training.engine import plan_batches
+
+        plan_batches(config, ranks)
+    return config
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    try:
+        config = _checked_config(args)
+    except UserError:
+        if os.environ.get("RANK", "0") != "0":  # rank 0 says it, once for the job
+            return USER_ERROR
+        raise
     if args.print_config:
         print(config_yaml(config), end="")
         return 0

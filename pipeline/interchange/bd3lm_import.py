@@ -35,7 +35,7 @@ from pipeline.interchange.dit_import import (
     read_hugging_face_files,
     write_dit_export,
 )
-from pipeline.interchange.export import EXPORT_KIND
+from pipeline.interchange.export import EXPORT_KIND, check_outside_runs
 
 __all__ = ["import_bd3lm"]
 
@@ -58,6 +58,7 @@ def import_bd3lm(source: str | Path, tokenizer_dir: str | Path, out: str | Path)
     source or the tokenizer."""
     source, out = Path(source), Path(out)
     check_output_dir(out, EXPORT_KIND, "--out", [InputPath(source, "SOURCE"), InputPath(tokenizer_dir, "--tokenizer")])
+    check_outside_runs(out, "--out")  # RUN/export is the run's own model
     tokenizer = load_tokenizer(tokenizer_dir)
     if not source.is_dir():
         raise UserError(f"{source}: {'is a file' if source.exists() else 'does not exist'}; give BD3-LM's Hugging "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -30,37 +31,43 @@ from safetensors.torch import load_file, save_file
 
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
-from common.file_records import changed_files
+from common.file_records import FileRecord, changed_files, resized_files, sha256_file, tree_files
 from common.outputs import (
+    MARKER,
     InputPath,
     OutputKind,
     check_output_dir,
-    marked_files,
+    marker_problem,
     new_output_dir,
     read_marker,
 )
 from data_prep.tokenizer.base import Tokenizer
+from data_prep.tokenizer.gpt2_bpe import GPT2_ENCODER_FILE, GPT2_MERGES_FILE
+from data_prep.tokenizer.hugging_face import SPECIAL_TOKENS_MAP_FILE, TOKENIZER_JSON_FILE
 from data_prep.tokenizer.load import load_tokenizer
+from data_prep.tokenizer.sentencepiece_model import SP_MODEL_FILE
 from model.spec import ModelSpec, Process, build_network, build_process, build_trainable
 from model.trainable import NETWORK_PREFIX, split_state
 from model.transformer import Transformer, TransformerConfig, unpadded_state
 from pipeline.config import ModelSection
 from pipeline.interchange.hf_export import HF_EXPORT_KIND, write_hf_export
 from pipeline.run_dir.checkpoint import (
+    STATE_FILE,
     CheckpointMeta,
     intact_checkpoint,
     read_state,
     resolve_checkpoint,
     verify_checkpoint,
 )
-from pipeline.run_dir.layout import RunLayout
+from pipeline.run_dir.layout import RUN_KIND, RunLayout
 from pipeline.run_dir.rank_files import rank_file, whole_ema
 from pipeline.run_dir.safe_load import deepspeed_loads_safely, find_unloadable
 
-__all__ = ["export", "checkpoint_tensors", "has_ema", "resolve_export", "training_run_of", "write_export",
-           "load_export", "Exported", "canonical_name", "export_to_hf", "export_directory", "export_files",
-           "ExportFormat", "EXPORT_KIND", "EXPORT_FORMAT_VERSION", "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_DIR",
-           "damaged_export", "verify_export"]
+__all__ = ["export", "export_checkpoint", "checkpoint_tensors", "checkpoint_sha256", "has_ema", "resolve_export",
+           "training_run_of", "enclosing_run", "check_outside_runs", "write_export", "load_export", "Exported",
+           "canonical_name", "export_to_hf", "export_directory", "export_files", "ExportFormat", "EXPORT_KIND",
+           "EXPORT_FORMAT_VERSION", "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_DIR", "damaged_export",
+           "read_export_spec", "verify_export"]
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -78,8 +85,23 @@ _WRAPPER_PREFIX = "_checkpoint_wrapped_module."
 EXPORT_DRAWS = 1
 
 
+# The files a tokenizer of any kind saves (``Tokenizer.save``), as an export's tokenizer/ holds them.
+_TOKENIZER_FILES = frozenset({SP_MODEL_FILE, TOKENIZER_JSON_FILE, SPECIAL_TOKENS_MAP_FILE, GPT2_ENCODER_FILE,
+                              GPT2_MERGES_FILE})
+
+
+def _unmarked_export(directory: Path) -> list[str] | None:
+    """The files beside the export in ``directory``, which has no marker (an earlier unmask's
+    export, or one copied without it); None when it holds no export (no weights and config)."""
+    if not ((directory / WEIGHTS_FILE).is_file() and (directory / CONFIG_FILE).is_file()):
+        return None
+    ours = lambda name: name in (WEIGHTS_FILE, CONFIG_FILE) or (
+        name.startswith(f"{TOKENIZER_DIR}/") and name.removeprefix(f"{TOKENIZER_DIR}/") in _TOKENIZER_FILES)
+    return [name for name in tree_files(directory, skip=(MARKER,)) if not ours(name)]
+
+
 # What `unmask export` and `unmask import` write: a directory that appears whole.
-EXPORT_KIND = OutputKind("export", "an unmask export", whole=True)
+EXPORT_KIND = OutputKind("export", "an unmask export", whole=True, unmarked_copy=_unmarked_export)
 
 
 def canonical_name(name: str) -> str:
@@ -118,11 +140,9 @@ def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["em
     ``format="hf"`` writes the transformers directory of ``pipeline.interchange.hf_export`` instead
     (default ``RUN/export-hf``)."""
     run_dir = Path(run_dir)
-    layout = RunLayout(run_dir)
-    out = Path(out_dir) if out_dir is not None else layout.hf_export if format == "hf" else layout.export
-    check_output_dir(out, HF_EXPORT_KIND if format == "hf" else EXPORT_KIND, "--out",
-                     [InputPath(layout.checkpoints, "the checkpoints it exports"),
-                      InputPath(layout.tokenizer, "the run's tokenizer")])
+    if weights not in ("ema", "model"):
+        raise UserError(f"--weights must be 'ema' or 'model', got {weights!r}")
+    out = _check_out(run_dir, out_dir, format)
     checkpoint = resolve_checkpoint(run_dir, step)
     problem = verify_checkpoint(checkpoint)
     if problem is not None:
@@ -130,19 +150,68 @@ def export(run_dir: str | Path, *, step: int | None = None, weights: Literal["em
         fix = (f"export the newest intact one: `unmask export {run_dir} --checkpoint {read_state(intact).step}`"
                if intact else "no intact checkpoint is left")
         raise UserError(f"cannot export {checkpoint.name}: {problem}; {fix}")
-    state = read_state(checkpoint)
-    if weights not in ("ema", "model"):
-        raise UserError(f"--weights must be 'ema' or 'model', got {weights!r}")
+    return _write(run_dir, checkpoint, weights, out, format)
+
+
+def _check_out(run_dir: Path, out_dir: str | Path | None, format: ExportFormat, flag: str = "--out") -> Path:
+    """The export's directory (given, or the run's), checked before any work: an unmask export
+    inside another training run would be taken for that run's (``training_run_of``). ``flag``
+    names it in a refusal."""
     if format not in ("unmask", "hf"):
         raise UserError(f"--format must be 'unmask' or 'hf', got {format!r}")
+    layout = RunLayout(run_dir)
+    out = Path(out_dir) if out_dir is not None else layout.hf_export if format == "hf" else layout.export
+    check_output_dir(out, HF_EXPORT_KIND if format == "hf" else EXPORT_KIND, flag,
+                     [InputPath(layout.checkpoints, "the checkpoints it exports"),
+                      InputPath(layout.tokenizer, "the run's tokenizer")])
+    if format == "unmask":
+        check_outside_runs(out, flag, besides=run_dir)
+    return out
+
+
+def export_checkpoint(run_dir: Path, checkpoint: Path, *, weights: Literal["ema", "model"], flag: str) -> Path:
+    """``export`` of ``checkpoint`` into ``RUN/export``, a checkpoint of ``run_dir`` the caller has
+    verified (``verify_checkpoint``: hashing it again would cost as much as the export), for a
+    command that was not given that directory: ``flag`` says what it is in a refusal."""
+    return _write(run_dir, checkpoint, weights, _check_out(run_dir, None, "unmask", flag), "unmask")
+
+
+def _write(run_dir: Path, checkpoint: Path, weights: Literal["ema", "model"], out: Path, format: ExportFormat) -> Path:
+    state = read_state(checkpoint)
     tensors, spec = checkpoint_tensors(checkpoint, weights)
-    tokenizer_src = layout.tokenizer
+    tokenizer_src = RunLayout(run_dir).tokenizer
     if not tokenizer_src.is_dir():
         raise UserError(f"{run_dir}: no {tokenizer_src.name}/ directory (written when training starts)")
     writer = write_hf_export if format == "hf" else write_export
     writer(out, tensors, _export_config(spec, state, checkpoint, weights), tokenizer_src)
     _track(run_dir, out)
     return out
+
+
+def checkpoint_sha256(checkpoint: Path) -> str:
+    """What names a checkpoint wherever its run is moved: the sha256 of its state file, which
+    records the size and sha256 of every other file of it (an export's ``checkpoint_sha256``)."""
+    return sha256_file(checkpoint / STATE_FILE)
+
+
+def enclosing_run(path: str | Path) -> Path | None:
+    """The training run ``path`` lies inside (its parent a run directory, or any directory above
+    it marked as a run), or None."""
+    here = Path(path).expanduser()
+    if RunLayout(here.parent).is_training_run():
+        return here.parent
+    return next((above for above in here.absolute().parents if (read_marker(above) or {}).get("kind") == RUN_KIND.name),
+                None)
+
+
+def check_outside_runs(out: str | Path, flag: str, *, besides: Path | None = None) -> None:
+    """Refuse, in one line, an export directory inside a training run (other than ``besides``,
+    the run it exports): a command given that run would take the model for the run's own."""
+    run = enclosing_run(out)
+    if run is None or (besides is not None and run.resolve() == Path(besides).resolve()):
+        return
+    raise UserError(f"{flag} {out}: lies inside the training run {run}, where an export is taken for that run's own "
+                    f"model (`unmask eval {run}` would report it as the run's); choose a directory outside it")
 
 
 def checkpoint_tensors(checkpoint: Path, weights: Literal["ema", "model"]) -> tuple[dict[str, torch.Tensor],
@@ -232,6 +301,7 @@ def _export_config(spec: ModelSpec, state: CheckpointMeta, checkpoint: Path, wei
     return {"format_version": EXPORT_FORMAT_VERSION, **spec.to_dict(), "weights": weights,
             "ema_decay": state.config["train"]["ema_decay"], "step": state.step,
             "tokens_seen": state.state.tokens_seen, "checkpoint": str(checkpoint.resolve()),
+            "checkpoint_sha256": checkpoint_sha256(checkpoint),
             "tokenizer_sha256": state.tokenizer_sha256, "data_sha256": state.data_sha256,
             "config_sha256": state.config_sha256,
             **({"init_from": state.init_from} if state.init_from else {})}
@@ -274,19 +344,43 @@ class Exported:
         return build_process(self.spec, validate=validate, draws=EXPORT_DRAWS, state=self.process_state)
 
 
-def verify_export(directory: Path) -> str | None:
-    """What in the export ``directory`` differs from what was written (module docstring:
-    Integrity), naming the file; None when nothing does, or when the export records no files
-    (copied without its marker: only reading it checks it)."""
-    marker = read_marker(directory) or {}
-    records = marked_files(directory) if marker.get("kind") == EXPORT_KIND.name else None
-    if records is None:
-        return None
-    changed = changed_files(directory, records, trust_times=True)
+def _recorded_files(directory: Path) -> tuple[dict[str, FileRecord] | None, str | None]:
+    """The records of the export's files in its marker, or why they cannot be trusted (naming
+    the marker); (None, None) when it has no marker (copied without it)."""
+    unreadable = marker_problem(directory)
+    if unreadable is not None:
+        return None, f"{unreadable}: the records of the export's files cannot be read"
+    marker = read_marker(directory)
+    if marker is None:
+        return None, None
+    if marker["kind"] != EXPORT_KIND.name:
+        return None, (f"{directory / MARKER} marks the directory as an output of kind {marker['kind']!r}, not "
+                      f"{EXPORT_KIND.name!r}: the records of the export's files cannot be trusted")
+    files = marker.get("files")
+    if not (isinstance(files, dict) and {WEIGHTS_FILE, CONFIG_FILE} <= files.keys()
+            and all(isinstance(r, dict) and isinstance(r.get("bytes"), int) and isinstance(r.get("sha256"), str)
+                    for r in files.values())):
+        return None, f"{directory / MARKER} does not record the export's files (their sizes and sha256)"
+    return files, None
+
+
+def _first_change(directory: Path, changed: dict[str, str]) -> str | None:
     if not changed:
         return None
     name, how = next(iter(changed.items()))
     return f"{directory / name} {how}"
+
+
+def verify_export(directory: Path) -> str | None:
+    """What in the export ``directory`` differs from what was written, naming the file: a
+    file its marker records that is missing, resized, or changed since its recorded
+    modification time, or a marker that cannot be read or was changed; None when nothing does,
+    or when it has no marker (copied without it: only reading it checks it). The quick check
+    before a replacement or before reading its config.json; ``load_export`` hashes every file."""
+    records, problem = _recorded_files(directory)
+    if problem is not None or records is None:
+        return problem
+    return _first_change(directory, changed_files(directory, records, trust_times=True))
 
 
 def _export_again(directory: Path) -> str:
@@ -332,25 +426,45 @@ def _read_weights(directory: Path, map_location: str | torch.device) -> dict[str
         raise damaged_export(f"{path}: not a readable safetensors file ({err})", directory) from None
 
 
+def read_export_spec(directory: Path) -> tuple[dict, ModelSpec]:
+    """The export's config.json, of a format this version reads, and the model's spec in it,
+    checked as training and the imports check theirs (``ModelSpec``): a UserError naming
+    config.json and the field (one edited by hand), or saying the format is newer."""
+    path, config = directory / CONFIG_FILE, _read_config(directory)
+    try:
+        return config, ModelSpec.from_dict(config)
+    except ValueError as err:
+        raise UserError(f"{path}: {err}") from None
+    except (KeyError, TypeError, AttributeError) as err:
+        raise damaged_export(f"{path}: not the config of an unmask export ({type(err).__name__}: {err})",
+                             directory) from None
+
+
 def load_export(path: str | Path, *, map_location: str | torch.device = "cpu") -> Exported:
-    """Load ``RUN/export`` (or any export directory) without DeepSpeed; a damaged one is
-    refused in one line naming the file (module docstring: Integrity)."""
+    """Load ``RUN/export`` (or any export directory) without DeepSpeed. Its config.json is read
+    and checked first (a newer format, or a field the training and import checks refuse, is
+    named as such, even when the file was edited since it was written); then every file its
+    marker records is hashed and compared, the weights while the network is built. A damaged
+    export is refused in one line naming the file."""
     path = Path(path)
     config_path = path / CONFIG_FILE
     if not config_path.is_file():
         raise UserError(f"{path}: not an unmask export (no {CONFIG_FILE}); run `unmask export RUN`")
-    problem = verify_export(path)
+    config, spec = read_export_spec(path)
+    records, problem = _recorded_files(path)
+    records = records or {}
+    weights = {name: record for name, record in records.items() if name == WEIGHTS_FILE}
+    others = {name: record for name, record in records.items() if name != WEIGHTS_FILE}
+    problem = problem or _first_change(path, resized_files(path, weights) or changed_files(path, others,
+                                                                                          trust_times=False))
     if problem is not None:
         raise damaged_export(problem, path)
-    config = _read_config(path)
-    try:
-        spec = ModelSpec.from_dict(config)
-    except ValueError as err:
-        raise UserError(f"{config_path}: {err}") from None
-    except (KeyError, TypeError, AttributeError) as err:
-        raise damaged_export(f"{config_path}: not the config of an unmask export ({type(err).__name__}: {err})",
-                             path) from None
-    network = build_network(spec)
+    with ThreadPoolExecutor(1) as pool:  # hashlib releases the GIL: on a free core the hash hides behind the build
+        hashing = pool.submit(changed_files, path, weights, trust_times=False)
+        network = build_network(spec)
+        problem = _first_change(path, hashing.result())
+    if problem is not None:
+        raise damaged_export(problem, path)
     network_state, process_state = split_state(_read_weights(path, map_location))
     try:
         network.load_state_dict(network_state)

@@ -38,7 +38,7 @@ from pipeline.interchange.dit_import import (
     read_hugging_face_files,
     write_dit_export,
 )
-from pipeline.interchange.export import EXPORT_KIND
+from pipeline.interchange.export import EXPORT_KIND, check_outside_runs
 from pipeline.interchange.inert_pickle import InertArchive, InertObject, TensorRef
 
 __all__ = ["import_mdlm"]
@@ -65,6 +65,7 @@ def import_mdlm(source: str | Path, tokenizer_dir: str | Path, out: str | Path, 
     """
     source, out = Path(source), Path(out)
     check_output_dir(out, EXPORT_KIND, "--out", [InputPath(source, "SOURCE"), InputPath(tokenizer_dir, "--tokenizer")])
+    check_outside_runs(out, "--out")  # RUN/export is the run's own model
     tokenizer = load_tokenizer(tokenizer_dir)
     if source.is_dir():
         if weights is not None:

@@ -17,7 +17,6 @@ file is read with ``safe_load``; a state file of an earlier unmask is refused in
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import shutil
@@ -30,6 +29,7 @@ import torch
 from torch import Tensor
 
 from common.atomic_files import atomic_write_bytes
+from common.disk_full import DiskFull, is_disk_full
 from common.errors import UserError
 from common.file_records import HASH_THREADS, sha256_file
 from pipeline.distributed import Distributed
@@ -42,7 +42,6 @@ __all__ = [
     "STATE_FILE",
     "CheckpointManager",
     "CheckpointMeta",
-    "DiskFull",
     "EMAState",
     "EarlierCheckpoint",
     "TrainState",
@@ -63,13 +62,6 @@ STATE_FILE = "unmask_state.json"
 # weights_only off, so a run dir shared with them invites running code from a file someone
 # received; `unmask export` does their job safely. Removed after each save.
 DEEPSPEED_RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
-# A write that failed on a disk with less than this free failed for want of space: torch's
-# zip writer reports a full disk as "unexpected pos", without the OS error.
-FULL_DISK_MARGIN = 16 << 20
-
-
-class DiskFull(UserError):
-    """The run's disk filled up; the message names the file and the last intact checkpoint."""
 
 
 class EarlierCheckpoint(UserError):
@@ -285,24 +277,12 @@ def set_latest(run_dir: Path, tag: str) -> None:
 
 
 # ----------------------------------------------------------------------------- failures
-def _is_disk_full(err: BaseException, directory: Path) -> bool:
-    """ENOSPC, or a library's wrapped write failure on a disk that has (almost) no room left."""
-    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    if "No space left on device" in str(err):
-        return True
-    for path in (directory, *directory.parents):
-        if path.exists():
-            return shutil.disk_usage(path).free < FULL_DISK_MARGIN
-    return False
-
-
 def write_failure(err: BaseException, path: Path, run_dir: Path) -> UserError:
     """One line for a failed write during training: disk full (with the last intact
     checkpoint to resume from), or the error itself with the file it was writing."""
     intact, _ = intact_checkpoint(run_dir)
     resume = f"the last intact checkpoint is {intact}" if intact else "no intact checkpoint was written yet"
-    if _is_disk_full(err, path if path.is_dir() else path.parent):
+    if is_disk_full(err, path if path.is_dir() else path.parent):
         return DiskFull(f"No space left on device while writing {path}; {resume}. Free space (or move "
                         f"the run to a bigger disk) and rerun the same command with --resume auto")
     return UserError(f"writing {path} failed ({type(err).__name__}: {err}); {resume}")

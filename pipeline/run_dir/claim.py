@@ -2,21 +2,27 @@
 
 Inside ``claimed_run_dir`` rank 0 has claimed the directory as a run's (``common.outputs``:
 never the data, a prep, an export or a directory of other files) and holds its lock
-(``pipeline.run_dir.lock``); every rank raises rank 0's refusal. A training that fails
-before its first step leaves nothing: a directory the claim created goes, with what the
-training wrote there. ``write_run_files`` writes the resolved config and the tokenizer, so
-that the run directory stands on its own. The manual: docs/training.md#run-directory.
+(``pipeline.run_dir.lock``); every rank raises rank 0's refusal. Nothing is written through a
+link: a symbolic link where training writes (``RunLayout.training_writes``) is refused, and
+``RUN/checkpoints`` may be a link (a bigger disk) only to a directory outside every other run,
+which the log names. A training that fails before its first step leaves nothing: a directory
+the claim created goes, with what the training wrote there. ``write_run_files`` writes the
+resolved config and the tokenizer, so that the run directory stands on its own. The manual:
+docs/training.md#run-directory.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
-from common.outputs import InputPath, OutputClaim, claim_output_dir
+from common.outputs import InputPath, OutputClaim, claim_output_dir, read_marker, refuse_links
 from data_prep.shards.storage import is_remote
 from data_prep.tokenizer.base import Tokenizer
 from pipeline.distributed import Distributed
@@ -26,6 +32,8 @@ from pipeline.run_dir.lock import RunLock
 from pipeline.run_dir.metrics_log import MetricsLog
 
 __all__ = ["claimed_run_dir", "write_run_files"]
+
+log = logging.getLogger("unmask.train")
 
 
 @contextmanager
@@ -52,6 +60,8 @@ def _claim(run_dir: Path, dist: Distributed, data_dir: str | Path,
     if dist.is_main:
         try:
             data = [] if is_remote(data_dir) else [training_data(data_dir)]
+            refuse_links(RunLayout(run_dir).training_writes(), "--run-dir", run_dir)
+            _check_linked_checkpoints(RunLayout(run_dir))
             claim = claim_output_dir(run_dir, RUN_KIND, "--run-dir", [*data, *inputs])
             lock.acquire()
         except UserError as err:
@@ -59,6 +69,27 @@ def _claim(run_dir: Path, dist: Distributed, data_dir: str | Path,
     if dist.any(refusal is not None):
         raise refusal or UserError(f"{run_dir}: rank 0 could not lock the run directory; its message says why")
     return lock, claim
+
+
+def _check_linked_checkpoints(layout: RunLayout) -> None:
+    """``RUN/checkpoints`` as a link: to a directory, never inside another run (whose
+    checkpoints this one would prune); one outside RUN is named in the log."""
+    link = layout.checkpoints
+    if not link.is_symlink():
+        return
+    target, root = link.resolve(), layout.root.resolve()
+    if not target.is_dir():
+        raise UserError(f"--run-dir {layout.root}: {link.name} is a symbolic link to {os.readlink(link)}, which is not "
+                        f"a directory; create it, or remove the link")
+    other = next((p for p in (target, *target.parents)
+                  if p != root and (read_marker(p) or {}).get("kind") == RUN_KIND.name), None)
+    if other is not None:
+        raise UserError(f"--run-dir {layout.root}: {link.name} is a symbolic link to {target}, inside the training "
+                        f"run {other}: this run would write its checkpoints among that run's and delete the oldest "
+                        f"(checkpoint.keep_last); link to a directory of this run's own")
+    if not target.is_relative_to(root):
+        log.warning("%s is a link to %s, outside the run directory: checkpoints are written there, and the oldest "
+                    "deleted there (checkpoint.keep_last)", link, target)
 
 
 def _took_a_step(run_dir: Path) -> bool:
@@ -73,6 +104,6 @@ def write_run_files(run_dir: Path, config: dict, tokenizer: Tokenizer, dist: Dis
     layout = RunLayout(run_dir)
     if dist.is_main:
         layout.root.mkdir(parents=True, exist_ok=True)
-        layout.config.write_text(json.dumps(config, indent=2) + "\n")
+        atomic_write_bytes(layout.config, (json.dumps(config, indent=2) + "\n").encode())
         tokenizer.save(layout.tokenizer)
     dist.barrier()

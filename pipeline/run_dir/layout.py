@@ -80,9 +80,14 @@ class RunLayout:
     def ray_train(self) -> Path:
         return self.root / "ray_train"
 
+    def training_writes(self) -> tuple[Path, ...]:
+        """What `unmask train` writes in the run directory itself: every path but its checkpoints
+        (which may lie elsewhere, through a link: ``pipeline.run_dir.claim``)."""
+        return (self.lock, self.config, self.tokenizer, self.metrics, self.mlflow_record)
+
     def before_first_step(self) -> tuple[Path, ...]:
         """What `unmask train` writes before its first step (nothing worth keeping yet)."""
-        return (self.lock, self.config, self.tokenizer, self.metrics, self.mlflow_record, self.checkpoints)
+        return (*self.training_writes(), self.checkpoints)
 
     def is_training_run(self) -> bool:
         """Whether ``root`` holds a training run (its checkpoints folder marks it)."""
@@ -125,6 +130,10 @@ class RunLayout:
     def summary(self) -> Path:
         return self.root / "run_summary.json"
 
+    def pipeline_writes(self) -> tuple[Path, ...]:
+        """What `unmask run` writes in the run directory beside its stages' own outputs."""
+        return (self.corpus, self.data, self.summary)
+
 
 # The file `unmask run` writes into RUN/corpus without --input (data_prep.builtin_corpus).
 _BUILTIN_CORPUS = re.compile(r"cpython-[\w.+]+-docs\.jsonl")
@@ -151,11 +160,18 @@ def _is_restored_checkpoint(layout: RunLayout) -> bool:
             and TAG_PATTERN.match(_first_line(layout.latest).strip()) is not None)
 
 
+def _is_linked_to_nothing(path: Path) -> bool:
+    """Whether ``path`` is a link to an empty directory: checkpoints/ made to lie on a bigger
+    disk before the run's first training."""
+    return path.is_symlink() and path.is_dir() and not any(path.iterdir())
+
+
 def _is_unmarked_run(directory: Path) -> bool:
     """A run directory that training has not marked yet because another writer came first: the
     corpus and data of `unmask run` (or a prep into RUN/data), Ray Train's records (RUN/ray_train)
-    and the checkpoint it restores from --storage. Nothing else, and each only as that writer
-    leaves it: a folder of the user's named data/ or corpus/ is not taken for a run."""
+    and the checkpoint it restores from --storage; or the user, whose checkpoints/ is a link to
+    an empty directory elsewhere. Nothing else, and each only as that writer leaves it: a folder
+    of the user's named data/ or corpus/ is not taken for a run."""
     layout = RunLayout(directory)
     names = entry_names(directory)
     written_first = {layout.data.name, layout.corpus.name, layout.ray_train.name, layout.checkpoints.name}
@@ -163,7 +179,8 @@ def _is_unmarked_run(directory: Path) -> bool:
         return False
     return ((not layout.data.exists() or _is_prep(layout.data))
             and (not layout.corpus.exists() or holds_only(layout.corpus, _BUILTIN_CORPUS.fullmatch))
-            and (not layout.checkpoints.exists() or _is_restored_checkpoint(layout)))
+            and (not layout.checkpoints.exists() or _is_restored_checkpoint(layout)
+                 or _is_linked_to_nothing(layout.checkpoints)))
 
 
 # What `unmask train --run-dir` and `unmask run --run-dir` write: a directory that grows in place.

@@ -26,7 +26,7 @@ from common.provenance import git_commit
 from common.units import GIB
 from data_prep.shards.format import TOKENIZER_DIR, Manifest
 from data_prep.shards.loader import StreamingLoader
-from data_prep.shards.storage import ChunkCache, default_cache_dir, is_remote, localize_metadata
+from data_prep.shards.storage import ChunkCache, cache_root, is_remote, localize_metadata
 from data_prep.tokenizer.base import Tokenizer
 from data_prep.tokenizer.load import load_tokenizer
 from model.spec import build_trainable
@@ -145,13 +145,15 @@ def build_parts(config: Config, data_dir: str | Path, dist: Distributed,
     record of the one it began from (an ``InitRecord``: a resumed run, whose network takes the
     source's architecture and whose weights come from its own checkpoint)."""
     # From object storage, the manifest and the tokenizer are read from a local copy.
-    metadata = localize_metadata(str(data_dir), _cache_root(config)) if is_remote(data_dir) else Path(data_dir)
+    cache = cache_root(config.data.cache_dir) if is_remote(data_dir) else None
+    metadata = localize_metadata(str(data_dir), cache) if cache is not None else Path(data_dir)
     manifest = Manifest.read(metadata)
-    tokenizer = find_tokenizer(manifest, metadata)
+    tokenizer = find_tokenizer(manifest, metadata, str(data_dir) if cache is not None else None)
     init_from = start.record if isinstance(start, InitSource) else start
     if isinstance(start, InitSource):
         check_tokenizer(start.record, tokenizer.sha256, data_dir)
     network = network_config(config.model, manifest)
+    check_masked_tokens(config, manifest.seq_len)
     if init_from is None:
         check_not_adapting(config.adapt)
     else:
@@ -160,7 +162,7 @@ def build_parts(config: Config, data_dir: str | Path, dist: Distributed,
             start = adapted_source(start, network, config)
             init_from = start.record
     plan = plan_training(config, network, dist.world_size, dist.device)
-    train_loader, val_loader = _loaders(config, data_dir, dist, plan)
+    train_loader, val_loader = _loaders(config, data_dir, dist, plan, cache)
     spec, validate = config.model.spec(network), dist.device.type == "cpu"
     torch.manual_seed(config.train.seed)  # the same initial weights on every rank
     module = build_trainable(spec, validate=validate, block_attention=plan.block_attention)
@@ -181,15 +183,12 @@ def _flops_per_token(config: Config, network: TransformerConfig, seq_len: int) -
             block_diffusion_flops_per_token(network, seq_len, block_size))
 
 
-def _cache_root(config: Config) -> Path:
-    return Path(config.data.cache_dir) if config.data.cache_dir else default_cache_dir()
-
-
-def _loaders(config: Config, data_dir: str | Path, dist: Distributed,
-             plan: TrainingPlan) -> tuple[StreamingLoader, StreamingLoader]:
+def _loaders(config: Config, data_dir: str | Path, dist: Distributed, plan: TrainingPlan,
+             cache_dir: Path | None) -> tuple[StreamingLoader, StreamingLoader]:
+    """``cache_dir``: where chunks read from object storage are kept (None: local data)."""
     cache = None
-    if is_remote(data_dir) and config.data.cache_gb > 0:
-        cache = ChunkCache(_cache_root(config) / "chunks", int(config.data.cache_gb * GIB))
+    if cache_dir is not None and config.data.cache_gb > 0:
+        cache = ChunkCache(cache_dir / "chunks", int(config.data.cache_gb * GIB))
     common = {"rank": dist.rank, "world_size": dist.world_size, "cache": cache}
     micro_batch = plan.batches.micro_batch
     train = StreamingLoader(data_dir, config.data.train_split, micro_batch, seed=config.train.seed,
@@ -210,6 +209,10 @@ def network_config(model: ModelSection, manifest: Manifest) -> TransformerConfig
     if model.block_size is not None and seq_len % model.block_size:
         raise UserError(f"config field model.block_size = {model.block_size} does not divide the data's sequence "
                         f"length {seq_len} (manifest.json); choose a divisor of {seq_len}")
+    if model.block_size is not None and max_seq_len % model.block_size:
+        raise UserError(f"config field model.block_size = {model.block_size} does not divide model.max_seq_len = "
+                        f"{max_seq_len}, the network's window (its blocks are scored and sampled whole); choose a "
+                        f"divisor of both {seq_len} and {max_seq_len}, or leave model.max_seq_len unset")
     shape = {k: v for k, v in (("n_layers", model.n_layers), ("d_model", model.d_model),
                                 ("n_heads", model.n_heads)) if v is not None}
     try:
@@ -221,28 +224,45 @@ def network_config(model: ModelSection, manifest: Manifest) -> TransformerConfig
         raise UserError(f"config section model: {err}") from None
 
 
-def find_tokenizer(manifest: Manifest, data_dir: Path) -> Tokenizer:
+def check_masked_tokens(config: Config, seq_len: int) -> None:
+    """Block diffusion's clipped masking rates (``train.block_mask_rate``) must mask at least one
+    token per training sequence on average: below that most sequences have no masked token, add
+    nothing to the loss, and the run learns next to nothing while its loss looks excellent."""
+    beta, omega = config.train.block_mask_rate
+    if config.model.block_size is None or (beta + omega) / 2 * seq_len >= 1:
+        return
+    raise UserError(f"config field train.block_mask_rate = {[beta, omega]}: masks (beta + omega) / 2 = "
+                    f"{(beta + omega) / 2:.3g} of the tokens on average, {(beta + omega) / 2 * seq_len:.3g} of a "
+                    f"sequence of {seq_len}, so most training sequences have no masked token to learn from; widen it "
+                    f"to mask at least one per sequence (BD3-LM's clipped intervals are [0.3, 0.8] and [0.45, 0.95])")
+
+
+def find_tokenizer(manifest: Manifest, data_dir: Path, location: str | None = None) -> Tokenizer:
     """The tokenizer the shards were made with: the prep keeps its files in the data
     directory's ``tokenizer/``, so a data directory trains wherever it is copied. Checked
-    against the manifest's sha256 and vocabulary size."""
+    against the manifest's sha256 and vocabulary size. ``location``: the object store's URI
+    when ``data_dir`` is its local copy (``localize_metadata``), which the errors name: the
+    fix is there."""
     path, expected = data_dir / TOKENIZER_DIR, manifest.tokenizer["sha256"]
-    shards = (f"{data_dir}/manifest.json: the shards were made with tokenizer {manifest.tokenizer.get('path')!r} "
-              f"(sha256 {expected[:12]}...)")
+    source = f"{location.rstrip('/')}/{TOKENIZER_DIR}" if location else str(path)
+    shards = (f"{location or data_dir}/manifest.json: the shards were made with tokenizer "
+              f"{manifest.tokenizer.get('path')!r} (sha256 {expected[:12]}...)")
     if not path.exists():
-        raise UserError(f"{shards}, not found at {path}; rerun that `unmask prep --out {data_dir}` where its "
-                        f"tokenizer is (nothing is redone): the prep then keeps a copy in {path}")
+        raise UserError(f"{shards}, not found at {source}; rerun that `unmask prep --out {location or data_dir}` "
+                        f"where its tokenizer is (nothing is redone): the prep then keeps a copy in {source}")
+    where = f"{source} (its copy in {path})" if location else source
     try:
         tokenizer = load_tokenizer(path)
     except UserError as err:
-        found = f"{path} cannot be loaded ({err})"
+        found = f"{where} cannot be loaded ({err})"
     else:
         if tokenizer.sha256 == expected:
             _check_vocab_size(tokenizer, manifest, data_dir)
             return tokenizer
-        found = (f"{path} holds another tokenizer (sha256 {tokenizer.sha256[:12]}..., {tokenizer.vocab_size} "
+        found = (f"{where} holds another tokenizer (sha256 {tokenizer.sha256[:12]}..., {tokenizer.vocab_size} "
                  f"tokens; the manifest records {manifest.tokenizer.get('vocab_size')}): replaced since the prep")
-    raise UserError(f"{shards}, but {found}. Put the tokenizer of the shards back in {path}, or prep the corpus again "
-                    f"with the one there (into a new --out)")
+    raise UserError(f"{shards}, but {found}. Put the tokenizer of the shards back in {source}, or prep the corpus "
+                    f"again with the one there (into a new --out)")
 
 
 def _check_vocab_size(tokenizer: Tokenizer, manifest: Manifest, data_dir: Path) -> None:

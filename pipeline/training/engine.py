@@ -140,10 +140,25 @@ def _per_rank_batch(config: Config, world_size: int) -> int:
     """The global batch over ``world_size`` ranks: sequences per rank per step."""
     global_batch = config.train.global_batch_size
     if global_batch % world_size:
-        raise UserError(f"config field train.global_batch_size = {global_batch} does not divide "
-                        f"over {world_size} ranks; make it a multiple of {world_size} or set "
-                        f"train.micro_batch_size")
+        raise UserError(_indivisible(global_batch, world_size))
     return global_batch // world_size
+
+
+def _indivisible(global_batch: int, world_size: int) -> str:
+    """The refusal of a global batch that no micro-batch size spreads over ``world_size`` ranks."""
+    below = global_batch // world_size * world_size
+    multiples = " or ".join(str(m) for m in (below, below + world_size) if m > 0)
+    return (f"config field train.global_batch_size = {global_batch} does not divide over {world_size} ranks, "
+            f"whatever train.micro_batch_size is: make it a multiple of {world_size} ({multiples}), or run "
+            f"{_near_divisors(global_batch, world_size)} processes")
+
+
+def _near_divisors(number: int, around: int) -> str:
+    """The divisors of ``number`` nearest ``around``, below and above it: "a or b"."""
+    divisors = [d for d in range(1, number + 1) if number % d == 0 and d != around]
+    below = [d for d in divisors if d < around][-1:]
+    above = [d for d in divisors if d > around][:1]
+    return " or ".join(map(str, below + above))
 
 
 def choose_micro_batch(config: Config, network: TransformerConfig, world_size: int, zero_stage: int,
@@ -174,16 +189,16 @@ def plan_batches(config: Config, world_size: int, micro_batch: int | None = None
     """Micro-batch and gradient accumulation from the global batch and the world size;
     ``micro_batch`` (e.g. ``choose_micro_batch``'s) replaces ``train.micro_batch_size``,
     whose None and "auto" (off GPU) mean global / world size."""
-    train = config.train
-    global_batch = train.global_batch_size
-    micro = micro_batch or train.micro_batch_size
+    global_batch, per_rank = config.train.global_batch_size, _per_rank_batch(config, world_size)
+    micro = micro_batch or config.train.micro_batch_size
     if not isinstance(micro, int):
-        micro = _per_rank_batch(config, world_size)
-    if global_batch % (micro * world_size):
+        micro = per_rank
+    if per_rank % micro:
         raise UserError(f"config fields train.global_batch_size = {global_batch} and train.micro_batch_size "
-                        f"= {micro} do not divide over {world_size} ranks: the global batch must be a "
-                        f"multiple of micro_batch_size x world size = {micro * world_size}")
-    return BatchPlan(global_batch, micro, global_batch // (micro * world_size), world_size)
+                        f"= {micro} do not divide over {world_size} ranks: each rank takes {per_rank} sequences "
+                        f"a step, in micro-batches; choose a train.micro_batch_size that divides {per_rank} "
+                        f"({_near_divisors(per_rank, micro)}), or auto")
+    return BatchPlan(global_batch, micro, per_rank // micro, world_size)
 
 
 def resolve_precision(config: Config, device: torch.device) -> str:

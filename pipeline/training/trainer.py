@@ -24,6 +24,7 @@ from tqdm import tqdm
 from common.errors import UserError
 from common.progress import bar as progress_bar
 from common.progress import bars_and_logs
+from common.stop_request import StopRequested
 from common.units import GIB, NATS_PER_BIT
 from data_prep.shards.loader import StreamingLoader
 from data_prep.shards.storage import is_remote
@@ -138,7 +139,10 @@ class Trainer:
     def run(self) -> TrainResult:
         """Train to ``train.max_steps``, or until a stop signal (then checkpoint and return)."""
         try:
-            validation, preempted = self._loop()
+            try:
+                validation, preempted = self._loop()
+            except StopRequested as stop:  # a signal ended a wait for data (common.stop_request)
+                validation, preempted = None, self._checkpoint_after_stop(stop)
         except BaseException:
             self.records.close("FAILED")
             raise
@@ -148,6 +152,17 @@ class Trainer:
                         self.state.step)
         return TrainResult(self.run_dir, self.state.step, self.state.tokens_seen, self.checkpoints.latest(),
                            validation, preempted, self.records.run_id, self.parts.init_from)
+
+    def _checkpoint_after_stop(self, stop: StopRequested) -> bool:
+        """A signal ended a wait for data: before a step (the loader reads whole global batches,
+        so the step's first micro-batch waits and nothing of the step is done) or in the
+        validation after one. The state is the last whole step's: checkpointed, unless it is."""
+        step, latest = self.state.step, self.checkpoints.latest()
+        if self.dist.is_main:
+            log.warning("%s; the last whole step is %d", stop, step)
+        if step > 0 and (latest is None or latest.name != self.checkpoints.layout.checkpoint(step).name):
+            self._save()
+        return True
 
     def _loop(self) -> tuple[ValidationResult | None, bool]:
         config, dist, state = self.config, self.dist, self.state

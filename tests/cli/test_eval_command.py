@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -14,25 +13,9 @@ from evaluation.bounds.scoring import ScoringConfig
 from evaluation.zero_shot import ReportOptions, run_zero_shot
 from tests.support.cli_refusals import cli_error as _cli
 from tests.support.cli_refusals import one_line_error as _error
-from tests.support.cli_refusals import untrained_exports, write_a_file, write_text_file
 from tests.support.cli_runner import DISTRIBUTED_ENV
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory) -> dict[str, Path]:
-    return untrained_exports(tmp_path_factory.mktemp("exports"))
-
-
-@pytest.fixture
-def text_file(tmp_path) -> Path:
-    return write_text_file(tmp_path)
-
-
-@pytest.fixture
-def a_file(tmp_path) -> Path:
-    return write_a_file(tmp_path)
 
 
 def test_eval_checks_every_dataset_before_scoring_any(capsys, tmp_path):
@@ -45,6 +28,22 @@ def test_eval_checks_every_dataset_before_scoring_any(capsys, tmp_path):
     assert "dataset 'val' needs --shards" in err and err.count("; and ") == 2  # the own file is fine
     err = _cli(capsys, "eval", str(tmp_path / "run"), "--datasets", "ptb", "--data-dir", str(tmp_path))
     assert "ptb/ptb.test.txt does not exist" in err
+
+
+def test_credentials_in_the_shards_uri_are_refused_naming_shards(capsys, tmp_path):
+    """The refusal named --data, a flag eval does not have; the secret is not echoed."""
+    err = _error(capsys, "eval", str(tmp_path / "run"), "--datasets", "val", "--shards", "s3://AKIAX:hunter2@b/shards")
+    assert "--shards: the URI carries credentials" in err and "--data:" not in err and "hunter2" not in err
+
+
+def test_eval_takes_datasets_or_a_suite_and_refuses_both_or_neither_in_one_line(capsys, tmp_path):
+    run = str(tmp_path / "run")
+    assert "give --datasets NAMES, or --suite zero-shot" in _error(capsys, "eval", run)
+    assert "--suite zero-shot chooses its own datasets: give --datasets or --suite, not both" in _error(
+        capsys, "eval", run, "--suite", "zero-shot", "--datasets", "ptb", "--data-dir", str(tmp_path))
+    err = _error(capsys, "eval", run, "--suite", "zero-shot", "--data-dir", str(tmp_path))
+    assert f"--suite zero-shot: none of its sets is under --data-dir {tmp_path}: ptb (test split)" in err
+    assert "arxiv (test split): expected arxiv/test.txt" in err
 
 
 def test_eval_checks_out_compare_device_and_samples_before_any_work(capsys, a_file, tmp_path):

@@ -5,11 +5,9 @@ naming the flag. Each case runs the real command in this process on untrained ti
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from tests.support.cli_refusals import MAX_SEQ_LEN, untrained_exports, write_text_file
+from tests.support.cli_refusals import MAX_SEQ_LEN
 from tests.support.cli_refusals import one_line_error as _error
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -18,16 +16,6 @@ ABSURD = str(10 ** 12)
 # model.sampling.MAX_STEPS_PER_POSITION; the limits are imported where they are tested, so that each
 # test here fails alone on a checkout without them.
 STEPS_PER_POSITION = 1024
-
-
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory) -> dict[str, Path]:
-    return untrained_exports(tmp_path_factory.mktemp("exports"))
-
-
-@pytest.fixture
-def text_file(tmp_path) -> Path:
-    return write_text_file(tmp_path)
 
 
 @pytest.mark.parametrize("sampler", ["ancestral", "confidence", "remdm"])

@@ -11,7 +11,7 @@ import pytest
 from tests.support.cli_refusals import cli_error as _cli
 from tests.support.cli_refusals import installed_cli_error as _unmask
 from tests.support.cli_refusals import write_a_file
-from tests.support.cli_runner import run_unmask
+from tests.support.cli_runner import run_unmask, unmask_in_process
 
 
 @pytest.fixture
@@ -47,6 +47,25 @@ def test_train_checks_data_and_run_dir_before_starting(capsys, a_file, tmp_path)
     assert "(data.path): does not exist" in _cli(capsys, "train", "--data", str(tmp_path / "nope"), "--run-dir", run)
     assert "(data.path): is a file" in _cli(capsys, "train", "--data", str(a_file), "--run-dir", run)
     assert "no manifest.json" in _cli(capsys, "train", "--data", str(tmp_path), "--run-dir", run)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_global_batch_the_launched_ranks_cannot_share_is_said_once_by_rank_0(capsys, monkeypatch, tmp_path):
+    """`torchrun --nproc-per-node 3` with a global batch of 8: each rank advised "a multiple of
+    3 or set train.micro_batch_size" (which cannot help); rank 0 now says it once, before any
+    work, and the other ranks exit 2 without a word."""
+    argv = ["train", "--data", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run"),
+            "--train.global_batch_size", "8"]
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    for rank in ("1", "2"):
+        monkeypatch.setenv("RANK", rank)
+        assert unmask_in_process(argv) == 2
+        assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert unmask_in_process(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("unmask train: error: config field train.global_batch_size = 8 does not divide over 3 ranks, "
+                   "whatever train.micro_batch_size is: make it a multiple of 3 (6 or 9), or run 2 or 4 processes")
     assert not (tmp_path / "run").exists()
 
 

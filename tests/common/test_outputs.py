@@ -6,23 +6,29 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from common.atomic_files import is_temporary
+from common.atomic_files import atomic_write_bytes, is_temporary
+from common.disk_full import DiskFull
 from common.errors import UserError
 from common.outputs import (
     MARKER,
     InputPath,
     OutputKind,
     check_output_dir,
+    check_output_file,
     entry_names,
     new_output_dir,
     read_marker,
+    write_output_file,
 )
 from data_prep.shards.format import Manifest
 from data_prep.tokenizer.base import Tokenizer
@@ -34,6 +40,7 @@ from pipeline.interchange.export import EXPORT_KIND
 from pipeline.run_dir.layout import RUN_KIND
 from tests.support.cli_refusals import write_a_file
 from tests.support.cli_runner import unmask_in_process
+from tests.support.full_disk import namespaces_work, run_on_small_disk
 from tests.support.mdlm_reference import DiTShape, random_weights, write_hugging_face
 from tests.support.shard_fixtures import tree_bytes
 
@@ -138,8 +145,9 @@ def test_outputs_without_their_marker_are_refused_unless_another_writer_came_fir
     (export / "tokenizer").mkdir(parents=True)
     (export / "model.safetensors").write_bytes(b"")
     (export / "config.json").write_text(json.dumps({"format_version": 1, "network": {}}))
-    with pytest.raises(UserError, match=r"is not an unmask export: it holds config.json, model.safetensors, "
-                                        r"tokenizer/; choose a new or empty directory for --out"):
+    with pytest.raises(UserError, match=r"holds an unmask export without its .unmask-output.json \(written by an "
+                                        r"earlier unmask, or copied without that file\), which is not replaced; move "
+                                        r"it away, or choose a new or empty directory for --out"):
         check_output_dir(export, EXPORT_KIND, "--out")
     (export / MARKER).write_text(json.dumps({"kind": "export", "what": "an unmask export"}))  # records no files
     with pytest.raises(UserError, match=r"holds an unmask export written by an earlier unmask \(its .unmask-output.json "
@@ -174,7 +182,7 @@ def test_export_never_writes_over_the_run_or_a_directory_of_other_files(run, tmp
     assert read_marker(run / "export")["kind"] == "export"  # an export replaces an export
     marker = (run / "export" / MARKER).read_bytes()
     (run / "export" / MARKER).unlink()  # as an export copied without its marker: not replaced
-    assert f"--out {run / 'export'}: is not an unmask export" in _cli(capsys, "export", run)
+    assert f"--out {run / 'export'}: holds an unmask export without its {MARKER}" in _cli(capsys, "export", run)
     (run / "export" / MARKER).write_bytes(marker)
     run_marker = (run / MARKER).read_bytes()
     (run / MARKER).unlink()  # a run without its marker: its own files do not make it one
@@ -390,10 +398,23 @@ def test_an_export_keeps_a_file_the_user_put_in_its_tokenizer(tmp_path, small_to
     assert notes.read_text() == "where this tokenizer came from"
     marker = (export / MARKER).read_bytes()
     (export / MARKER).unlink()  # as an export copied without its marker: not replaced, with the note or without
-    with pytest.raises(UserError, match="is not an unmask export: it holds config.json, model.safetensors, tokenizer/"):
+    with pytest.raises(UserError, match=r"holds an unmask export without its .unmask-output.json \(written by an "
+                                        r"earlier unmask, or copied without that file\), which is not replaced; "
+                                        r"beside it, tokenizer/NOTES.txt, which is not part of one; move it away"):
         write_untrained_export(export, tokenizer, saved)
     notes.unlink()
-    with pytest.raises(UserError, match="is not an unmask export"):
+    with pytest.raises(UserError, match=r"holds an unmask export without its .unmask-output.json \([^)]*\), which "
+                                        r"is not replaced; move it away"):
+        write_untrained_export(export, tokenizer, saved)
+    for garbled, named in ((b'{"kind": "exp', f"{export / MARKER} cannot be read as JSON"),
+                           (b"[1, 2]", f"{export / MARKER} is not the record of an unmask output")):
+        (export / MARKER).write_bytes(garbled)  # the refusal names the marker, not the files it would have described
+        with pytest.raises(UserError, match=re.escape(named) + r".*so the directory is not known to hold an unmask "
+                                                               r"export; move it away"):
+            write_untrained_export(export, tokenizer, saved)
+    (export / MARKER).write_bytes(marker.replace(b'"kind": "export"', b'"kind": "prep"'))  # its kind changed by hand
+    with pytest.raises(UserError, match=r"holds an output of kind 'prep' \(its .unmask-output.json says so\), not an "
+                                        r"unmask export"):
         write_untrained_export(export, tokenizer, saved)
     (export / MARKER).write_bytes(marker)
     write_untrained_export(export, tokenizer, saved)
@@ -471,3 +492,61 @@ def test_an_unwritable_output_directory_is_named(tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"--run-dir .*: cannot write there \(Permission denied\); choose a "
                                         r"directory you can write to"):
         check_output_dir(tmp_path / "run", RUN_KIND, "--run-dir")
+
+
+# ---------------------------------------------------------------- what is not a file, links, a full disk
+def test_a_device_or_fifo_is_written_in_place_and_a_socket_or_a_link_refused(tmp_path):
+    """Never replaced (an atomic write renames over its target: as root, /dev/null became a file)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        assert check_output_file(fifo, "--out") == fifo
+        write_output_file(fifo, b"through the pipe\n")
+        assert os.read(reader, 100) == b"through the pipe\n"
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    with pytest.raises(UserError, match=r"is a FIFO \(named pipe\), not a file; unmask replaces the files it writes"):
+        atomic_write_bytes(fifo, b"x")  # what every other write goes through refuses it too
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(tmp_path / "socket"))
+        with pytest.raises(UserError, match=r"--out .*socket: is a socket, not a file; give a file name"):
+            check_output_file(tmp_path / "socket", "--out")
+    (tmp_path / "mine.txt").write_text("mine")
+    for name, target in (("link", tmp_path / "mine.txt"), ("dangling", tmp_path / "nowhere")):
+        (tmp_path / name).symlink_to(target)
+        with pytest.raises(UserError, match=rf"--out .*{name}: is a symbolic link \(to {target}\); unmask replaces "
+                                            r"the file it writes, which would replace the link"):
+            check_output_file(tmp_path / name, "--out")
+    assert (tmp_path / "mine.txt").read_text() == "mine"
+
+
+def test_a_full_device_is_one_line(tmp_path):
+    """/dev/full answers every write with ENOSPC, as a full disk does."""
+    full = tmp_path / "full"
+    full.symlink_to("/dev/full")
+    with pytest.raises(DiskFull, match=rf"^{full}: no space left on device while writing it; it is as it was: free "
+                                       r"space on that disk \(or write elsewhere\) and rerun the same command$"):
+        write_output_file(check_output_file(full, "--out"), b"x" * 100)
+
+
+def test_a_write_check_a_killed_process_left_is_cleared(tmp_path):
+    left = tmp_path / f".unmask-write-check-{_dead_pid()}-abc123"
+    left.write_bytes(b"")
+    check_output_dir(tmp_path / "export", EXPORT_KIND, "--out")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not namespaces_work(), reason="unprivileged user and mount namespaces are not available")
+def test_a_full_disk_during_export_is_one_line_and_leaves_nothing(micro_run, tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = run_on_small_disk(["export", str(micro_run), "--out", str(disk / "export")], disk, "64k", fill=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1] == (
+        f"unmask export: error: --out {disk / 'export'}: no space left on device while writing an unmask export; "
+        f"nothing of it was kept ({disk / 'export'} was not created), and what the command read is untouched: free "
+        "space on that disk (or give another --out) and rerun the same command")
+    assert done.listing == ["filler"], "no staging directory is left"

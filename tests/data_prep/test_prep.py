@@ -1,12 +1,14 @@
 """``unmask prep`` as one call (``data_prep.prep``). What it tells the user about the input it was
 given: documents repaired or skipped are counted with the flag that changes it, and loudly when
 they are many; a sequence length beyond any model, a split that is mostly padding, and an input
-without a document are not passed over in silence. And the data directory it writes stands on
-its own: it keeps a copy of its tokenizer, so it trains and exports wherever it is moved."""
+without a document are not passed over in silence; a full disk is one line saying what a rerun
+resumes from. And the data directory it writes stands on its own: it keeps a copy of its
+tokenizer, so it trains and exports wherever it is moved."""
 
 from __future__ import annotations
 
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from tests.support.cli_refusals import cli_error as _cli
 from tests.support.cli_refusals import installed_cli_error as _unmask
 from tests.support.cli_refusals import write_a_file
 from tests.support.cli_runner import run_unmask, unmask_in_process
+from tests.support.full_disk import namespaces_work, run_on_small_disk
 from tests.support.paths import GPT2, needs_shared
 from tests.support.train_helpers import run_train, write_config
 
@@ -100,6 +103,24 @@ def test_an_input_without_a_document_is_an_error(tmp_path, tokenizer, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_utf16_input_is_named_with_how_to_convert_it_whether_the_tokenizer_is_given_or_trained(tmp_path, tokenizer,
+                                                                                                capsys):
+    """A tokenizer to train said "the corpus has no text: 0 documents"; a given one did not
+    name the file or its encoding."""
+    corpus = tmp_path / "u16.txt"
+    corpus.write_bytes("\n\n".join(_paragraphs(50)).encode("utf-16"))
+    fix = (f"1 file(s) skipped as binary ({corpus}: UTF-16 text (byte-order mark), not UTF-8): leave them out, or "
+           f"convert UTF-16 text to UTF-8 (iconv -f UTF-16 -t UTF-8 IN > OUT.txt)")
+    out = str(tmp_path / "out")
+    for argv in (["prep", "--out", out, "--seq-len", "16", "--no-progress", "--tokenizer", str(tokenizer)],
+                 ["prep", "--out", out, "--seq-len", "16", "--no-progress", "--vocab-size", "300"],
+                 ["tokenizer", "train", "--out", out, "--vocab-size", "300"]):
+        assert unmask_in_process([*argv, "--input", str(corpus)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(fix) and "\n" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
 PARAGRAPH_WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "ran", "far", "away", "over", "hill"]
 
 
@@ -154,3 +175,20 @@ def test_prep_and_tokenizer_train_check_out_and_workers_before_training_a_tokeni
     assert "--workers must be >= 1" in _cli(capsys, "prep", "--input", str(corpus), "--out", str(out),
                                             "--seq-len", "16", "--vocab-size", "300", "--workers", "0")
     assert not (out / "tokenizer").exists(), "the tokenizer was trained before the flags were checked"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not namespaces_work(), reason="unprivileged user and mount namespaces are not available")
+def test_a_full_disk_is_one_line_saying_what_a_rerun_resumes_from(tmp_path, tokenizer):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(_paragraphs(4000)))  # about 260 KB of text, tokens for a few dozen KB
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    out = disk / "data"
+    done = run_on_small_disk(["prep", "--input", str(corpus), "--out", str(out), "--seq-len", "16", "--tokenizer",
+                              str(tokenizer), "--unit-bytes", "20000", "--no-progress"], disk, "48k")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith(f"unmask prep: error: --out {out}: no space left on device while writing the prep; the ")
+    assert re.search(r"the \d+ units and shards it finished are kept in .*\.prep-work, and rerunning the same command "
+                     r"resumes from them: free space on that disk \(or give another --out\) and rerun$", last), last

@@ -18,7 +18,7 @@ from tests.support.paths import REPO, TINY
 # A dry run is a few dozen processes, some starting DeepSpeed; minutes on two busy cores.
 DRY_RUN_TIMEOUT_S = 1500
 E2E_STEPS = ["e2e-train", "e2e-init-from", "e2e-export", "e2e-export-hf", "e2e-eval", "e2e-sample-ancestral",
-             "e2e-sample-first-hitting", "e2e-sample-confidence", "e2e-sample-remdm", "e2e-sample-blocks",
+             "e2e-sample-first-hitting", "e2e-sample-confidence", "e2e-sample-remdm", "e2e-sample-blocks", "e2e-eval-suite",
              "e2e-bd3lm-tokenizer", "e2e-import-bd3lm", "e2e-sample-bd3lm", "e2e-lm-eval", "e2e-hf-load"]
 MAX_OUT_FILES = 8   # what a device call brings back from $OUT (../shared/gpu/README.md)
 
@@ -58,6 +58,7 @@ def test_the_gpu_check_dry_runs_on_cpu_and_writes_every_result(tmp_path, tinysha
     assert "step 1 validation" in logs["e2e-train.log"] and "checkpoint" in logs["e2e-train.log"]
     assert "optimizer state fresh, EMA from these weights" in logs["e2e-init-from.log"]
     assert "samples: mean unigram entropy" in logs["e2e-eval.log"]
+    assert "protocol: bd3lm" in logs["e2e-eval-suite.log"] and "arxiv: not scored (test split)" in logs["e2e-eval-suite.log"]
     assert "ptb_word_order: acc" in logs["e2e-lm-eval.log"]
     assert "imported BD3-LM's model" in logs["e2e-import-bd3lm.log"] and "----- sample 2 " in logs["e2e-sample-bd3lm.log"]
     loaded = json.loads(logs["e2e-hf-load.log"].strip().splitlines()[-1])

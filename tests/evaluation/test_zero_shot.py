@@ -1,5 +1,6 @@
 """`unmask eval` end to end (``evaluation.zero_shot``): a trained export, real datasets, MLflow, the
-report, data parallelism, a block diffusion export's bound."""
+report, data parallelism, a block diffusion export's bound, and the model a run means (its
+latest checkpoint, exported again in the place of an older export)."""
 
 from __future__ import annotations
 
@@ -198,3 +199,59 @@ def test_an_evaluation_length_that_cuts_a_block_is_refused_in_one_line(block_exp
     assert unmask_in_process(["eval", str(block_export), "--datasets", "val", "--shards", str(tinyshakespeare_shards),
                               "--seq-len", "60", "--out", "unused"]) == 2
     assert "--seq-len 60: the model is a block diffusion over blocks of 8 tokens" in capsys.readouterr().err
+
+
+def test_a_run_whose_export_cannot_be_written_is_named_so_not_as_out(micro_run, tmp_path, capsys):
+    """`eval RUN --out X` exports RUN first, into RUN/export: a refusal of that directory named
+    it "--out", the flag that had been given for X."""
+    from tests.support.cli_refusals import one_line_error
+
+    run = tmp_path / "run"
+    shutil.copytree(micro_run, run)
+    (run / "export").write_text("in the way")
+    own = tmp_path / "own.txt"
+    own.write_text("a paragraph\n")
+    err = one_line_error(capsys, "eval", str(run), "--datasets", str(own), "--out", str(tmp_path / "report"))
+    assert err.startswith(f"unmask eval: error: the run's export (written for this command) {run / 'export'}: is a "
+                          f"file")
+    assert err.endswith(f"; or export it elsewhere (`unmask export {run} --out DIR`) and give DIR")
+    assert "--out" not in err.split("; or export")[0] and not (tmp_path / "report").exists()
+
+
+def test_compile_on_is_refused_for_a_block_export_before_scoring(block_export, tinyshakespeare_shards, capsys):
+    from tests.support.cli_runner import unmask_in_process
+
+    assert unmask_in_process(["eval", str(block_export), "--datasets", "val", "--shards", str(tinyshakespeare_shards),
+                              "--compile", "on", "--out", "unused"]) == 2
+    err = capsys.readouterr().err
+    assert "--compile on: a block diffusion model is sampled and scored uncompiled" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------ which model a run means
+def test_eval_of_a_run_scores_its_latest_checkpoint_in_the_place_of_an_older_export(micro_run, tmp_path, caplog):
+    """RUN/export at step 1 while the run's latest checkpoint is step 2: `unmask eval RUN` exports
+    step 2 in its place (saying so), and the report is of step 2 beside the validation of step 2.
+    The older export named by its own path is evaluated as asked, beside the validations up to
+    its step, not the later ones."""
+    from pipeline.interchange.export import export
+    from tests.support.cli_refusals import write_text_file
+    from tests.support.cli_runner import unmask_in_process
+
+    run = tmp_path / "run"
+    shutil.copytree(micro_run, run)  # checkpoints at steps 1 and 2, validations at 0 and 2
+    export(run, step=1)
+    text = write_text_file(tmp_path)
+    assert unmask_in_process(["eval", str(run), "--datasets", str(text), "--samples", "2"]) == 0
+    assert (f"{run / 'export'} holds step 1, and the run's latest checkpoint is step 2: exporting step-00000002 "
+            f"(ema weights) in its place") in caplog.text
+    results = json.loads((run / "report" / "results.json").read_text())
+    assert results["model"]["step"] == 2 and results["training"]["final_step"] == 2
+    assert json.loads((run / "export" / "config.json").read_text())["step"] == 2
+    export(run, step=1)
+    out = tmp_path / "older"
+    assert unmask_in_process(["eval", str(run / "export"), "--datasets", str(text), "--samples", "2",
+                              "--out", str(out)]) == 0
+    assert (f"{run / 'export'} holds step 1, and the run's latest checkpoint is step 2: reading it as asked"
+            in caplog.text)
+    older = json.loads((out / "results.json").read_text())
+    assert older["model"]["step"] == 1 and older["training"]["final_step"] == 0

@@ -78,6 +78,25 @@ def test_a_bad_spec_raises_value_error_naming_the_field(fields, match):
         ModelSpec(NETWORK, **fields)
 
 
+@pytest.mark.parametrize("block_size,match", [
+    (0, r"block_size must be an integer >= 1 \(null: one block, MDLM\), got 0"),
+    (-16, "block_size must be an integer >= 1 .* got -16"),
+    ("4", "block_size must be an integer >= 1 .* got '4'"),
+    (True, "block_size must be an integer >= 1 .* got True"),
+    (3, "block_size 3 does not divide network.max_seq_len 8: a block diffusion model scores and samples whole blocks"),
+    (16, "block_size 16 does not divide network.max_seq_len 8"),
+])
+def test_a_block_size_training_and_the_imports_refuse_is_refused_by_the_spec(block_size, match):
+    """The rules `unmask train` and `unmask import bd3lm` apply to a block size hold for every spec,
+    an export's config.json included: an integer >= 1 that divides the network's window."""
+    with pytest.raises(ValueError, match=match):
+        ModelSpec(NETWORK, block_size=block_size)
+    with pytest.raises(ValueError, match=rf"{match}.*; restore the value it was written with, or export \(or "
+                                         rf"import\) the model again"):
+        ModelSpec.from_dict({**ModelSpec(NETWORK, block_size=4).to_dict(), "block_size": block_size})
+    assert ModelSpec(NETWORK, block_size=8).block_size == 8
+
+
 def test_bad_schedule_arguments_are_a_value_error_naming_the_accepted_ones():
     """One line naming the argument and those the schedule takes, not Python's signature error."""
     with pytest.raises(ValueError, match=r"^schedule 'learned' has no argument 'power'; it takes initial_exponent, "

@@ -6,6 +6,9 @@ field's meaning from the command line, and the differences a resume checks."""
 from __future__ import annotations
 
 import logging
+import resource
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -14,6 +17,7 @@ from common.errors import UserError
 from model.transformer import preset
 from orchestration.cli import main
 from pipeline.config import (
+    MAX_CONFIG_BYTES,
     PRESET_CONFIGS,
     Config,
     OptimSection,
@@ -23,6 +27,7 @@ from pipeline.config import (
     parse_overrides,
 )
 from pipeline.config_reference import field_comments
+from tests.support.cli_runner import cli_env
 from tests.support.paths import REPO
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -73,6 +78,25 @@ def test_malformed_and_non_utf8_yaml_name_the_line_and_column(tmp_path):
     latin.write_bytes(b"train:\n  max_steps: 5 # caf\xe9\n")
     with pytest.raises(UserError, match=r"latin.yaml line 2, column 21: byte 0xe9 is not UTF-8; save the file as UTF-8"):
         load_config(latin)
+
+
+def test_a_config_path_to_something_huge_or_endless_is_refused_without_reading_it_all(tmp_path):
+    """/dev/zero was read until the kernel killed the process (at 23.8 GB); the address space is
+    capped here so that a regression fails instead of taking the machine's memory."""
+    def capped() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    done = subprocess.run([sys.executable, "-m", "orchestration.cli", "config", "show", "--config", "/dev/zero"],
+                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120, preexec_fn=capped,
+                          check=False)
+    assert done.returncode == 2 and done.stderr == (
+        "unmask config: error: /dev/zero: holds more than 1 MiB, the most unmask reads as a YAML config file; check "
+        "that the path names a YAML config file\n"), done.stderr[-2000:]
+    huge = tmp_path / "huge.yaml"
+    with open(huge, "wb") as handle:
+        handle.truncate(MAX_CONFIG_BYTES + 1)  # sparse: refused by its size, nothing read
+    with pytest.raises(UserError, match="huge.yaml: holds more than 1 MiB, the most unmask reads as a YAML config"):
+        load_config(huge)
 
 
 def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path):
@@ -137,6 +161,24 @@ def test_validation_names_the_field():
         with pytest.raises(UserError, match=rf"model.time_conditioning = False: the {process} process needs it"):
             load_config(None, {"model.process": process})
         assert load_config(None, {"model.process": process, "model.time_conditioning": "true"}).model.time_conditioning
+
+
+@pytest.mark.parametrize("size", ["0", "-4"])
+def test_a_micro_batch_size_below_one_is_refused_before_any_arithmetic_on_it(size):
+    """The >= 1 check is named; the divisibility check after it did a modulo by zero first."""
+    with pytest.raises(UserError, match=rf"^config field train.micro_batch_size = {size}: must be >= 1$"):
+        load_config(None, {"train.micro_batch_size": size})
+
+
+def test_a_shuffle_window_below_one_global_batch_is_refused():
+    """A window holds whole global batches: 1 or 7 sequences with a global batch of 8 would be one
+    batch, i.e. no shuffling across batches, which the user did not ask for."""
+    for window in ("1", "7"):
+        with pytest.raises(UserError, match=rf"config field data.shuffle_window = {window}: is fewer sequences than "
+                                            r"one global batch \(train.global_batch_size = 8\), and a window holds "
+                                            r"whole global batches: it would be one batch; set at least 8"):
+            load_config(None, {"data.shuffle_window": window, "train.global_batch_size": "8"})
+    assert load_config(None, {"data.shuffle_window": "8", "train.global_batch_size": "8"}).data.shuffle_window == 8
 
 
 def test_an_infinite_or_nan_config_number_is_refused(tmp_path):

@@ -4,11 +4,15 @@ pyarrow's S3 client over HTTP with ``AWS_ENDPOINT_URL`` (no mocked client).
 
 ``stop()`` closes the listening socket (clients get refused connections, as from a store
 that is down) and ``start()`` opens a new server on the same port. moto's objects live in the test
-process, so they survive the restart, as a store's objects survive on its disks.
+process, so they survive the restart, as a store's objects survive on its disks. Inside
+``refusing_credentials()`` moto checks every request's key and knows none: each is answered
+403, as a store answers wrong credentials.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.support.mlflow_server import free_port
@@ -40,6 +44,18 @@ class S3Server:
             self._server.stop()
             self._server._server.server_close()  # stop() leaves the socket open: clients would hang
             self._server = None
+
+    @contextmanager
+    def refusing_credentials(self) -> Iterator[None]:
+        """Every request answered 403 (InvalidAccessKeyId, or AccessDenied without a body)."""
+        from moto import settings
+
+        saved = settings.INITIAL_NO_AUTH_ACTION_COUNT
+        settings.INITIAL_NO_AUTH_ACTION_COUNT = 0  # authenticate from the first request on
+        try:
+            yield
+        finally:
+            settings.INITIAL_NO_AUTH_ACTION_COUNT = saved
 
     def filesystem(self):
         import pyarrow.fs as pafs

@@ -2,6 +2,7 @@
 globs, file URIs, directories), each file's format and compression from its name, and the patterns
 that name nothing."""
 
+import os
 import re
 
 import pytest
@@ -83,3 +84,14 @@ def test_missing_inputs_name_the_pattern(tmp_path):
             resolve_inputs([str(pattern)])
     with pytest.raises(UserError, match="no inputs"):
         resolve_inputs([])
+
+
+def test_a_device_or_a_fifo_as_input_is_named_for_what_it_is(tmp_path):
+    """`prep --input /dev/zero` said "no such file": it is there, and is no file."""
+    fifo = tmp_path / "corpus.fifo"
+    os.mkfifo(fifo)
+    for pattern, kind in (("/dev/zero", "a character device"), (str(fifo), r"a FIFO \(named pipe\)")):
+        with pytest.raises(UserError, match=rf"^{re.escape(pattern)}: is {kind}, not a file or a directory; prep "
+                                            r"reads its inputs by byte ranges, some twice: save what it gives to a "
+                                            r"file and give that file$"):
+            resolve_inputs([pattern])

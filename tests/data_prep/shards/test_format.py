@@ -13,6 +13,7 @@ from common.errors import UserError
 from data_prep.shards.format import (
     CHUNK_BYTES,
     MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
     Manifest,
     chunk_rows,
     decode_chunk,
@@ -97,6 +98,47 @@ def test_manifest_round_trip_and_errors(tmp_path):
         Manifest.read(tmp_path)
 
 
+def test_a_manifest_larger_than_its_limit_is_refused_without_reading_it(tmp_path):
+    write_numbered_split(tmp_path, [5, 4])
+    with open(tmp_path / MANIFEST_NAME, "r+b") as handle:
+        handle.truncate(MAX_MANIFEST_BYTES + 1)  # sparse: reading it would take a GiB of memory
+    with pytest.raises(UserError, match=r"manifest.json: holds more than 1 GiB, the most unmask reads as a shard "
+                                        r"manifest; check that the path names a shard manifest"):
+        Manifest.read(tmp_path)
+
+
+@pytest.mark.parametrize(("field", "value", "complaint"), [
+    ("bytes", 10**15, r"offset \d+ \+ bytes 1000000000000000 runs past the end of the shard \(its bytes: \d+\)"),
+    ("rows", 10**12, r"rows 1000000000000 of 16 bytes each do not fit its bytes \d+ \(with the array's header\)"),
+    ("offset", -512, r"offset -512 is not a count \(an integer >= 0\)"),
+    ("offset", 512, r"offset 512 lies before the end of the chunk before it \(byte \d+\)"),
+])
+def test_a_hand_edited_chunk_table_is_refused_before_anything_is_read(tmp_path, field, value, complaint):
+    """A chunk's byte count of 10^15 was a MemoryError in os.pread, rows of 10^12 a ValueError
+    inside a DataLoader worker, an offset of -512 an OSError: the manifest is checked against
+    the shard sizes it records, one line naming the shard, the chunk and the field."""
+    from data_prep.shards.loader import StreamingLoader
+
+    write_numbered_split(tmp_path, [5, 4], rows_per_chunk=2)
+    raw = json.loads((tmp_path / MANIFEST_NAME).read_text())
+    raw["splits"]["train"]["shards"][0]["chunks"][1][field] = value
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(raw))
+    with pytest.raises(UserError, match=rf"manifest.json: shard train/shard-000000.tar, chunk 1: {complaint}; "
+                                        r"the manifest was edited or damaged: rerun the `unmask prep` that made it, "
+                                        r"with --overwrite$") as caught:
+        StreamingLoader(tmp_path, "train", 2)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_chunk_table_that_disagrees_with_the_shards_sequences_is_refused(tmp_path):
+    write_numbered_split(tmp_path, [5, 4], rows_per_chunk=2)
+    raw = json.loads((tmp_path / MANIFEST_NAME).read_text())
+    raw["splits"]["train"]["shards"][1]["sequences"] = 5
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(raw))
+    with pytest.raises(UserError, match=r"shard train/shard-000001.tar: its chunks hold 4 rows, but sequences is 5"):
+        Manifest.read(tmp_path)
+
+
 def test_the_chunk_ranges_are_the_members_data_with_their_sha256(tmp_path):
     """A reader fetches one chunk with one range request and checks it without reading the
     rest of the shard: each ChunkInfo is exactly its member's bytes."""
@@ -129,3 +171,23 @@ def test_a_prep_of_an_older_format_is_replaced_only_with_overwrite(tmp_path):
         start_or_resume(tmp_path, {"sha256": "new"}, overwrite=False)
     assert start_or_resume(tmp_path, {"sha256": "new"}, overwrite=True) == (None, "")
     assert not (tmp_path / MANIFEST_NAME).exists() and not (tmp_path / "train").exists()
+
+
+def test_a_prep_of_a_newer_format_or_a_damaged_manifest_is_named_so_and_replaced_only_with_overwrite(tmp_path):
+    """A newer unmask's prep is not called old; a hand-damaged manifest does not stop the
+    rerun that the refusal of it advises."""
+    from data_prep.resume import start_or_resume
+
+    write_numbered_split(tmp_path, [4])
+    raw = json.loads((tmp_path / MANIFEST_NAME).read_text())
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps({**raw, "format_version": 9}))
+    with pytest.raises(UserError, match=r"holds a prep of a newer unmask \(shard format 9; this one writes format 2: "
+                                        r"upgrade unmask to resume it\); pass --overwrite"):
+        start_or_resume(tmp_path, {"sha256": "new"}, overwrite=False)
+    raw["splits"]["train"]["shards"][0]["chunks"][0]["offset"] = -512
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(raw))
+    with pytest.raises(UserError, match=r"holds a damaged manifest \(.*offset -512 is not a count.*\); pass "
+                                        r"--overwrite"):
+        start_or_resume(tmp_path, {"sha256": "new"}, overwrite=False)
+    assert start_or_resume(tmp_path, {"sha256": "new"}, overwrite=True) == (None, "")
+    assert not (tmp_path / MANIFEST_NAME).exists()

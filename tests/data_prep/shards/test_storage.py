@@ -5,16 +5,21 @@ import itertools
 import json
 import math
 import os
+import re
 import threading
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
 import torch
 
+from common import stop_request
 from common.errors import UserError
-from data_prep.shards import storage
+from common.stop_request import StopRequested
+from data_prep.shards import loader, storage
 from data_prep.shards.loader import StreamingLoader
 from data_prep.shards.storage import READ_STATS, ChunkCache
+from tests.support.cli_refusals import one_line_error
 from tests.support.cli_runner import run_unmask
 from tests.support.paths import GPT2, TINY
 from tests.support.s3_server import CREDENTIALS, S3Server
@@ -219,3 +224,152 @@ def test_a_scheme_pyarrow_lacks_goes_through_fsspec(local_data):
     for path in sorted(p for p in local_data.rglob("*") if p.is_file()):
         memory.pipe(f"/fsspec-data/{path.relative_to(local_data).as_posix()}", path.read_bytes())
     assert _ids(_make("memory://fsspec-data")) == _ids(_make(local_data))
+
+
+# ------------------------------------------------------------------ refusals: final at once, in one line
+def test_a_refused_key_is_final_at_once_and_names_where_the_credentials_came_from(s3, remote_data):
+    """Every request answered 403: 45 retries over 10 minutes before; now one line, no retry,
+    naming the credentials' source (never the key)."""
+    loader = _make(remote_data)  # the manifest read while the key was good
+    source = (f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in the environment, for the store at {s3.endpoint} "
+              f"(AWS_ENDPOINT_URL); check them, and that the bucket's policy allows them")
+    READ_STATS.reset()
+    with s3.refusing_credentials():
+        with pytest.raises(UserError, match=r"^s3://shards/corpus/v1/manifest.json: access denied \(.*ACCESS_DENIED"
+                                            r".*\): the store refused the credentials from ") as refused:
+            storage.read_manifest(remote_data)
+        with pytest.raises(UserError, match=r"^s3://shards/corpus/v1/train/shard-00000\d.tar: access denied") as read:
+            list(loader)
+    for error in (refused, read):
+        assert str(error.value).endswith(source) and CREDENTIALS["AWS_SECRET_ACCESS_KEY"] not in str(error.value)
+    assert READ_STATS.retries == 0
+
+
+def test_the_credentials_source_is_named_in_the_order_the_sdk_looks(monkeypatch, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE",
+                 "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                 "AWS_CONTAINER_CREDENTIALS_FULL_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    assert storage.credential_source("s3://b/x") == (f"the instance's role (no AWS_ACCESS_KEY_ID in the environment, "
+                                                     f"no {tmp_path / 'credentials'})")
+    monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/token")
+    assert storage.credential_source("s3://b/x").startswith("the web identity token of AWS_WEB_IDENTITY_TOKEN_FILE")
+    (tmp_path / "credentials").write_text("[research]\n")
+    monkeypatch.setenv("AWS_PROFILE", "research")
+    assert storage.credential_source("s3://b/x") == f"profile 'research' of {tmp_path / 'credentials'}"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "https://minio.lab:9000")
+    assert storage.credential_source("s3://b/x") == ("AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in the environment, "
+                                                     "for the store at https://minio.lab:9000 (AWS_ENDPOINT_URL)")
+    assert storage.credential_source("gs://b/x") == "the gs:// filesystem's default credentials"
+
+
+def test_a_missing_bucket_is_named_as_such_for_reading_and_for_writing(s3):
+    """`train --data s3://nosuchbucket/...` advised a prep into the bucket that is not there."""
+    with pytest.raises(UserError, match=r"^--data s3://nosuchbucket/shards: the bucket 'nosuchbucket' does not exist "
+                                        r"at this store; check the name, or create the bucket and then run `unmask "
+                                        r"prep --out s3://nosuchbucket/shards`$"):
+        storage.read_manifest("s3://nosuchbucket/shards")
+    with pytest.raises(UserError, match=r"^--out s3://nosuchbucket/shards: the bucket 'nosuchbucket' does not exist"):
+        storage.check_writable("s3://nosuchbucket/shards", "--out")
+    storage.check_writable("s3://shards/fresh", "--out")
+    assert not s3.filesystem().get_file_info(pafs.FileSelector("shards/fresh", allow_not_found=True)), \
+        "the write check leaves nothing"
+
+
+def test_prep_out_to_a_bucket_that_does_not_exist_is_refused_before_the_prep(s3, tmp_path, monkeypatch, capsys):
+    """It was a 25-line traceback after the whole local prep (NO_SUCH_BUCKET at the upload)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    source = tmp_path / "input.txt"
+    source.write_text("a paragraph of text\n\nand another one\n" * 20)
+    err = one_line_error(capsys, "prep", "--input", str(source), "--out", "s3://bucket-that-does-not-exist/shards",
+                         "--seq-len", "16", "--tokenizer", str(GPT2), "--no-progress")
+    assert err.endswith("--out s3://bucket-that-does-not-exist/shards: the bucket 'bucket-that-does-not-exist' does "
+                        "not exist at this store; check the name, or create the bucket and rerun")
+    assert not (tmp_path / "cache").exists(), "nothing was prepared"
+
+
+def test_an_upload_the_store_refuses_is_one_line_that_keeps_the_prep(s3, local_data):
+    with s3.refusing_credentials(), pytest.raises(UserError) as refused:
+        storage.upload_data(local_data, "s3://shards/refused")
+    assert str(refused.value).startswith("s3://shards/refused/train/shard-000000.tar: access denied")
+    assert str(refused.value).endswith(f"; the prep is kept in {local_data}: rerun the same command to send what the "
+                                       f"store lacks")
+
+
+def test_a_tokenizer_missing_from_the_bucket_is_named_there_not_in_the_local_copy(s3, tinyshakespeare_shards,
+                                                                                  tmp_path):
+    """The message named only the local cache and advised putting the tokenizer back there;
+    and a local copy made of a damaged tokenizer would have been used after its repair."""
+    from pipeline.training.build import find_tokenizer
+
+    uri = s3.upload(tinyshakespeare_shards, "shards", "tokenizer-gone")
+    bucket, model = s3.filesystem(), "shards/tokenizer-gone/tokenizer/tokenizer.model"
+    bucket.delete_file(model)
+    with pytest.raises(UserError, match=rf"^{uri}/tokenizer: missing from the store, where the manifest records the "
+                                        rf"tokenizer the shards were made with; upload the prep's tokenizer/ there "
+                                        rf"again \(rerunning the same `unmask prep --out {uri}` sends what the store "
+                                        rf"lacks\)$"):
+        storage.localize_metadata(uri, tmp_path)
+    with bucket.open_output_stream(model) as out:
+        out.write(b"not a sentencepiece model")
+    damaged = storage.localize_metadata(uri, tmp_path)
+    with pytest.raises(UserError) as refused:
+        find_tokenizer(storage.read_manifest(uri), damaged, uri)
+    assert str(refused.value).startswith(f"{uri}/manifest.json: the shards were made with tokenizer 'tokenizer'")
+    assert f"but {uri}/tokenizer (its copy in {damaged / 'tokenizer'}) cannot be loaded" in str(refused.value)
+    assert str(refused.value).endswith(f"Put the tokenizer of the shards back in {uri}/tokenizer, or prep the corpus "
+                                       f"again with the one there (into a new --out)")
+    s3.upload(tinyshakespeare_shards / "tokenizer", "shards", "tokenizer-gone/tokenizer")
+    restored = storage.localize_metadata(uri, tmp_path)
+    assert restored != damaged and find_tokenizer(storage.read_manifest(uri), restored, uri).kind == "sentencepiece"
+
+
+def test_an_unusable_cache_dir_is_named_by_its_setting(s3, remote_data, tmp_path, monkeypatch, capsys):
+    """A file (or a path below one) as data.cache_dir was a 27-54-line NotADirectoryError."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    fix = "; the data read from object storage is cached there: set data.cache_dir to a writable directory"
+    with pytest.raises(UserError, match=rf"^data.cache_dir = {a_file}: is a file, not a directory{re.escape(fix)}$"):
+        storage.cache_root(str(a_file))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(a_file))
+    with pytest.raises(UserError, match=rf"^the default cache directory \(\$XDG_CACHE_HOME/unmask\) = {a_file}/unmask: "
+                                        rf"lies below {a_file}, a file"):
+        storage.cache_root(None)
+    with pytest.raises(UserError, match=r"^data.cache_dir = /sys/unmask-cache: cannot be written \(.+\); the data"):
+        storage.cache_root("/sys/unmask-cache")  # sysfs takes no directory of ours, even from root
+    assert storage.cache_root(str(tmp_path / "new" / "cache")).is_dir()
+    run = tmp_path / "run"
+    err = one_line_error(capsys, "train", "--data", remote_data, "--run-dir", str(run), "--data.cache_dir",
+                         str(a_file / "sub"))
+    assert f"data.cache_dir = {a_file / 'sub'}: lies below {a_file}, a file" in err and not run.exists()
+
+
+# ------------------------------------------------------------------ a stop request ends the retries
+def test_a_stop_request_ends_a_retry_at_once_in_this_process_and_in_a_dataloader_worker(s3, remote_data):
+    """While the store is down, a signal (the trainer's handler calls ``stop_request.request``)
+    ends the retry's wait at once with ``StopRequested``, in a reading thread or in a worker
+    process; the outage alone was retried for ``RetryPolicy.budget_s`` (600 s)."""
+    in_threads, in_worker = _make(remote_data), _make(remote_data, num_workers=1)
+    READ_STATS.reset()
+    s3.stop()
+    try:
+        def stop_when_retrying() -> None:
+            while READ_STATS.retries == 0:  # a read of this process has met the outage and waits
+                threading.Event().wait(0.05)
+            stop_request.request()
+
+        stopper = threading.Thread(target=stop_when_retrying)
+        stopper.start()
+        with pytest.raises(StopRequested, match=r"s3://shards/corpus/v1/train/shard-00000\d.tar: stopped while "
+                                                r"retrying \(.*\)$"):
+            list(in_threads)
+        stopper.join()
+        assert READ_STATS.retries < 2 * loader.READ_THREADS, "each reading thread gave up at its first wait"
+        with pytest.raises(StopRequested, match="stopped while retrying"):  # the stop already requested
+            list(in_worker)
+    finally:
+        stop_request.reset()
+        s3.start()
+    assert _ids(_make(remote_data)) == _ids(_make(remote_data)), "the store serves again; nothing is stopped"

@@ -1,6 +1,7 @@
 """Zero-shot evaluation sets (``evaluation.bounds.datasets``): counts on the real files, the
 generic readers, and the errors a user can fix. Their detokenizers: test_detokenizers."""
 
+import csv
 import json
 import re
 
@@ -46,6 +47,8 @@ EXPECTED = {
                            "f5b0f1e38fcdad6a1cd3a17bee4b6932a28cd9c5f463ada970c61de0f8679f2f"),
     ("lm1b", "test"): (LM1B_TEST, 6075,
                        "265dccd51762253e20425c21ff6ddf09e6da2e11a365da399b0390eebb2d52c8"),
+    ("ag_news", "test"): ("ag_news/test.csv", 7600,
+                          "521465c2428ed7f02f8d6db6ffdd4b5447c1c701962353eb2c40d548c3c85699"),
 }
 # A heading line " = Title = " between two blank lines, counted on the whole text at once.
 WIKITEXT_TITLE_BLOCK = re.compile(r"^ \n = (?!=)[^\n]* = \n \n", re.MULTILINE)
@@ -274,3 +277,87 @@ def test_a_text_file_splits_into_the_paragraphs_prep_reads(tmp_path, text):
     prepped = [piece.text for unit in plan_units(resolve_inputs([str(path)]), options)
                for piece in read_unit(unit, options, ReadCounters())]
     assert load_text_file(path).documents == prepped
+
+
+# ---------------------------------------------------------------- AG News, PubMed, ArXiv: formats
+def _ag_news_hf_text(path) -> list[str]:
+    """HF ag_news's ``text``, re-stated from its builder: its csv dialect, title + " " + description."""
+    with open(path, encoding="utf-8", newline="") as stream:
+        rows = csv.reader(stream, quotechar='"', delimiter=",", quoting=csv.QUOTE_ALL, skipinitialspace=True)
+        return [f"{title} {description}" for _, title, description in rows]
+
+
+@needs_data
+def test_ag_news_items_are_hf_s_text_from_the_csv_or_a_parquet_of_the_split(loaded, tmp_path):
+    hf_text = _ag_news_hf_text(SHARED / "ag_news/test.csv")
+    rows = load_dataset("ag_news", SHARED, "test", rows=True, detokenizer="identity")  # the MDLM line's reading
+    assert rows.documents == hf_text  # the rows the MDLM-line code reads, untouched
+    assert loaded[("ag_news", "test")].documents == [text.strip() for text in hf_text]
+    assert sum(len(text.encode()) for text in hf_text) == 1_788_274  # HF's num_bytes, less labels and offsets
+    (tmp_path / "ag_news").mkdir()
+    pq.write_table(pa.table({"text": hf_text, "label": [0] * len(hf_text)}), tmp_path / "ag_news/test.parquet")
+    assert load_dataset("ag_news", tmp_path, "test", rows=True, detokenizer="identity").documents == hf_text
+
+
+@pytest.mark.parametrize("content, message", [
+    ('"3","a title"\n', r"ag_news/test.csv line 1: 2 fields, expected 3 \(class index, title, description\)"),
+    ('"3","t","d"\n"9","t","d"\n', r"ag_news/test.csv line 2: class index '9' is not 1-4: not AG News's CSV"),
+])
+def test_a_malformed_ag_news_csv_names_the_line_and_the_format(tmp_path, content, message):
+    (tmp_path / "ag_news").mkdir()
+    (tmp_path / "ag_news/test.csv").write_text(content, encoding="utf-8")
+    with pytest.raises(UserError, match=message):
+        load_dataset("ag_news", tmp_path, "test")
+
+
+def test_a_header_line_of_an_ag_news_csv_is_skipped(tmp_path):
+    (tmp_path / "ag_news").mkdir()
+    (tmp_path / "ag_news/test.csv").write_text('"Class Index","Title","Description"\n"2","A","b c"\n')
+    assert load_dataset("ag_news", tmp_path, "test").documents == ["A b c"]
+
+
+@pytest.mark.parametrize("name", ["pubmed", "arxiv"])
+def test_a_release_file_of_the_scientific_papers_joins_each_article_s_sentences(tmp_path, name):
+    (tmp_path / name).mkdir()
+    lines = [{"article_id": "1", "article_text": ["first sentence .", "second one ."], "abstract_text": ["<S> a </S>"]},
+             {"article_id": "2", "article_text": [], "abstract_text": []}]
+    (tmp_path / name / "val.txt").write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    data = load_dataset(name, tmp_path, "valid", rows=True, detokenizer="identity")
+    assert data.documents == ["first sentence .\nsecond one .", ""]  # an empty article is a row, kept
+    assert load_dataset(name, tmp_path, "valid").documents == ["first sentence.\nsecond one."]
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"article_id": "1", "abstract_text": []}\n',
+     "pubmed/val.txt line 1: field 'article_text' is missing, not a list of strings: not the release's val.txt"),
+    ('{"article_text": "one string"}\n', "line 1: field 'article_text' is a str, not a list of strings"),
+    ('{"article_text": ["a"]}\nnot json\n', "pubmed/val.txt line 2: not valid JSON .*\\('article_text': a list of"),
+])
+def test_a_malformed_release_file_names_the_line_and_the_format(tmp_path, content, message):
+    (tmp_path / "pubmed").mkdir()
+    (tmp_path / "pubmed/val.txt").write_text(content, encoding="utf-8")
+    with pytest.raises(UserError, match=message):
+        load_dataset("pubmed", tmp_path, "valid")
+
+
+def test_a_parquet_without_the_article_column_names_the_split_it_should_be(tmp_path):
+    (tmp_path / "arxiv").mkdir()
+    pq.write_table(pa.table({"text": ["x"]}), tmp_path / "arxiv/validation.parquet")
+    with pytest.raises(UserError, match=re.escape("no column 'article'; columns are ['text']; not a parquet of "
+                                                  "Hugging Face's scientific_papers/arxiv validation split")):
+        load_dataset("arxiv", tmp_path, "valid")
+
+
+@pytest.mark.parametrize("name, split, files", [
+    ("ag_news", "test", ("ag_news/test.csv (AG News's CSV", "ag_news/test.parquet (a parquet")),
+    ("pubmed", "valid", ("pubmed/val.txt or", "pubmed/pubmed-dataset/val.txt (the release's val.txt",
+                         "pubmed/validation.parquet", "pubmed-dataset.zip")),
+    ("arxiv", "test", ("arxiv/test.txt or", "arxiv/arxiv-dataset/test.txt", "arxiv/test.parquet")),
+])
+def test_a_missing_set_names_every_file_it_may_be_read_from_and_where_to_get_it(tmp_path, name, split, files):
+    with pytest.raises(UserError) as err:
+        load_dataset(name, tmp_path, split)
+    message = str(err.value)
+    assert message.startswith(f"{name} {split}: expected {tmp_path / name}") and "\n" not in message
+    for text in files:
+        assert text in message

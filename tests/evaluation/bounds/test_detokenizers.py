@@ -134,7 +134,8 @@ def test_detokenizers_never_double_a_space_and_are_deterministic(key):
 
 def test_detokenizer_registry_and_small_cases():
     assert set(DETOKENIZERS) == {"identity", "wikitext", "ptb", "lm1b", "lambada", "lambada_gpt2",
-                                 "lambada_plain", "wikitext_mdlm", "lambada_mdlm"}
+                                 "lambada_plain", "wikitext_mdlm", "lambada_mdlm", "ag_news", "scientific_papers",
+                                 "scientific_papers_mdlm"}
     # MDLM's WikiText rules: a row keeps its leading space, loses the one before its newline, and
     # " N " reads as a number; its LAMBADA rule keeps a LaTeX-style quote.
     assert DETOKENIZERS["wikitext_mdlm"](" = = Career = = \n") == " == Career ==\n"
@@ -153,3 +154,18 @@ def test_detokenizer_registry_and_small_cases():
     assert lm1b_detokenize("see http : / / example.com / a now !") == (
         "see http://example.com/a now!")
     assert DETOKENIZERS["lambada_gpt2"]("  ``hi''  ") == '\n"hi"'
+
+
+def test_the_scientific_papers_detokenizers_ours_per_sentence_and_mdlm_s_on_the_whole_article():
+    article = 'the ratio was 1 @.@ 5 times ( n = 30 ) , as " before " .\nwe set N = 4 , it \'s fine .'
+    # Both: WikiText's rules, then 1BW's; ours keeps the variable N, MDLM's " N " -> " 1 " does not.
+    assert DETOKENIZERS["scientific_papers"](article) == (
+        'the ratio was 1.5 times (n = 30), as "before" .\nwe set N = 4, it\'s fine.')
+    assert DETOKENIZERS["scientific_papers_mdlm"](article) == (
+        'the ratio was 1.5 times (n = 30), as "before" .\nwe set 1 = 4, it\'s fine.')
+    # Ours works sentence by sentence, each stripped; MDLM's pairs quotes across sentences and
+    # anchors its end-of-sentence rules at the article's end only.
+    sentences = ' first line . \n second " q \n more " . '
+    assert DETOKENIZERS["scientific_papers"](sentences) == 'first line.\nsecond " q\nmore ".'
+    assert DETOKENIZERS["scientific_papers_mdlm"](sentences) == ' first line.\nsecond "q\nmore". '
+    assert DETOKENIZERS["ag_news"](" Wall St. Bears Claw Back  #39;s ") == "Wall St. Bears Claw Back  #39;s"

@@ -6,6 +6,7 @@ samplers its process takes. Nothing downloads (the harness runs offline)."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -87,3 +88,16 @@ def test_generation_takes_any_sampler_its_process_takes_and_refuses_the_others_i
             ("absorbing", "gibbs", "model argument gen_sampler: sampler must be one of ancestral, first-hitting")):
         with pytest.raises(UserError, match=message):
             UnmaskLM(path=exports[process], device="cpu", gen_sampler=sampler)
+
+
+def test_an_export_whose_block_size_was_edited_is_refused_naming_config_json_and_the_field(exports, tmp_path):
+    """A block size of 256 in a window of 128 would leave rows of 0 tokens (128 // 256 blocks):
+    refused at load, naming the field, never as "max_seq_len 0"."""
+    export = tmp_path / "export"
+    shutil.copytree(exports["absorbing"], export)
+    config = json.loads((export / "config.json").read_text())
+    (export / "config.json").write_text(json.dumps({**config, "block_size": 256}))
+    with pytest.raises(UserError, match=rf"^{export / 'config.json'}: block_size 256 does not divide "
+                                        r"network.max_seq_len 128") as caught:
+        UnmaskLM(path=export, device="cpu")
+    assert "max_seq_len 0" not in str(caught.value)

@@ -23,6 +23,7 @@ from model.sampling import RemaskOptions, SamplingPlan, sample_generators
 from model.schedules import make_schedule
 from pipeline.interchange.export import Exported, load_export, resolve_export
 from pipeline.run_dir.layout import RunLayout
+from tests.support.cli_refusals import one_line_error
 from tests.support.cli_runner import unmask_in_process
 from tests.support.export_fixtures import EXPORT_LENGTH, write_untrained_export
 from tests.support.fake_device import DEVICE, on_fake_device
@@ -369,6 +370,33 @@ def test_unmask_sample_generates_past_the_context_and_stops_at_eos(block_export,
     assert all(record["plan"]["until_eos"] is not None for record in records)
     # a block export samples in its own blocks: another --block-len is refused in one line
     assert unmask_in_process(["sample", str(block_export), "--num", "1", "--block-len", "4"]) == 2
+
+
+def test_a_long_block_sample_shows_its_progress_block_by_block(block_export, capsys):
+    """A block export samples any length: one sample of a million tokens runs for minutes, so the
+    bar counts blocks (8 tokens each here), not batches, and reaches its total at an early EOS too."""
+    exported = load_export(block_export)
+    for plan in (SamplingPlan(sampler="first-hitting"), SamplingPlan(steps=2, until_eos=exported.tokenizer.eos_id)):
+        generate(exported, plan, num=2, seq_len=100, batch_size=1)  # 13 blocks per sample, the last one partial
+        err = capsys.readouterr().err
+        assert re.search(r"sample: +100%.* 26/26 \[.*block/s\]", err), err
+
+
+def test_compile_on_is_refused_for_a_block_export_which_samples_uncompiled(block_export, capsys):
+    err = one_line_error(capsys, "sample", str(block_export), "--num", "1", "--steps", "2", "--compile", "on")
+    assert ("--compile on: a block diffusion model is sampled and scored uncompiled (its sampler runs the KV cache "
+            "between the network's calls") in err and err.strip().endswith("leave --compile auto or off")
+    generate(load_export(block_export), SamplingPlan(steps=2, compile="off"), num=1, seq_len=16)
+
+
+def test_until_eos_on_an_autoregressive_export_is_refused_with_the_true_reason(autoregressive, exports, capsys):
+    with pytest.raises(UserError, match=r"--until-eos needs a block diffusion export \(model.block_size\), which "
+                                        r"samples block by block until the EOS, any length: an autoregressive model "
+                                        r"samples at most its max_seq_len tokens, and its text already ends at the "
+                                        r"first EOS; leave --until-eos out"):
+        generation.until_eos_plan(autoregressive, SamplingPlan())
+    err = one_line_error(capsys, "sample", str(exports["diffusion"]), "--num", "1", "--steps", "2", "--until-eos")
+    assert "this model samples the whole sequence at once" in err
 
 
 def test_complete_continues_prompts_of_any_length_with_the_block_sampler(block_export):

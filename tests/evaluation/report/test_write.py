@@ -1,6 +1,7 @@
-"""The report of `unmask eval` (``evaluation.report``): files, numbers in the tables, labelled
-references, a self-contained and escaped HTML page, plots only where there is data for them,
-and the section of `unmask lm-eval`'s downstream tasks."""
+"""The report of `unmask eval` (``evaluation.report.write``): files, numbers in the tables, a
+self-contained and escaped HTML page, plots only where there is data for them, and the section of
+`unmask lm-eval`'s downstream tasks. Its zero-shot table and the published rows:
+test_zero_shot_table."""
 
 import copy
 import json
@@ -9,11 +10,10 @@ import re
 
 import pytest
 
-from evaluation.report.references import REFERENCES, references_for
 from evaluation.report.write import JSON_NAME, read_record, write_report
 from evaluation.results import DownstreamResults, EvalResults
 from model.sampling import SamplingPlan
-from tests.support.results_fixtures import SHA, dataset_record, make_downstream, make_results
+from tests.support.results_fixtures import SHA, make_downstream, make_results
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # src/href (quoted or not) pointing anywhere on the network
@@ -65,32 +65,12 @@ def test_results_rows_carry_numbers_and_interval(report):
 def test_title_protocol_and_mlflow(report):
     results, _, markdown, html = report
     assert markdown.startswith("# Evaluation report: /runs/small/export at step 12,000\n")
-    for key, value in results["protocol"].items():  # every field, verbatim
+    for key in results["protocol"]:  # every field, verbatim
         assert f"`{key}`" in markdown and f"<code>{key}</code>" in html
     assert r"`documents + EOS concatenated \| cut into blocks`" in markdown  # the | stays in its cell
     assert f"`{SHA}`" in markdown and "`sentence per line`" in markdown and "`1234567`" in markdown
     assert "`network.n_layers`" in markdown and "`tokenizer.kind`" in markdown
     assert "MLflow run `0123abcd` at `http://127.0.0.1:5000`." in markdown
-
-
-def test_reference_rows_are_labelled(report):
-    _, _, markdown, html = report
-    assert "only comparable at the same tokenizer and the same evaluation protocol" in markdown
-    for name in ("lambada", "wikitext2"):
-        section = markdown.split(f"\n### {name}\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
-        ours = _row(section, "this run (diffusion, step 12,000)")
-        assert "≤ " in ours and "12 layers, d_model 768, 12 heads" in ours
-        references = references_for(name)
-        assert [r.model for r in references] == ["GPT-2", "SEDD absorb", "MD4", "MDLM", "GPT-2", "SEDD absorb", "MD4"]
-        for reference in references:
-            row = next(line for line in section.splitlines()
-                       if line.startswith(f"| {reference.model} |") and reference.display_value in line
-                       and reference.scale in line)
-            assert "GPT-2 BPE" in row and reference.training_data in row and reference.source in row
-        mdlm = _row(section, "MDLM")  # next to MD4's: no number our sources hold, none invented
-        assert "missing (not in our sources: docs/math.md, seeds)" in mdlm and "| mdlm |" in mdlm
-        assert "MD4 paper, Table 1" in section.splitlines()[section.splitlines().index(mdlm) - 1]
-    assert "small ~ 124M" in html and "GPT-2 BPE" in html
 
 
 def test_html_is_self_contained_and_escaped(report):
@@ -121,7 +101,8 @@ def test_autoregressive_wording(tmp_path):
     assert "| dataset | protocol | tokens | NLL/token (nats) | perplexity (exact) | bits/byte |" in markdown
     assert "perplexity bound" not in markdown and "±" not in _row(markdown, "lambada")
     assert _row(markdown, "lambada").endswith(f"| 33.12 | {3.5 * 245_569 / (math.log(2) * 1e6):.4f} |")
-    assert "| this run (autoregressive, step 12,000) | 33.12 |" in markdown
+    ours = _row(markdown, "this run (autoregressive, step 12,000)")  # the zero-shot table: exact, no interval
+    assert ours.endswith("| — | 25.79 | — | 33.12 | — | — | — |") and "≤" not in ours
     assert "perplexity (exact)" in files.html.read_text(encoding="utf-8")
 
 
@@ -134,14 +115,11 @@ def test_no_plots_without_data(tmp_path):
     assert "## Samples" not in markdown
 
 
-def test_unknown_dataset_and_non_gpt2_tokenizer_are_flagged(tmp_path):
+def test_a_file_of_one_s_own_gets_no_zero_shot_table(tmp_path):
     results = make_results(per_t=False)
     results["datasets"] = {"notes/my file.txt": results["datasets"]["lambada"]}
-    results["model"]["tokenizer"]["kind"] = "sentencepiece"
-    results["protocol"]["seq_len"] = 512
     markdown = write_report(results, tmp_path).markdown.read_text(encoding="utf-8")
-    assert "No published reference numbers for these datasets." in markdown
-    assert "(sentencepiece) is not GPT-2 BPE" in markdown and "sequence length is 512" in markdown
+    assert "| notes/my file.txt | unmask, test split |" in markdown and "## Zero-shot table" not in markdown
 
 
 def test_per_t_plot_names_are_distinct_file_names(tmp_path):
@@ -163,7 +141,7 @@ def test_a_learned_schedule_shows_its_spread_and_the_tokens_that_unmask_first_an
     files = write_report(copy.deepcopy(results), tmp_path)
     markdown = files.markdown.read_text(encoding="utf-8")
     assert json.loads(files.json.read_text(encoding="utf-8"))["schedule"] == SCHEDULE
-    section = markdown[markdown.index("## Learned schedule"):markdown.index("## Reference numbers")]
+    section = markdown[markdown.index("## Learned schedule"):markdown.index("## Zero-shot table")]
     assert "w_v range from 0.610 (median 1.200) to 3.500" in section
     rows = [section.index(row) for row in ("Unmask first", r"| 50256 | `'<\|endoftext\|>'` | 3.500 |",
                                            r"| 198 | `'\n'` | 3.100 |", "Unmask last",
@@ -200,26 +178,6 @@ def test_results_of_an_older_layout_are_refused_with_how_to_redo_them(tmp_path, 
     assert re.search(f"{re.escape(str(path))}: left out of the report \\({refusal}", caplog.text)
 
 
-def test_references_as_data():
-    assert {reference.dataset for reference in REFERENCES} == {
-        "lambada", "wikitext2", "ptb", "wikitext103", "lm1b", "owt"}
-    lm1b = references_for("lm1b")
-    assert [(r.model, r.scale, r.value, r.is_bound) for r in lm1b] == [
-        ("GPT-2", "small ~ 124M", 75.20, False), ("SEDD absorb", "small ~ 124M", 79.29, True),
-        ("MD4", "small ~ 124M", 68.10, True), ("MDLM", "small ~ 124M", None, True),
-        ("GPT-2", "medium ~ 355M", 55.72, False), ("SEDD absorb", "medium ~ 355M", 61.19, True),
-        ("MD4", "medium ~ 355M", 51.45, True)]
-    # MDLM's zero-shot numbers are in none of our sources: every one is missing, none invented.
-    assert {(r.value, r.protocol) for r in REFERENCES if r.source == "MDLM paper, zero-shot table"} == {(None, "mdlm")}
-    assert {r.training_data for r in lm1b if r.model == "GPT-2"} == {"WebText"}
-    owt = references_for("owt")
-    assert [(r.value, r.is_bound, r.source) for r in owt] == [
-        (17.54, False, "MDLM paper"), (24.10, True, "MDLM paper"), (23.21, True, "MDLM paper"),
-        (22.98, True, "MDLM paper")]
-    assert all(r.tokenizer == "GPT-2 BPE" and r.training_data == "OpenWebText" for r in owt)
-    assert references_for("val") == []
-
-
 def test_samples_show_their_quality_and_how_they_were_drawn(tmp_path):
     results = make_results(per_t=False)
     results["samples"][0].update(unigram_entropy=4.25, reference_nll=300.0, reference_tokens=100)
@@ -248,20 +206,6 @@ def test_samples_show_their_quality_and_how_they_were_drawn(tmp_path):
     del results["sampling"]["generative_perplexity"]
     markdown = write_report(results, tmp_path / "no-reference").markdown.read_text(encoding="utf-8")
     assert "No generative perplexity: no reference model was given (--reference)." in markdown
-
-
-def test_protocol_notes_follow_each_numbers_protocol(tmp_path):
-    results = make_results(per_t=False)
-    results["datasets"] = {"lm1b": dataset_record("lm1b", 4.0, 0.01, 176_128, 800_000, False),
-                           "wikitext2": results["datasets"]["wikitext2"]}
-    for record in results["datasets"].values():
-        record["dataset"].update(protocol="mdlm", split="valid")
-    results["protocol"]["name"] = "mdlm"
-    markdown = write_report(results, tmp_path).markdown.read_text(encoding="utf-8")
-    wikitext, lm1b = (markdown.split(f"\n### {name}\n", 1)[1].split("\n### ", 1)[0] for name in ("wikitext2", "lm1b"))
-    assert "Protocol difference" not in wikitext.split("\n## ")[0]  # the mdlm protocol reads WikiText as MDLM does
-    assert "heldout shard 00000" in lm1b  # ...but our 1BW file is one shard of HF's fifty
-    assert "| wikitext2 | mdlm, valid split |" in markdown
 
 
 def test_a_comparison_across_protocols_says_so(tmp_path):

@@ -1,6 +1,6 @@
 """Block diffusion's sampler (``model.sampling.blocks``): block by block with a KV cache that gives
 the recomputed logits bit for bit, a sample independent of its batch, generation past the
-training context in a sliding window, and a stop at EOS."""
+training context in a sliding window, a stop at EOS, and a call after each block (a caller's progress)."""
 
 import pytest
 import torch
@@ -93,3 +93,19 @@ def test_generation_stops_at_eos():
             assert torch.equal(row, unstopped)
     with pytest.raises(ValueError, match="until_eos stops a block diffusion"):
         AbsorbingDiffusion(make_schedule("linear"), 11).sample(network, plan, num_samples=1, seq_len=8)
+
+
+def test_on_block_is_called_after_each_block_drawn():
+    """A sample of a million tokens runs for minutes: the caller hears of every block (what
+    `unmask sample` counts in its progress bar), and of no block an EOS made unnecessary."""
+    network, process = _sampling_network(), BlockDiffusion(make_schedule("linear"), 11, 4)
+    blocks = []
+    process.sample(network, SamplingPlan(sampler="first-hitting", seed=1), num_samples=2, seq_len=42, window=32,
+                   on_block=lambda: blocks.append(len(blocks)))
+    assert len(blocks) == 11  # 10 whole blocks and the last, partial one
+    stopped = []
+    eos = 5
+    tokens, _ = process.sample(network, SamplingPlan(sampler="ancestral", steps=4, seed=0, until_eos=eos),
+                               num_samples=1, seq_len=64, window=32, on_block=lambda: stopped.append(1))
+    first = int((tokens[0] == eos).nonzero()[0])
+    assert len(stopped) == first // 4 + 1 < 16

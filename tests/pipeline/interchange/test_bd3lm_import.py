@@ -199,3 +199,18 @@ def test_the_export_never_replaces_its_source(tokenizer_dir, tmp_path):
     with pytest.raises(UserError, match=rf"--out {source}: is SOURCE"):
         import_bd3lm(source, tokenizer_dir, source)
     assert sorted(path.name for path in source.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_an_import_never_writes_into_a_training_run(tokenizer_dir, tmp_path, capsys):
+    """RUN/export is the run's own model: an import written there would be evaluated and sampled
+    as the run's (`unmask eval RUN`), beside the run's own training validation."""
+    run = tmp_path / "xo"
+    (run / "checkpoints").mkdir(parents=True)
+    source = source_copy(tmp_path, "released")
+    with pytest.raises(UserError, match=rf"^--out {run / 'export'}: lies inside the training run {run}, where an "
+                                        r"export is taken for that run's own model"):
+        import_bd3lm(source, tokenizer_dir, run / "export")
+    assert unmask_in_process(["import", "bd3lm", str(source), "--tokenizer", str(tokenizer_dir), "--out",
+                              str(run / "export")]) == 2
+    assert "choose a directory outside it" in capsys.readouterr().err
+    assert sorted(path.name for path in run.iterdir()) == ["checkpoints"]

@@ -8,6 +8,7 @@ sha256 of their files (in their marker), checked at load."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 
 from common.errors import UserError
 from common.outputs import MARKER
+from data_prep.tokenizer.load import load_tokenizer
 from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
 from pipeline.interchange.export import export, load_export
 from pipeline.run_dir.layout import RunLayout
@@ -160,6 +162,71 @@ def test_a_newer_format_asks_for_a_newer_unmask(sound, tmp_path):
     (export / MARKER).unlink()  # as a newer unmask recorded it: its own records would match
     with pytest.raises(UserError, match=r"config.json: format_version 99 is newer than this unmask reads \(1\); "
                                         r"upgrade unmask"):
+        load_export(export)
+
+
+def test_a_newer_format_written_over_a_recorded_config_still_asks_for_a_newer_unmask(sound, tmp_path, capsys):
+    """The marker's records say config.json changed, but its format is what the user must hear."""
+    export = tmp_path / "run" / "export"
+    shutil.copytree(sound.parent, export.parent)
+    config = json.loads((export / "config.json").read_text())
+    (export / "config.json").write_text(json.dumps({**config, "format_version": 9}))
+    for target in (export, export.parent):
+        err = _one_line(capsys, ["sample", target, "--num", "1", "--steps", "2", "--seq-len", "8"])
+        assert f"{export / 'config.json'}: format_version 9 is newer than this unmask reads (1); upgrade unmask" in err
+
+
+@pytest.mark.parametrize("block_size,problem", [
+    (128, "block_size 128 does not divide network.max_seq_len 32"),
+    (7, "block_size 7 does not divide network.max_seq_len 32"),
+    (0, r"block_size must be an integer >= 1 \(null: one block, MDLM\), got 0"),
+    (-16, "block_size must be an integer >= 1 .*, got -16"),
+    ("16", "block_size must be an integer >= 1 .*, got '16'"),
+])
+def test_a_block_size_edited_by_hand_is_refused_at_load_naming_config_json_and_the_field(sound, tmp_path,
+                                                                                        block_size, problem):
+    """Checked as `unmask train` and the imports check it; the edit is named, not taken for damage
+    of the file (its sha256 no longer matches the marker's record) nor blamed on the weights."""
+    export = write_untrained_export(tmp_path / "export", load_tokenizer(sound / "tokenizer"), sound / "tokenizer",
+                                    config={"block_size": 8}, max_seq_len=32)
+    config = json.loads((export / "config.json").read_text())
+    (export / "config.json").write_text(json.dumps({**config, "block_size": block_size}))
+    with pytest.raises(UserError, match=rf"^{export / 'config.json'}: {problem}.*; restore the value it was written "
+                                        r"with, or export \(or import\) the model again$"):
+        load_export(export)
+
+
+def test_bit_rot_under_an_unchanged_modification_time_is_found_at_load(sound, tmp_path):
+    """4 KB of the weights overwritten in place, the modification time restored: every load hashes
+    every file (what `sample`, `eval` and `lm-eval` read), and refuses it naming the file."""
+    export = tmp_path / "export"
+    shutil.copytree(sound, export)
+    weights = export / "model.safetensors"
+    before = weights.stat()
+    with weights.open("r+b") as file:
+        file.seek(before.st_size // 2)
+        file.write(b"Q" * 4096)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(UserError, match=rf"^{weights} has other bytes than were written \(sha256 differs\); the "
+                                        r"export is damaged"):
+        load_export(export)
+
+
+@pytest.mark.parametrize("marker,problem", [
+    ('{"kind": "exp', r"cannot be read as JSON \(.*\): the records of the export's files cannot be read"),
+    ("[1, 2]", (r"is not the record of an unmask output \(no kind in it\): the records of the export's files cannot "
+                r"be read")),
+    (None, (r"marks the directory as an output of kind 'prep', not 'export': the records of the export's files "
+            r"cannot be trusted")),
+])
+def test_a_marker_that_is_not_json_or_names_another_kind_is_refused_naming_it(sound, tmp_path, marker, problem):
+    """Without a readable marker of an export, its records of the files cannot be checked: refused,
+    not loaded without a word."""
+    export = tmp_path / "export"
+    shutil.copytree(sound, export)
+    text = (export / MARKER).read_text()
+    (export / MARKER).write_text(text.replace('"kind": "export"', '"kind": "prep"') if marker is None else marker)
+    with pytest.raises(UserError, match=rf"^{export / MARKER} {problem}; the export is damaged"):
         load_export(export)
 
 

@@ -78,6 +78,52 @@ def test_block_diffusion_is_refused_where_the_math_is_not_carried_over():
     assert load_config(None, {"model.block_size": "4"}).model.block_size == 4
 
 
+def test_an_attention_mask_for_blocks_without_blocks_is_refused():
+    """``train.block_attention`` chooses block diffusion's mask: set without ``model.block_size`` it
+    would change nothing."""
+    from common.errors import UserError
+    from pipeline.config import load_config
+
+    for form in ("flex", "dense"):
+        with pytest.raises(UserError, match=rf"config field train.block_attention = '{form}': chooses block "
+                                            r"diffusion's attention mask, and without blocks there is none: set "
+                                            r"model.block_size, or leave it auto"):
+            load_config(None, {"train.block_attention": form})
+    config = load_config(None, {"train.block_attention": "dense", "model.block_size": "4"})
+    assert config.train.block_attention == "dense"
+
+
+def test_masking_rates_that_leave_most_training_sequences_unmasked_are_refused():
+    """[0, 1e-9] masks 3e-8 tokens of a sequence of 64 on average: the loss is near 0 and the run
+    learns nothing. The clipped intervals must mask at least one token per sequence on average."""
+    from common.errors import UserError
+    from pipeline.config import load_config
+    from pipeline.training.build import check_masked_tokens
+
+    tiny = load_config(None, {"model.block_size": "16", "train.block_mask_rate": "[0, 1e-9]"})
+    with pytest.raises(UserError, match=r"config field train.block_mask_rate = \[0.0, 1e-09\]: masks \(beta \+ omega\) "
+                                        r"/ 2 = 5e-10 of the tokens on average, 3.2e-08 of a sequence of 64, so most "
+                                        r"training sequences have no masked token to learn from; widen it"):
+        check_masked_tokens(tiny, 64)
+    check_masked_tokens(load_config(None, {"model.block_size": "16", "train.block_mask_rate": "[0.3, 0.8]"}), 64)
+    check_masked_tokens(load_config(None, {"model.block_size": "1", "train.block_mask_rate": "[0, 0.05]"}), 64)
+
+
+def test_a_block_size_that_does_not_divide_the_network_s_window_is_refused(tinyshakespeare_shards):
+    """As the exports are checked: the block size divides the window (model.max_seq_len), not
+    only the data's sequence length, or sampling and scoring at the window would cut a block."""
+    from common.errors import UserError
+    from data_prep.shards.format import Manifest
+    from pipeline.config import ModelSection
+    from pipeline.training.build import network_config
+
+    manifest = Manifest.read(tinyshakespeare_shards)  # sequences of 64
+    with pytest.raises(UserError, match=r"config field model.block_size = 64 does not divide model.max_seq_len = 96, "
+                                        r"the network's window"):
+        network_config(ModelSection(block_size=64, max_seq_len=96), manifest)
+    assert network_config(ModelSection(block_size=32, max_seq_len=96), manifest).max_seq_len == 96
+
+
 @pytest.mark.slow
 def test_a_block_diffusion_run_trains_and_its_export_reproduces_validation(tmp_path, tinyshakespeare_shards):
     """A real run (DeepSpeed on CPU) with block size 16, clipped training rates and their

@@ -53,10 +53,26 @@ def test_batch_plan_derives_accumulation_and_refuses_what_cannot_divide():
     plan = plan_batches(config, 4)
     assert (plan.micro_batch, plan.accumulation) == (4, 4)
     assert plan_batches(load_config(None, {"train.global_batch_size": "64"}), 8).micro_batch == 8
-    with pytest.raises(UserError, match="multiple of micro_batch_size x world size = 12"):
-        plan_batches(config, 3)
+    with pytest.raises(UserError, match=r"train.micro_batch_size = 3 do not divide over 3 ranks: each rank takes 8 "
+                                        r"sequences a step, in micro-batches; choose a train.micro_batch_size that "
+                                        r"divides 8 \(2 or 4\), or auto$"):
+        plan_batches(load_config(None, {"train.global_batch_size": "24", "train.micro_batch_size": "3"}), 3)
     with pytest.raises(UserError, match="does not divide over 3 ranks"):
         plan_batches(load_config(None, {"train.global_batch_size": "64"}), 3)
+
+
+@pytest.mark.parametrize("micro", ["auto", "2", "8"])
+def test_a_global_batch_that_no_micro_batch_spreads_over_the_ranks_is_refused_with_advice_that_works(micro):
+    """8 sequences over 3 ranks: no train.micro_batch_size helps (the advice said to set one);
+    a multiple of 3 or 2 or 4 ranks does."""
+    config = load_config(None, {"train.global_batch_size": "8", "train.micro_batch_size": micro})
+    with pytest.raises(UserError, match=r"^config field train.global_batch_size = 8 does not divide over 3 ranks, "
+                                        r"whatever train.micro_batch_size is: make it a multiple of 3 \(6 or 9\), or "
+                                        r"run 2 or 4 processes$"):
+        plan_batches(config, 3)
+    assert plan_batches(load_config(None, {"train.global_batch_size": "6"}), 3).micro_batch == 2
+    advised = load_config(None, {"train.global_batch_size": "8"})
+    assert [plan_batches(advised, ranks).micro_batch for ranks in (2, 4)] == [4, 2]
 
 
 def test_zero_stage_choice_is_the_lowest_that_fits():
