@@ -675,3 +675,37 @@ def test_an_annealed_step_runs_under_the_attention_kernel_its_plan_resolves():
                                generator=torch.Generator(device="cuda").manual_seed(2)).sum() / x0.numel()
     loss.backward()
     assert torch.isfinite(loss) and plan.attention != "flash"
+
+
+def test_an_adapted_gpt2_trains_compiled_under_bf16_with_the_eager_loss(tmp_path):
+    """The adapted network on the path bench/train_gpu.py's +adapt-gpt2 times: bench/gpt2_source.py's
+    GPT-2 (the small shape), read and adapted as --init-from does, compiled (blocks, head and loss)
+    under bf16, gives the eager loss and the same gradients' direction."""
+    from pipeline.training.init_from import InitFrom, adapted_source, load_source, read_source, source_network
+    from tests.support.tokenizer_fixtures import byte_level_bpe
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from gpt2_source import write_gpt2_source
+
+    directory = write_gpt2_source(tmp_path / "gpt2", "small", LENGTH, byte_level_bpe(tmp_path / "tokenizer.json"))
+    config = load_config(None, {"model.preset": "small", "train.global_batch_size": str(BATCH)})
+    source = read_source(InitFrom(str(directory)))
+    vocab = source.record.network["vocab_size"]
+    network = source_network(preset("small", vocab, max_seq_len=LENGTH), source.record, config)
+    source = adapted_source(source, network, config)
+    objective = make_objective(config.model.spec(network), validate=False)
+    x0 = torch.randint(0, vocab, (BATCH, LENGTH), generator=torch.Generator().manual_seed(1)).cuda()
+    slot = MicroBatchSlot(seed=0, step=0, rank=0, world_size=1, micro=0, micro_batches=1)
+    losses, grads = {}, {}
+    for compiled in (False, True):
+        model = Transformer(network)
+        load_source(model, source, network)
+        model = model.cuda()
+        prepare_model(model, checkpointing=False, compile=compiled)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = objective.loss_sum(model, x0, slot) / x0.numel()
+        loss.backward()
+        losses[compiled], grads[compiled] = loss.detach(), model.blocks[0].attn.qkv.weight.grad.float()
+    assert network.shift and network.family.learned_positions == LENGTH + 1
+    torch.testing.assert_close(losses[True], losses[False], rtol=COMPILE_LOSS_RTOL, atol=0)
+    assert torch.nn.functional.cosine_similarity(grads[True].flatten(), grads[False].flatten(), dim=0) > 0.99
