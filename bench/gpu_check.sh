@@ -17,6 +17,13 @@
 #                ancestral and first-hitting (eager and compiled), lm-eval requests/s
 #   3. tests     tests/test_gpu.py (bf16, attention kernels, NCCL, compile, padded vocabulary,
 #                host syncs, every inference path on the device)
+#      adapt     adapting GPT-2 medium (docs/adapting.md): a GPT-2 of the preset's shape with random
+#                weights written by transformers (bench/gpt2_source.py; nothing is downloaded), PTB's
+#                test and valid sets prepped with its tokenizer.json, `unmask train --config configs/adapt-gpt2-medium.yaml
+#                --init-from` for 20 steps with the attention annealing over the first 10
+#                (adapt-train.json), `unmask export`, `unmask sample`; then bench/train_gpu.py's rows
+#                on that data, our network and the adapted one at one micro-batch (bench.jsonl: the MFU target
+#                is within 10% of ours), and annealed. About 6 minutes: `--steps adapt` alone fits a call
 #   4. train     `unmask train --config configs/medium.yaml`, no speed flag, 30 steps
 #   5. bench     bench/train_gpu.py's training rows at micro-batch 16 and 32, before and now
 #   6. scale     bench/train_gpu.py's rows for the large and xl presets (micro-batch 8, 5 steps):
@@ -36,7 +43,7 @@
 #
 #   on the device (the kit in ../shared/gpu):  bash .gpu/setup.sh && bash bench/gpu_check.sh
 #   a dry run here, in minutes:                PYTHON=.venv/bin/python bash bench/gpu_check.sh --device cpu \
-#                                                  --data SHARDS --eval-data PTB_ROOT --out DIR
+#                                                  --data SHARDS --eval-data PTB_ROOT --gpt2-tokenizer BPE --out DIR
 #
 # The dry run takes the tiny preset and configs/tiny.yaml on any `unmask prep` output, with
 # a step or two per stage: it proves the script, not the speed (tests/end_to_end/test_gpu_check.py).
@@ -46,19 +53,21 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 device=cuda
 data=.gpu/shards
+gpt2_tokenizer=.gpu/tokenizer   # GPT-2's encoder.json and vocab.bpe, for the adapted GPT-2
 eval_data=.gpu/data
 out=${OUT:-gpu-check}
-steps=e2e,inference,tests,train,bench,scale,fp8,checkpoint
+steps=e2e,inference,tests,adapt,train,bench,scale,fp8,checkpoint
 budget=
 while [ $# -gt 0 ]; do
   case $1 in
     --device) device=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --eval-data) eval_data=$2; shift 2 ;;
+    --gpt2-tokenizer) gpt2_tokenizer=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
-    *) echo "gpu_check.sh: unknown argument $1 (--device cuda|cpu, --data SHARDS, --eval-data DIR, --out DIR," \
+    *) echo "gpu_check.sh: unknown argument $1 (--device cuda|cpu, --data SHARDS, --eval-data DIR, --gpt2-tokenizer DIR, --out DIR," \
             "--steps A,B, --budget SECONDS)" >&2
        exit 2 ;;
   esac
@@ -84,6 +93,7 @@ if [ "$device" = cuda ]; then
   scale_presets="large xl" scale_micro=8 scale_steps=5 fp8_presets="medium xl" fp8_micro=8 fp8_steps=10
   limit_scale=240 limit_fp8=360
   limit_checkpoint=240 checkpoint_args=(--steps 12 --every 5 --warmup 2 --batch 8)
+  adapt_seq_len=1024 adapt_batch=32 adapt_micro=16 limit_adapt_bench=240
   budget=${budget:-540} peak=()
 else
   config=configs/tiny.yaml preset=tiny train_steps=2 log_every=1 micro_batches=2
@@ -94,6 +104,7 @@ else
   scale_presets=tiny scale_micro=2 scale_steps=1 fp8_presets=tiny fp8_micro=2 fp8_steps=1
   limit_scale=300 limit_fp8=300
   limit_checkpoint=300 checkpoint_args=(--steps 4 --every 2 --warmup 0 --batch 2)
+  adapt_seq_len=64 adapt_batch=4 adapt_micro=2 limit_adapt_bench=600
   budget=${budget:-3600}
   peak=(--peak-tflops 1)  # a nominal peak, so that the dry run computes every utilization
   export CUDA_VISIBLE_DEVICES=""  # a dry run on a GPU machine stays on its CPU
@@ -239,6 +250,30 @@ fi
 # 3. Correctness on the device.
 wanted tests && step tests "$limit_tests" "$python" -m pytest tests/test_gpu.py -v -p no:cacheprovider
 
+# Adapting: a GPT-2 of the preset's shape, its data, 20 steps of the recipe (annealing the
+# first half), export, sample; the MFU of the adapted network beside ours (and annealed).
+if wanted adapt; then
+  source=$scratch/gpt2-source adapt=$scratch/adapt
+  step adapt-source "$limit_e2e_command" "$python" bench/gpt2_source.py --preset "$preset" --seq-len "$adapt_seq_len" \
+    --tokenizer "$gpt2_tokenizer" --out "$source"
+  step adapt-prep "$limit_e2e_command" "${unmask[@]}" prep --input "$eval_data/ptb" \
+    --tokenizer "$source/tokenizer.json" --seq-len "$adapt_seq_len" --text-format lines --val-fraction 0.3 \
+    --workers 1 --no-progress --out "$scratch/adapt-shards"
+  step adapt-train "$limit_e2e_train" "${unmask[@]}" train --config configs/adapt-gpt2-medium.yaml \
+    --data "$scratch/adapt-shards" --run-dir "$adapt" --init-from "$source" --no-progress --logging.mlflow false \
+    --train.max_steps "$e2e_steps" --train.global_batch_size "$adapt_batch" --adapt.anneal_steps $(( e2e_steps / 2 )) \
+    --logging.every "$e2e_every" --eval.every "$e2e_every" --eval.batches 2 --checkpoint.every 1000
+  train_json "$adapt" > "$out/adapt-train.json"
+  cat "$out/adapt-train.json"
+  step adapt-export "$limit_e2e_command" "${unmask[@]}" export "$adapt" --out "$scratch/adapt-export"
+  step adapt-sample "$limit_e2e_command" "${unmask[@]}" sample "$scratch/adapt-export" --num 2 \
+    --seq-len "$sample_len" --sampler first-hitting --prompt "The" --device "$device"
+  step adapt-bench "$limit_adapt_bench" "$python" bench/train_gpu.py --device "$device" --data "$scratch/adapt-shards" \
+    --presets "$preset" --micro-batches "$adapt_micro" --steps "$bench_steps" --warmup "$bench_warmup" \
+    --skip-inference --variants pipeline-zero1 pipeline-zero1+adapt-gpt2 pipeline-zero1+adapt-gpt2+annealed
+  grep -h '^{' "$logs/adapt-bench.log" >> "$out/bench.jsonl"
+fi
+
 # 4. The headline: the preset with the defaults (micro-batch, compile and attention "auto").
 if wanted train; then
   step train "$limit_train" "${unmask[@]}" train --config "$config" --data "$data" --run-dir "$scratch/train" \
@@ -277,5 +312,6 @@ if wanted checkpoint; then
   grep -h '"bench": "checkpoint"' "$logs/checkpoint.log" >> "$out/bench.jsonl"
 fi
 tar -czf "$out/logs.tar.gz" -C "$scratch" logs
-echo "gpu_check.sh: done; results in $out (steps.jsonl, e2e-train.json, train.json, bench.jsonl, logs.tar.gz)"
+echo "gpu_check.sh: done; results in $out (steps.jsonl, e2e-train.json, adapt-train.json, train.json, bench.jsonl," \
+  "logs.tar.gz)"
 exit "$failed"

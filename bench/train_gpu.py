@@ -37,6 +37,14 @@ an ``error`` instead. Variants, named BASE[+OPTION...]:
                                    [z ; x] under FlexAttention's block mask; the same tokens per step,
                                    MFU on the work it does (pipeline.training.throughput.block_diffusion_flops_per_token):
                                    compare its step time with the same variant without it
+  +adapt-gpt2                      the preset's network adapted from a GPT-2 of its shape (bench/gpt2_source.py:
+                                   random weights saved with transformers, GPT-2's layers, the shift), read
+                                   and adapted as `unmask train --init-from DIR` does (docs/adapting.md),
+                                   after its annealing (full attention): compare its MFU with the same
+                                   variant without it (the issue's target: within 10%)
+  +annealed                        (with +adapt-gpt2) every timed step inside the annealing (adapt.anneal_steps
+                                   past the run): the dense boolean mask of model.annealing and a kernel
+                                   that takes it
   pipeline-zero1+eager+unpadded+flash is the pipeline as it ran before these defaults.
 
 Every variant trains with one micro-batch per optimizer step. Evaluation: per preset,
@@ -91,10 +99,11 @@ sys.path.insert(0, str(REPO))
 # Siblings in bench/ (the script's own directory is on sys.path).
 from eval_throughput import measure as measure_evaluation
 from eval_throughput import synchronize  # noqa: E402
+from gpt2_source import write_gpt2_source  # noqa: E402
 from prep_and_load import SHARED_DATA, SOURCES  # noqa: E402
 
 from common.errors import UserError  # noqa: E402
-from data_prep.shards.format import Manifest  # noqa: E402
+from data_prep.shards.format import TOKENIZER_DIR, Manifest  # noqa: E402
 from data_prep.shards.loader import StreamingLoader  # noqa: E402
 from data_prep.tokenizer.load import load_tokenizer  # noqa: E402
 from data_prep.write_shards import PrepConfig, write_shards  # noqa: E402
@@ -111,8 +120,16 @@ from pipeline.training.attention import attention_kernel  # noqa: E402
 from pipeline.training.build import network_config  # noqa: E402
 from pipeline.training.ema import EMA  # noqa: E402
 from pipeline.training.engine import TrainingPlan, build_engine, build_optimizer, plan_training, prepare_model  # noqa: E402
+from pipeline.training.init_from import (  # noqa: E402
+    InitFrom,
+    InitSource,
+    adapted_source,
+    load_source,
+    read_source,
+    source_network,
+)
 from pipeline.training.memory import estimate_memory  # noqa: E402
-from pipeline.training.objective import MicroBatchSlot, engine_model, make_objective  # noqa: E402
+from pipeline.training.objective import MicroBatchSlot, Objective, engine_model, make_objective  # noqa: E402
 from pipeline.training.throughput import (  # noqa: E402
     block_diffusion_flops_per_token,
     flops_per_token,
@@ -128,7 +145,8 @@ ATTENTION_OPTIONS = {"cudnn": "cudnn", "flash": "flash", "efficient": "efficient
 # on GPU, train.block_attention auto), MFU on the work it does (block_diffusion_flops_per_token).
 BD3_OPTIONS = {"bd3-4": 4, "bd3-8": 8, "bd3-16": 16}
 OPTIONS = ("compile", "eager", "unpadded", *ATTENTION_OPTIONS, "chunked-ce", "checkpointing", "full-logits",
-           "foreach-adamw", "no-pin", "sync", *BD3_OPTIONS, "fp8")
+           "foreach-adamw", "no-pin", "sync", *BD3_OPTIONS, "fp8", "adapt-gpt2", "annealed")
+ANNEAL_STEPS = 1_000_000        # +annealed: far past any timed step, so every one is annealed
 TORCH_ONLY = ("full-logits", "foreach-adamw")
 PIPELINE_ONLY = ("no-pin",)
 BEFORE = "pipeline-zero1+eager+unpadded+flash"   # the pipeline as it ran before its GPU defaults
@@ -174,6 +192,8 @@ class Variant:
             overrides["model.vocab_multiple"] = "1"
         if self.block_size is not None:
             overrides["model.block_size"] = str(self.block_size)
+        if "annealed" in self.options:
+            overrides["adapt.anneal_steps"] = str(ANNEAL_STEPS)
         return load_config(None, overrides)
 
     @property
@@ -197,6 +217,8 @@ def parse_variant(name: str) -> Variant:
     if ({"compile", "eager"} <= set(options) or len(set(options) & set(ATTENTION_OPTIONS)) > 1
             or len(set(options) & set(BD3_OPTIONS)) > 1):
         raise SystemExit(f"--variants {name}: contradictory options")
+    if "annealed" in options and "adapt-gpt2" not in options:
+        raise SystemExit(f"--variants {name}: +annealed applies to an adapted network (+adapt-gpt2) only")
     return Variant(name, BASES[base], frozenset(options))
 
 
@@ -227,20 +249,39 @@ def _plan(config: Config, network: TransformerConfig, variant: Variant, dist: Di
                                activation_checkpointing=config.train.activation_checkpointing is True)
 
 
-def _model(network: TransformerConfig, plan: TrainingPlan) -> Transformer:
-    """A fresh network with the plan's block-diffusion mask (FlexAttention or dense), as the trainer builds it."""
-    return Transformer(network, plan.block_attention)
+def _model(network: TransformerConfig, plan: TrainingPlan, source: InitSource | None) -> Transformer:
+    """A fresh network with the plan's block-diffusion mask (FlexAttention or dense), as the trainer
+    builds it; with an adapted ``source``'s weights."""
+    model = Transformer(network, plan.block_attention)
+    if source is not None:
+        load_source(model, source, network)
+    return model
+
+
+def _adapted(config: Config, network: TransformerConfig, source_dir: Path) -> tuple[TransformerConfig, InitSource]:
+    """The network and weights of a run of ``config`` started from the GPT-2 at ``source_dir``,
+    as `unmask train --init-from` makes them (pipeline.training.build)."""
+    source = read_source(InitFrom(str(source_dir)))
+    adapted = source_network(network, source.record, config)
+    return adapted, adapted_source(source, adapted, config)
+
+
+def _objective(config: Config, network: TransformerConfig, validate: bool) -> Objective:
+    """The run's objective; an adapted run's anneals before adapt.anneal_steps (TrainingParts.objective)."""
+    objective = make_objective(config.model.spec(network), validate=validate,
+                               chunk_rows=config.train.chunked_cross_entropy)
+    return dataclasses.replace(objective, anneal_steps=config.adapt.anneal_steps) if config.adapt.anneal_steps \
+        else objective
 
 
 def _pipeline_step(config: Config, network: TransformerConfig, plan: TrainingPlan, variant: Variant, data: Path,
-                   dist: Distributed) -> tuple[StepFn, Callable[[], None]]:
+                   dist: Distributed, source: InitSource | None) -> tuple[StepFn, Callable[[], None]]:
     """A step of the pipeline's engine, objective and EMA on the real loader; and its teardown."""
     torch.manual_seed(config.train.seed)
-    engine = build_engine(_model(network, plan).to(dist.device), plan, config.optim, config.train.max_steps,
+    engine = build_engine(_model(network, plan, source).to(dist.device), plan, config.optim, config.train.max_steps,
                           dist.device)
     ema, model = EMA(engine.module, config.train.ema_decay, warmup=config.train.ema_warmup), engine_model(engine)
-    objective = make_objective(config.model.spec(network), validate=dist.device.type == "cpu",
-                               chunk_rows=config.train.chunked_cross_entropy)
+    objective = _objective(config, network, validate=dist.device.type == "cpu")
     loader = StreamingLoader(data, config.data.train_split, plan.batches.micro_batch, rank=dist.rank,
                              world_size=dist.world_size, seed=config.train.seed,
                              num_workers=config.data.num_workers,
@@ -267,15 +308,14 @@ def _pipeline_step(config: Config, network: TransformerConfig, plan: TrainingPla
 
 
 def _torch_step(config: Config, network: TransformerConfig, plan: TrainingPlan, variant: Variant,
-                device: torch.device) -> tuple[StepFn, Callable[[], None]]:
+                device: torch.device, source: InitSource | None) -> tuple[StepFn, Callable[[], None]]:
     """A step of a plain PyTorch loop on random tokens; and its (empty) teardown."""
     torch.manual_seed(config.train.seed)
-    model = _model(network, plan).to(device)
+    model = _model(network, plan, source).to(device)
     prepare_model(model, checkpointing=plan.activation_checkpointing, compile=plan.compile, float8=plan.float8)
     optimizer = build_optimizer(model, config.optim, device,
                                 fused=device.type == "cuda" and "foreach-adamw" not in variant.options)
-    objective = make_objective(config.model.spec(network), validate=False,
-                               chunk_rows=config.train.chunked_cross_entropy)
+    objective = _objective(config, network, validate=False)
     # A plain function of the network: the loss then asks for logits at every position and
     # picks the masked rows itself.
     denoiser = FunctionDenoiser(model) if "full-logits" in variant.options else model
@@ -327,14 +367,21 @@ def _release_memory(device: torch.device) -> None:
 
 
 def measure_training(args: argparse.Namespace, preset: str, micro_batch: int, variant: Variant, data: Path,
-                     manifest: Manifest, dist: Distributed) -> dict:
+                     manifest: Manifest, dist: Distributed, scratch: Path) -> dict:
     """One JSON row: a variant's step time, tokens/s, MFU, peak memory and loader wait."""
     device = dist.device
     config = variant.config(preset, micro_batch, args.chunk_rows, args.num_workers)
-    network = network_config(config.model, manifest)
+    network, source = network_config(config.model, manifest), None
+    if "adapt-gpt2" in variant.options:  # one GPT-2 per preset, written on first use
+        source_dir = scratch / f"gpt2-{preset}"
+        if not source_dir.exists():
+            write_gpt2_source(source_dir, preset, manifest.seq_len, data / TOKENIZER_DIR)
+        network, source = _adapted(config, network, source_dir)
     row = {"bench": "train", "preset": preset, "variant": variant.name, "micro_batch": micro_batch,
            "seq_len": manifest.seq_len, "vocab_size": network.vocab_size, "logit_columns": network.logit_columns,
-           "device": device.type, "steps": args.steps, "data": "synthetic" if variant.zero_stage is None else "loader"}
+           "device": device.type, "steps": args.steps, "data": "synthetic" if variant.zero_stage is None else "loader",
+           "adapted_from": None if source is None else source.record.family,
+           "anneal_steps": config.adapt.anneal_steps if source is not None else None}
     try:
         plan = _plan(config, network, variant, dist)
     except UserError as refusal:  # e.g. +fp8 where FP8 cannot run: a row that says why
@@ -346,9 +393,9 @@ def measure_training(args: argparse.Namespace, preset: str, micro_batch: int, va
     row["memory_before_bytes"] = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
     try:
         if variant.zero_stage is None:
-            step, teardown = _torch_step(config, network, plan, variant, device)
+            step, teardown = _torch_step(config, network, plan, variant, device, source)
         else:
-            step, teardown = _pipeline_step(config, network, plan, variant, data, dist)
+            step, teardown = _pipeline_step(config, network, plan, variant, data, dist, source)
         try:
             with attention_kernel(plan.attention):  # as the trainer runs: the whole run
                 step_time, wait_share = _timed_steps(step, args.warmup, args.steps, device)
@@ -533,8 +580,8 @@ def main() -> None:
         for preset in args.presets:
             for micro_batch in [] if args.skip_training else args.micro_batches:
                 for variant in args.variants:
-                    print(json.dumps(measure_training(args, preset, micro_batch, variant, data, manifest, dist)),
-                          flush=True)
+                    print(json.dumps(measure_training(args, preset, micro_batch, variant, data, manifest, dist,
+                                                      Path(scratch))), flush=True)
             if not args.skip_inference:
                 for row in measure_inference(args, preset, manifest, device):
                     print(json.dumps(row), flush=True)

@@ -51,6 +51,8 @@ class ModelRecord(Record):
     tokens_seen: int | None
     weights: str | None                   # "ema" | "model", or an imported export's own word
     weights_note: str | Absent = ABSENT   # the weights, in words
+    init_from: JsonObject | Absent = ABSENT  # where training started (--init-from): source, kind, family,
+                                          # sha256 of its weights, an adapted model's adaptation
     network: JsonObject                   # the export's network config, verbatim
     tokenizer: TokenizerRecord
 

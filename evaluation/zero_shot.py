@@ -202,9 +202,15 @@ def model_record(export_dir: Path, exported: Exported) -> ModelRecord:
     tokenizer = exported.tokenizer
     return ModelRecord(path=str(export_dir.resolve()), objective=config["objective"], step=config.get("step"),
                        tokens_seen=config.get("tokens_seen"), weights=config.get("weights"),
-                       weights_note=weights_note, network=dict(config["network"]),
+                       weights_note=weights_note, init_from=_init_from(config), network=dict(config["network"]),
                        tokenizer=TokenizerRecord(kind=tokenizer.kind, sha256=tokenizer.sha256,
                                                  vocab_size=tokenizer.vocab_size))
+
+
+def _init_from(config: dict) -> dict | Absent:
+    """The export's --init-from source (without its network: the model's own is in the record), if any."""
+    source = config.get("init_from")
+    return ABSENT if not source else {key: value for key, value in source.items() if key != "network"}
 
 
 def _training_record(run_dir: Path, step: int | None) -> TrainingRecord | None:

@@ -11,8 +11,9 @@ blocks. docs/block-diffusion.md, docs/math.md#block-diffusion.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -20,8 +21,8 @@ from torch import Tensor, nn
 
 from model.denoiser import Denoiser
 
-__all__ = ["FLEX_TILE", "AttentionLayout", "BlockAttention", "CleanBlocksDenoiser", "KVCache", "block_causal_mask",
-           "block_mask_mod", "dense_block_mask", "flex_block_mask", "training_layout"]
+__all__ = ["FLEX_TILE", "AttentionLayout", "BlockAttention", "CleanBlocksDenoiser", "KVCache", "MaskMod",
+           "block_causal_mask", "block_mask_mod", "dense_block_mask", "flex_block_mask", "flex_mask", "training_layout"]
 
 # FlexAttention's tile (its default BLOCK_SIZE): the BlockMask records which 128 x 128 tiles are
 # empty, full or partial, and evaluates the mask_mod inside the partial ones.
@@ -62,10 +63,14 @@ def block_mask_mod(length: int, block_size: int) -> MaskMod:
 
 def flex_block_mask(length: int, block_size: int, device: torch.device | str):
     """FlexAttention's compiled ``BlockMask`` of the training mask (tiles of ``FLEX_TILE``)."""
+    return flex_mask(block_mask_mod(length, block_size), 2 * length, device)
+
+
+def flex_mask(mask_mod: MaskMod, rows: int, device: torch.device | str):
+    """FlexAttention's compiled ``BlockMask`` of ``mask_mod`` over ``rows`` rows (tiles of ``FLEX_TILE``)."""
     from torch.nn.attention.flex_attention import create_block_mask  # only where FlexAttention runs
 
-    return create_block_mask(block_mask_mod(length, block_size), None, None, 2 * length, 2 * length,
-                             device=device, BLOCK_SIZE=FLEX_TILE)
+    return create_block_mask(mask_mod, None, None, rows, rows, device=device, BLOCK_SIZE=FLEX_TILE)
 
 
 def block_causal_mask(length: int, block_size: int, device: torch.device | str | None = None) -> Tensor:
@@ -100,13 +105,22 @@ class KVCache:
     (attention scores depend only on the distance between positions). ``extend`` returns the
     cached keys and values followed by the current rows' (of the cached rows ``rows``, bool
     [B]: a sampler passes only the rows that need the network); with ``append`` True it also
-    keeps the current rows (a finished block's clean pass, every row).
+    keeps the current rows (a finished block's clean pass, every row). ``last`` is the last
+    token of the cached text, [B]: a shifted network's first row of the next block (``model.shift``),
+    set by its clean pass.
     """
 
     append: bool = False
     rows: Tensor | None = None
     keys: dict[int, Tensor] = field(default_factory=dict)
     values: dict[int, Tensor] = field(default_factory=dict)
+    last: Tensor | None = None
+
+    def last_of(self, batch: int) -> Tensor | None:
+        """``last`` of the rows of a call of ``batch`` rows (``rows``' when it passes only some)."""
+        if self.last is None or self.rows is None or self.last.shape[0] == batch:
+            return self.last
+        return self.last[self.rows]
 
     def extend(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         name = id(module)
@@ -133,13 +147,15 @@ class KVCache:
 
 @dataclass
 class AttentionLayout:
-    """How a forward's rows attend: rotary ``positions`` [rows] (None: 0..rows-1), ``mask``
+    """How a forward's rows attend: their ``positions`` [rows] (None: 0..rows-1), ``mask``
     (bool [rows, keys] for SDPA, a FlexAttention ``BlockMask``, or None: the network's own
-    full or causal attention) and ``cache``, finished blocks' keys and values prepended."""
+    full or causal attention), ``cache``, finished blocks' keys and values prepended, and
+    ``outputs``, the rows whose outputs are the forward's, in order (None: the first L)."""
 
     positions: Tensor | None
     mask: object | None
     cache: KVCache | None = None
+    outputs: Tensor | None = None
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:
         if isinstance(self.mask, Tensor):

@@ -5,28 +5,47 @@ Bidirectional by default; with ``causal=True`` the same code is the autoregressi
 MDLM. Input ids range over V + 1 values (the V clean tokens and the mask id V, the causal
 model's start token); the logits over the V clean tokens only, so the mask is never predicted
 (SUBS). Norms, rotary embeddings and the time embedding run in float32. The options for exact
-imports of MDLM's and BD3-LM's DiT and the vocabulary padding (``vocab_multiple``) leave
-unmask's own network unchanged at their defaults: docs/model-api.md#modeltransformer.
+imports of MDLM's and BD3-LM's DiT, the vocabulary padding (``vocab_multiple``), a pretrained
+family's layers (``FamilyLayers``) and the shift of an adapted autoregressive model
+(``shift``, ``model.shift``) leave unmask's own network unchanged at their defaults:
+docs/model-api.md#modeltransformer, docs/adapting.md.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.annealing import AttentionAnnealing
 from model.block_attention import AttentionLayout, BlockAttention, CleanBlocksDenoiser, training_layout
 from model.cross_entropy import CompiledCrossEntropy, chunked_cross_entropy
 from model.denoiser import Denoiser
 from model.documents import restrict_to_documents, training_document_layout
+from model.shift import shifted_input, shifted_training_layout, shifted_training_rows
 
-__all__ = ["TransformerConfig", "Transformer", "ParameterCounts", "PRESETS", "preset",
-           "parameter_counts", "count_parameters", "TimeInput", "RopeAngles", "LOGLINEAR_SIGMA_EPS",
-           "ROW_MULTIPLE", "round_up", "unpadded_state"]
+__all__ = [
+    "LOGLINEAR_SIGMA_EPS",
+    "PRESETS",
+    "ROW_MULTIPLE",
+    "FamilyLayers",
+    "MlpKind",
+    "NormKind",
+    "ParameterCounts",
+    "RopeAngles",
+    "TimeInput",
+    "Transformer",
+    "TransformerConfig",
+    "count_parameters",
+    "parameter_counts",
+    "preset",
+    "round_up",
+    "unpadded_state",
+]
 
 # Frequencies of the sinusoidal time features span periods from 1 to this many units of
 # t * TIME_SCALE (the DiT / transformer convention).
@@ -44,6 +63,44 @@ ROW_MULTIPLE = 64
 
 TimeInput = Literal["scaled_t", "loglinear_sigma"]
 RopeAngles = Literal["float64", "float32"]
+NormKind = Literal["layernorm", "rmsnorm"]
+MlpKind = Literal["gelu", "swiglu"]
+
+
+@dataclass(frozen=True)
+class FamilyLayers:
+    """The layer choices of a pretrained family (GPT-2's; Llama's and Qwen2's) for a network that
+    computes what such a model computes, from its weights (docs/adapting.md#the-network).
+    unmask's own network has none (``TransformerConfig.family`` None); the defaults are its choices."""
+
+    learned_positions: int = 0      # rows of a learned absolute position table (GPT-2's wpe); 0: rotary
+    norm: NormKind = "layernorm"    # or "rmsnorm" (Llama)
+    norm_bias: bool = False         # the LayerNorms have a bias (GPT-2)
+    mlp: MlpKind = "gelu"           # GELU (tanh), or "swiglu": down(silu(gate(x)) * up(x)) (Llama)
+    mlp_hidden: int = 0             # the MLP's width; 0: mlp_ratio * d_model
+    kv_heads: int = 0               # key and value heads (grouped-query attention); 0: n_heads
+    qkv_bias: bool = False          # biases on the query, key and value projections (GPT-2, Qwen2)
+    out_bias: bool = False          # a bias on the attention's output projection (GPT-2)
+
+    def __post_init__(self) -> None:
+        checks = {"learned_positions": self.learned_positions >= 0, "norm": self.norm in get_args(NormKind),
+                  "mlp": self.mlp in get_args(MlpKind), "mlp_hidden": self.mlp_hidden >= 0,
+                  "kv_heads": self.kv_heads >= 0}
+        for field, ok in checks.items():
+            if not ok:
+                raise ValueError(f"FamilyLayers.{field} has an invalid value: {getattr(self, field)!r}")
+
+
+def _family(value: FamilyLayers | dict | None) -> FamilyLayers | None:
+    """``TransformerConfig.family`` as given, or read back from its record (a dict: config.json)."""
+    if value is None or isinstance(value, FamilyLayers):
+        return value
+    if not isinstance(value, dict):
+        raise TypeError(f"TransformerConfig.family must be FamilyLayers, a mapping or None, got {value!r}")
+    unknown = sorted(set(value) - {f.name for f in fields(FamilyLayers)})
+    if unknown:
+        raise ValueError(f"TransformerConfig.family has a field this unmask does not know, {unknown[0]!r}")
+    return FamilyLayers(**value)
 
 
 @dataclass(frozen=True)
@@ -76,8 +133,13 @@ class TransformerConfig:
     # The token id that ends a packed document (prep's EOS): attention stays inside each
     # document of the input and positions restart after it (model.documents). None: the window.
     document_separator: int | None = None
+    # An adapted autoregressive model (docs/adapting.md): the row before each token predicts it, a
+    # start row (embedding row V + 1) first; and the layers of the pretrained family it came from.
+    shift: bool = False
+    family: FamilyLayers | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "family", _family(self.family))
         checks = {
             "vocab_size": self.vocab_size >= 2, "n_layers": self.n_layers >= 1,
             "d_model": self.d_model >= 1, "n_heads": self.n_heads >= 1,
@@ -93,17 +155,58 @@ class TransformerConfig:
         for field, ok in checks.items():
             if not ok:
                 raise ValueError(f"TransformerConfig.{field} has an invalid value: {getattr(self, field)!r}")
-        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+        if self.d_model % self.n_heads or (self.rotary and (self.d_model // self.n_heads) % 2):
             raise ValueError(f"TransformerConfig: d_model={self.d_model} must split into n_heads="
                              f"{self.n_heads} heads of even size (rotary embeddings rotate pairs)")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"TransformerConfig: family.kv_heads={self.kv_heads} must divide n_heads={self.n_heads}")
+        if not self.rotary and self.family.learned_positions < self.positions:
+            raise ValueError(f"TransformerConfig: family.learned_positions={self.family.learned_positions} holds fewer "
+                             f"positions than max_seq_len={self.max_seq_len} needs ({self.positions})")
+        if self.shift and (self.causal or self.time_conditioning):
+            raise ValueError("TransformerConfig: a shifted network is a bidirectional denoiser without time "
+                             "conditioning (its causal form is the annealing's start: model.annealing)")
         if self.time_conditioning and self.causal:
             raise ValueError("TransformerConfig: the causal baseline takes no time conditioning")
+        if self.shift and self.document_separator is not None:
+            raise ValueError("TransformerConfig: a shifted network attends over its whole window (its start row "
+                             "and shifted rows have no document form yet); document_separator must be None")
         if self.tie_weights and (self.head_bias or self.head_mask_row):
             raise ValueError("TransformerConfig: head_bias and head_mask_row need an untied head (tie_weights=False)")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Heads of the keys and values (below n_heads: grouped-query attention)."""
+        return (self.family.kv_heads if self.family else 0) or self.n_heads
+
+    @property
+    def mlp_hidden(self) -> int:
+        """The MLP's width."""
+        return (self.family.mlp_hidden if self.family else 0) or self.mlp_ratio * self.d_model
+
+    @property
+    def rotary(self) -> bool:
+        """Whether positions enter through rotary embeddings (else a learned table, ``FamilyLayers``)."""
+        return self.family is None or self.family.learned_positions == 0
+
+    @property
+    def positions(self) -> int:
+        """Positions a forward of ``max_seq_len`` tokens takes: one more with the start row of ``shift``."""
+        return self.max_seq_len + int(self.shift)
+
+    @property
+    def start_id(self) -> int | None:
+        """The start row's id of a shifted network (V + 1, after the mask's), else None."""
+        return self.vocab_size + 1 if self.shift else None
+
+    @property
+    def token_rows(self) -> int:
+        """Rows of the embedding without padding: the V tokens, the mask and a shifted network's start."""
+        return self.vocab_size + 1 + int(self.shift)
 
     @property
     def modulated(self) -> bool:
@@ -117,8 +220,8 @@ class TransformerConfig:
 
     @property
     def embedding_rows(self) -> int:
-        """Rows of the embedding: the V tokens and the mask, padded to ``vocab_multiple``."""
-        return round_up(self.vocab_size + 1, self.vocab_multiple)
+        """Rows of the embedding: the V tokens, the mask (and the start), padded to ``vocab_multiple``."""
+        return round_up(self.token_rows, self.vocab_multiple)
 
     @property
     def padded_head_rows(self) -> int:
@@ -158,7 +261,21 @@ def preset(name: str, vocab_size: int, **overrides) -> TransformerConfig:
 
 # --------------------------------------------------------------------------- layers
 class LayerNorm(nn.Module):
-    """LayerNorm with a weight and no bias, computed in float32 whatever the input dtype."""
+    """LayerNorm with a weight (and with ``bias``, a bias: GPT-2's), computed in float32 whatever the input dtype."""
+
+    def __init__(self, dim: int, eps: float, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        bias = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), (x.shape[-1],), self.weight.float(), bias, self.eps).type_as(x)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a weight (Llama's), computed in float32 whatever the input dtype."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -166,7 +283,15 @@ class LayerNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.layer_norm(x.float(), (x.shape[-1],), self.weight.float(), None, self.eps).type_as(x)
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).type_as(x)
+
+
+def _norm(config: TransformerConfig) -> LayerNorm | RMSNorm:
+    """The network's norm: unmask's LayerNorm, or its family's (``FamilyLayers.norm``)."""
+    family = config.family
+    if family is not None and family.norm == "rmsnorm":
+        return RMSNorm(config.d_model, config.norm_eps)
+    return LayerNorm(config.d_model, config.norm_eps, bias=family is not None and family.norm_bias)
 
 
 class RotaryEmbedding(nn.Module):
@@ -174,7 +299,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_seq_len: int, base: float, angles_dtype: RopeAngles = "float64") -> None:
         super().__init__()
-        if angles_dtype == "float32":  # MDLM's rounding, step by step
+        if angles_dtype == "float32":  # MDLM's (and transformers' Llama's) rounding, step by step
             inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2).float() / head_dim))
             angles = torch.outer(torch.arange(max_seq_len).float(), inv_freq)
         else:
@@ -201,26 +326,35 @@ class RotaryEmbedding(nn.Module):
 
 
 class SelfAttention(nn.Module):
+    """Multi-head attention; with ``kv_heads`` below ``n_heads``, grouped-query attention (each
+    key and value head serves n_heads / kv_heads query heads, Llama's ``repeat_kv``)."""
+
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
-        self.n_heads, self.causal, self.dropout = config.n_heads, config.causal, config.dropout
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
-        self.out = nn.Linear(config.d_model, config.d_model, bias=False)
-        self.rotary = RotaryEmbedding(config.head_dim, config.max_seq_len, config.rope_base, config.rope_angles)
+        self.n_heads, self.kv_heads, self.causal, self.dropout = (config.n_heads, config.kv_heads, config.causal,
+                                                                  config.dropout)
+        family = config.family
+        qkv_bias, out_bias = (family.qkv_bias, family.out_bias) if family is not None else (False, False)
+        self.qkv = nn.Linear(config.d_model, (config.n_heads + 2 * config.kv_heads) * config.head_dim, bias=qkv_bias)
+        self.out = nn.Linear(config.d_model, config.d_model, bias=out_bias)
+        self.rotary = (RotaryEmbedding(config.head_dim, config.positions, config.rope_base, config.rope_angles)
+                       if config.rotary else None)
 
     def forward(self, x: Tensor, layout: AttentionLayout | None = None) -> Tensor:
         batch, length, width = x.shape
-        # [B, L, 3 d] -> [3, B, heads, L, head_dim]
-        q, k, v = self.qkv(x).view(batch, length, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = self._heads(self.qkv(x), batch, length)
         if layout is not None and layout.cache is not None:
             # Finished blocks' keys and values first, kept before the rotation: the window's
             # positions start at 0 wherever it slid to (model.block_attention.KVCache).
             k, v = layout.cache.extend(self, k, v)
-            key_positions = torch.arange(k.shape[2], device=k.device)
-            q, k = self.rotary(q, key_positions[k.shape[2] - length:]), self.rotary(k, key_positions)
-        else:
+            if self.rotary is not None:
+                key_positions = torch.arange(k.shape[2], device=k.device)
+                q, k = self.rotary(q, key_positions[k.shape[2] - length:]), self.rotary(k, key_positions)
+        elif self.rotary is not None:
             positions = None if layout is None else layout.positions
             q, k = self.rotary(q, positions), self.rotary(k, positions)
+        if self.kv_heads != self.n_heads:  # [B, kv_heads, L, hd] -> [B, heads, L, hd]: every kernel takes it
+            k, v = (t.repeat_interleave(self.n_heads // self.kv_heads, dim=1) for t in (k, v))
         dropout = self.dropout if self.training else 0.0
         if layout is None or layout.mask is None:
             # SDPA dispatches to flash / memory-efficient kernels on GPU. A block after its cache
@@ -231,15 +365,30 @@ class SelfAttention(nn.Module):
             y = layout.attend(q, k, v, dropout)
         return self.out(y.transpose(1, 2).reshape(batch, length, width))  # [B, heads, L, hd] -> [B, L, d]
 
+    def _heads(self, qkv: Tensor, batch: int, length: int) -> tuple[Tensor, Tensor, Tensor]:
+        """q [B, heads, L, hd], k and v [B, kv_heads, L, hd] of the projection [B, L, (heads + 2 kv_heads) hd]."""
+        if self.kv_heads == self.n_heads:  # [B, L, 3 d] -> [3, B, heads, L, head_dim]
+            return qkv.view(batch, length, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+        head_dim = qkv.shape[-1] // (self.n_heads + 2 * self.kv_heads)
+        q, k, v = qkv.split([self.n_heads * head_dim, self.kv_heads * head_dim, self.kv_heads * head_dim], dim=-1)
+        # [B, L, heads * hd] -> [B, heads, L, hd], and the same for the kv_heads of k and v
+        return tuple(t.view(batch, length, -1, head_dim).transpose(1, 2) for t in (q, k, v))
+
 
 class MLP(nn.Module):
+    """GELU (tanh) between two layers; or SwiGLU, down(silu(gate(x)) * up(x)) (``FamilyLayers.mlp``)."""
+
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
-        hidden = config.mlp_ratio * config.d_model
+        hidden = config.mlp_hidden
+        swiglu = config.family is not None and config.family.mlp == "swiglu"
+        self.gate = nn.Linear(config.d_model, hidden, bias=config.mlp_bias) if swiglu else None
         self.up = nn.Linear(config.d_model, hidden, bias=config.mlp_bias)
         self.down = nn.Linear(hidden, config.d_model, bias=config.mlp_bias)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.gate is not None:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
         return self.down(F.gelu(self.up(x), approximate="tanh"))
 
 
@@ -248,9 +397,9 @@ class Block(nn.Module):
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
-        self.attn_norm = LayerNorm(config.d_model, config.norm_eps)
+        self.attn_norm = _norm(config)
         self.attn = SelfAttention(config)
-        self.mlp_norm = LayerNorm(config.d_model, config.norm_eps)
+        self.mlp_norm = _norm(config)
         self.mlp = MLP(config)
         self.dropout = nn.Dropout(config.dropout)
         # shift, scale, gate for attention and MLP
@@ -303,22 +452,27 @@ class Transformer(nn.Module, Denoiser):
     (-log p of them in float32 instead of the logits, ``chunk_rows`` rows of the head at a
     time: ``model.cross_entropy``), ``clean`` and ``block_size`` (block diffusion's forward over
     [z ; x0], its mask's kernel ``block_attention``: "dense" or "flex", document masking's too:
-    ``model.documents``) and ``layout`` (the block sampler's positions, mask and KV cache).
+    ``model.documents``), ``layout`` (the block sampler's positions, mask and KV cache) and
+    ``annealing`` (training an adapted model: its causal attention opening, ``model.annealing``).
     With ``config.document_separator`` every forward attends within the documents of its rows.
-    All go through ``forward`` so that wrappers that only see calls (DeepSpeed's engine and ZeRO-3, torch.compile) see them. As a ``Denoiser``,
-    ``logits``, ``logits_at`` and ``nll_at`` are these calls; it is ``time_independent`` without
-    time conditioning. ``compile_parts`` compiles each block and the head with its loss.
+    All go through ``forward`` so that wrappers that only see calls (DeepSpeed's engine and
+    ZeRO-3, torch.compile) see them. As a ``Denoiser``, ``logits``, ``logits_at`` and ``nll_at``
+    are these calls; it is ``time_independent`` without time conditioning. ``compile_parts``
+    compiles each block and the head with its loss. A shifted network (``TransformerConfig.shift``)
+    reads the rows of ``model.shift`` and answers for the same L positions.
     """
 
     def __init__(self, config: TransformerConfig, block_attention: BlockAttention = "dense") -> None:
         super().__init__()
         self.config = config
         d = config.d_model
-        self.embed = _padded(nn.Embedding(config.vocab_size + 1, d), config.embedding_rows)
+        self.embed = _padded(nn.Embedding(config.token_rows, d), config.embedding_rows)
+        # GPT-2's learned absolute positions (FamilyLayers.learned_positions); None: rotary, in the attention.
+        self.positions = None if config.rotary else nn.Embedding(config.family.learned_positions, d)
         self.time_embed = (TimeEmbedding(config.time_embed_dim, config.time_frequencies or config.time_embed_dim,
                                          config.time_input) if config.modulated else None)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.final_norm = LayerNorm(d, config.norm_eps)
+        self.final_norm = _norm(config)
         self.final_modulation = nn.Linear(config.time_embed_dim, 2 * d) if config.modulated else None
         self.head = None if config.tie_weights else _padded(nn.Linear(d, config.head_rows, bias=config.head_bias),
                                                             config.padded_head_rows)
@@ -348,9 +502,12 @@ class Transformer(nn.Module, Denoiser):
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
-                _normal_rows(module.weight, self.config.vocab_size + 1, std)
-            elif isinstance(module, LayerNorm):
+                rows = self.config.token_rows if module is self.embed else module.weight.shape[0]
+                _normal_rows(module.weight, rows, std)
+            elif isinstance(module, (LayerNorm, RMSNorm)):
                 nn.init.ones_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
         # adaLN-zero: every block starts as the identity.
         for modulation in [b.modulation for b in self.blocks] + [self.final_modulation]:
             if modulation is not None:
@@ -371,25 +528,30 @@ class Transformer(nn.Module, Denoiser):
 
     def forward(self, z: Tensor, t: Tensor | None = None, output_mask: Tensor | None = None,
                 targets: Tensor | None = None, chunk_rows: int | None = None, clean: Tensor | None = None,
-                block_size: int | None = None, layout: AttentionLayout | None = None) -> Tensor:
+                block_size: int | None = None, layout: AttentionLayout | None = None,
+                annealing: AttentionAnnealing | None = None) -> Tensor:
         """Logits [B, L, V] of ``z`` [B, L] at times ``t`` [B]; with ``output_mask`` (bool [B, L]) the
         logits [N, V] at its True positions only; with ``targets`` [N] too, -log p of them there
         instead (float32, ``chunk_rows`` rows of the head at a time)."""
         if self.config.time_conditioning and t is None:
             raise ValueError("this Transformer is time-conditioned: pass t")
+        if (layout is None or layout.cache is None) and z.shape[1] > self.config.max_seq_len:
+            raise ValueError(f"sequence length {z.shape[1]} exceeds max_seq_len {self.config.max_seq_len}")
         selected = None if output_mask is None else _selected_rows(output_mask, z)
         cond = self._condition(z, t)
         length = z.shape[1]
         if clean is not None:  # block diffusion's training forward over [z ; x] (model.block_attention)
-            layout = self._training_layout(z, clean, block_size)
+            layout = self._training_layout(z, clean, block_size, dense=annealing is not None)
         if self.config.document_separator is not None:  # attention inside each document (model.documents)
             layout = self._document_layout(z, clean, block_size, layout)
-        if clean is not None:
-            z = torch.cat([z, clean], dim=1)  # [B, L] + [B, L] -> [B, 2L]
-        x = self.embed(z)
+        tokens = self._rows(z, clean, block_size, layout)
+        if annealing is not None:
+            layout = annealing.layout(layout, tokens.shape[1], tokens.device)
+        x = self._embed(tokens, layout)
         for block in self.blocks:
             x = block(x, cond, layout)
-        x = x[:, :length]  # the noisy half (all rows without a clean copy)
+        # The rows that answer for z: the first L (the noisy half), or the layout's (model.shift).
+        x = x[:, :length] if layout is None or layout.outputs is None else x.index_select(1, layout.outputs)
         x = self.final_norm(x)
         if self.final_modulation is not None:
             shift, scale = self.final_modulation(cond)[:, None].chunk(2, dim=-1)
@@ -402,15 +564,54 @@ class Transformer(nn.Module, Denoiser):
             return self._compiled_loss(x, targets, chunk_rows)
         return chunked_cross_entropy(x, targets, self._padded_logits, chunk_rows or None)
 
-    def _training_layout(self, z: Tensor, clean: Tensor, block_size: int | None) -> AttentionLayout:
+    def _rows(self, z: Tensor, clean: Tensor | None, block_size: int | None,
+              layout: AttentionLayout | None) -> Tensor:
+        """The ids [B, rows] a forward of z reads: z, [z ; x] for block diffusion's training, or
+        a shifted network's rows (``model.shift``)."""
+        if clean is not None:
+            if self.config.shift:
+                return shifted_training_rows(z, clean, block_size, self.config.start_id)
+            return torch.cat([z, clean], dim=1)  # [B, L] + [B, L] -> [B, 2L]
+        if not self.config.shift:
+            return z
+        cache = None if layout is None else layout.cache
+        if layout is not None and cache is None:
+            raise ValueError("a shifted network builds its own attention layout; a layout may only bring a KV cache")
+        last = None if cache is None else cache.last_of(z.shape[0])
+        lead = self.config.start_id if last is None else last
+        if cache is not None and cache.append:  # a finished block's clean rows: [x_{bL'-1}, x^b without its last]
+            cache.last = z[:, -1]               # the next block's group reads it first
+            return shifted_input(z[:, :-1], lead)
+        return shifted_input(z, lead)
+
+    def _embed(self, tokens: Tensor, layout: AttentionLayout | None) -> Tensor:
+        """The embedding of the rows' ids, plus a learned table's positions (``FamilyLayers``)."""
+        x = self.embed(tokens)
+        if self.positions is None:
+            return x
+        if layout is not None and layout.positions is not None:
+            positions = layout.positions
+        else:
+            first = 0 if layout is None or layout.cache is None else layout.cache.length
+            if first + tokens.shape[1] > self.positions.num_embeddings:
+                raise ValueError(f"positions up to {first + tokens.shape[1]} exceed the learned table's "
+                                 f"{self.positions.num_embeddings}")
+            positions = torch.arange(first, first + tokens.shape[1], device=tokens.device)
+        return x + self.positions(positions)
+
+    def _training_layout(self, z: Tensor, clean: Tensor, block_size: int | None, dense: bool) -> AttentionLayout:
+        """Block diffusion's training layout (``model.shift``'s for a shifted network); ``dense``:
+        the boolean mask whatever ``block_attention`` (annealing narrows it)."""
         if clean.shape != z.shape or block_size is None:
             raise ValueError(f"clean must have z's shape {tuple(z.shape)} (got {tuple(clean.shape)}) and come "
                              "with a block_size")
         if self.config.time_conditioning or self.config.causal:
             raise ValueError("block diffusion runs a bidirectional network without time conditioning")
-        key = (z.shape[1], block_size, z.device, self.block_attention)
+        kind = "dense" if dense else self.block_attention
+        key = (z.shape[1], block_size, z.device, kind)
         if key not in self._layouts:
-            self._layouts[key] = training_layout(z.shape[1], block_size, z.device, self.block_attention)
+            build = shifted_training_layout if self.config.shift else training_layout
+            self._layouts[key] = build(z.shape[1], block_size, z.device, kind)
         return self._layouts[key]
 
     def _document_layout(self, z: Tensor, clean: Tensor | None, block_size: int | None,
@@ -507,14 +708,15 @@ def _normal_rows(weight: Tensor, rows: int, std: float) -> None:
 def unpadded_state(state: dict[str, Tensor], config: TransformerConfig) -> dict[str, Tensor]:
     """A state dict of a network of ``config`` without its padded rows: that of the same
     network with ``vocab_multiple = 1`` (what exports hold)."""
-    rows = {"embed.weight": config.vocab_size + 1, "head.weight": config.head_rows, "head.bias": config.head_rows}
+    rows = {"embed.weight": config.token_rows, "head.weight": config.head_rows, "head.bias": config.head_rows}
     return {name: tensor[:rows[name]] if name in rows else tensor for name, tensor in state.items()}
 
 
 # --------------------------------------------------------------------------- counting
 @dataclass(frozen=True)
 class ParameterCounts:
-    """Parameter counts; non-embedding excludes the token embedding and an untied head."""
+    """Parameter counts; non-embedding excludes the token embedding, an untied head and a
+    learned position table (``FamilyLayers.learned_positions``: a lookup, no FLOPs)."""
 
     total: int
     non_embedding: int
@@ -523,11 +725,15 @@ class ParameterCounts:
 def parameter_counts(config: TransformerConfig) -> ParameterCounts:
     """Counts from the config alone (no allocation), padded vocabulary rows included (they are
     allocated: memory estimates count them; FLOPs per token use ``vocab_multiple = 1``)."""
-    d = config.d_model
-    hidden = config.mlp_ratio * d
-    per_block = 4 * d * d + 2 * d * hidden + 2 * d  # qkv + out, up + down, two norms
-    per_block += (hidden + d) if config.mlp_bias else 0
-    extra = d  # final norm
+    d, hidden = config.d_model, config.mlp_hidden
+    family = config.family or FamilyLayers()
+    norm = d * (1 + int(family.norm_bias and family.norm == "layernorm"))  # weight (and bias)
+    qkv = (config.n_heads + 2 * config.kv_heads) * config.head_dim
+    mlp_matrices = 3 if family.mlp == "swiglu" else 2
+    per_block = d * qkv + d * d + mlp_matrices * d * hidden + 2 * norm  # qkv + out, the MLP, two norms
+    per_block += qkv * int(family.qkv_bias) + d * int(family.out_bias)
+    per_block += ((mlp_matrices - 1) * hidden + d) if config.mlp_bias else 0
+    extra = norm  # final norm
     if config.modulated:
         c, f = config.time_embed_dim, config.time_frequencies or config.time_embed_dim
         per_block += c * 6 * d + 6 * d
@@ -535,6 +741,7 @@ def parameter_counts(config: TransformerConfig) -> ParameterCounts:
     if config.head_bias:
         extra += config.padded_head_rows
     embedding = config.embedding_rows * d + (0 if config.tie_weights else config.padded_head_rows * d)
+    embedding += family.learned_positions * d
     non_embedding = config.n_layers * per_block + extra
     return ParameterCounts(total=non_embedding + embedding, non_embedding=non_embedding)
 
@@ -542,5 +749,6 @@ def parameter_counts(config: TransformerConfig) -> ParameterCounts:
 def count_parameters(model: Transformer) -> ParameterCounts:
     """Counts of an instantiated model."""
     total = sum(p.numel() for p in model.parameters())
-    embedding = model.embed.weight.numel() + (model.head.weight.numel() if model.head is not None else 0)
+    embedding = sum(module.weight.numel() for module in (model.embed, model.head, model.positions)
+                    if module is not None)
     return ParameterCounts(total=total, non_embedding=total - embedding)

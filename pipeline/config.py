@@ -32,6 +32,7 @@ from model.spec import LEARNED_SCHEDULE, ModelSpec
 from model.transformer import PRESETS, TransformerConfig
 
 __all__ = [
+    "AdaptSection",
     "CheckpointSection",
     "Config",
     "DataSection",
@@ -96,6 +97,18 @@ class ModelSection:
             schedule, arguments = LEARNED_SCHEDULE, learned_schedule_arguments(make_schedule(schedule, **arguments))
         return ModelSpec(network=network, objective=self.objective, process=self.process, schedule=schedule,
                          schedule_args=arguments, block_size=self.block_size)
+
+
+@dataclass(frozen=True)
+class AdaptSection:
+    """How a run started from an autoregressive model becomes a diffusion model (docs/adapting.md)."""
+
+    # Each token predicted at the row before it, from a start row: the source's alignment, so its
+    # head goes on predicting the next token (DiffuGPT's shift). false: at its own row (MDLM's).
+    shift: bool = True
+    # Steps over which the causal attention opens: at step s each key after its query is seen
+    # with probability s / anneal_steps (DiffuGPT: 10000). 0: the target's attention from the start.
+    anneal_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -221,6 +234,7 @@ class LoggingSection:
 class Config:
     """The whole configuration of a run: one typed section per component."""
     model: ModelSection = field(default_factory=ModelSection)
+    adapt: AdaptSection = field(default_factory=AdaptSection)
     data: DataSection = field(default_factory=DataSection)
     optim: OptimSection = field(default_factory=OptimSection)
     train: TrainSection = field(default_factory=TrainSection)
@@ -296,6 +310,7 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
          "searches block diffusion's masking-rate interval: set model.block_size, or leave it false"),
         ("train.block_mask_rate_search", not t.block_mask_rate_search or c.eval.every > 0,
          "runs at every validation: set eval.every > 0"),
+        ("adapt.anneal_steps", c.adapt.anneal_steps >= 0, "must be >= 0 (0: the target's attention from the start)"),
         ("data.num_workers", c.data.num_workers >= 0, "must be >= 0"),
         ("data.shuffle_window", c.data.shuffle_window >= 1, "must be >= 1 (sequences)"),
         ("data.shuffle_window", c.data.shuffle_window >= t.global_batch_size,

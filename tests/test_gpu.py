@@ -793,3 +793,118 @@ def test_an_asynchronous_checkpoint_snapshots_the_device_state_and_resumes_on_th
     resumed = run_train(tmp_path / "run", tinyshakespeare_shards, longer)
     assert "resumed from" in resumed.output and sorted(resumed.losses()) == [1, 2, 3, 4, 5, 6]
     assert all(math.isfinite(loss) for loss in resumed.losses().values())
+
+
+# ------------------------------------------------------------------ an adapted autoregressive model (docs/adapting.md)
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_hugging_face_causal_lm_read_as_our_network_gives_transformers_logits_on_the_gpu(tmp_path, family):
+    """The family layers on CUDA (SDPA's kernels, float32): transformers' own logits within 1e-4."""
+    import transformers
+
+    from pipeline.interchange.causal_lm_import import read_causal_lm
+    from tests.support.causal_lm_fixtures import VOCAB_SIZE, write_causal_lm
+
+    directory = write_causal_lm(tmp_path / family, family, seed=3)
+    model = read_causal_lm(directory)
+    ours = Transformer(model.network).cuda().eval()
+    ours.load_state_dict({name: tensor.cuda() for name, tensor in model.tensors.items()})
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).cuda().eval()
+    x = torch.randint(0, VOCAB_SIZE, (4, 32), generator=torch.Generator().manual_seed(1)).cuda()
+    start = torch.full((4, 1), model.start_token, device="cuda")
+    with torch.no_grad():
+        expected = theirs(input_ids=torch.cat([start, x], 1)).logits
+        actual = ours(torch.cat([torch.full_like(start, VOCAB_SIZE), x], 1))
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-4)
+
+
+def test_a_shifted_block_model_trains_with_flexattention_and_matches_the_dense_mask():
+    """The shift's training layout (``model.shift``) as a FlexAttention BlockMask: the dense mask's
+    loss and gradients (bf16 rounding); annealed steps (dense) run under bf16 too."""
+    from model.annealing import AttentionAnnealing
+    from model.block_diffusion import BlockDiffusion
+    from pipeline.training.objective import annealed
+
+    x0 = _batch()
+    process = BlockDiffusion(make_schedule("linear"), VOCAB, 16, validate=False)
+    t = torch.rand(BATCH, LENGTH // 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    losses, grads = {}, {}
+    for kind in ("dense", "flex"):
+        network = _network(kind, shift=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = process.nelbo(network, x0, t, torch.Generator(device="cuda").manual_seed(2)).sum() / x0.numel()
+        loss.backward()
+        losses[kind], grads[kind] = loss.detach(), network.blocks[0].attn.qkv.weight.grad.float()
+    torch.testing.assert_close(losses["flex"], losses["dense"], rtol=BF16_LOSS_RTOL, atol=0)
+    assert torch.nn.functional.cosine_similarity(grads["flex"].flatten(), grads["dense"].flatten(), dim=0) > 0.99
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        half_open = process.nelbo(annealed(network, AttentionAnnealing(0.5, seed=4)), x0, t,
+                                  torch.Generator(device="cuda").manual_seed(2)).sum() / x0.numel()
+    assert torch.isfinite(half_open) and not torch.isclose(half_open, losses["flex"])
+
+
+def test_a_shifted_block_model_samples_with_its_kv_cache_under_bf16():
+    """An adapted model's block sampler on a GPU: the cache's lead token carried block to block;
+    first-hitting makes one call per token."""
+    from model.block_diffusion import BlockDiffusion
+
+    network, device, samples = _network(shift=True).eval(), torch.device("cuda"), 4
+    process = BlockDiffusion(make_schedule("linear"), VOCAB, 16, validate=False)
+    plan = SamplingPlan(sampler="first-hitting", seed=0)
+    with torch.inference_mode(), inference_mode(network, device):
+        tokens, stats = process.sample(network, plan, num_samples=samples, seq_len=LENGTH, window=LENGTH,
+                                       generator=sample_generators(plan.seed, range(samples)), device=device)
+    assert tokens.shape == (samples, LENGTH) and int(tokens.max()) < VOCAB
+    assert list(stats.row_calls) == [LENGTH] * samples
+
+
+def test_an_annealed_step_runs_under_the_attention_kernel_its_plan_resolves():
+    """An adapted run's annealed steps pass SDPA a boolean mask: the kernel its plan picks takes it."""
+    from model.annealing import AttentionAnnealing
+    from pipeline.training.attention import attention_kernel
+    from pipeline.training.objective import annealed
+
+    network = _network(shift=True)
+    config = load_config(None, {"model.preset": "small", "train.global_batch_size": str(BATCH),
+                                "adapt.anneal_steps": "100"})
+    plan = plan_training(config, network.config, 1, torch.device("cuda"))
+    diffusion = AbsorbingDiffusion(make_schedule("linear"), VOCAB, validate=False)
+    x0, t = _batch(), torch.linspace(0.05, 0.95, BATCH, dtype=torch.float64)
+    with attention_kernel(plan.attention), torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = diffusion.nelbo(annealed(network, AttentionAnnealing(0.5, seed=1)), x0, t=t,
+                               generator=torch.Generator(device="cuda").manual_seed(2)).sum() / x0.numel()
+    loss.backward()
+    assert torch.isfinite(loss) and plan.attention != "flash"
+
+
+def test_an_adapted_gpt2_trains_compiled_under_bf16_with_the_eager_loss(tmp_path):
+    """The adapted network on the path bench/train_gpu.py's +adapt-gpt2 times: bench/gpt2_source.py's
+    GPT-2 (the small shape), read and adapted as --init-from does, compiled (blocks, head and loss)
+    under bf16, gives the eager loss and the same gradients' direction."""
+    from pipeline.training.init_from import InitFrom, adapted_source, load_source, read_source, source_network
+    from tests.support.tokenizer_fixtures import byte_level_bpe
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from gpt2_source import write_gpt2_source
+
+    directory = write_gpt2_source(tmp_path / "gpt2", "small", LENGTH, byte_level_bpe(tmp_path / "tokenizer.json"))
+    config = load_config(None, {"model.preset": "small", "train.global_batch_size": str(BATCH)})
+    source = read_source(InitFrom(str(directory)))
+    vocab = source.record.network["vocab_size"]
+    network = source_network(preset("small", vocab, max_seq_len=LENGTH), source.record, config)
+    source = adapted_source(source, network, config)
+    objective = make_objective(config.model.spec(network), validate=False)
+    x0 = torch.randint(0, vocab, (BATCH, LENGTH), generator=torch.Generator().manual_seed(1)).cuda()
+    slot = MicroBatchSlot(seed=0, step=0, rank=0, world_size=1, micro=0, micro_batches=1)
+    losses, grads = {}, {}
+    for compiled in (False, True):
+        model = Transformer(network)
+        load_source(model, source, network)
+        model = model.cuda()
+        prepare_model(model, checkpointing=False, compile=compiled)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = objective.loss_sum(model, x0, slot) / x0.numel()
+        loss.backward()
+        losses[compiled], grads[compiled] = loss.detach(), model.blocks[0].attn.qkv.weight.grad.float()
+    assert network.shift and network.family.learned_positions == LENGTH + 1
+    torch.testing.assert_close(losses[True], losses[False], rtol=COMPILE_LOSS_RTOL, atol=0)
+    assert torch.nn.functional.cosine_similarity(grads[True].flatten(), grads[False].flatten(), dim=0) > 0.99

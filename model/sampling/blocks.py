@@ -58,11 +58,21 @@ class BlockNetwork(Denoiser):
             return self.network(z, None, output_mask=selected, layout=AttentionLayout(None, None, self.cache))
         prefix = self.prefix if rows is None else self.prefix[rows]
         sequence = torch.cat([prefix, z], dim=1)  # [R, P] + [R, L'] -> [R, P + L']
+        if getattr(getattr(self.network, "config", None), "shift", False):
+            return self._shifted_forward(sequence, prefix.shape[1], selected)
         layout = AttentionLayout(None, block_causal_mask(sequence.shape[1], self.block_size, z.device))
         if selected is not None:
             selected = torch.cat([torch.zeros_like(prefix, dtype=torch.bool), selected], dim=1)
             return self.network(sequence, None, output_mask=selected, layout=layout)
         return self.network(sequence, None, layout=layout)[:, prefix.shape[1]:]
+
+    def _shifted_forward(self, sequence: Tensor, prefix: int, selected: Tensor | None) -> Tensor:
+        """A shifted network (``model.shift``) builds its own rows: its training forward over
+        [prefix ; z], whose last block's outputs see that block's z and the clean prefix only."""
+        if selected is None:
+            return self.network(sequence, None, clean=sequence, block_size=self.block_size)[:, prefix:]
+        selected = torch.cat([selected.new_zeros(selected.shape[0], prefix), selected], dim=1)
+        return self.network(sequence, None, output_mask=selected, clean=sequence, block_size=self.block_size)
 
     def append(self, block: Tensor, context: int | None) -> None:
         """Run the finished block [B, L'] once, clean, keeping its keys and values; then keep

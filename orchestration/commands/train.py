@@ -29,6 +29,8 @@ examples:
   unmask train --config configs/tiny.yaml --data shards/ --run-dir runs/tiny
   unmask train --config configs/medium.yaml --data shards/ --run-dir runs/m --train.max_steps 20000
   unmask train --config ft.yaml --data shards/ --run-dir runs/ft --init-from runs/tiny   # a new run from its weights
+  unmask train --config configs/adapt-gpt2-medium.yaml --data shards/ --run-dir runs/diffugpt \
+      --init-from gpt2-medium/    # adapt a Hugging Face causal LM (or an unmask AR run) into diffusion
   torchrun --nproc-per-node 8 -m orchestration.cli train --config configs/medium.yaml --data shards/ --run-dir runs/m
   deepspeed --hostfile hostfile --module orchestration.cli train --config configs/medium.yaml --data shards/ --run-dir runs/m
   unmask train --launcher ray --num-workers 8 --gpus-per-worker 1 --max-failures 3 --ray-address auto \
@@ -206,9 +208,11 @@ def register(commands: argparse._SubParsersAction) -> None:
 def add_init_arguments(parser: argparse.ArgumentParser) -> None:
     """--init-from and --init-weights (``pipeline.training.init_from``), for ``train`` and ``run``."""
     parser.add_argument("--init-from", metavar="EXPORT_OR_RUN",
-                        help="start a new run from these weights: an export (unmask export / unmask import) or a run "
-                             "directory (its newest intact checkpoint); the config may differ, the network's shape "
-                             "must not. A run with checkpoints resumes from its own")
+                        help="start a new run from these weights: an export (unmask export / unmask import), a run "
+                             "directory (its newest intact checkpoint) or a Hugging Face causal LM directory (GPT-2, "
+                             "Llama, Qwen2); the config may differ, the network's shape must not. An autoregressive "
+                             "source of a diffusion config is adapted (its config's adapt: section, "
+                             "docs/adapting.md). A run with checkpoints resumes from its own")
     parser.add_argument("--init-weights", choices=["ema", "model"],
                         help="of a run directory given to --init-from: its EMA (default) or live weights")
 

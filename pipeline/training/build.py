@@ -2,12 +2,14 @@
 
 ``build_parts`` resolves, in this order: the data's manifest and tokenizer
 (``find_tokenizer``), the network (``network_config``, with an --init-from source's
-architecture), the ``TrainingPlan`` (every "auto" decided), the loaders, the trained module
-(built complete from the config by ``model.spec.build_trainable``, from ``train.seed``: the
-same weights on every rank; a source's weights are loaded before DeepSpeed partitions it),
-the engine, the EMA and the objective. ``TrainingParts`` then says what a checkpoint records
-of the run (``meta``), what its MLflow run does (``identity``) and what the first log line
-does (``setup_line``). The manual: docs/training.md.
+architecture, or its network whole: a Hugging Face model, an autoregressive source adapted),
+the ``TrainingPlan`` (every "auto" decided), the loaders, the trained module (built complete
+from the config by ``model.spec.build_trainable``, from ``train.seed``: the same weights on
+every rank; a source's weights are loaded before DeepSpeed partitions it), the engine, the EMA
+and the objective (an adapted run's anneals its attention: ``model.annealing``).
+``TrainingParts`` then says what a checkpoint records of the run (``meta``), what its MLflow
+run does (``identity``) and what the first log line does (``setup_line``). The manual:
+docs/training.md.
 """
 
 from __future__ import annotations
@@ -34,9 +36,17 @@ from pipeline.distributed import Distributed
 from pipeline.run_dir.checkpoint import CheckpointMeta, TrainState
 from pipeline.run_dir.layout import RunLayout
 from pipeline.tracking.run_records import RunIdentity
+from pipeline.training.adaptation import check_not_adapting, is_adaptation
 from pipeline.training.ema import EMA
 from pipeline.training.engine import TrainingPlan, build_engine, deepspeed_config, plan_training
-from pipeline.training.init_from import InitRecord, InitSource, check_tokenizer, load_source, with_source_architecture
+from pipeline.training.init_from import (
+    InitRecord,
+    InitSource,
+    adapted_source,
+    check_tokenizer,
+    load_source,
+    source_network,
+)
 from pipeline.training.memory import check_memory, estimate_memory, rank_memory_bytes
 from pipeline.training.objective import DiffusionObjective, Objective, TrainedModel, engine_model, make_objective
 from pipeline.training.throughput import block_diffusion_flops_per_token, flops_per_token, peak_flops
@@ -65,9 +75,18 @@ class TrainingParts:
     flops_per_token: float
     peak_flops: float | None
 
+    @property
+    def anneal_steps(self) -> int:
+        """Steps over which an adapted run's attention opens (``adapt.anneal_steps``); 0 for any other run."""
+        adapted = self.init_from is not None and self.init_from.adaptation is not None
+        return self.config.adapt.anneal_steps if adapted else 0
+
     def objective(self, mask_rate: tuple[float, float]) -> Objective:
-        """What the loop trains on: the bound, block diffusion's clipped to ``mask_rate``."""
-        return self.bound.clipped(mask_rate) if isinstance(self.bound, DiffusionObjective) else self.bound
+        """What the loop trains on: the bound, block diffusion's clipped to ``mask_rate``, an
+        adapted run's with its attention annealed."""
+        if not isinstance(self.bound, DiffusionObjective):
+            return self.bound
+        return replace(self.bound.clipped(mask_rate), anneal_steps=self.anneal_steps)
 
     def meta(self, state: TrainState) -> CheckpointMeta:
         """What a checkpoint of this run at ``state`` records besides its tensors."""
@@ -97,6 +116,8 @@ class TrainingParts:
         if self.init_from is not None:  # the source of the first weights (its network is in resolved)
             params["init_from"] = {k: v for k, v in self.init_from.to_json().items() if k != "network"}
             tags.update(init_from=self.init_from.source, init_from_sha256=self.init_from.sha256)
+            if self.init_from.family is not None:
+                tags["init_from_family"] = self.init_from.family
         texts = {RunLayout(Path()).config.name: json.dumps(config.to_dict(), indent=2),
                  "deepspeed_config.json": json.dumps(deepspeed_config(plan, config.optim), indent=2)}
         return RunIdentity(params, tags, texts, changes, step)
@@ -136,12 +157,17 @@ def build_parts(config: Config, data_dir: str | Path, dist: Distributed,
     manifest = Manifest.read(metadata)
     tokenizer = find_tokenizer(manifest, metadata, str(data_dir) if cache is not None else None)
     init_from = start.record if isinstance(start, InitSource) else start
-    network = network_config(config.model, manifest)
-    check_masked_tokens(config, manifest.seq_len)
-    if init_from is not None:
-        network = with_source_architecture(network, init_from)
     if isinstance(start, InitSource):
         check_tokenizer(start.record, tokenizer.sha256, data_dir)
+    network = network_config(config.model, manifest)
+    check_masked_tokens(config, manifest.seq_len)
+    if init_from is None:
+        check_not_adapting(config.adapt)
+    else:
+        network = source_network(network, init_from, config)
+        if isinstance(start, InitSource) and is_adaptation(init_from.network, config):
+            start = adapted_source(start, network, config)
+            init_from = start.record
     plan = plan_training(config, network, dist.world_size, dist.device)
     # Before the first step, and before anything is loaded or allocated.
     check_memory(estimate_memory(config, network, plan), plan, network, rank_memory_bytes(dist.device))

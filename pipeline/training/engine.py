@@ -131,12 +131,14 @@ def plan_training(config: Config, network: TransformerConfig, world_size: int, d
         batches = plan_batches(config, world_size)
         checkpointing = resolve_activation_checkpointing(config, network, batches, zero_stage, precision, memory,
                                                          compiled=compiled)
-    masked = config.model.block_size is not None or network.document_separator is not None
-    block_attention = (resolve_block_attention(config.train.block_attention, device, network.dropout) if masked
+    masks = config.model.block_size is not None or network.document_separator is not None
+    block_attention = (resolve_block_attention(config.train.block_attention, device, network.dropout) if masks
                        else "dense")
+    # A boolean mask reaches SDPA with block diffusion's or document masking's dense mask, and in an
+    # adapted run's annealed steps (model.annealing): the kernel must take one (flash on GPU does not).
+    masked = (masks and block_attention == "dense") or config.adapt.anneal_steps > 0
     attention = resolve_attention(config.train.attention, device, ACTIVATION_DTYPES[precision], network.head_dim,
-                                  causal=network.causal, dropout=network.dropout,
-                                  masked=masked and block_attention == "dense")
+                                  causal=network.causal, dropout=network.dropout, masked=masked)
     return TrainingPlan(batches, zero_stage, precision, checkpointing, compiled, attention,
                         config.train.chunked_cross_entropy, parameters,
                         overlap_comm=device.type == "cuda" and world_size > 1, block_attention=block_attention,

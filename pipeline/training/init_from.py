@@ -1,13 +1,16 @@
 """Starting a new run from another run's weights (``unmask train --init-from SOURCE``).
 
 SOURCE is an export or a training run directory (its newest intact checkpoint's EMA weights,
-or with ``weights="model"`` the live ones). The new run has a config of its own; only its
+or with ``weights="model"`` the live ones), or a Hugging Face causal LM directory
+(``pipeline.interchange.causal_lm_import``). The new run has a config of its own; only its
 network must have the source's tensors, name for name and shape for shape, and what no config
-field sets is the source's (``SOURCE_ARCHITECTURE``). The weights are loaded before DeepSpeed
-wraps the module (``load_source``), so every ZeRO stage partitions them; the source is recorded
-(``InitRecord``) in every checkpoint. A run that has checkpoints resumes from its own and
-never reloads the source (``starting_point``); asking it for another source is refused. The
-manual: docs/training.md#starting-from-another-runs-weights-init-from.
+field sets is the source's (``SOURCE_ARCHITECTURE``). A Hugging Face model's network, and that of
+an autoregressive source a diffusion run adapts (``pipeline.training.adaptation``), is the
+source's whole (``source_network``). The weights are loaded before DeepSpeed wraps the module
+(``load_source``), so every ZeRO stage partitions them; the source is recorded (``InitRecord``)
+in every checkpoint. A run that has checkpoints resumes from its own and never reloads the
+source (``starting_point``); asking it for another source is refused. The manual:
+docs/training.md#starting-from-another-runs-weights-init-from, docs/adapting.md.
 """
 
 from __future__ import annotations
@@ -28,9 +31,19 @@ from common.file_records import sha256_file
 from common.outputs import InputPath
 from model.spec import ModelSpec
 from model.transformer import TransformerConfig, unpadded_state
+from pipeline.config import Config
+from pipeline.interchange.causal_lm_import import is_hugging_face_model, read_causal_lm
 from pipeline.interchange.export import CONFIG_FILE, TOKENIZER_DIR, WEIGHTS_FILE, canonical_name, checkpoint_tensors
 from pipeline.run_dir.checkpoint import STATE_FILE, CheckpointMeta, EarlierCheckpoint, intact_checkpoint, read_state
 from pipeline.run_dir.layout import TAG_PATTERN, RunLayout
+from pipeline.training.adaptation import (
+    adaptation_record,
+    adapted_network,
+    adapted_tensors,
+    check_adaptable,
+    check_not_adapting,
+    is_adaptation,
+)
 
 __all__ = [
     "SOURCE_ARCHITECTURE",
@@ -38,11 +51,13 @@ __all__ = [
     "InitRecord",
     "InitSource",
     "InitWeights",
+    "adapted_source",
     "check_tokenizer",
     "init_inputs",
     "load_source",
     "read_source",
     "recorded_source",
+    "source_network",
     "starting_point",
     "with_source_architecture",
 ]
@@ -55,7 +70,9 @@ InitWeights = Literal["ema", "model"]
 # imports, and the widths a preset fixes): a run started from a source takes the source's.
 SOURCE_ARCHITECTURE = ("mlp_ratio", "time_embed_dim", "tie_weights", "rope_base", "norm_eps", "init_std",
                        "mlp_bias", "head_bias", "head_mask_row", "adaptive_norm", "time_frequencies", "time_input",
-                       "rope_angles")
+                       "rope_angles", "shift", "family")
+# The model section's shape fields: a source's network whole must agree with those a config sets.
+SHAPE_FIELDS = ("n_layers", "d_model", "n_heads")
 
 
 @dataclass(frozen=True)
@@ -72,15 +89,19 @@ class InitFrom:
 class InitRecord:
     """The provenance of a run's first weights, as checkpoints record it."""
 
-    source: str                  # the export or run directory, absolute
-    kind: Literal["export", "run"]
-    weights: str                 # "ema", "model", or an import's "published"
-    file: str                    # the file ``sha256`` is of: the export's weights, or the checkpoint's state file
+    source: str                  # the export, run or Hugging Face model directory, absolute
+    kind: Literal["export", "run", "hf"]
+    weights: str                 # "ema", "model", an import's "published", a Hugging Face model's "pretrained"
+    file: str                    # the file ``sha256`` is of: the export's weights, the checkpoint's state file,
+                                 # a Hugging Face model's weights (or its shards' index)
     sha256: str
     step: int | None             # the source's training step (None: not known, an import's)
-    config_sha256: str | None    # of the source run's config (None: an import)
+    config_sha256: str | None    # of the source run's config (None: an import, a Hugging Face model)
     tokenizer_sha256: str
     network: dict                # the source's TransformerConfig fields, without vocabulary padding
+    family: str | None = None    # a Hugging Face model's model_type (gpt2, llama, qwen2); None: unmask's
+    start_token: int | None = None  # a Hugging Face model's token whose embedding is the start row (BOS, else EOS)
+    adaptation: dict | None = None  # what adapting an autoregressive source did (AdaptationRecord); None: no adaptation
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -91,10 +112,14 @@ class InitRecord:
 
     @property
     def tokenizer_dir(self) -> Path:
-        """Where the source keeps its tokenizer (an export's, or the run's)."""
+        """Where the source keeps its tokenizer (an export's, the run's, a Hugging Face model's own directory)."""
+        if self.kind == "hf":
+            return Path(self.source)
         return Path(self.source) / (TOKENIZER_DIR if self.kind == "export" else RunLayout(self.source).tokenizer.name)
 
     def summary(self) -> str:
+        if self.kind == "hf":
+            return f"Hugging Face {self.family} model {self.source} ({self.file} sha256 {self.sha256[:12]}...)"
         step = f" step {self.step}" if self.step is not None else ""
         return f"{self.kind} {self.source} ({self.weights} weights{step}, sha256 {self.sha256[:12]}...)"
 
@@ -123,13 +148,29 @@ def read_source(init: InitFrom) -> InitSource:
                         f"or a training run directory")
     if RunLayout(path).is_training_run():
         return _read_run(path, init.weights or "ema")
+    if is_hugging_face_model(path):
+        if init.weights is not None:
+            raise UserError(f"--init-from {path}: a Hugging Face model holds one set of weights; --init-weights "
+                            f"chooses between the EMA and the live weights of a run directory")
+        return _read_hugging_face(path)
     if (path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file():
         if init.weights is not None:
             raise UserError(f"--init-from {path}: an export holds one set of weights; --init-weights chooses "
                             f"between the EMA and the live weights of a run directory")
         return _read_export(path)
-    raise UserError(f"--init-from {path}: neither an export (no {WEIGHTS_FILE} and {CONFIG_FILE}) nor a training "
-                    f"run (no {RunLayout(path).checkpoints.name}/); give RUN, RUN/export or an `unmask import` --out")
+    raise UserError(f"--init-from {path}: neither an export (no {WEIGHTS_FILE} and {CONFIG_FILE}), a training run "
+                    f"(no {RunLayout(path).checkpoints.name}/) nor a Hugging Face model (its {CONFIG_FILE}); give RUN, "
+                    f"RUN/export, an `unmask import` --out or a Hugging Face causal LM directory")
+
+
+def _read_hugging_face(path: Path) -> InitSource:
+    """A Hugging Face causal LM, as the autoregressive network it computes (start row V)."""
+    model = read_causal_lm(path)
+    record = InitRecord(source=str(path.resolve()), kind="hf", weights="pretrained", file=model.weights_file,
+                        sha256=model.weights_sha256, step=None, config_sha256=None,
+                        tokenizer_sha256=model.tokenizer.sha256, network=asdict(model.network), family=model.family,
+                        start_token=model.start_token)
+    return InitSource(record, model.tensors)
 
 
 def _read_export(path: Path) -> InitSource:
@@ -225,6 +266,46 @@ def with_source_architecture(network: TransformerConfig, record: InitRecord) -> 
     """``network`` (the config's) with the source's ``SOURCE_ARCHITECTURE`` options."""
     source = record.network
     return replace(network, **{name: source[name] for name in SOURCE_ARCHITECTURE if name in source})
+
+
+def source_network(network: TransformerConfig, record: InitRecord, config: Config) -> TransformerConfig:
+    """The network of a run of ``config`` started from ``record``'s source, given the one the
+    config and data make (``network``): adapted from a causal source into a diffusion run, the
+    Hugging Face model's whole at the run's context, or ``with_source_architecture``."""
+    adapting = is_adaptation(record.network, config)
+    if not adapting:
+        check_not_adapting(config.adapt)
+    if not adapting and record.kind != "hf":
+        return with_source_architecture(network, record)
+    source = TransformerConfig(**record.network)
+    _check_shape(config, source, record)
+    try:
+        if adapting:
+            check_adaptable(config, record.summary())
+            return adapted_network(source, network, config.adapt.shift)
+        return replace(source, max_seq_len=network.max_seq_len, dropout=network.dropout,
+                       vocab_multiple=network.vocab_multiple, causal=network.causal,
+                       time_conditioning=network.time_conditioning)
+    except ValueError as err:
+        raise UserError(f"--init-from {record.source}: its network cannot run this config ({err})") from None
+
+
+def _check_shape(config: Config, source: TransformerConfig, record: InitRecord) -> None:
+    """A source whose network a run takes whole: the shape fields a config sets must be its."""
+    for name in SHAPE_FIELDS:
+        value = getattr(config.model, name)
+        if value is not None and value != getattr(source, name):
+            raise UserError(f"config field model.{name} = {value}: the run takes its network from {record.summary()}, "
+                            f"whose {name} is {getattr(source, name)}; leave model.{name} unset")
+
+
+def adapted_source(source: InitSource, network: TransformerConfig, config: Config) -> InitSource:
+    """An autoregressive source laid out for its adapted ``network``, its record saying how."""
+    causal = TransformerConfig(**source.record.network)
+    start = (f"the embedding of token {source.record.start_token}" if source.record.start_token is not None
+             else "the source's start row")
+    record = replace(source.record, adaptation=adaptation_record(config, causal, network, start).to_json())
+    return InitSource(record, adapted_tensors(source.tensors, causal, network))
 
 
 def check_tokenizer(record: InitRecord, tokenizer_sha256: str, data_dir: Path) -> None:

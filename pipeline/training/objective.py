@@ -7,18 +7,21 @@ global batch) (``MicroBatchSlot``; the times are low-discrepancy over the global
 docs/math.md#low-discrepancy-times), so a step is a pure function of the weights, the global
 batch and the seeds, whatever the ranks and micro-batches; every micro-batch makes the same
 network calls on every rank (ZeRO-3's gathers need it). An objective is given the trained
-module as ``engine_model`` makes it of DeepSpeed's engine: the wrapper stops there. The
-manual: docs/training.md#what-a-step-computes.
+module as ``engine_model`` makes it of DeepSpeed's engine: the wrapper stops there. An adapted
+run's steps before ``anneal_steps`` call the network with the step's ``AttentionAnnealing``
+(``model.annealing``); its validation never does. The manual: docs/training.md#what-a-step-computes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
+from model.annealing import AttentionAnnealing, annealing_at
 from model.autoregressive import Autoregressive
 from model.block_attention import CleanBlocksDenoiser
 from model.block_diffusion import BlockDiffusion, block_times
@@ -39,6 +42,7 @@ __all__ = [
     "MicroBatchSlot",
     "Objective",
     "TrainedModel",
+    "annealed",
     "engine_model",
     "make_objective",
     "row_generators",
@@ -94,31 +98,32 @@ class Objective(Protocol):
 
 
 class EngineDenoiser(Denoiser):
-    """A ``Transformer`` inside DeepSpeed's engine, as a denoiser.
+    """A ``Transformer`` inside DeepSpeed's engine (or the bare network), as a denoiser.
 
     Every method calls the engine with the arguments the network's own method gives its
-    ``forward``: the engine's forward is where ZeRO-3 gathers the parameters and DeepSpeed's
-    autocast applies, so the network must not be called past it. ``time_independent`` is
-    the network's, so samplers through the engine keep their caching.
+    ``forward``, and ``annealing`` when given: the engine's forward is where ZeRO-3 gathers the
+    parameters and DeepSpeed's autocast applies, so the network must not be called past it.
+    ``time_independent`` is the network's, so samplers through the engine keep their caching.
     """
 
-    def __init__(self, engine: nn.Module) -> None:
-        self.engine = engine
-        self.network: Transformer = engine.module  # where DeepSpeed keeps the wrapped network
+    def __init__(self, engine: nn.Module, annealing: AttentionAnnealing | None = None) -> None:
+        self.engine, self.annealing = engine, annealing
+        self.network: Transformer = getattr(engine, "module", engine)  # where DeepSpeed keeps the wrapped network
+        self._call = engine if annealing is None else partial(engine, annealing=annealing)
 
     def logits(self, z_t: Tensor, t: Tensor) -> Tensor:
-        return self.engine(z_t, t)
+        return self._call(z_t, t)
 
     def logits_at(self, z_t: Tensor, t: Tensor, selected: Tensor) -> Tensor:
-        return self.engine(z_t, t, output_mask=selected)
+        return self._call(z_t, t, output_mask=selected)
 
     def nll_at(self, z_t: Tensor, t: Tensor, selected: Tensor, targets: Tensor,
                chunk_rows: int | None = None) -> Tensor:
-        return self.engine(z_t, t, output_mask=selected, targets=targets, chunk_rows=chunk_rows)
+        return self._call(z_t, t, output_mask=selected, targets=targets, chunk_rows=chunk_rows)
 
     def given_clean(self, x0: Tensor, block_size: int) -> Denoiser:
         """Block diffusion's forward over [z ; x] through the engine (``Transformer.given_clean``)."""
-        return CleanBlocksDenoiser(self.engine, x0, block_size)
+        return CleanBlocksDenoiser(self._call, x0, block_size)
 
     @property
     def fused_nll(self) -> bool:
@@ -127,6 +132,12 @@ class EngineDenoiser(Denoiser):
     @property
     def time_independent(self) -> bool:
         return self.network.time_independent
+
+
+def annealed(denoiser: Denoiser, annealing: AttentionAnnealing) -> Denoiser:
+    """``denoiser`` (a network, or one inside DeepSpeed's engine as ``EngineDenoiser``) calling its
+    forward with ``annealing``."""
+    return EngineDenoiser(denoiser.engine if isinstance(denoiser, EngineDenoiser) else denoiser, annealing)
 
 
 def engine_model(engine: nn.Module) -> TrainedModel:
@@ -159,11 +170,14 @@ class DiffusionObjective:
     global batch's blocks (``block_times``, the same seeds and slots). With ``mask_rate`` =
     [beta, omega] narrower than [0, 1] each block's masking rate is beta + (omega - beta) u
     for the stratified u, with the weight w(t) at the time that rate is reached: the paper's
-    variance reduction for training, not a bound (a trainer validates on the full one).
+    variance reduction for training, not a bound (a trainer validates on the full one). With
+    ``anneal_steps``, an adapted run's steps before it see the annealed attention of their
+    (seed, step) (``model.annealing``): training only, as the clipping.
     """
 
     diffusion: DiffusionProcess
     mask_rate: tuple[float, float] = FULL_MASK_RATE
+    anneal_steps: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mask_rate", tuple(self.mask_rate))
@@ -177,6 +191,9 @@ class DiffusionObjective:
 
     def nelbo(self, denoiser: Denoiser, x0: Tensor, slot: MicroBatchSlot) -> Tensor:
         """The bound of each sequence of the micro-batch [B] (float64) at its slot's times and masks."""
+        annealing = annealing_at(slot.step, self.anneal_steps, slot.seed)
+        if annealing is not None:
+            denoiser = annealed(denoiser, annealing)
         if isinstance(self.diffusion, BlockDiffusion):
             t = self._block_times(x0, slot).to(x0.device)
             masks = row_generators(x0.device, slot, x0.shape[0])

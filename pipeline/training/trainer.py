@@ -270,6 +270,8 @@ class Trainer:
                           dist.world_size)
         if utilization is not None:
             metrics["train/mfu"] = utilization
+        if self.parts.anneal_steps:  # an adapted run: the share of the keys ahead of the query the next step sees
+            metrics["train/attention_opened"] = min(1.0, state.step / self.parts.anneal_steps)
         if dist.device.type == "cuda":  # the allocator's own count: no device sync
             metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(dist.device) / GIB
         metrics.update(self.objective.state_metrics(engine.module))  # a learned schedule's exponents

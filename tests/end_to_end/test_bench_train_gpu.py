@@ -24,7 +24,8 @@ def test_gpu_bench_smoke_runs_on_cpu_and_reports_every_field(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(source.read_text(encoding="utf-8")[:100_000], encoding="utf-8")
     variants = ["pipeline-zero1", "pipeline-zero2+no-pin+sync", "torch", "torch+chunked-ce", "torch+full-logits",
-                "torch+checkpointing", "torch+math-attention+foreach-adamw", "torch+bd3-4"]
+                "torch+checkpointing", "torch+math-attention+foreach-adamw", "torch+bd3-4",
+                "pipeline-zero1+adapt-gpt2+annealed", "torch+adapt-gpt2+bd3-4"]
     proc = subprocess.run(
         [sys.executable, "bench/train_gpu.py", "--device", "cpu", "--presets", "tiny", "--steps", "2",
          "--warmup", "1", "--micro-batches", "2", "--seq-len", "32", "--inputs", str(corpus), "--variants",
@@ -36,8 +37,12 @@ def test_gpu_bench_smoke_runs_on_cpu_and_reports_every_field(tmp_path):
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     train = [row for row in rows if row["bench"] == "train"]
     assert [row["variant"] for row in train] == variants
-    assert [row["attention"] for row in train] == ["flash"] * 6 + ["math", "flash"]  # auto's CPU choice, or named
-    assert [row["block_size"] for row in train] == [None] * 7 + [4]  # block diffusion: the dense mask on CPU
+    assert [row["attention"] for row in train] == ["flash"] * 6 + ["math"] + ["flash"] * 3  # auto's CPU choice
+    assert [row["block_size"] for row in train] == [None] * 7 + [4, None, 4]  # block diffusion: the dense mask on CPU
+    # A GPT-2 of the preset's shape written with transformers, read and adapted as --init-from does;
+    # +annealed: every timed step inside the annealing.
+    assert [(row["adapted_from"], row["anneal_steps"]) for row in train] == [(None, None)] * 8 + [
+        ("gpt2", 1_000_000), ("gpt2", 0)]
     for row in train:
         assert TRAIN_FIELDS <= row.keys() and row["tokens_per_s"] > 0 and row["mfu"] is None, row
         assert row["peak_memory_bytes"] is None  # CUDA only

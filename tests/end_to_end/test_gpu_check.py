@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli_runner import cli_env
-from tests.support.paths import REPO, TINY
+from tests.support.paths import GPT2, REPO, TINY
 
 # A dry run is a few dozen processes, some starting DeepSpeed; minutes on two busy cores.
 DRY_RUN_TIMEOUT_S = 1500
@@ -22,6 +22,7 @@ E2E_STEPS = ["e2e-train", "e2e-init-from", "e2e-export", "e2e-export-hf", "e2e-e
              "e2e-sample-threshold", "e2e-sample-prefix-cache", "e2e-eval-suite",
              "e2e-bd3lm-tokenizer", "e2e-import-bd3lm", "e2e-sample-bd3lm", "e2e-lm-eval", "e2e-hf-load",
              "e2e-train-documents", "e2e-eval-documents"]
+ADAPT_STEPS = ["adapt-source", "adapt-prep", "adapt-train", "adapt-export", "adapt-sample", "adapt-bench"]
 MAX_OUT_FILES = 8   # what a device call brings back from $OUT (../shared/gpu/README.md)
 
 
@@ -37,7 +38,7 @@ def _check(tmp_path: Path, shards: Path, *options: str) -> tuple[subprocess.Comp
     out = tmp_path / "out"
     env = {**cli_env(), "PYTHON": sys.executable, "OUT": str(out)}
     done = subprocess.run(["bash", "bench/gpu_check.sh", "--device", "cpu", "--data", str(shards),
-                           "--eval-data", str(_ptb_layout(tmp_path / "data")), *options],
+                           "--eval-data", str(_ptb_layout(tmp_path / "data")), "--gpt2-tokenizer", str(GPT2), *options],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
     return done, out
 
@@ -48,9 +49,10 @@ def test_the_gpu_check_dry_runs_on_cpu_and_writes_every_result(tmp_path, tinysha
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [(s["step"], s["rc"], s["timed_out"], s.get("skipped", False)) for s in steps] == [
-        (name, 0, False, False) for name in [*E2E_STEPS, "inference", "tests", "train", "bench", "scale", "fp8", "checkpoint"]]
+        (name, 0, False, False) for name in [*E2E_STEPS, "inference", "tests", *ADAPT_STEPS, "train", "bench", "scale",
+                                             "fp8", "checkpoint"]]
     assert json.loads((out / "environment.json").read_text())["attention_kernels"] == ["flash", "math"]
-    for name in ("train.json", "e2e-train.json", "e2e-train-documents.json"):
+    for name in ("train.json", "e2e-train.json", "e2e-train-documents.json", "adapt-train.json"):
         train = json.loads((out / name).read_text())
         assert train["step"] == 2 and train["tokens_per_s"] > 0 and train["mfu"] is None  # no MFU without a peak
     with tarfile.open(out / "logs.tar.gz") as packed:
@@ -67,9 +69,13 @@ def test_the_gpu_check_dry_runs_on_cpu_and_writes_every_result(tmp_path, tinysha
     assert loaded["hf_load"] == "UnmaskForMaskedLM" and loaded["max_abs_logit_difference"] < 1e-3
     rows = [json.loads(line) for line in (out / "bench.jsonl").read_text().splitlines()]
     trained = [row["variant"] for row in rows if row["bench"] == "train"]
-    # bench, then scale (large and xl on a GPU), then fp8 with and without (refused on CPU: a row that says why).
-    assert trained == ["pipeline-zero1+eager+unpadded+flash", "pipeline-zero1", "pipeline-zero1", "pipeline-zero1",
+    # Adapting: our network, the adapted GPT-2 and the same annealed (on the adapted data); then the bench step's;
+    # then scale (large and xl on a GPU), then fp8 with and without (refused on CPU: a row that says why).
+    assert trained == ["pipeline-zero1", "pipeline-zero1+adapt-gpt2", "pipeline-zero1+adapt-gpt2+annealed",
+                       "pipeline-zero1+eager+unpadded+flash", "pipeline-zero1", "pipeline-zero1", "pipeline-zero1",
                        "pipeline-zero1+fp8"]
+    assert [row["adapted_from"] for row in rows if row["bench"] == "train"] == [None, "gpt2", "gpt2", *[None] * 5]
+    assert "adaptation" in logs["adapt-train.log"] and "mean unigram entropy" in logs["adapt-sample.log"]
     fp8 = rows[[row.get("variant") for row in rows].index("pipeline-zero1+fp8")]
     assert "train.float8 = true: FP8 matmuls need a CUDA GPU" in fp8["error"]
     assert all(row["tokens_per_s"] > 0 and row["estimated_memory_bytes"] > 0 for row in rows

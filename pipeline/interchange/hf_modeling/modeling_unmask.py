@@ -19,6 +19,10 @@ The logits of block b depend only on ``input_ids``' block b and ``clean_ids``' b
 it: to denoise block b after a generated prefix, put the prefix in ``clean_ids`` and block b's
 noisy tokens in ``input_ids``. L must be a multiple of L', and ``t`` is ignored. A block model
 called without ``clean_ids``, or another model with it, raises ValueError.
+
+A model adapted from an autoregressive one (unmask's docs/adapting.md) is called the same way:
+its pretrained family's layers (``network["family"]``: GPT-2's or Llama's) and its shift (each
+token predicted at the row before it, from a start row, ``network["shift"]``) are inside.
 """
 
 from __future__ import annotations
@@ -37,8 +41,11 @@ NETWORK_FIELDS = (
     "vocab_size", "n_layers", "d_model", "n_heads", "max_seq_len", "mlp_ratio", "dropout", "time_conditioning",
     "time_embed_dim", "tie_weights", "causal", "rope_base", "norm_eps", "init_std", "mlp_bias", "head_bias",
     "head_mask_row", "adaptive_norm", "time_frequencies", "time_input", "rope_angles", "vocab_multiple",
-    "document_separator",
+    "document_separator", "shift", "family",
 )
+# A pretrained family's layer choices (``network["family"]``), at unmask's own network's values.
+FAMILY_DEFAULTS = {"learned_positions": 0, "norm": "layernorm", "norm_bias": False, "mlp": "gelu", "mlp_hidden": 0,
+                   "kv_heads": 0, "qkv_bias": False, "out_bias": False}
 MAX_TIME_PERIOD = 10_000.0  # periods of the sinusoidal time features span 1 to this many units
 TIME_SCALE = 1000.0         # time input "scaled_t": TIME_SCALE * t
 LOGLINEAR_SIGMA_EPS = 1e-3  # time input "loglinear_sigma": -log(1 - (1 - eps) t)
@@ -58,6 +65,10 @@ class UnmaskConfig(PretrainedConfig):
         unknown = sorted(set(self.network) - set(NETWORK_FIELDS))
         if unknown:
             raise ValueError(f"this modeling file does not know the network fields {unknown}: export again "
+                             "with the unmask version that trained the model")
+        unknown = sorted(set(self.network.get("family") or {}) - set(FAMILY_DEFAULTS))
+        if unknown:
+            raise ValueError(f"this modeling file does not know the network family fields {unknown}: export again "
                              "with the unmask version that trained the model")
         if self.network.get("vocab_multiple", 1) != 1:  # exports drop the padded vocabulary rows
             raise ValueError(f"network vocab_multiple = {self.network['vocab_multiple']}: this file takes the "
@@ -100,8 +111,57 @@ def block_diffusion_mask(length: int, block_size: int, device: torch.device) -> 
     return noisy_rows | clean_rows
 
 
+def shifted_rows(input_ids: Tensor, clean_ids: Tensor | None, block_size: int | None, start_id: int
+                 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    """A shifted network's rows: ids [B, rows], positions [rows], mask (bool [rows, rows] or None:
+    full) and the rows whose outputs predict x_0..x_{L-1}. MDLM: [start, z] at 0..L. Block
+    diffusion: per block b the group [x_{bL'-1}, z^b] (start first) at bL'..(b+1)L', then the
+    clean rows [start, x_0..x_{L-2}] at 0..L-1; a group sees itself and the clean rows of the
+    blocks before it, a clean row those of its block and before."""
+    batch, length = input_ids.shape
+    device = input_ids.device
+    start = input_ids.new_full((batch, 1), start_id)
+    if block_size is None:
+        rows = torch.cat([start, input_ids], dim=1)  # [B, L + 1]
+        return rows, torch.arange(length + 1, device=device), None, torch.arange(length, device=device)
+    blocks, group = length // block_size, block_size + 1
+    clean = torch.cat([start, clean_ids[:, :-1].to(device)], dim=1)                       # [B, L]
+    groups = torch.cat([clean[:, ::block_size, None], input_ids.view(batch, blocks, block_size)], dim=2)
+    ids = torch.cat([groups.flatten(1), clean], dim=1)                                    # [B, blocks (L' + 1) + L]
+    offsets = torch.arange(blocks, device=device)[:, None]
+    positions = torch.cat([(offsets * block_size + torch.arange(group, device=device)).flatten(),
+                           torch.arange(length, device=device)])
+    outputs = (offsets * group + torch.arange(block_size, device=device)).flatten()
+    row = torch.arange(ids.shape[1], device=device)
+    noisy = row < blocks * group
+    block = torch.where(noisy, row // group, (row - blocks * group) // block_size)
+    q_noisy, k_noisy, q_block, k_block = noisy[:, None], noisy[None, :], block[:, None], block[None, :]
+    mask = ((q_noisy & k_noisy & (k_block == q_block)) | (q_noisy & ~k_noisy & (k_block < q_block))
+            | (~q_noisy & ~k_noisy & (k_block <= q_block)))
+    return ids, positions, mask, outputs
+
+
+def family_of(net: dict) -> dict:
+    """The network's family layer choices, unmask's own where it names none."""
+    return {**FAMILY_DEFAULTS, **(net.get("family") or {})}
+
+
 class LayerNorm(nn.Module):
-    """A weight and no bias, in float32."""
+    """A weight (and with ``bias``, a bias: GPT-2's), in float32."""
+
+    def __init__(self, dim: int, eps: float, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        bias = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), (x.shape[-1],), self.weight.float(), bias, self.eps).type_as(x)
+
+
+class RMSNorm(nn.Module):
+    """A weight, in float32 (Llama's)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -109,7 +169,14 @@ class LayerNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.layer_norm(x.float(), (x.shape[-1],), self.weight.float(), None, self.eps).type_as(x)
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).type_as(x)
+
+
+def norm(net: dict) -> nn.Module:
+    family = family_of(net)
+    if family["norm"] == "rmsnorm":
+        return RMSNorm(net["d_model"], net["norm_eps"])
+    return LayerNorm(net["d_model"], net["norm_eps"], family["norm_bias"])
 
 
 def rotary_tables(length: int, head_dim: int, base: float, angles_dtype: str, device: torch.device):
@@ -132,16 +199,24 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 class SelfAttention(nn.Module):
     def __init__(self, net: dict) -> None:
         super().__init__()
+        family = family_of(net)
         self.n_heads, self.causal = net["n_heads"], net["causal"]
-        self.qkv = nn.Linear(net["d_model"], 3 * net["d_model"], bias=False)
-        self.out = nn.Linear(net["d_model"], net["d_model"], bias=False)
+        self.kv_heads, head_dim = family["kv_heads"] or net["n_heads"], net["d_model"] // net["n_heads"]
+        self.qkv = nn.Linear(net["d_model"], (self.n_heads + 2 * self.kv_heads) * head_dim, bias=family["qkv_bias"])
+        self.out = nn.Linear(net["d_model"], net["d_model"], bias=family["out_bias"])
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
-        """x [B, rows, d]; ``mask`` (bool [rows, rows]) replaces the network's own full or causal attention."""
+    def forward(self, x: Tensor, cos: Tensor | None, sin: Tensor | None, mask: Tensor | None = None) -> Tensor:
+        """x [B, rows, d]; ``mask`` (bool [rows, rows]) replaces the network's own full or causal
+        attention; ``cos`` None: positions are a learned table's, added to the input."""
         batch, length, width = x.shape
-        # [B, rows, 3 d] -> [3, B, heads, rows, head_dim]
-        q, k, v = self.qkv(x).view(batch, length, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        head_dim = width // self.n_heads
+        q, k, v = self.qkv(x).split([width, self.kv_heads * head_dim, self.kv_heads * head_dim], dim=-1)
+        # [B, rows, heads * head_dim] -> [B, heads, rows, head_dim] (k and v: kv_heads)
+        q, k, v = (y.view(batch, length, -1, head_dim).transpose(1, 2) for y in (q, k, v))
+        if cos is not None:
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if self.kv_heads != self.n_heads:  # grouped-query attention: each k, v head serves heads / kv_heads
+            k, v = (y.repeat_interleave(self.n_heads // self.kv_heads, dim=1) for y in (k, v))
         if mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         else:
@@ -152,11 +227,16 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, net: dict) -> None:
         super().__init__()
-        hidden = net["mlp_ratio"] * net["d_model"]
+        family = family_of(net)
+        hidden = family["mlp_hidden"] or net["mlp_ratio"] * net["d_model"]
+        swiglu = family["mlp"] == "swiglu"
+        self.gate = nn.Linear(net["d_model"], hidden, bias=net["mlp_bias"]) if swiglu else None
         self.up = nn.Linear(net["d_model"], hidden, bias=net["mlp_bias"])
         self.down = nn.Linear(hidden, net["d_model"], bias=net["mlp_bias"])
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.gate is not None:  # SwiGLU (Llama's)
+            return self.down(F.silu(self.gate(x)) * self.up(x))
         return self.down(F.gelu(self.up(x), approximate="tanh"))
 
 
@@ -171,9 +251,9 @@ def modulated(net: dict) -> bool:
 class Block(nn.Module):
     def __init__(self, net: dict) -> None:
         super().__init__()
-        self.attn_norm = LayerNorm(net["d_model"], net["norm_eps"])
+        self.attn_norm = norm(net)
         self.attn = SelfAttention(net)
-        self.mlp_norm = LayerNorm(net["d_model"], net["norm_eps"])
+        self.mlp_norm = norm(net)
         self.mlp = MLP(net)
         self.modulation = nn.Linear(net["time_embed_dim"], 6 * net["d_model"]) if modulated(net) else None
 
@@ -218,8 +298,10 @@ class UnmaskPreTrainedModel(PreTrainedModel):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=std)
-        elif isinstance(module, LayerNorm):
+        elif isinstance(module, (LayerNorm, RMSNorm)):
             nn.init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
 
 
 class UnmaskForMaskedLM(UnmaskPreTrainedModel):
@@ -230,10 +312,12 @@ class UnmaskForMaskedLM(UnmaskPreTrainedModel):
         super().__init__(config)
         net = self.net = config.network
         d, v = net["d_model"], net["vocab_size"]
-        self.embed = nn.Embedding(v + 1, d)
+        self.embed = nn.Embedding(v + 1 + int(net.get("shift", False)), d)  # the tokens, the mask (and the start)
+        learned = family_of(net)["learned_positions"]
+        self.positions = nn.Embedding(learned, d) if learned else None  # GPT-2's table; None: rotary
         self.time_embed = TimeEmbedding(net) if modulated(net) else None
         self.blocks = nn.ModuleList(Block(net) for _ in range(net["n_layers"]))
-        self.final_norm = LayerNorm(d, net["norm_eps"])
+        self.final_norm = norm(net)
         self.final_modulation = nn.Linear(net["time_embed_dim"], 2 * d) if modulated(net) else None
         self.head = None if net["tie_weights"] else nn.Linear(d, v + int(net["head_mask_row"]), bias=net["head_bias"])
         self.post_init()
@@ -251,15 +335,18 @@ class UnmaskForMaskedLM(UnmaskPreTrainedModel):
         if self.time_embed is not None:
             time = t if net["time_conditioning"] else torch.zeros(input_ids.shape[0], device=input_ids.device)
             cond = self.time_embed(time.to(input_ids.device))
-        cos, sin = rotary_tables(length, net["d_model"] // net["n_heads"], net["rope_base"], net["rope_angles"],
-                                 input_ids.device)
-        if mask is not None:  # block diffusion's one pass over [x_t ; x_0]: both halves at positions 0..L-1
-            input_ids = torch.cat([input_ids, clean_ids.to(input_ids.device)], dim=1)  # [B, L] + [B, L] -> [B, 2L]
-            cos, sin = cos.repeat(2, 1), sin.repeat(2, 1)  # [L, head_dim / 2] -> [2L, head_dim / 2]
-        x = self.embed(input_ids)
+        ids, positions, mask, outputs = self._rows(input_ids, clean_ids, mask)
+        x = self.embed(ids)
+        cos = sin = None
+        if self.positions is not None:
+            x = x + self.positions(positions)
+        else:
+            cos, sin = rotary_tables(int(positions.max()) + 1, net["d_model"] // net["n_heads"], net["rope_base"],
+                                     net["rope_angles"], input_ids.device)
+            cos, sin = cos[positions], sin[positions]  # [rows, head_dim / 2]
         for block in self.blocks:
             x = block(x, cond, cos, sin, mask)
-        x = self.final_norm(x[:, :length])  # the noisy half (every row without a clean copy)
+        x = self.final_norm(x.index_select(1, outputs))  # the rows that predict x_0..x_{L-1}
         if self.final_modulation is not None:
             shift, scale = self.final_modulation(cond)[:, None].chunk(2, dim=-1)
             x = modulate(x, shift, scale)
@@ -267,6 +354,19 @@ class UnmaskForMaskedLM(UnmaskPreTrainedModel):
         if return_dict is False:
             return (logits,)
         return MaskedLMOutput(logits=logits)
+
+    def _rows(self, input_ids: Tensor, clean_ids: Tensor | None, mask: Tensor | None
+              ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+        """The ids, positions, mask and output rows of a call: [x_t] (block diffusion: [x_t ; x_0],
+        both halves at positions 0..L-1), or a shifted network's (``shifted_rows``)."""
+        length, device = input_ids.shape[1], input_ids.device
+        if self.net.get("shift", False):
+            return shifted_rows(input_ids, clean_ids, self.config.block_size, self.net["vocab_size"] + 1)
+        positions = torch.arange(length, device=device)
+        if mask is None:
+            return input_ids, positions, None, positions
+        ids = torch.cat([input_ids, clean_ids.to(device)], dim=1)  # [B, L] + [B, L] -> [B, 2L]
+        return ids, positions.repeat(2), mask, positions  # the noisy half answers
 
     def _block_mask(self, input_ids: Tensor, clean_ids: Tensor | None) -> Tensor | None:
         """The attention mask of a block model's call (None for any other model), its misuse refused."""

@@ -15,15 +15,17 @@ SAMPLERS = [SamplingPlan(sampler="ancestral", steps=8), SamplingPlan(sampler="fi
             SamplingPlan(sampler="confidence", steps=4), SamplingPlan(sampler="remdm", steps=8)]
 
 
-def _sampling_network(dtype=torch.float32) -> Transformer:
+def _sampling_network(dtype=torch.float32, shift: bool = False) -> Transformer:
+    """A block diffusion network; with ``shift``, an adapted autoregressive model's (``model.shift``)."""
     torch.manual_seed(0)
-    config = TransformerConfig(vocab_size=11, n_layers=2, d_model=32, n_heads=4, max_seq_len=32)
+    config = TransformerConfig(vocab_size=11, n_layers=2, d_model=32, n_heads=4, max_seq_len=32, shift=shift)
     return Transformer(config).to(dtype).eval()
 
 
+@pytest.mark.parametrize("shift", [False, True], ids=["unshifted", "shifted"])
 @pytest.mark.parametrize("plan", SAMPLERS, ids=lambda plan: plan.sampler)
-def test_cached_samples_are_the_uncached_ones_bit_for_bit(plan):
-    network = _sampling_network()
+def test_cached_samples_are_the_uncached_ones_bit_for_bit(plan, shift):
+    network = _sampling_network(shift=shift)
     process = BlockDiffusion(make_schedule("linear"), 11, 4)
     prompt = torch.full((24,), 11)
     prompt[:3] = torch.tensor([1, 2, 3])  # a prefix that ends inside the first block
@@ -35,9 +37,10 @@ def test_cached_samples_are_the_uncached_ones_bit_for_bit(plan):
     assert stats.network_calls > 0
 
 
-def test_the_cache_gives_the_recomputed_logits_and_a_block_sees_only_the_blocks_before_it():
+@pytest.mark.parametrize("shift", [False, True], ids=["unshifted", "shifted"])
+def test_the_cache_gives_the_recomputed_logits_and_a_block_sees_only_the_blocks_before_it(shift):
     """float64: the cached network outputs equal the recomputed ones to 1e-12."""
-    network = _sampling_network(torch.float64)
+    network = _sampling_network(torch.float64, shift)
     from model.block_attention import KVCache
     from model.sampling.blocks import BlockNetwork
 

@@ -16,7 +16,7 @@ import torch
 
 from data_prep.tokenizer.load import load_tokenizer
 from data_prep.tokenizer.sentencepiece_model import train_sentencepiece
-from model.transformer import TransformerConfig
+from model.transformer import FamilyLayers, TransformerConfig
 from pipeline.interchange.export import WEIGHTS_FILE, export, export_to_hf, load_export, write_export
 from pipeline.interchange.hf_export import HF_MODELING_FILE
 from pipeline.interchange.mdlm_import import import_mdlm
@@ -41,6 +41,12 @@ NETWORKS = {
     "MDLM's options": MDLM_OPTIONS,
     "MDLM's options, time-free": {**MDLM_OPTIONS, "time_conditioning": False, "adaptive_norm": True},
     "causal": {"causal": True},
+    # adapted from autoregressive models (docs/adapting.md): a family's layers, the shift
+    "GPT-2 layers, shifted": {"shift": True, "mlp_bias": True, "family": FamilyLayers(
+        learned_positions=MAX_SEQ_LEN + 1, norm_bias=True, mlp_hidden=48, qkv_bias=True, out_bias=True)},
+    "Llama layers, shifted": {"shift": True, "rope_angles": "float32", "family": FamilyLayers(
+        norm="rmsnorm", mlp="swiglu", mlp_hidden=48, kv_heads=1)},
+    "Qwen2 layers": {"family": FamilyLayers(norm="rmsnorm", mlp="swiglu", mlp_hidden=48, kv_heads=1, qkv_bias=True)},
 }
 
 
@@ -119,6 +125,8 @@ def test_the_modeling_file_implements_every_network_field(transformers):
         module.UnmaskConfig(network={"vocab_size": 5, "a_field_of_the_future": 1})
     with pytest.raises(ValueError, match="document_separator = 2: this file attends over the whole window"):
         module.UnmaskConfig(network={"vocab_size": 5, "document_separator": 2})
+    with pytest.raises(ValueError, match="does not know the network family fields"):
+        module.UnmaskConfig(network={"vocab_size": 5, "family": {"a_layer_of_the_future": 1}})
 
 
 def test_a_document_masked_model_is_refused_in_one_line_and_nothing_is_written(tokenizer_dir, tmp_path):
@@ -137,7 +145,9 @@ def test_a_document_masked_model_is_refused_in_one_line_and_nothing_is_written(t
 BLOCK_LENGTH = 16  # a shorter multiple of the block size than max_seq_len, as the forward allows
 # block size, network: the autoregressive extreme, BD3-LM's released layout (adaLN fed time 0), an untied head
 BLOCK_CASES = {"L'=1": (1, {}), "L'=4, adaLN": (4, {"adaptive_norm": True}),
-               "L'=8, untied": (8, {"tie_weights": False})}
+               "L'=8, untied": (8, {"tie_weights": False}),
+               "L'=4, GPT-2 layers, shifted": (4, NETWORKS["GPT-2 layers, shifted"]),
+               "L'=1, Llama layers, shifted": (1, NETWORKS["Llama layers, shifted"])}
 
 
 def _block_batch(batch: int = 2, length: int = BLOCK_LENGTH) -> tuple[torch.Tensor, torch.Tensor]:

@@ -196,7 +196,7 @@ def test_a_source_of_another_tokenizer_is_refused_with_the_fix(source_export, ti
 
 def test_sources_that_are_not_an_export_or_a_trained_run_are_refused(source_export, tmp_path):
     cases = [(tmp_path / "missing", None, "does not exist"),
-             (tmp_path, None, "neither an export .* nor a training run"),
+             (tmp_path, None, "neither an export .*, a training run .* nor a Hugging Face model"),
              (source_export, "model", "an export holds one set of weights")]
     (tmp_path / "untrained" / "checkpoints").mkdir(parents=True)
     cases.append((tmp_path / "untrained", None, "a training run with no checkpoint yet"))
