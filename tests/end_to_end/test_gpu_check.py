@@ -44,6 +44,7 @@ def _check(tmp_path: Path, shards: Path, *options: str) -> tuple[subprocess.Comp
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(DRY_RUN_TIMEOUT_S + 60)  # the dry run's own limit, not the suite's 600 s per test
 def test_the_gpu_check_dry_runs_on_cpu_and_writes_every_result(tmp_path, tinyshakespeare_shards):
     done, out = _check(tmp_path, tinyshakespeare_shards)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
