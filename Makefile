@@ -12,13 +12,14 @@ install: $(STAMP)
 
 # Order matters: torch first (the CPU or CUDA build this machine needs), then deepspeed
 # without build isolation (its setup.py imports torch), then the project, the dev tools and
-# lm-evaluation-harness (`unmask lm-eval`; its tests are in the suite) and the manual's tools.
+# lm-evaluation-harness (`unmask lm-eval`; its tests are in the suite), torchao (`train.float8`: its refusals
+# and layer swap are tested on CPU) and the manual's tools.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel
 	$(PIP) install torch==$(TORCH_VERSION)
 	$(PIP) install --no-build-isolation "deepspeed>=0.19.8,<0.20"
-	$(PIP) install -e ".[dev,lm-eval,docs]"
+	$(PIP) install -e ".[dev,lm-eval,fp8,docs]"
 	touch $(STAMP)
 
 # The whole pipeline (prep -> train -> export -> eval -> report) on CPython's own docs.
