@@ -34,7 +34,6 @@ from common.disk_full import DiskFull, is_disk_full
 from common.errors import UserError
 from common.file_records import HASH_THREADS, sha256_file
 from pipeline.distributed import Distributed
-from pipeline.run_dir.async_checkpoint import AsyncSaves, capture_engine_state, host_copy
 from pipeline.run_dir.layout import TAG_PATTERN, RunLayout
 from pipeline.run_dir.rank_files import rank_file, rng_state, set_rng_state
 from pipeline.run_dir.reshard import DEEPSPEED_DIR, EMA_FILE, UNIVERSAL_DIR, universal_checkpoint, universal_loading
@@ -325,7 +324,13 @@ class CheckpointManager:
         self.dist, self.keep_last = dist, keep_last
         self.on_committed = on_committed or (lambda directory, step: None)
         self.on_file_written = on_file_written or (lambda path, step: None)
-        self.saves = AsyncSaves(dist, self._failure, self.on_committed) if asynchronous else None
+        self.saves = None
+        if asynchronous:
+            # Here, not at the top: the module imports DeepSpeed, which a command that never trains
+            # must not load (it logs its accelerator on import).
+            from pipeline.run_dir.async_checkpoint import AsyncSaves
+
+            self.saves = AsyncSaves(dist, self._failure, self.on_committed)
 
     def latest(self) -> Path | None:
         return latest_checkpoint(self.run_dir, warn=self.dist.is_main)
@@ -380,6 +385,8 @@ class CheckpointManager:
     def _start_save(self, engine, ema: EMAState, meta: CheckpointMeta) -> Path:
         """Take the snapshot of checkpoint ``meta.step`` (the step waits for this only), then write
         and commit it in the background, after the save in flight."""
+        from pipeline.run_dir.async_checkpoint import capture_engine_state, host_copy
+
         self.saves.finish()
         directory, failure = self.layout.checkpoint(meta.step), None
         try:
