@@ -19,30 +19,17 @@ from pathlib import Path
 
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model.transformer import Block, Transformer, preset
-from pipeline.training.engine import activation_memory_bytes
+from pipeline.training.engine import activation_memory_bytes  # noqa: E402
+from tests.support.allocations import allocations_of  # noqa: E402
 
 # (layers, d_model, heads, micro-batch, sequence length, vocabulary)
 SHAPES = [(2, 64, 2, 8, 128, 211), (4, 64, 4, 4, 256, 211), (3, 32, 2, 16, 64, 97), (2, 64, 2, 8, 64, 2000),
           (2, 128, 4, 4, 128, 211)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def peak_bytes(function) -> int:
-    """The most bytes torch's CPU allocator held during ``function`` above what it held before."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
-        function()
-    events = sorted((e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = peak = 0
-    for event in events:
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
 
 
 def measure(shape: tuple, precision: str, checkpointing: bool) -> dict:
@@ -59,7 +46,7 @@ def measure(shape: tuple, precision: str, checkpointing: bool) -> dict:
         network.nll_at(masked, None, every, targets).sum().backward()
 
     step()
-    measured = peak_bytes(step)
+    measured = allocations_of(step).peak
     estimate = activation_memory_bytes(config, micro, length, precision, checkpointing=checkpointing, compiled=False)
     return {"bench": "memory_estimate", "layers": layers, "d_model": width, "micro_batch": micro, "seq_len": length,
             "vocab": vocab, "precision": precision, "checkpointing": checkpointing, "measured_bytes": measured,
