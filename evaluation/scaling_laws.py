@@ -15,7 +15,6 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy import stats
 
 __all__ = [
     "INTERVAL",
@@ -89,6 +88,14 @@ class ProcessFit:
         return asdict(self)
 
 
+def _t_quantile(dof: int) -> float:
+    """Student's t quantile of the two-sided ``INTERVAL`` (scipy imported here: it costs every
+    command line a second at its start)."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + INTERVAL / 2, dof))
+
+
 def isoflop_minimum(budget: float, params: list[float], losses: list[float]) -> IsoflopMinimum | None:
     """The parabola's vertex for one budget; None with fewer than three sizes or a curve that
     does not open upwards (no minimum: the budget's sizes all lie on one side of it)."""
@@ -117,7 +124,7 @@ def power_law(x: list[float], y: list[float]) -> PowerLaw:
         return PowerLaw(math.exp(log_k), exponent, None, None, None, len(log_x))
     residual = log_y - design @ solution
     covariance = float(residual @ residual) / dof * np.linalg.inv(design.T @ design)
-    t = float(stats.t.ppf(0.5 + INTERVAL / 2, dof))
+    t = _t_quantile(dof)
     half_k, half_e = t * math.sqrt(covariance[0, 0]), t * math.sqrt(covariance[1, 1])
     return PowerLaw(math.exp(log_k), exponent, (exponent - half_e, exponent + half_e),
                     (log_k - half_k, log_k + half_k),
@@ -164,6 +171,6 @@ def compute_multiplier(reference: PowerLaw, other: PowerLaw, loss: float) -> Com
         variance = (grad_a @ np.asarray(reference.covariance) @ grad_a
                     + grad_b @ np.asarray(other.covariance) @ grad_b)
         dof = min(reference.points, other.points) - 2
-        half = float(stats.t.ppf(0.5 + INTERVAL / 2, dof)) * math.sqrt(max(float(variance), 0.0))
+        half = _t_quantile(dof) * math.sqrt(max(float(variance), 0.0))
         interval = (_exp(log_m - half), _exp(log_m + half))
     return ComputeMultiplier(loss=loss, multiplier=_exp(log_m), interval=interval)

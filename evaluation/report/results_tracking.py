@@ -25,8 +25,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlflow.exceptions import MlflowException
-
 from evaluation.report.plots import Curves
 from evaluation.report.write import JSON_NAME
 from evaluation.results import (
@@ -38,7 +36,7 @@ from evaluation.results import (
     SamplingRecord,
     ScheduleRecord,
 )
-from pipeline.tracking.tracker import Tracker, TrackingUnreachable, flatten_params
+from pipeline.tracking.tracker import Tracker, flatten_params, tracking_failures
 
 __all__ = ["CURVE_METRICS", "DOWNSTREAM_PREFIX", "EVAL_EXPERIMENT", "REPORT_ARTIFACT_DIR", "VAL_METRIC",
            "EvalTracking", "downstream_metrics", "metric_part", "metric_parts", "track_downstream", "track_results"]
@@ -49,8 +47,6 @@ VAL_METRIC = "val/nelbo_per_token"   # the training's validation bound, as it lo
 CURVE_METRICS = ("train/loss", VAL_METRIC)
 EVAL_EXPERIMENT = "unmask-eval"
 REPORT_ARTIFACT_DIR = "report"
-# What a tracking server that is down or failing raises.
-TRACKING_ERRORS = (TrackingUnreachable, MlflowException, OSError)
 DOWNSTREAM_PREFIX = "lm_eval"
 # lm-eval's filters ("none", "strict-match", ...): "none" is left out of the metric's name.
 NO_FILTER = "none"
@@ -108,7 +104,7 @@ class EvalTracking:
         """The report directory as the run's ``report`` artifact; a failure costs a warning."""
         try:
             self.tracker.log_artifact(out_dir, artifact_path=REPORT_ARTIFACT_DIR)
-        except TRACKING_ERRORS as err:
+        except tracking_failures() as err:
             log.warning("MLflow: the report was not uploaded (%s)", _first_clause(err))
 
 
@@ -189,7 +185,7 @@ def _track(model: ModelRecord, log_to: Callable[[Tracker], None], *, run_dir: Pa
         tracker = _tracker(run_dir, out_dir, tracking_uri, model)
         log_to(tracker)
         curves = {key: tracker.metric_history(key) for key in CURVE_METRICS}
-    except TRACKING_ERRORS as err:
+    except tracking_failures() as err:
         log.warning("MLflow: the results were not logged (%s); they are in %s", _first_clause(err),
                     out_dir / record_file)
         return None

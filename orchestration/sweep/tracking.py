@@ -13,19 +13,16 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from mlflow.exceptions import MlflowException
-
 from common.errors import UserError
 from orchestration.sweep.plan import Trial
 from orchestration.sweep.trials import TrialOutcome, TrialPaths
 from pipeline.config import Config
-from pipeline.tracking.tracker import Tracker
+from pipeline.tracking.tracker import Tracker, tracking_failures
 
 __all__ = ["PARENT_TAG", "SweepTracking"]
 
 log = logging.getLogger("unmask.sweep")
 PARENT_TAG = "mlflow.parentRunId"   # MLflow's own: the UI nests a child under its parent
-FAILURES = (MlflowException, OSError, UserError)
 
 
 class SweepTracking:
@@ -42,7 +39,7 @@ class SweepTracking:
         try:
             tracker = Tracker.open(sweep_dir, tracking_uri=logging_.mlflow_uri, experiment=logging_.experiment,
                                    run_name=name)
-        except FAILURES as err:
+        except (*tracking_failures(), UserError) as err:
             log.warning("unmask sweep: warning: no MLflow parent run (%s); the sweep goes on, its record is "
                         "in %s", err, sweep_dir)
             return cls(None)
@@ -57,7 +54,7 @@ class SweepTracking:
             return
         try:
             call()
-        except FAILURES as err:
+        except (*tracking_failures(), UserError) as err:
             log.warning("unmask sweep: warning: MLflow: %s failed (%s); the sweep goes on", what, err)
 
     def describe(self, tags: dict[str, str]) -> None:

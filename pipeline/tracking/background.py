@@ -17,11 +17,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-
-from mlflow.entities import Metric
-from mlflow.utils.validation import MAX_METRICS_PER_BATCH
+from typing import TYPE_CHECKING
 
 from pipeline.tracking.tracker import Tracker
+
+if TYPE_CHECKING:  # MLflow is imported where it is used (pipeline.tracking.tracker says why)
+    from mlflow.entities import Metric
 
 __all__ = ["BackgroundTracker", "MAX_QUEUED", "CLOSE_WAIT_S", "FAILED_CLOSE_WAIT_S"]
 
@@ -65,6 +66,8 @@ class BackgroundTracker:
 
     def __init__(self, tracker: Tracker, *, skip: dict[str, set[int]] | None = None,
                  metrics_file: str = "metrics.jsonl") -> None:
+        from mlflow.utils.validation import MAX_METRICS_PER_BATCH
+
         self.tracker = tracker
         self.run_id, self.tracking_uri = tracker.run_id, tracker.tracking_uri
         self.skip = skip or {}
@@ -76,12 +79,15 @@ class BackgroundTracker:
         self._outage = _Outage()
         self._last_send = 0.0
         self._queued_metrics = 0    # metric points in the queue
+        self._batch_limit = MAX_METRICS_PER_BATCH   # metric points one request may carry
         self._thread = threading.Thread(target=self._deliver, name="unmask-mlflow", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ the loop's side
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Queue one step's metrics (never blocks, never raises)."""
+        from mlflow.entities import Metric
+
         timestamp = int(time.time() * MS_PER_SECOND)
         kept = [Metric(key, float(value), timestamp, step) for key, value in metrics.items()
                 if step not in self.skip.get(key, ())]
@@ -155,7 +161,7 @@ class BackgroundTracker:
 
     def _should_wait(self) -> bool:
         """Metrics that do not fill a request yet wait for their send time (lock held)."""
-        return (self._queue[0].step is not None and self._queued_metrics < MAX_METRICS_PER_BATCH
+        return (self._queue[0].step is not None and self._queued_metrics < self._batch_limit
                 and self._wait_time() > 0)
 
     def _wait_time(self) -> float | None:
@@ -171,7 +177,7 @@ class BackgroundTracker:
             return [head]
         batch, size = [], 0
         for record in self._queue:
-            if record.step is None or size + len(record.metrics) > MAX_METRICS_PER_BATCH:
+            if record.step is None or size + len(record.metrics) > self._batch_limit:
                 break
             batch.append(record)
             size += len(record.metrics)

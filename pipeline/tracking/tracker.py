@@ -16,17 +16,18 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
-
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
-from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
 
 from common.atomic_files import atomic_write_bytes
 from common.errors import UserError
 from pipeline.run_dir.layout import RunLayout
+
+# MLflow is imported where it is used: importing it takes over a second, which every command
+# (``unmask --help`` too) would otherwise pay at its start.
+if TYPE_CHECKING:
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
 
 DEFAULT_EXPERIMENT = "unmask"
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
@@ -57,6 +58,13 @@ HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUES
 
 class TrackingUnreachable(UserError):
     """The tracking server did not answer at the start of a run."""
+
+
+def tracking_failures() -> tuple[type[Exception], ...]:
+    """What a tracking server that is down or failing raises: the classes to catch."""
+    from mlflow.exceptions import MlflowException
+
+    return (TrackingUnreachable, MlflowException, OSError)
 
 
 def _is_http(uri: str) -> bool:
@@ -124,6 +132,8 @@ def flatten_params(config: dict, prefix: str = "") -> dict[str, str]:
     no key silently disappears. Values longer than MLflow's param limit are truncated
     with a marker saying so.
     """
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
     flat: dict[str, str] = {}
     for key, value in config.items():
         name = f"{prefix}.{key}" if prefix else str(key)
@@ -249,6 +259,9 @@ class Tracker:
                 f"{record_path} records tracking URI {recorded_uri} but {tracking_uri} was given; "
                 f"resume with {recorded_uri} (or no tracking URI), or use a new run directory "
                 "to start a new MLflow run")
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
         _check_local_store_exists(recorded_uri, record_path)
         client = MlflowClient(tracking_uri=recorded_uri)
         run_id = record["run_id"]
@@ -266,6 +279,8 @@ class Tracker:
     @classmethod
     def _create(cls, run_dir: Path, tracking_uri: str | None, experiment: str,
                 run_name: str | None) -> Tracker:
+        from mlflow.tracking import MlflowClient
+
         run_dir.mkdir(parents=True, exist_ok=True)
         uri = tracking_uri or default_tracking_uri()
         shared = f"sqlite:///{shared_store() / STORE_FILE}"
@@ -287,6 +302,9 @@ class Tracker:
         A param logged before with a different value raises :class:`UserError`: a resumed
         run whose config changed is a different experiment.
         """
+        from mlflow.entities import Param
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
         logged = self.client.get_run(self.run_id).data.params
         new = []
         for key, value in params.items():
@@ -303,6 +321,8 @@ class Tracker:
     def log_metrics(self, metrics: dict[str, float], step: int, timestamp_ms: int | None = None) -> None:
         """Log all metrics of one step in one batch; NaN and inf are logged as they are.
         ``timestamp_ms``: when they were measured (default now), for late delivery."""
+        from mlflow.entities import Metric
+
         timestamp = _now_ms() if timestamp_ms is None else timestamp_ms
         batch = [Metric(key, float(value), timestamp, step) for key, value in metrics.items()]
         self.client.log_batch(self.run_id, metrics=batch)
@@ -322,6 +342,9 @@ class Tracker:
 
     def set_tags(self, tags: dict[str, str]) -> None:
         """Set (or overwrite) run tags; over-long values are truncated with a marker."""
+        from mlflow.entities import RunTag
+        from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
         batch = [RunTag(key, _fit(str(value), MAX_TAG_VAL_LENGTH)) for key, value in tags.items()]
         self.client.log_batch(self.run_id, tags=batch)
 
