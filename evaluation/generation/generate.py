@@ -29,7 +29,8 @@ from common.errors import UserError
 from common.progress import bar as progress_bar
 from data_prep.tokenizer.base import Tokenizer
 from evaluation.inference import BLOCKS_UNCOMPILED, inference_mode, resolve_device, should_compile
-from model.denoiser import Denoiser
+from model.block_attention import AttentionLayout, KVCache
+from model.documents import masks_documents
 
 # The diffusion sampler's float64 inverse-CDF draw: the AR sampler draws its tokens the same way.
 from model.sampling import (
@@ -428,26 +429,35 @@ def _left_to_right(network: torch.nn.Module, vocab_size: int, prefix: Tensor, se
     after ``prefix`` [B, P].
 
     Tokens are drawn by inverse CDF from the plan's float64 distribution, one uniform per row
-    per token from the row's own generator, as in the diffusion samplers.
+    per token from the row's own generator, as in the diffusion samplers. After the first call
+    (the start token and the prefix) each call reads only the newest token against the keys and
+    values of those before it (``KVCache``): one row per call, not the whole context. A network
+    that masks attention at document boundaries (``model.documents``) reads the whole context
+    at every call, its mask built from the tokens.
     """
     rows, device = prefix.shape[0], prefix.device
     tokens = torch.empty((rows, seq_len), dtype=torch.long, device=device)
     tokens[:, :prefix.shape[1]] = prefix
     start = torch.full((rows, 1), vocab_size, dtype=torch.long, device=device)
     every_row = torch.ones(rows, dtype=torch.bool)
+    cached = not masks_documents(network)
+    layout = AttentionLayout(positions=None, mask=None, cache=KVCache(append=True)) if cached else None
+    new = torch.cat([start, prefix], dim=1)   # [B, 1 + P]: the first call's rows
     for position in range(prefix.shape[1], seq_len):
-        logits = _next_token_logits(network, torch.cat([start, tokens[:, :position]], dim=1))
+        context = new if cached else torch.cat([start, tokens[:, :position]], dim=1)
+        logits = _next_token_logits(network, context, layout)
         u = row_uniforms((), generators, every_row, device)
         tokens[:, position] = inverse_cdf(token_probs(logits, plan), u)
+        new = tokens[:, position:position + 1]   # [B, 1]
     return tokens
 
 
-def _next_token_logits(network: Denoiser, context: Tensor) -> Tensor:
-    """Logits [B, V] at the last position of ``context`` (a ``Transformer`` skips the output
-    projection elsewhere)."""
-    last = torch.zeros(context.shape, dtype=torch.bool, device=context.device)
+def _next_token_logits(network: torch.nn.Module, rows: Tensor, layout: AttentionLayout | None) -> Tensor:
+    """Logits [B, V] at the last of ``rows`` [B, R] (a ``Transformer`` skips the output
+    projection elsewhere), after ``layout``'s cache when there is one."""
+    last = torch.zeros(rows.shape, dtype=torch.bool, device=rows.device)
     last[:, -1] = True
-    return network.logits_at(context, None, last)
+    return network(rows, None, output_mask=last, layout=layout)
 
 
 def _sample(tokenizer: Tokenizer, tokens: list[int], kept_end: int, calls: int, prompt: str | None,
