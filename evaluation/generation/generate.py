@@ -251,9 +251,10 @@ def _draw(exported: Exported, plan: SamplingPlan, batches: list[_Batch], objecti
     network = exported.network.to(target).eval()
     block_size = exported.spec.block_size
     # A block diffusion's sampler runs its cache between the blocks' calls: not compiled.
-    # Neither does the prefix cache (model.sampling.window), whose forwards carry it.
-    if block_size is None and plan.prefix_cache is None and should_compile(plan.compile, target,
-                                                                           _network_tokens(plan, batches, objective)):
+    # Neither does the prefix cache (model.sampling.window), whose forwards carry it, nor an
+    # autoregressive model's KV cache (one new row per call: little for a compile to gain).
+    cached = block_size is not None or plan.prefix_cache is not None or objective == AUTOREGRESSIVE
+    if not cached and should_compile(plan.compile, target, _network_tokens(plan, batches)):
         network.compile_parts()
     draw = _autoregressive_batch if objective == AUTOREGRESSIVE else _diffusion_batch
     steps = [1 if block_size is None else -(-batch.seq_len // block_size) for batch in batches]
@@ -270,14 +271,13 @@ def _draw(exported: Exported, plan: SamplingPlan, batches: list[_Batch], objecti
     return samples
 
 
-def _network_tokens(plan: SamplingPlan, batches: list[_Batch], objective: str) -> int:
-    """An upper bound on the tokens the batches pass through the network: rows x length x calls
-    per row (the tokens to generate for first-hitting and autoregressive sampling, else the
-    budget per block)."""
+def _network_tokens(plan: SamplingPlan, batches: list[_Batch]) -> int:
+    """An upper bound on the tokens the batches pass through a diffusion model's network: rows x
+    length x calls per row (the tokens to generate for first-hitting, else the budget per block)."""
     total = 0
     for batch in batches:
         rows, length = batch.conditioning.shape[0], batch.seq_len
-        if objective == AUTOREGRESSIVE or plan.steps is None:
+        if plan.steps is None:
             calls = length
         else:
             calls = plan.steps * (1 if plan.block_len is None else -(-length // plan.block_len))
@@ -377,6 +377,9 @@ def _check_autoregressive(plan: SamplingPlan, seq_len: int | None, max_seq_len: 
     if plan.guidance is not None:
         raise UserError("--guidance needs a diffusion export: its unconditional pass masks the prompt, which an "
                         "autoregressive model cannot read; leave --guidance out")
+    if plan.compile == "on":
+        raise UserError("--compile on: an autoregressive model samples one new token per call against its KV "
+                        "cache, uncompiled; leave --compile auto or off")
     if seq_len is not None and seq_len > max_seq_len:
         raise UserError(f"--seq-len {seq_len} exceeds the network's max_seq_len {max_seq_len}")
 

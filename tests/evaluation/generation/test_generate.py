@@ -348,6 +348,7 @@ def test_a_causal_network_that_masks_documents_reads_its_whole_context_at_every_
     (SamplingPlan(), TEMPLATE, r"--infill needs a diffusion export"),
     (SamplingPlan(sampler="first-hitting"), None, r"--sampler first-hitting needs a diffusion export"),
     (SamplingPlan(block_len=8), None, r"--block-len needs a diffusion export"),
+    (SamplingPlan(compile="on"), None, r"--compile on: an autoregressive model samples one new token per call"),
 ])
 def test_autoregressive_exports_refuse_what_only_diffusion_does(autoregressive, plan, infill, message):
     with pytest.raises(UserError, match=message):
@@ -362,7 +363,7 @@ def test_autoregressive_exports_refuse_what_only_diffusion_does(autoregressive, 
 ])
 def test_the_work_that_decides_compiling_bounds_the_tokens_through_the_network(plan, tokens):
     batch = generation._Batch([0, 1, 2], torch.zeros(3, 1024, dtype=torch.long), [None] * 3, 1024)
-    assert generation._network_tokens(plan, [batch], generation.DIFFUSION) == tokens
+    assert generation._network_tokens(plan, [batch]) == tokens
 
 
 def test_compiled_sampling_draws_the_eager_samples_from_three_graphs_without_a_break(exports, diffusion):
