@@ -421,12 +421,13 @@ def test_autoregressive_decoding_with_its_kv_cache_gives_the_full_forward_under_
     """An autoregressive model samples as `unmask sample` runs it on a GPU (inference mode, bf16):
     one new row per call against its KV cache. Greedy tokens are the full causal forward's argmax
     wherever the full forward's top two logits are not within bf16's rounding of each other."""
-    from evaluation.generation.generate import _left_to_right
+    from evaluation.generation.generate import autoregressive_sample
 
     network, device = _network(causal=True).eval(), torch.device("cuda")
     prefix = torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(3)).cuda()
     with torch.inference_mode(), inference_mode(network, device):
-        tokens = _left_to_right(network, VOCAB, prefix, LENGTH, SamplingPlan(top_p=1e-9), sample_generators(0, range(4)))
+        tokens = autoregressive_sample(network, VOCAB, prefix, LENGTH, SamplingPlan(top_p=1e-9),
+                                       sample_generators(0, range(4)))
         logits = network(torch.cat([torch.full((4, 1), VOCAB, device=device), tokens[:, :-1]], dim=1)).float()
     assert torch.equal(tokens[:, :16], prefix)
     top = logits.topk(2, dim=-1).values

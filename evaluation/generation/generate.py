@@ -46,8 +46,8 @@ from model.sampling import (
 from model.spec import PROCESS_TYPES
 from pipeline.interchange.export import Exported
 
-__all__ = ["DEFAULT_BATCH_SIZE", "INFILL_PLACEHOLDER", "INFILL_SYNTAX", "Sample", "build_prompt", "check_plan",
-           "check_sampling", "complete", "continue_tokens", "generate", "resolve_device"]
+__all__ = ["DEFAULT_BATCH_SIZE", "INFILL_PLACEHOLDER", "INFILL_SYNTAX", "Sample", "autoregressive_sample", "build_prompt",
+           "check_plan", "check_sampling", "complete", "continue_tokens", "generate", "resolve_device"]
 
 # An infill placeholder: "[MASK]" is one generated token, "[MASK*n]" n of them (n >= 1).
 INFILL_PLACEHOLDER = re.compile(r"\[MASK(?:\*(\d+))?\]")
@@ -420,14 +420,14 @@ def _autoregressive_prefix(tokenizer: Tokenizer, prompt: str | None, seq_len: in
 def _autoregressive_batch(exported: Exported, network: torch.nn.Module, plan: SamplingPlan, batch: _Batch,
                           device: torch.device) -> list[Sample]:
     prefix = batch.conditioning.shape[1]
-    tokens = _left_to_right(network, exported.network.config.vocab_size, batch.conditioning.to(device),
+    tokens = autoregressive_sample(network, exported.network.config.vocab_size, batch.conditioning.to(device),
                             batch.seq_len, plan, sample_generators(plan.seed, batch.indices))
     return [_sample(exported.tokenizer, row, prefix, batch.seq_len - prefix, shown, plan, index)
             for row, shown, index in zip(tokens.tolist(), batch.shown, batch.indices)]
 
 
-def _left_to_right(network: torch.nn.Module, vocab_size: int, prefix: Tensor, seq_len: int, plan: SamplingPlan,
-                   generators: list[torch.Generator]) -> Tensor:
+def autoregressive_sample(network: torch.nn.Module, vocab_size: int, prefix: Tensor, seq_len: int,
+                          plan: SamplingPlan, generators: list[torch.Generator]) -> Tensor:
     """Ancestral sampling from a causal network that reads ``[start, x_0, ...]`` (start id V),
     after ``prefix`` [B, P].
 

@@ -339,7 +339,8 @@ def test_a_causal_network_that_masks_documents_reads_its_whole_context_at_every_
                                             causal=True, document_separator=0)).eval()
     prefix = torch.tensor([[3, 5, 0, 7]])   # a document ends after 5
     with torch.no_grad():
-        tokens = generation._left_to_right(network, 16, prefix, 12, SamplingPlan(top_p=1e-9), sample_generators(0, [0]))
+        tokens = generation.autoregressive_sample(network, 16, prefix, 12, SamplingPlan(top_p=1e-9),
+                                                  sample_generators(0, [0]))
         logits = network(torch.cat([torch.full((1, 1), 16), tokens[:, :-1]], dim=1))
     assert torch.equal(logits.argmax(-1)[:, 4:], tokens[:, 4:])
 
