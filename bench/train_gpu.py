@@ -56,7 +56,9 @@ at the masked rows) per second over the peak, and in the 2N + 4·L·d·T convent
 per preset, --sample-batch (64) sequences from all-mask as `unmask sample` runs them, by
 cached ancestral and by first-hitting with a budget of --sample-steps calls (1000; the GPU
 check passes 32: the utilization of a call does not depend on how many there are), eager and,
-on a GPU, with the blocks compiled: sequences/s, seconds per call, utilization. At 64 x 1024
+on a GPU, with the blocks compiled: sequences/s, tokens/s, seconds per call, utilization; then
+eager, fast generation's rows at the same budget (semi-autoregressive blocks without and with
+the prefix cache) and the autoregressive network of the same shape with its KV cache. At 64 x 1024
 tokens a call is ~0.1 s of GPU work, so launch overhead (what CUDA graphs would save) is
 small; the host's per-call reads are the syncs the samplers' docstrings name. lm-eval:
 --lm-eval-requests loglikelihood requests scored as `unmask lm-eval` does, requests/s.
@@ -108,6 +110,7 @@ from data_prep.shards.loader import StreamingLoader  # noqa: E402
 from data_prep.tokenizer.load import load_tokenizer  # noqa: E402
 from data_prep.write_shards import PrepConfig, write_shards  # noqa: E402
 from evaluation.downstream.likelihoods import ScoringModel, ScoringSettings, score_continuations  # noqa: E402
+from evaluation.generation.generate import autoregressive_sample  # noqa: E402
 from evaluation.inference import inference_mode  # noqa: E402
 from model.absorbing import AbsorbingDiffusion  # noqa: E402
 from model.denoiser import FunctionDenoiser  # noqa: E402
@@ -160,6 +163,12 @@ DEFAULT_CHUNK_ROWS = 4096
 SAMPLE_STEPS = 1000             # the manual's and the papers' sampling budget
 SAMPLE_BATCH = 64               # sequences sampled together: a batch that fills a GPU
 SAMPLERS_MEASURED = ("ancestral", "first-hitting")   # cached ancestral and (exact when steps >= seq_len) first-hitting
+# Fast generation's rows (docs/fast-generation.md), eager: semi-autoregressive blocks of an eighth of the
+# sequence with the same budget, without and with the prefix cache refreshed every PREFIX_REFRESH calls;
+# and the autoregressive network of the same shape with its KV cache, one call per token. Threshold
+# decoding's pace is a trained model's confidence (bench/sampler_quality.py), so it has no row here.
+BLOCKS_PER_SEQUENCE = 8
+PREFIX_REFRESH = 4
 EVAL_MASKED_SHARE = 0.5         # the linear schedule's masked share averaged over stratified times: E[t] = 1/2
 LM_EVAL_SAMPLES = 16            # `unmask lm-eval --samples`' default
 LM_EVAL_REQUESTS = 256
@@ -432,21 +441,20 @@ def evaluation_row(network: TransformerConfig, evaluation: dict, peak: float | N
             "utilization_2n_4ldt": _utilization(network, per_s, per_s, 1.0, peak)}
 
 
-def measure_sampling(network: TransformerConfig, num_samples: int, steps: int, device: torch.device, *,
-                     sampler: str, compiled: bool, peak: float | None) -> dict:
+def measure_sampling(network: TransformerConfig, num_samples: int, plan: SamplingPlan, device: torch.device, *,
+                     compiled: bool, peak: float | None) -> dict:
     """Sampling ``num_samples`` sequences from all-mask as ``unmask sample`` runs them
     (``evaluation.generation.generate``: inference mode, evaluation's precision and attention kernel,
     one generator per sample; a fresh network: the cost does not depend on the weights), by
-    ``sampler`` with a budget of ``steps`` calls (cached ancestral: at most one per step;
-    first-hitting: ceil(seq_len / steps) tokens per call), its blocks compiled when
-    ``compiled``. Utilization: the tokens of every row passed through the blocks, the head at
-    the revealed positions (each generated token once)."""
+    ``plan`` (cached ancestral: at most one call per step; first-hitting: ceil(seq_len / steps)
+    tokens per call; in blocks, per block), its blocks compiled when ``compiled``. Utilization
+    (not in blocks): the tokens of every row passed through the blocks, the head at the revealed
+    positions (each generated token once)."""
     torch.manual_seed(0)
     model = Transformer(network).to(device).eval()
     if compiled:
         model.compile_parts()
     diffusion = AbsorbingDiffusion(make_schedule("linear"), network.vocab_size, validate=False)
-    plan = SamplingPlan(sampler=sampler, steps=steps)
 
     def sample(sample_steps: int):
         with torch.inference_mode(), inference_mode(model, device):
@@ -458,16 +466,57 @@ def measure_sampling(network: TransformerConfig, num_samples: int, steps: int, d
     sample(WARMUP_SAMPLE_STEPS)   # kernels, allocator, the compile
     synchronize(device)
     start = time.perf_counter()
-    stats = sample(steps)
+    stats = sample(plan.steps)
     synchronize(device)
     elapsed = time.perf_counter() - start
     generated = num_samples * network.max_seq_len
-    return {"bench": "sample", "sampler": sampler, "compiled": compiled, "seq_len": network.max_seq_len,
-            "vocab_size": network.vocab_size, "device": device.type, "num_samples": num_samples, "steps": steps,
+    return {"bench": "sample", "sampler": plan.sampler, "block_len": plan.block_len, "prefix_cache": plan.prefix_cache,
+            "compiled": compiled, "seq_len": network.max_seq_len, "vocab_size": network.vocab_size,
+            "device": device.type, "num_samples": num_samples, "steps": plan.steps, "tokens_per_s": generated / elapsed,
             "seconds": elapsed, "sequences_per_s": num_samples / elapsed, "network_calls": stats.network_calls,
             "rows_evaluated": stats.rows_evaluated, "seconds_per_call": elapsed / stats.network_calls,
-            "utilization": _utilization(network, stats.rows_evaluated * network.max_seq_len, generated, elapsed,
-                                        peak)}
+            # In blocks a call reads the text before its block, not the whole sequence: no figure.
+            "utilization": None if plan.block_len is not None else _utilization(
+                network, stats.rows_evaluated * network.max_seq_len, generated, elapsed, peak)}
+
+
+def measure_autoregressive_sampling(network: TransformerConfig, num_samples: int, device: torch.device,
+                                    peak: float | None) -> dict:
+    """Sampling ``num_samples`` sequences from the start token by the autoregressive network of
+    ``network``'s shape as ``unmask sample`` runs an autoregressive export
+    (``evaluation.generation.generate.autoregressive_sample``: one new row per call against the KV
+    cache, uncompiled). Utilization: one row through the blocks and the head per generated token."""
+    torch.manual_seed(0)
+    causal = dataclasses.replace(network, causal=True)
+    model = Transformer(causal).to(device).eval()
+    plan, nothing = SamplingPlan(), torch.empty((num_samples, 0), dtype=torch.long, device=device)
+
+    def sample(length: int) -> None:
+        with torch.inference_mode(), inference_mode(model, device):
+            autoregressive_sample(model, causal.vocab_size, nothing, length, plan,
+                                  sample_generators(plan.seed, range(num_samples)))
+
+    sample(WARMUP_SAMPLE_STEPS)
+    synchronize(device)
+    start = time.perf_counter()
+    sample(causal.max_seq_len)
+    synchronize(device)
+    elapsed = time.perf_counter() - start
+    generated = num_samples * causal.max_seq_len
+    return {"bench": "sample", "sampler": "autoregressive", "kv_cache": True, "compiled": False,
+            "seq_len": causal.max_seq_len, "vocab_size": causal.vocab_size, "device": device.type,
+            "num_samples": num_samples, "steps": causal.max_seq_len, "tokens_per_s": generated / elapsed,
+            "seconds": elapsed, "sequences_per_s": num_samples / elapsed, "network_calls": causal.max_seq_len,
+            "rows_evaluated": generated, "seconds_per_call": elapsed / causal.max_seq_len,
+            "utilization": _utilization(causal, generated, generated, elapsed, peak)}
+
+
+def fast_generation_plans(steps: int, seq_len: int) -> list[SamplingPlan]:
+    """The eager rows of fast generation: blocks with ``steps`` calls in all, without and with the
+    prefix cache."""
+    block_len = max(1, seq_len // BLOCKS_PER_SEQUENCE)
+    blocks = SamplingPlan(sampler="first-hitting", steps=max(1, steps * block_len // seq_len), block_len=block_len)
+    return [blocks, dataclasses.replace(blocks, prefix_cache=PREFIX_REFRESH)]
 
 
 def measure_lm_eval(network: TransformerConfig, requests: int, device: torch.device) -> dict:
@@ -515,9 +564,14 @@ def measure_inference(args: argparse.Namespace, preset: str, manifest: Manifest,
     # Compiling on CPU takes minutes of inductor's C++ for nothing (evaluation.inference.should_compile).
     for compiled in (False, True) if device.type == "cuda" else (False,):
         for sampler in SAMPLERS_MEASURED:
-            rows.append({**measure_sampling(network, args.sample_batch, args.sample_steps, device, sampler=sampler,
-                                            compiled=compiled, peak=peak), "preset": preset})
+            plan = SamplingPlan(sampler=sampler, steps=args.sample_steps)
+            rows.append({**measure_sampling(network, args.sample_batch, plan, device, compiled=compiled, peak=peak),
+                         "preset": preset})
         torch._dynamo.reset()
+    for plan in fast_generation_plans(args.sample_steps, network.max_seq_len):
+        rows.append({**measure_sampling(network, args.sample_batch, plan, device, compiled=False, peak=peak),
+                     "preset": preset})
+    rows.append({**measure_autoregressive_sampling(network, args.sample_batch, device, peak), "preset": preset})
     rows.append({**measure_lm_eval(network, args.lm_eval_requests, device), "preset": preset})
     return rows
 

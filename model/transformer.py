@@ -347,6 +347,8 @@ class SelfAttention(nn.Module):
             # Finished blocks' keys and values first, kept before the rotation: the window's
             # positions start at 0 wherever it slid to (model.block_attention.KVCache).
             k, v = layout.cache.extend(self, k, v)
+            if self.causal and length > 1 and k.shape[2] > length:  # SDPA's causal mask would align them top-left
+                raise ValueError("a causal network reads one new row at a time after its KV cache")
             if self.rotary is not None:
                 key_positions = torch.arange(k.shape[2], device=k.device)
                 q, k = self.rotary(q, key_positions[k.shape[2] - length:]), self.rotary(k, key_positions)
@@ -358,8 +360,9 @@ class SelfAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         if layout is None or layout.mask is None:
             # SDPA dispatches to flash / memory-efficient kernels on GPU. A block after its cache
-            # attends to all of it and to itself: no mask.
-            causal = self.causal and (layout is None or layout.cache is None)
+            # attends to all of it and to itself: no mask; so does a causal network's one new row
+            # after its cache (autoregressive decoding), whose first call, on an empty cache, is causal.
+            causal = self.causal and k.shape[2] == length
             y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout)
         else:
             y = layout.attend(q, k, v, dropout)

@@ -416,6 +416,25 @@ def test_block_diffusion_samples_with_its_kv_cache_under_bf16():
     assert list(stats.row_calls) == [length] * samples and len(blocks) == length // 16
 
 
+
+def test_autoregressive_decoding_with_its_kv_cache_gives_the_full_forward_under_bf16():
+    """An autoregressive model samples as `unmask sample` runs it on a GPU (inference mode, bf16):
+    one new row per call against its KV cache. Greedy tokens are the full causal forward's argmax
+    wherever the full forward's top two logits are not within bf16's rounding of each other."""
+    from evaluation.generation.generate import autoregressive_sample
+
+    network, device = _network(causal=True).eval(), torch.device("cuda")
+    prefix = torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(3)).cuda()
+    with torch.inference_mode(), inference_mode(network, device):
+        tokens = autoregressive_sample(network, VOCAB, prefix, LENGTH, SamplingPlan(top_p=1e-9),
+                                       sample_generators(0, range(4)))
+        logits = network(torch.cat([torch.full((4, 1), VOCAB, device=device), tokens[:, :-1]], dim=1)).float()
+    assert torch.equal(tokens[:, :16], prefix)
+    top = logits.topk(2, dim=-1).values
+    clear = (top[..., 0] - top[..., 1] > 0.05)[:, 16:]
+    assert bool(clear.any()) and torch.equal(logits.argmax(-1)[:, 16:][clear], tokens[:, 16:][clear])
+
+
 def test_init_from_weights_loaded_on_the_host_give_the_sources_loss_on_the_device():
     """``--init-from`` loads the source into the padded training network on the host, before the
     module moves to the device: there it gives the source network's bf16 loss."""

@@ -29,7 +29,8 @@ from common.errors import UserError
 from common.progress import bar as progress_bar
 from data_prep.tokenizer.base import Tokenizer
 from evaluation.inference import BLOCKS_UNCOMPILED, inference_mode, resolve_device, should_compile
-from model.denoiser import Denoiser
+from model.block_attention import AttentionLayout, KVCache
+from model.documents import masks_documents
 
 # The diffusion sampler's float64 inverse-CDF draw: the AR sampler draws its tokens the same way.
 from model.sampling import (
@@ -45,8 +46,8 @@ from model.sampling import (
 from model.spec import PROCESS_TYPES
 from pipeline.interchange.export import Exported
 
-__all__ = ["DEFAULT_BATCH_SIZE", "INFILL_PLACEHOLDER", "INFILL_SYNTAX", "Sample", "build_prompt", "check_plan",
-           "check_sampling", "complete", "continue_tokens", "generate", "resolve_device"]
+__all__ = ["DEFAULT_BATCH_SIZE", "INFILL_PLACEHOLDER", "INFILL_SYNTAX", "Sample", "autoregressive_sample", "build_prompt",
+           "check_plan", "check_sampling", "complete", "continue_tokens", "generate", "resolve_device"]
 
 # An infill placeholder: "[MASK]" is one generated token, "[MASK*n]" n of them (n >= 1).
 INFILL_PLACEHOLDER = re.compile(r"\[MASK(?:\*(\d+))?\]")
@@ -250,9 +251,10 @@ def _draw(exported: Exported, plan: SamplingPlan, batches: list[_Batch], objecti
     network = exported.network.to(target).eval()
     block_size = exported.spec.block_size
     # A block diffusion's sampler runs its cache between the blocks' calls: not compiled.
-    # Neither does the prefix cache (model.sampling.window), whose forwards carry it.
-    if block_size is None and plan.prefix_cache is None and should_compile(plan.compile, target,
-                                                                           _network_tokens(plan, batches, objective)):
+    # Neither does the prefix cache (model.sampling.window), whose forwards carry it, nor an
+    # autoregressive model's KV cache (one new row per call: little for a compile to gain).
+    cached = block_size is not None or plan.prefix_cache is not None or objective == AUTOREGRESSIVE
+    if not cached and should_compile(plan.compile, target, _network_tokens(plan, batches)):
         network.compile_parts()
     draw = _autoregressive_batch if objective == AUTOREGRESSIVE else _diffusion_batch
     steps = [1 if block_size is None else -(-batch.seq_len // block_size) for batch in batches]
@@ -269,14 +271,13 @@ def _draw(exported: Exported, plan: SamplingPlan, batches: list[_Batch], objecti
     return samples
 
 
-def _network_tokens(plan: SamplingPlan, batches: list[_Batch], objective: str) -> int:
-    """An upper bound on the tokens the batches pass through the network: rows x length x calls
-    per row (the tokens to generate for first-hitting and autoregressive sampling, else the
-    budget per block)."""
+def _network_tokens(plan: SamplingPlan, batches: list[_Batch]) -> int:
+    """An upper bound on the tokens the batches pass through a diffusion model's network: rows x
+    length x calls per row (the tokens to generate for first-hitting, else the budget per block)."""
     total = 0
     for batch in batches:
         rows, length = batch.conditioning.shape[0], batch.seq_len
-        if objective == AUTOREGRESSIVE or plan.steps is None:
+        if plan.steps is None:
             calls = length
         else:
             calls = plan.steps * (1 if plan.block_len is None else -(-length // plan.block_len))
@@ -376,6 +377,9 @@ def _check_autoregressive(plan: SamplingPlan, seq_len: int | None, max_seq_len: 
     if plan.guidance is not None:
         raise UserError("--guidance needs a diffusion export: its unconditional pass masks the prompt, which an "
                         "autoregressive model cannot read; leave --guidance out")
+    if plan.compile == "on":
+        raise UserError("--compile on: an autoregressive model samples one new token per call against its KV "
+                        "cache, uncompiled; leave --compile auto or off")
     if seq_len is not None and seq_len > max_seq_len:
         raise UserError(f"--seq-len {seq_len} exceeds the network's max_seq_len {max_seq_len}")
 
@@ -416,38 +420,47 @@ def _autoregressive_prefix(tokenizer: Tokenizer, prompt: str | None, seq_len: in
 def _autoregressive_batch(exported: Exported, network: torch.nn.Module, plan: SamplingPlan, batch: _Batch,
                           device: torch.device) -> list[Sample]:
     prefix = batch.conditioning.shape[1]
-    tokens = _left_to_right(network, exported.network.config.vocab_size, batch.conditioning.to(device),
+    tokens = autoregressive_sample(network, exported.network.config.vocab_size, batch.conditioning.to(device),
                             batch.seq_len, plan, sample_generators(plan.seed, batch.indices))
     return [_sample(exported.tokenizer, row, prefix, batch.seq_len - prefix, shown, plan, index)
             for row, shown, index in zip(tokens.tolist(), batch.shown, batch.indices)]
 
 
-def _left_to_right(network: torch.nn.Module, vocab_size: int, prefix: Tensor, seq_len: int, plan: SamplingPlan,
-                   generators: list[torch.Generator]) -> Tensor:
+def autoregressive_sample(network: torch.nn.Module, vocab_size: int, prefix: Tensor, seq_len: int,
+                          plan: SamplingPlan, generators: list[torch.Generator]) -> Tensor:
     """Ancestral sampling from a causal network that reads ``[start, x_0, ...]`` (start id V),
     after ``prefix`` [B, P].
 
     Tokens are drawn by inverse CDF from the plan's float64 distribution, one uniform per row
-    per token from the row's own generator, as in the diffusion samplers.
+    per token from the row's own generator, as in the diffusion samplers. After the first call
+    (the start token and the prefix) each call reads only the newest token against the keys and
+    values of those before it (``KVCache``): one row per call, not the whole context. A network
+    that masks attention at document boundaries (``model.documents``) reads the whole context
+    at every call, its mask built from the tokens.
     """
     rows, device = prefix.shape[0], prefix.device
     tokens = torch.empty((rows, seq_len), dtype=torch.long, device=device)
     tokens[:, :prefix.shape[1]] = prefix
     start = torch.full((rows, 1), vocab_size, dtype=torch.long, device=device)
     every_row = torch.ones(rows, dtype=torch.bool)
+    cached = not masks_documents(network)
+    layout = AttentionLayout(positions=None, mask=None, cache=KVCache(append=True)) if cached else None
+    new = torch.cat([start, prefix], dim=1)   # [B, 1 + P]: the first call's rows
     for position in range(prefix.shape[1], seq_len):
-        logits = _next_token_logits(network, torch.cat([start, tokens[:, :position]], dim=1))
+        context = new if cached else torch.cat([start, tokens[:, :position]], dim=1)
+        logits = _next_token_logits(network, context, layout)
         u = row_uniforms((), generators, every_row, device)
         tokens[:, position] = inverse_cdf(token_probs(logits, plan), u)
+        new = tokens[:, position:position + 1]   # [B, 1]
     return tokens
 
 
-def _next_token_logits(network: Denoiser, context: Tensor) -> Tensor:
-    """Logits [B, V] at the last position of ``context`` (a ``Transformer`` skips the output
-    projection elsewhere)."""
-    last = torch.zeros(context.shape, dtype=torch.bool, device=context.device)
+def _next_token_logits(network: torch.nn.Module, rows: Tensor, layout: AttentionLayout | None) -> Tensor:
+    """Logits [B, V] at the last of ``rows`` [B, R] (a ``Transformer`` skips the output
+    projection elsewhere), after ``layout``'s cache when there is one."""
+    last = torch.zeros(rows.shape, dtype=torch.bool, device=rows.device)
     last[:, -1] = True
-    return network.logits_at(context, None, last)
+    return network(rows, None, output_mask=last, layout=layout)
 
 
 def _sample(tokenizer: Tokenizer, tokens: list[int], kept_end: int, calls: int, prompt: str | None,

@@ -54,11 +54,16 @@ def test_gpu_bench_smoke_runs_on_cpu_and_reports_every_field(tmp_path):
     for evaluation in evaluations:
         assert evaluation["estimate_tokens_per_s_per_sample"] > 0 and evaluation["seq_len"] == 32
     samples = [row for row in rows if row["bench"] == "sample"]
-    assert [(row["sampler"], row["compiled"]) for row in samples] == [("ancestral", False), ("first-hitting", False)]
-    for sample in samples:   # no compile on CPU
-        assert sample["steps"] == 1000 and sample["sequences_per_s"] > 0
+    # No compile on CPU; then fast generation's rows: blocks of 4 tokens with the same budget (125
+    # calls per block), without and with the prefix cache, and the autoregressive network's KV cache.
+    assert [(row["sampler"], row.get("block_len"), row.get("prefix_cache"), row["compiled"], row["steps"])
+            for row in samples] == [("ancestral", None, None, False, 1000), ("first-hitting", None, None, False, 1000),
+                                    ("first-hitting", 4, None, False, 125), ("first-hitting", 4, 4, False, 125),
+                                    ("autoregressive", None, None, False, 32)]
+    for sample in samples:
+        assert sample["sequences_per_s"] > 0 and sample["tokens_per_s"] > 0
         assert sample["rows_evaluated"] <= 2 * 32  # at most one evaluation per generated token
         assert sample["utilization"] is None      # no peak on CPU
-    assert samples[1]["network_calls"] == 32     # exact first-hitting: one call per token
+    assert [sample["network_calls"] for sample in samples[1:]] == [32] * 4   # one call per token
     (lm_eval,) = [row for row in rows if row["bench"] == "lm-eval"]
     assert lm_eval["requests"] == 4 and lm_eval["requests_per_s"] > 0

@@ -88,8 +88,13 @@ def test_the_gpu_check_dry_runs_on_cpu_and_writes_every_result(tmp_path, tinysha
     assert [row["tuned"] for row in evaluated] == [False, True]
     assert all(0 < row["utilization"] < row["utilization_2n_4ldt"] for row in evaluated)   # the head on half the rows
     sampled = [row for row in rows if row["bench"] == "sample"]
-    assert [(row["sampler"], row["compiled"]) for row in sampled] == [("ancestral", False), ("first-hitting", False)]
-    assert all(row["utilization"] > 0 and row["network_calls"] <= row["steps"] for row in sampled)
+    assert [(row["sampler"], row.get("prefix_cache"), row["compiled"]) for row in sampled] == [
+        ("ancestral", None, False), ("first-hitting", None, False), ("first-hitting", None, False),
+        ("first-hitting", 4, False), ("autoregressive", None, False)]   # then blocks, the prefix cache, AR's KV cache
+    for row in sampled:   # the budget is per block in blocks, whose calls read less than the sequence: no utilization
+        blocks = row["seq_len"] // row["block_len"] if row.get("block_len") else 1
+        assert row["network_calls"] <= row["steps"] * blocks and row["tokens_per_s"] > 0, row
+        assert row["utilization"] is None if row.get("block_len") else row["utilization"] > 0, row
     (lm_eval,) = [row for row in rows if row["bench"] == "lm-eval"]
     assert lm_eval["requests_per_s"] > 0
     files = [path for path in out.rglob("*") if path.is_file()]

@@ -7,8 +7,17 @@ import torch
 
 from model.absorbing import AbsorbingDiffusion
 from model.autoregressive import Autoregressive
+from model.block_attention import AttentionLayout, KVCache
 from model.schedules import make_schedule
-from model.transformer import PRESETS, Transformer, TransformerConfig, count_parameters, parameter_counts, preset
+from model.transformer import (
+    PRESETS,
+    FamilyLayers,
+    Transformer,
+    TransformerConfig,
+    count_parameters,
+    parameter_counts,
+    preset,
+)
 
 VOCAB, LENGTH = 13, 10
 
@@ -48,6 +57,29 @@ def test_causal_outputs_ignore_later_positions():
     torch.testing.assert_close(base[:, :6], later[:, :6], rtol=0, atol=1e-6)
     assert bool(((base[:, 6:] - later[:, 6:]).abs().amax((1, 2)) > 1e-4).all())
     assert bool(((base[:, 2:] - earlier[:, 2:]).abs().amax((1, 2)) > 1e-4).all())
+
+
+
+@pytest.mark.parametrize("family", [None, FamilyLayers(learned_positions=LENGTH + 1, norm_bias=True, qkv_bias=True),
+                                    FamilyLayers(norm="rmsnorm", mlp="swiglu", kv_heads=2)],
+                         ids=["unmask", "gpt2-layers", "llama-layers"])
+def test_a_causal_network_decoding_one_row_at_a_time_after_its_kv_cache_gives_its_full_forward(family):
+    """Autoregressive decoding (evaluation.generation): the first rows on an empty cache, then one
+    new row per call against the cached keys and values; each call's outputs are the full causal
+    forward's at those positions (rotary or learned positions, grouped-query heads)."""
+    net, z = _net(causal=True, family=family), _tokens()
+    cache = KVCache(append=True)
+    layout = AttentionLayout(positions=None, mask=None, cache=cache)
+    with torch.no_grad():
+        full = net(z)
+        first = net(z[:, :4], layout=layout)
+        steps = [net(z[:, i:i + 1], layout=layout) for i in range(4, LENGTH)]
+    torch.testing.assert_close(torch.cat([first, *steps], dim=1), full, rtol=0, atol=1e-5)
+    assert cache.length == LENGTH
+    again = AttentionLayout(positions=None, mask=None, cache=KVCache(append=True))
+    with torch.no_grad(), pytest.raises(ValueError, match="one new row at a time"):
+        net(z[:, :2], layout=again)
+        net(z[:, 2:4], layout=again)   # a causal mask would align these rows with the first two keys
 
 
 def test_time_conditioning():

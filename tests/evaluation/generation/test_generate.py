@@ -21,6 +21,7 @@ from evaluation.generation.generate import Sample, build_prompt, complete, gener
 from model.absorbing import AbsorbingDiffusion
 from model.sampling import RemaskOptions, SamplingPlan, sample_generators
 from model.schedules import make_schedule
+from model.transformer import Transformer, TransformerConfig
 from pipeline.interchange.export import Exported, load_export, resolve_export
 from pipeline.run_dir.layout import RunLayout
 from tests.support.cli_refusals import one_line_error
@@ -317,10 +318,38 @@ def test_autoregressive_tokens_follow_the_network_left_to_right(autoregressive):
     assert torch.equal(logits.argmax(-1), tokens)
 
 
+
+def test_autoregressive_sampling_reads_one_new_row_per_call_after_its_kv_cache(autoregressive):
+    """The first call reads the start token and the prompt, each later one only the newest token."""
+    prefix = autoregressive.tokenizer.encode(PROMPT)
+    shapes = []
+    hook = autoregressive.network.register_forward_pre_hook(lambda _, args: shapes.append(tuple(args[0].shape)))
+    try:
+        generate(autoregressive, SamplingPlan(seed=1), num=2, seq_len=SEQ_LEN, prompt=PROMPT, batch_size=2)
+    finally:
+        hook.remove()
+    assert shapes == [(2, 1 + len(prefix))] + [(2, 1)] * (SEQ_LEN - len(prefix) - 1)
+
+
+def test_a_causal_network_that_masks_documents_reads_its_whole_context_at_every_call():
+    """Its attention mask is built from the tokens it is given, so it runs without the cache:
+    greedy tokens are the full forward's argmax, across a document boundary (token 0)."""
+    torch.manual_seed(0)
+    network = Transformer(TransformerConfig(vocab_size=16, n_layers=1, d_model=16, n_heads=2, max_seq_len=12,
+                                            causal=True, document_separator=0)).eval()
+    prefix = torch.tensor([[3, 5, 0, 7]])   # a document ends after 5
+    with torch.no_grad():
+        tokens = generation.autoregressive_sample(network, 16, prefix, 12, SamplingPlan(top_p=1e-9),
+                                                  sample_generators(0, [0]))
+        logits = network(torch.cat([torch.full((1, 1), 16), tokens[:, :-1]], dim=1))
+    assert torch.equal(logits.argmax(-1)[:, 4:], tokens[:, 4:])
+
+
 @pytest.mark.parametrize("plan, infill, message", [
     (SamplingPlan(), TEMPLATE, r"--infill needs a diffusion export"),
     (SamplingPlan(sampler="first-hitting"), None, r"--sampler first-hitting needs a diffusion export"),
     (SamplingPlan(block_len=8), None, r"--block-len needs a diffusion export"),
+    (SamplingPlan(compile="on"), None, r"--compile on: an autoregressive model samples one new token per call"),
 ])
 def test_autoregressive_exports_refuse_what_only_diffusion_does(autoregressive, plan, infill, message):
     with pytest.raises(UserError, match=message):
@@ -335,7 +364,7 @@ def test_autoregressive_exports_refuse_what_only_diffusion_does(autoregressive, 
 ])
 def test_the_work_that_decides_compiling_bounds_the_tokens_through_the_network(plan, tokens):
     batch = generation._Batch([0, 1, 2], torch.zeros(3, 1024, dtype=torch.long), [None] * 3, 1024)
-    assert generation._network_tokens(plan, [batch], generation.DIFFUSION) == tokens
+    assert generation._network_tokens(plan, [batch]) == tokens
 
 
 def test_compiled_sampling_draws_the_eager_samples_from_three_graphs_without_a_break(exports, diffusion):
