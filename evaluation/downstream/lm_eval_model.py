@@ -12,8 +12,10 @@ registered (lm-eval 0.4 finds models only in its own registry); ``unmask lm-eval
 (``evaluation.downstream.run``) runs the same harness and adds the report and MLflow. The
 requests are answered by ``evaluation.downstream.likelihoods`` (``loglikelihood``,
 ``loglikelihood_rolling``) and ``evaluation.generation.generate.continue_tokens``
-(``generate_until``: request i of a call is sample i of the seed, whatever the others). A model
-argument it does not know is refused in one line. The arguments and what each request means:
+(``generate_until``: request i of a call is sample i of the seed, whatever the others); with the
+model argument ``guidance`` w, ``loglikelihood`` scores by guided logits (a ranking of the choices,
+not a likelihood bound, docs/fast-generation.md#guided-loglikelihood). A model argument it does
+not know is refused in one line. The arguments and what each request means:
 docs/downstream.md#lm-evals-own-command-line-and-python-api.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,7 +38,15 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 
 from common.errors import UserError
 from common.progress import bar as progress_bar
-from evaluation.downstream.likelihoods import Score, ScoringModel, ScoringSettings, score_continuations, score_documents
+from evaluation.downstream.likelihoods import (
+    GUIDED_SCORES,
+    Score,
+    ScoringModel,
+    ScoringSettings,
+    check_guidance,
+    score_continuations,
+    score_documents,
+)
 from evaluation.generation.generate import continue_tokens
 from evaluation.inference import inference_mode, resolve_device
 from model.sampling import PlanError, SamplingPlan, check_budget
@@ -55,7 +66,7 @@ DEFAULT_MAX_GEN_TOKS = 256   # lm-eval's HFLM default
 GREEDY_TOP_P = 1e-9
 DEFAULT_TEMPERATURE = 1.0    # lm-eval's do_sample without a temperature
 MODEL_ARGUMENTS = ("path", "samples", "seed", "batch_size", "max_batch_size", "device", "gen_sampler", "gen_steps",
-                   "gen_grid", "gen_guidance")
+                   "gen_grid", "gen_guidance", "guidance")
 
 
 @dataclass(frozen=True)
@@ -92,7 +103,7 @@ class UnmaskLM(TemplateLM):
     def __init__(self, path: str | Path | None = None, samples: int = 16, seed: int = 0, batch_size: int | str = AUTO,
                  max_batch_size: int | None = None, device: str | None = None, gen_sampler: str = "ancestral",
                  gen_steps: int | None = None, gen_grid: str = "uniform", gen_guidance: float | None = None,
-                 **unknown: Any) -> None:
+                 guidance: float | None = None, **unknown: Any) -> None:
         super().__init__()
         if unknown:
             raise UserError(f"model argument {', '.join(map(repr, unknown))} is not one of the unmask model's: "
@@ -106,6 +117,7 @@ class UnmaskLM(TemplateLM):
         self.exported: Exported = load_export(self.export_dir)
         _check_sampler(self.exported, self.generation)
         self.model = ScoringModel.of(self.exported, self._device)
+        self.guidance = _guidance(guidance, self.model)   # loglikelihood's, None: the conditional bound
         self.records: list[RequestRecord] = []
         self.truncated_contexts = 0   # requests whose context lost tokens on the left
 
@@ -130,7 +142,7 @@ class UnmaskLM(TemplateLM):
     # ------------------------------------------------------------------ the requests
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """lm-eval's ``loglikelihood``: per request, the conditional ELBO of the continuation given the
-        context, and whether the continuation is the greedy answer."""
+        context (with ``guidance``, the guided score), and whether the continuation is the greedy answer."""
         pairs = [self._encode(*request.args) for request in requests]
         for request, (_, continuation) in zip(requests, pairs):
             if len(continuation) > self.model.max_seq_len:
@@ -138,8 +150,8 @@ class UnmaskLM(TemplateLM):
                                 f"{len(continuation)} tokens exceeds the model's max_seq_len {self.model.max_seq_len} "
                                 f"(it cannot be scored in one row; lm-eval's Hugging Face model refuses it too)")
         scores = self._score_pairs(pairs)
-        self.records += [RequestRecord(request.task_name, "loglikelihood", score)
-                         for request, score in zip(requests, scores)]
+        kind = "loglikelihood" if self.guidance is None else "loglikelihood (guided)"
+        self.records += [RequestRecord(request.task_name, kind, score) for request, score in zip(requests, scores)]
         return [(score.log_likelihood, score.is_greedy) for score in scores]
 
     def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
@@ -163,9 +175,11 @@ class UnmaskLM(TemplateLM):
     def get_model_info(self) -> dict[str, Any]:
         """What lm-eval records under ``config`` in its results."""
         config = self.exported.config
+        guided = ({} if self.guidance is None
+                  else {"unmask_guidance": self.guidance, "unmask_loglikelihood": GUIDED_SCORES})
         return {"unmask_export": str(self.export_dir.resolve()), "unmask_step": config.get("step"),
                 "unmask_objective": config.get("objective"), "unmask_process": self.exported.spec.process,
-                "unmask_samples": self.settings.samples, "unmask_seed": self.settings.seed}
+                "unmask_samples": self.settings.samples, "unmask_seed": self.settings.seed, **guided}
 
     # ------------------------------------------------------------------ helpers
     def _encode(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -178,7 +192,7 @@ class UnmaskLM(TemplateLM):
         return [self.prefix_token_id], continuation_ids
 
     def _score_pairs(self, pairs: list[tuple[list[int], list[int]]]) -> list[Score]:
-        scores = score_continuations(self.model, pairs, self.settings)
+        scores = score_continuations(self.model, pairs, self.settings, guidance=self.guidance)
         truncated = sum(score.context_dropped > 0 for score in scores)
         if truncated:
             log.info("%d of %d requests had their context cut from the left to fit max_seq_len %d",
@@ -267,6 +281,23 @@ def _generation(sampler: Any, steps: Any, grid: Any, guidance: Any = None) -> Ge
     except PlanError as err:
         raise UserError(f"model argument {names.get(err.field, err.field)}: {err}") from None
     return generation
+
+
+def _guidance(value: Any, model: ScoringModel) -> float | None:
+    """The model argument ``guidance`` (lm-eval passes numbers or strings), for ``model``."""
+    if value is None:
+        return None
+    try:
+        weight = float(value)
+    except ValueError:
+        weight = math.nan
+    if not (math.isfinite(weight) and weight >= 0):
+        raise UserError(f"model argument guidance must be a number >= 0, got {value!r}")
+    try:
+        check_guidance(model)
+    except ValueError as err:
+        raise UserError(f"model argument guidance: {err}") from None
+    return weight
 
 
 def _check_sampler(exported: Exported, generation: Generation) -> None:

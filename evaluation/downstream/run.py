@@ -38,6 +38,7 @@ import numpy as np
 
 from common.errors import UserError
 from common.provenance import git_commit, package_version
+from evaluation.downstream.likelihoods import GUIDED_SCORES
 from evaluation.downstream.task_yamls import check_task_yamls, task_yaml_paths
 from evaluation.downstream.tasks import TASKS_DIR
 from evaluation.inference import resolve_device
@@ -87,6 +88,7 @@ class DownstreamConfig:
     gen_guidance: float | None = None    # unsupervised guidance towards the context (docs/fast-generation.md)
     download: bool = False               # let lm-eval fetch datasets from the Hugging Face Hub
     allow_code: bool = False             # run the Python that the user's task YAMLs name (!function)
+    guidance: float | None = None        # loglikelihood by guided logits: a ranking, not a bound (fast-generation.md)
 
     def check(self) -> None:
         """The flags, then the include paths: a UserError naming the flag."""
@@ -101,7 +103,9 @@ class DownstreamConfig:
                   ("--gen-steps", self.gen_steps is None or 1 <= self.gen_steps <= MAX_STEPS,
                    f"must lie in [1, {MAX_STEPS:,}] (model.sampling.MAX_STEPS)"),
                   ("--gen-guidance", self.gen_guidance is None or math.isfinite(self.gen_guidance)
-                   and self.gen_guidance >= 0, "must be a number >= 0")]
+                   and self.gen_guidance >= 0, "must be a number >= 0"),
+                  ("--guidance", self.guidance is None or math.isfinite(self.guidance) and self.guidance >= 0,
+                   "must be a number >= 0")]
         for flag, ok, requirement in checks:
             if not ok:
                 raise UserError(f"{flag} {requirement}")
@@ -116,7 +120,8 @@ class DownstreamConfig:
         """The ``unmask`` model's arguments (``evaluation.downstream.lm_eval_model``)."""
         return {"samples": self.samples, "seed": self.seed, "batch_size": self.batch_size or AUTO,
                 "device": device, "gen_sampler": self.gen_sampler, "gen_steps": self.gen_steps,
-                **({} if self.gen_guidance is None else {"gen_guidance": self.gen_guidance})}
+                **({} if self.gen_guidance is None else {"gen_guidance": self.gen_guidance}),
+                **({} if self.guidance is None else {"guidance": self.guidance})}
 
 
 @dataclass(frozen=True)
@@ -311,7 +316,8 @@ def _settings(config: DownstreamConfig, device: str) -> dict[str, Any]:
             "seed": config.seed, "batch_size": config.batch_size or AUTO, "device": device,
             "precision": "bf16" if device.startswith("cuda") else "fp32", "gen_sampler": config.gen_sampler,
             "gen_steps": config.gen_steps, **({} if config.gen_guidance is None else {"gen_guidance": config.gen_guidance}),
-            "offline": not config.download, "allow_code": config.allow_code}
+            "offline": not config.download, "allow_code": config.allow_code,
+            **({} if config.guidance is None else {"guidance": config.guidance, "loglikelihood": GUIDED_SCORES})}
 
 
 def _check_installed() -> None:

@@ -117,3 +117,22 @@ def test_generation_takes_guidance_as_a_model_argument(exports):
         UnmaskLM(path=exports["absorbing"], device="cpu", gen_guidance="strong")
     with pytest.raises(UserError, match="model argument gen_guidance: guidance must be a number >= 0"):
         UnmaskLM(path=exports["absorbing"], device="cpu", gen_guidance=-1)
+
+
+def test_loglikelihood_takes_guidance_as_a_model_argument(exports):
+    """``guidance`` scores loglikelihood requests by guided logits: weight 0 scores as no guidance does;
+    the records and lm-eval's model information say a guided score is no likelihood bound; exports
+    it cannot guide and a value that is not a number are refused in one line."""
+    requests = _requests("loglikelihood", [("the company", " said"), ("the company", " the"), ("a", " new")])
+    plain = UnmaskLM(path=exports["absorbing"], samples=4, device="cpu").loglikelihood(requests)
+    model = UnmaskLM(path=exports["absorbing"], samples=4, device="cpu", guidance="0")
+    assert model.guidance == 0.0 and model.loglikelihood(requests) == plain
+    assert {record.kind for record in model.records} == {"loglikelihood (guided)"}
+    assert "not a likelihood bound" in model.get_model_info()["unmask_loglikelihood"]
+    guided = UnmaskLM(path=exports["absorbing"], samples=4, device="cpu", guidance=2.0).loglikelihood(requests)
+    assert [score for score, _ in guided] != [score for score, _ in plain]
+    for name in ("ar", "uniform"):
+        with pytest.raises(UserError, match="^model argument guidance: guidance masks the context in a second pass"):
+            UnmaskLM(path=exports[name], device="cpu", guidance=1.0)
+    with pytest.raises(UserError, match="^model argument guidance must be a number >= 0, got 'strong'"):
+        UnmaskLM(path=exports["absorbing"], device="cpu", guidance="strong")
