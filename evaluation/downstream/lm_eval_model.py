@@ -26,7 +26,7 @@ import logging
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,11 @@ DEFAULT_MAX_GEN_TOKS = 256   # lm-eval's HFLM default
 GREEDY_TOP_P = 1e-9
 DEFAULT_TEMPERATURE = 1.0    # lm-eval's do_sample without a temperature
 MODEL_ARGUMENTS = ("path", "samples", "seed", "batch_size", "max_batch_size", "device", "gen_sampler", "gen_steps",
-                   "gen_grid", "gen_guidance", "guidance")
+                   "gen_grid", "gen_guidance", "gen_block_len", "gen_whole_sequence", "gen_dual_cache", "guidance")
+# The plan's fields as model arguments.
+GENERATION_ARGUMENTS = {"sampler": "gen_sampler", "steps": "gen_steps", "grid": "gen_grid", "guidance": "gen_guidance",
+                        "block_len": "gen_block_len", "whole_sequence": "gen_whole_sequence",
+                        "dual_cache": "gen_dual_cache"}
 
 
 @dataclass(frozen=True)
@@ -82,18 +86,24 @@ class RequestRecord:
 @dataclass(frozen=True)
 class Generation:
     """How ``generate_until`` samples (the model arguments ``gen_sampler``, ``gen_steps``, ``gen_grid``,
-    ``gen_guidance``: unsupervised classifier-free guidance towards the context, docs/fast-generation.md)."""
+    ``gen_guidance``: unsupervised classifier-free guidance towards the context; ``gen_block_len``,
+    ``gen_whole_sequence``, ``gen_dual_cache``: semi-autoregressive blocks, docs/fast-generation.md)."""
 
     sampler: str = "ancestral"
-    steps: int | None = None       # the budget of a diffusion sample; None: one call per generated token
+    steps: int | None = None       # the budget of a diffusion sample (per block); None: one call per generated token
     grid: str = "uniform"
     guidance: float | None = None
+    block_len: int | None = None
+    whole_sequence: bool = False
+    dual_cache: int | None = None
 
     def plan(self, new_tokens: int, *, top_p: float | None, temperature: float, seed: int) -> SamplingPlan:
         """The plan of one request of ``new_tokens`` tokens."""
-        steps = self.steps if self.steps is not None or self.sampler in UNBUDGETED else new_tokens
+        per_block = new_tokens if self.block_len is None else min(new_tokens, self.block_len)
+        steps = self.steps if self.steps is not None or self.sampler in UNBUDGETED else per_block
         return SamplingPlan(sampler=self.sampler, steps=steps, grid=self.grid, top_p=top_p, temperature=temperature,
-                            seed=seed, guidance=self.guidance)
+                            seed=seed, guidance=self.guidance, block_len=self.block_len,
+                            whole_sequence=self.whole_sequence, dual_cache=self.dual_cache)
 
 
 @register_model(MODEL_NAME)
@@ -103,7 +113,8 @@ class UnmaskLM(TemplateLM):
     def __init__(self, path: str | Path | None = None, samples: int = 16, seed: int = 0, batch_size: int | str = AUTO,
                  max_batch_size: int | None = None, device: str | None = None, gen_sampler: str = "ancestral",
                  gen_steps: int | None = None, gen_grid: str = "uniform", gen_guidance: float | None = None,
-                 guidance: float | None = None, **unknown: Any) -> None:
+                 gen_block_len: int | None = None, gen_whole_sequence: bool | str = False,
+                 gen_dual_cache: int | None = None, guidance: float | None = None, **unknown: Any) -> None:
         super().__init__()
         if unknown:
             raise UserError(f"model argument {', '.join(map(repr, unknown))} is not one of the unmask model's: "
@@ -111,7 +122,8 @@ class UnmaskLM(TemplateLM):
         if path is None:
             raise UserError("model argument path is required: path=RUN_OR_EXPORT")
         self.settings = _settings(samples, seed, batch_size, max_batch_size)
-        self.generation = _generation(gen_sampler, gen_steps, gen_grid, gen_guidance)
+        self.generation = _generation(Generation(gen_sampler, gen_steps, gen_grid, gen_guidance, gen_block_len,
+                                                 gen_whole_sequence, gen_dual_cache))
         self._device = _device(device)
         self.export_dir = choose_export(path)  # a run: its latest checkpoint's export
         self.exported: Exported = load_export(self.export_dir)
@@ -267,19 +279,28 @@ def _device(name: str | None) -> torch.device:
     return resolve_device(name)
 
 
-def _generation(sampler: Any, steps: Any, grid: Any, guidance: Any = None) -> Generation:
-    """The generation arguments, checked as a plan checks them (one line naming the argument)."""
-    names = {"sampler": "gen_sampler", "steps": "gen_steps", "grid": "gen_grid", "guidance": "gen_guidance"}
+def _generation(given: Generation) -> Generation:
+    """The generation arguments as lm-eval passes them (numbers, or strings), typed and checked as a
+    plan checks them (one line naming the argument)."""
+    guidance = given.guidance
     if guidance is not None:
         try:
             guidance = float(guidance)
         except ValueError:
             raise UserError(f"model argument gen_guidance must be a number >= 0, got {guidance!r}") from None
-    generation = Generation(sampler, None if steps is None else _integer("gen_steps", steps, 1), grid, guidance)
+    whole = given.whole_sequence
+    if isinstance(whole, str) and whole.strip().lower() in ("true", "false"):
+        whole = whole.strip().lower() == "true"
+    if not isinstance(whole, bool):
+        raise UserError(f"model argument gen_whole_sequence must be true or false, got {whole!r}")
+    optional = {name: None if getattr(given, name) is None else _integer(GENERATION_ARGUMENTS[name],
+                                                                          getattr(given, name), 1)
+                for name in ("steps", "block_len", "dual_cache")}
+    generation = replace(given, guidance=guidance, whole_sequence=whole, **optional)
     try:
         generation.plan(1, top_p=None, temperature=DEFAULT_TEMPERATURE, seed=0)
     except PlanError as err:
-        raise UserError(f"model argument {names.get(err.field, err.field)}: {err}") from None
+        raise UserError(f"model argument {GENERATION_ARGUMENTS.get(err.field, err.field)}: {err}") from None
     return generation
 
 
@@ -314,9 +335,13 @@ def _check_sampler(exported: Exported, generation: Generation) -> None:
                             f"right (ancestral, the default)")
         return
     try:
-        exported.process(validate=False).sampler(sampler)
+        process = exported.process(validate=False)
+        process.sampler(sampler)
     except ValueError as err:
         raise UserError(f"model argument gen_sampler={sampler}: {err}") from None
+    if generation.whole_sequence and (exported.spec.block_size is not None or not hasattr(process, "mask_id")):
+        raise UserError("model argument gen_whole_sequence: the network sees the suffix masked, which needs an "
+                        "absorbing export that is not block diffusion")
 
 
 def _token_distribution(kwargs: dict) -> tuple[float | None, float]:
