@@ -110,6 +110,16 @@ def test_a_dual_cache_refreshed_at_every_call_is_no_cache_bit_for_bit(plan, netw
         assert torch.equal(plain, cached) and stats == plain_stats, cache
 
 
+def test_guidance_at_weight_zero_is_the_whole_sequence_sampler_at_twice_the_calls():
+    network = _network()
+    plan = _whole(PLANS[0])
+    plain, plain_stats = _sample(network, plan, num_samples=2)
+    guided, stats = _sample(network, _whole(plan, guidance=0.0), num_samples=2)
+    assert torch.equal(plain, guided) and stats.network_calls == 2 * plain_stats.network_calls
+    stronger, _ = _sample(network, _whole(plan, guidance=30.0), num_samples=2)   # this network barely reads its prompt
+    assert not torch.equal(plain, stronger)
+
+
 def test_a_prefix_cache_refreshed_at_every_call_keeps_learned_positions():
     """Its full forwards after the first of a block place the rows at 0, not after the cached context."""
     network = _network(learned_positions=True)
