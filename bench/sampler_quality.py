@@ -147,7 +147,7 @@ class _Drift(WindowNetwork):
         self.kl = self.positions = self.stale_kl = self.stale_positions = 0.0
 
     def logits_at(self, z, t, selected):
-        stale = self._caching(z) and bool((self.since[self.rows.cpu()] % self.refresh != 0).any())
+        stale = self._caching() and bool((self.since[self.rows.cpu()] % self.refresh != 0).any())
         cached = super().logits_at(z, t, selected)
         exact = self.network.logits_at(self._whole(z), t, self._whole(selected, False))
         log_p, log_q = exact.double().log_softmax(-1), cached.double().log_softmax(-1)

@@ -102,7 +102,7 @@ class WindowNetwork(Denoiser):
 
     def logits(self, z_t: Tensor, t: Tensor) -> Tensor:
         """Logits [R, W, V] of every position of the window (guided); the caches cannot give the context's."""
-        if self._caching(z_t):
+        if self._caching():
             raise ValueError("prefix_cache and dual_cache serve the samplers that ask for the masked positions only "
                              "(the absorbing process's); this one asks for every position")
         width = z_t.shape[1]
@@ -111,11 +111,11 @@ class WindowNetwork(Denoiser):
     def logits_at(self, z_t: Tensor, t: Tensor, selected: Tensor) -> Tensor:
         """Logits [N, V] at the ``selected`` positions of the call's rows (guided, or from the cache)."""
         z, selected = self._whole(z_t), self._whole(selected, False)
-        if not self._caching(z_t):
+        if not self._caching():
             return self._guided(lambda whole: self.network.logits_at(whole, t, selected), z)
         return self._cached(z, t, selected, z_t.shape[1] - self.cache.context)
 
-    def _caching(self, z: Tensor) -> bool:
+    def _caching(self) -> bool:
         """Whether a cache holds positions outside the call's rows: a context, or a dual cache's suffix."""
         if self.cache is None:
             return False
