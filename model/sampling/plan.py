@@ -209,13 +209,10 @@ class SamplingPlan:
             if self.static_shape:
                 _fail("prefix_cache", "prefix_cache runs the block's rows alone between refreshes, static_shape every "
                                       "position: leave one of them out")
-        if self.guidance is not None:
-            if not (isinstance(self.guidance, (int, float)) and not isinstance(self.guidance, bool)
-                    and math.isfinite(self.guidance) and self.guidance >= 0):
-                _fail("guidance", f"guidance must be a number >= 0, got {self.guidance!r}")
-            if self.prefix_cache is not None:
-                _fail("guidance", "guidance runs a second pass with the prompt masked, which the prefix cache does "
-                                  "not hold: leave one of guidance and prefix_cache out")
+        if self.guidance is not None and not (isinstance(self.guidance, (int, float))
+                                              and not isinstance(self.guidance, bool)
+                                              and math.isfinite(self.guidance) and self.guidance >= 0):
+            _fail("guidance", f"guidance must be a number >= 0, got {self.guidance!r}")
         self._check_whole_sequence()
 
     def _check_whole_sequence(self) -> None:
@@ -238,9 +235,6 @@ class SamplingPlan:
         if self.static_shape:
             _fail("dual_cache", "dual_cache runs the block's rows alone between refreshes, static_shape every "
                                 "position: leave one of them out")
-        if self.guidance is not None:
-            _fail("dual_cache", "guidance runs a second pass with the prompt masked, which the dual cache does not "
-                                "hold: leave one of guidance and dual_cache out")
 
     def _resolve_options(self) -> None:
         expected = OPTIONS_TYPES.get(self.sampler)

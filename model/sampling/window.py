@@ -17,7 +17,8 @@ A window is [context ; block]: the text before the block (kept) and the block be
 - ``plan.guidance = w`` (SMDM, LLaDA): each call runs the window twice, as it is (cond) and
   with the prompt's kept tokens masked (un), and returns cond + w (cond - un), LLaDA's
   un + (w + 1)(cond - un) written so that w = 0 is the conditional network exactly. Two
-  passes: ``passes`` is what ``NetworkCalls`` counts per call.
+  passes: ``passes`` is what ``NetworkCalls`` counts per call. With a cache, the unprompted pass
+  keeps its own keys and values (``unprompted``), refreshed at the same calls.
 
 Calls name their rows (``rows``, set by ``WindowCalls``): the cache and the prompt are per row,
 so a row's output depends only on its own history. docs/fast-generation.md.
@@ -76,6 +77,9 @@ class WindowNetwork(Denoiser):
                              f"must be one, got {type(network).__name__}")
         self.network, self.guidance, self.mask_id = network, plan.guidance, mask_id
         self.cache = PrefixKV(batch, dual=plan.dual_cache is not None) if self.refresh is not None else None
+        # guidance's unprompted pass sees other keys and values: its own cache, refreshed with the first
+        self.unprompted = (PrefixKV(batch, dual=plan.dual_cache is not None)
+                           if self.refresh is not None and self.guidance is not None else None)
         self.since = torch.zeros(batch, dtype=torch.long)   # calls since each row's last refresh
         self.rows: Tensor | None = None                     # bool [B]: the rows of the current call
         self.prompt: Tensor | None = None                   # bool [B, W + S]: the prompt's kept positions
@@ -96,9 +100,10 @@ class WindowNetwork(Denoiser):
         the network sees after the window (None: none), ``prompt`` bool [B, W + S] the kept ones."""
         self.prompt, self.suffix = prompt, suffix
         self.since.zero_()
-        if self.cache is not None:
-            self.cache.keys.clear(), self.cache.values.clear()
-            self.cache.context = context
+        for cache in (self.cache, self.unprompted):
+            if cache is not None:
+                cache.keys.clear(), cache.values.clear()
+                cache.context = context
 
     def logits(self, z_t: Tensor, t: Tensor) -> Tensor:
         """Logits [R, W, V] of every position of the window (guided); the caches cannot give the context's."""
@@ -106,14 +111,17 @@ class WindowNetwork(Denoiser):
             raise ValueError("prefix_cache and dual_cache serve the samplers that ask for the masked positions only "
                              "(the absorbing process's); this one asks for every position")
         width = z_t.shape[1]
-        return self._guided(lambda z: self.network.logits(z, t)[:, :width], self._whole(z_t))
+        return self._guided(lambda z, _: self.network.logits(z, t)[:, :width], self._whole(z_t))
 
     def logits_at(self, z_t: Tensor, t: Tensor, selected: Tensor) -> Tensor:
         """Logits [N, V] at the ``selected`` positions of the call's rows (guided, or from the cache)."""
         z, selected = self._whole(z_t), self._whole(selected, False)
         if not self._caching():
-            return self._guided(lambda whole: self.network.logits_at(whole, t, selected), z)
-        return self._cached(z, t, selected, z_t.shape[1] - self.cache.context)
+            return self._guided(lambda whole, _: self.network.logits_at(whole, t, selected), z)
+        block = z_t.shape[1] - self.cache.context
+        logits = self._guided(lambda whole, cache: self._cached(whole, t, selected, block, cache), z)
+        self.since[self._index(z).cpu()] += 1
+        return logits
 
     def _caching(self) -> bool:
         """Whether a cache holds positions outside the call's rows: a context, or a dual cache's suffix."""
@@ -134,22 +142,27 @@ class WindowNetwork(Denoiser):
         return torch.cat([z, suffix], dim=1)
 
     def _guided(self, forward, z: Tensor) -> Tensor:
-        cond = forward(z)
+        """``forward(z, cache)``, and with guidance the extrapolation from its unprompted pass's."""
+        cond = forward(z, self.cache)
         if self.guidance is None:
             return cond
-        un = forward(torch.where(self._of_rows(self.prompt, z), self.mask_id, z))
+        un = forward(torch.where(self._of_rows(self.prompt, z), self.mask_id, z), self.unprompted)
         return cond + self.guidance * (cond - un)
 
-    def _cached(self, z: Tensor, t: Tensor, selected: Tensor, block: int) -> Tensor:
-        """The call's logits [N, V], each row by a full (refreshing) forward or from its cached keys and
-        values: the block's ``block`` rows alone (dual cache), or with the suffix's (prefix cache)."""
+    def _index(self, z: Tensor) -> Tensor:
+        """LongTensor [R]: the batch rows of the call's rows."""
         rows = self.rows if self.rows is not None else torch.ones(z.shape[0], dtype=torch.bool, device=z.device)
-        index = rows.nonzero().flatten()                       # [R] batch rows of z's rows
-        if z.shape[0] == rows.shape[0]:                        # every row of the batch was passed
+        return rows.nonzero().flatten()
+
+    def _cached(self, z: Tensor, t: Tensor, selected: Tensor, block: int, cache: PrefixKV) -> Tensor:
+        """The call's logits [N, V], each row by a full (refreshing) forward or from its keys and values
+        in ``cache``: the block's ``block`` rows alone (dual cache), or with the suffix's (prefix cache)."""
+        index = self._index(z)                                 # [R] batch rows of z's rows
+        if z.shape[0] == self.since.shape[0]:                  # every row of the batch was passed
             z, selected = z[index], selected[index]
             t = None if t is None else t[index]
-        context = self.cache.context
-        stop = context + block if self.cache.dual else z.shape[1]   # the rows run between refreshes
+        context = cache.context
+        stop = context + block if cache.dual else z.shape[1]   # the rows run between refreshes
         if bool(selected[:, :context].any()) or bool(selected[:, stop:].any()):
             raise ValueError("prefix_cache, dual_cache: a cached position was asked for; only the block's are "
                              "generated")
@@ -159,14 +172,13 @@ class WindowNetwork(Denoiser):
         for group, store in ((refresh, True), (~refresh, False)):
             if not bool(group.any()):
                 continue
-            self.cache.store, self.cache.index = store, index[group]
+            cache.store, cache.index = store, index[group]
             first, last = (0, z.shape[1]) if store else (context, stop)
             window, chosen = z[group][:, first:last], selected[group][:, first:last]   # [G, last - first]
-            layout = AttentionLayout(torch.arange(first, last, device=z.device), None, self.cache)
+            layout = AttentionLayout(torch.arange(first, last, device=z.device), None, cache)
             logits = self.network(window, None if t is None else t[group], output_mask=chosen, layout=layout)
             out = logits.new_empty((owner.shape[0], logits.shape[-1])) if out is None else out
             out[group[owner]] = logits
-        self.since[index.cpu()] += 1
         return out
 
 

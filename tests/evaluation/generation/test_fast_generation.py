@@ -107,8 +107,6 @@ def test_threshold_decoding_from_the_command_line(exports, tmp_path):
     ("masked", ["--prefix-cache", "2"], ("--prefix-cache: prefix_cache caches the finished blocks' keys and values: "
                                          "it needs semi-autoregressive blocks")),
     ("masked", ["--block-len", "8", "--prefix-cache", "0"], "--prefix-cache: prefix_cache is the refresh interval"),
-    ("masked", ["--block-len", "8", "--prefix-cache", "2", "--prompt", "a", "--guidance", "1"],
-     "--guidance: guidance runs a second pass with the prompt masked, which the prefix cache does not hold"),
     ("masked", ["--block-len", "8", "--prefix-cache", "2", "--compile", "on"], "--compile on: the prefix cache"),
     ("masked", ["--sampler", "threshold", "--sampler-option", "threshold=2"],
      r"--sampler-option: threshold must lie in \[0, 1\]"),

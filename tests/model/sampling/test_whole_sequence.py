@@ -120,6 +120,45 @@ def test_guidance_at_weight_zero_is_the_whole_sequence_sampler_at_twice_the_call
     assert not torch.equal(plain, stronger)
 
 
+@pytest.mark.parametrize("cache", [{"dual_cache": 1}, {"prefix_cache": 1}, {"prefix_cache": 1, "whole_sequence": False}])
+def test_with_guidance_a_cache_refreshed_at_every_call_is_no_cache_bit_for_bit(cache):
+    """The unprompted pass keeps its own keys and values: refreshed at every call, the guided samples."""
+    network = _network()
+    plan = _whole(PLANS[2], guidance=30.0, **{k: v for k, v in cache.items() if k == "whole_sequence"})
+    plain, plain_stats = _sample(network, plan, num_samples=3)
+    cached, stats = _sample(network, SamplingPlan(**{**plan.__dict__, **cache}), num_samples=3)
+    assert torch.equal(plain, cached) and stats == plain_stats
+
+
+def test_with_guidance_the_cached_passes_run_the_block_alone_each_on_its_own_cache():
+    network = _network()
+    lengths: list[int] = []
+    network.embed.register_forward_hook(lambda module, args, out: lengths.append(args[0].shape[1]))
+    plan = _whole(SamplingPlan(sampler="confidence", steps=4), dual_cache=3, guidance=1.0)
+    _, stats = _sample(network, plan, num_samples=1)
+    assert stats.row_calls == (22,)   # two passes a call
+    assert lengths == [24, 24, 8, 8, 8, 8] + [24, 24, 8, 8, 8, 8, 24, 24] * 2
+
+
+def test_with_guidance_each_pass_reads_its_own_cache():
+    """float64: after a refresh, an unchanged sequence gets the uncached guided logits from the cache; the
+    unprompted pass would not if it read the prompted pass's keys and values."""
+    network = _network(torch.float64)
+    z = torch.randint(0, VOCAB, (2, LENGTH), generator=torch.Generator().manual_seed(0))
+    z[:, 10:] = VOCAB
+    prompt = torch.zeros_like(z, dtype=torch.bool)
+    prompt[:, :5] = True
+    selected = z[:, :16] == VOCAB
+    windows = {}
+    for name, cache in (("cached", {"dual_cache": 4}), ("uncached", {})):
+        windows[name] = WindowNetwork(network, _whole(SamplingPlan(), guidance=2.0, **cache), 2, VOCAB)
+        windows[name].start(8, prompt, z[:, 16:])
+    with torch.no_grad():
+        full = windows["uncached"].logits_at(z[:, :16], None, selected)
+        torch.testing.assert_close(windows["cached"].logits_at(z[:, :16], None, selected), full, rtol=0, atol=0)
+        torch.testing.assert_close(windows["cached"].logits_at(z[:, :16], None, selected), full, rtol=0, atol=1e-10)
+
+
 def test_a_prefix_cache_refreshed_at_every_call_keeps_learned_positions():
     """Its full forwards after the first of a block place the rows at 0, not after the cached context."""
     network = _network(learned_positions=True)
@@ -167,8 +206,6 @@ def test_the_dual_cache_holds_the_prefix_and_the_suffix_of_the_last_refresh():
                                           ({"dual_cache": 2, "prefix_cache": 2, "block_len": 4,
                                             "whole_sequence": True}, "dual_cache"),
                                           ({"dual_cache": 2, "static_shape": True, "block_len": 4,
-                                            "whole_sequence": True}, "dual_cache"),
-                                          ({"dual_cache": 2, "guidance": 1.0, "block_len": 4,
                                             "whole_sequence": True}, "dual_cache")])
 def test_bad_options_name_their_field(fields, field):
     with pytest.raises(PlanError) as caught:
