@@ -194,6 +194,9 @@ if wanted e2e; then
     --sampler threshold --sampler-option threshold=0.9 --prompt "The" --guidance 1 --device "$device"
   step e2e-sample-prefix-cache "$limit_e2e_command" "${unmask[@]}" sample "$run" --num 2 \
     --seq-len $(( context + context / 4 )) --block-len $(( context / 4 )) --steps 8 --prefix-cache 4 --device "$device"
+  # Whole-sequence blocks (each call sees the masked suffix) with the dual cache refreshed every 4 calls.
+  step e2e-sample-dual-cache "$limit_e2e_command" "${unmask[@]}" sample "$run" --num 2 --seq-len "$context" \
+    --block-len $(( context / 4 )) --steps 8 --whole-sequence --dual-cache 4 --device "$device"
   # The papers' zero-shot table under BD3-LM's protocol (BOS chunk EOS blocks, the BOS never
   # scored): the suite's sets under --eval-data (the others named as missing), on the device.
   step e2e-eval-suite "$limit_e2e_eval" "${unmask[@]}" eval "$run" --suite zero-shot --data-dir "$eval_data" \

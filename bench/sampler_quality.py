@@ -15,11 +15,13 @@ Prints one JSON object per row after a line describing the setup, then the table
 
 ``--fast`` measures fast generation instead (docs/fast-generation.md): for each plan of
 ``FAST_PLANS`` (exact first-hitting, threshold decoding at several thresholds, semi-autoregressive
-blocks with the prefix cache at several refresh intervals, and their combination) the generative
-perplexity with its 95% interval (delta method over the samples), the mean unigram entropy, the
-network calls per sample and the wall-clock seconds per sample; then, per refresh interval, the
-mean KL(exact || cached) of the per-token distributions the prefix cache moves, over every call
-and over the calls that read a stale cache. Wall-clock depends on the machine's load.
+blocks with the prefix cache at several refresh intervals, whole-sequence blocks with the dual
+cache, and their combinations) the generative perplexity with its 95% interval (delta method over
+the samples), the mean unigram entropy, the network calls per sample and the wall-clock seconds
+per sample; then, for each plan of ``DRIFT_PLANS`` (a cache at each refresh interval), the mean
+KL(exact || cached) of the per-token distributions the cache moves, over every call and over the
+calls that read a stale cache (``--drift-plans`` picks them by name). Wall-clock depends on the
+machine's load.
 """
 
 from __future__ import annotations
@@ -62,6 +64,19 @@ FAST_PLANS = {
                                                                           prefix_cache=n) for n in (2, 4, 8)},
     f"threshold 0.7, blocks of {BLOCK}": _threshold(0.7, block_len=BLOCK),
     f"threshold 0.7, blocks of {BLOCK}, prefix cache 4": _threshold(0.7, block_len=BLOCK, prefix_cache=4),
+    f"first-hitting, whole-sequence blocks of {BLOCK}": SamplingPlan(sampler="first-hitting", block_len=BLOCK,
+                                                                     whole_sequence=True),
+    **{f"first-hitting, whole-sequence blocks of {BLOCK}, dual cache {n}": SamplingPlan(
+        sampler="first-hitting", block_len=BLOCK, whole_sequence=True, dual_cache=n) for n in (2, 4, 8)},
+    f"threshold 0.7, whole-sequence blocks of {BLOCK}, dual cache 4": _threshold(0.7, block_len=BLOCK,
+                                                                                 whole_sequence=True, dual_cache=4),
+}
+# name -> plan whose cache's drift from the exact forward is measured: first-hitting in blocks.
+DRIFT_PLANS = {
+    **{f"prefix cache {n}": SamplingPlan(sampler="first-hitting", block_len=BLOCK, prefix_cache=n)
+       for n in REFRESH_INTERVALS},
+    **{f"dual cache {n}": SamplingPlan(sampler="first-hitting", block_len=BLOCK, whole_sequence=True, dual_cache=n)
+       for n in REFRESH_INTERVALS},
 }
 
 
@@ -125,16 +140,16 @@ def _fast_rows(exported: Exported, reference, args) -> list[dict]:
 
 
 class _Drift(WindowNetwork):
-    """The prefix cache's network that also runs the exact forward at every call and sums KL(exact || cached)."""
+    """A cache's network that also runs the exact forward at every call and sums KL(exact || cached)."""
 
     def __init__(self, *args) -> None:
         super().__init__(*args)
         self.kl = self.positions = self.stale_kl = self.stale_positions = 0.0
 
     def logits_at(self, z, t, selected):
-        stale = self.cache.context > 0 and bool((self.since[self.rows.cpu()] % self.refresh != 0).any())
+        stale = self._caching() and bool((self.since[self.rows.cpu()] % self.refresh != 0).any())
         cached = super().logits_at(z, t, selected)
-        exact = self.network.logits_at(z, t, selected)
+        exact = self.network.logits_at(self._whole(z), t, self._whole(selected, False))
         log_p, log_q = exact.double().log_softmax(-1), cached.double().log_softmax(-1)
         kl = float((log_p.exp() * (log_p - log_q)).sum())
         self.kl, self.positions = self.kl + kl, self.positions + exact.shape[0]
@@ -144,15 +159,15 @@ class _Drift(WindowNetwork):
 
 
 def _cache_drift(exported: Exported, args) -> list[dict]:
-    """Mean KL(exact || cached) per predicted token, per refresh interval, over first-hitting samples in blocks."""
+    """Mean KL(exact || cached) per predicted token, for each plan of ``DRIFT_PLANS`` (``--drift-plans``)."""
     process, rows = exported.process(validate=False), []
     with torch.no_grad():
-        for refresh in REFRESH_INTERVALS:
-            plan = SamplingPlan(sampler="first-hitting", block_len=BLOCK, prefix_cache=refresh, seed=args.seeds[0])
+        for name in args.drift_plans or DRIFT_PLANS:
+            plan = replace(DRIFT_PLANS[name], seed=args.seeds[0])
             drift = _Drift(exported.network, plan, args.num, process.generate_id)
             process.sample(drift, plan, num_samples=args.num, seq_len=exported.network.config.max_seq_len,
                            window=exported.network.config.max_seq_len)
-            rows.append({"refresh_every": refresh, "mean_kl_nats": drift.kl / drift.positions,
+            rows.append({"cache": name, "refresh_every": drift.refresh, "mean_kl_nats": drift.kl / drift.positions,
                          "mean_kl_stale_calls_nats": drift.stale_kl / drift.stale_positions
                          if drift.stale_positions else 0.0,
                          "share_of_stale_predictions": drift.stale_positions / drift.positions})
@@ -184,7 +199,9 @@ def main() -> None:
     parser.add_argument("--fast", action="store_true", help="measure fast generation (module docstring)")
     parser.add_argument("--plans", nargs="+", help="with --fast: these rows of FAST_PLANS only, or 'threshold X' "
                                                    "for any X (default: every row)")
-    parser.add_argument("--no-drift", action="store_true", help="with --fast: skip the prefix cache's KL")
+    parser.add_argument("--no-drift", action="store_true", help="with --fast: skip the caches' KL")
+    parser.add_argument("--drift-plans", nargs="+", choices=list(DRIFT_PLANS),
+                        help="with --fast: these rows of DRIFT_PLANS only (default: every row)")
     args = parser.parse_args()
     torch.manual_seed(0)
     exported = load_export(resolve_export(args.diffusion))
@@ -198,7 +215,7 @@ def main() -> None:
         drift = [] if args.no_drift else _cache_drift(exported, args)
         rows = _fast_rows(exported, reference, args)
         print(_fast_table(rows))
-        print("\n".join(f"refresh every {row['refresh_every']}: mean KL {row['mean_kl_nats']:.2e} nats "
+        print("\n".join(f"{row['cache']}: refresh every {row['refresh_every']}: mean KL {row['mean_kl_nats']:.2e} nats "
                         f"({row['mean_kl_stale_calls_nats']:.2e} on the {row['share_of_stale_predictions']:.0%} of "
                         f"predictions from a stale cache)" for row in drift))
         return

@@ -345,13 +345,15 @@ class SelfAttention(nn.Module):
         q, k, v = self._heads(self.qkv(x), batch, length)
         if layout is not None and layout.cache is not None:
             # Finished blocks' keys and values first, kept before the rotation: the window's
-            # positions start at 0 wherever it slid to (model.block_attention.KVCache).
+            # positions start at 0 wherever it slid to (model.block_attention.KVCache). The rows
+            # sit last unless the layout places them (the dual cache's block, model.sampling.window).
             k, v = layout.cache.extend(self, k, v)
             if self.causal and length > 1 and k.shape[2] > length:  # SDPA's causal mask would align them top-left
                 raise ValueError("a causal network reads one new row at a time after its KV cache")
             if self.rotary is not None:
                 key_positions = torch.arange(k.shape[2], device=k.device)
-                q, k = self.rotary(q, key_positions[k.shape[2] - length:]), self.rotary(k, key_positions)
+                rows = key_positions[k.shape[2] - length:] if layout.positions is None else layout.positions
+                q, k = self.rotary(q, rows), self.rotary(k, key_positions)
         elif self.rotary is not None:
             positions = None if layout is None else layout.positions
             q, k = self.rotary(q, positions), self.rotary(k, positions)

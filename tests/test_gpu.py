@@ -343,6 +343,32 @@ def test_threshold_decoding_and_the_prefix_cache_run_under_bf16_and_a_cache_refr
     assert torch.equal(guided, plain) and guided_stats.network_calls == 2 * plain_stats.network_calls
 
 
+def test_whole_sequence_blocks_and_the_dual_cache_run_under_bf16_and_a_cache_refreshed_every_call_is_exact():
+    """Whole-sequence blocks as ``unmask sample --whole-sequence`` runs them on a GPU
+    (docs/fast-generation.md): no mask left, the prompt kept; the dual cache refreshed at every
+    call draws the uncached samples at the same calls, refreshed every 4 calls the same calls; with
+    guidance at w = 0 (its unprompted pass on its own cache) the same samples at twice the calls."""
+    network, device, samples = _network().eval(), torch.device("cuda"), 4
+    diffusion = AbsorbingDiffusion(make_schedule("linear"), VOCAB, validate=False)
+    prompt = torch.full((LENGTH,), VOCAB, device=device)
+    prompt[:8] = torch.arange(8, device=device)
+
+    def draw(plan: SamplingPlan):
+        with torch.inference_mode(), inference_mode(network, device):
+            return diffusion.sample(network, plan, num_samples=samples, seq_len=LENGTH, window=LENGTH, prompt=prompt,
+                                    generator=sample_generators(plan.seed, range(samples)), device=device)
+
+    blocks = SamplingPlan(sampler="confidence", steps=16, block_len=64, seed=1, whole_sequence=True)
+    plain, plain_stats = draw(blocks)
+    assert int(plain.max()) < VOCAB and torch.equal(plain[:, :8], prompt[:8].expand(samples, -1))
+    exact, exact_stats = draw(SamplingPlan(**{**blocks.__dict__, "dual_cache": 1}))
+    assert torch.equal(exact, plain) and exact_stats == plain_stats
+    cached, cached_stats = draw(SamplingPlan(**{**blocks.__dict__, "dual_cache": 4}))
+    assert int(cached.max()) < VOCAB and cached_stats.row_calls == plain_stats.row_calls
+    guided, guided_stats = draw(SamplingPlan(**{**blocks.__dict__, "dual_cache": 1, "guidance": 0.0}))
+    assert torch.equal(guided, plain) and guided_stats.network_calls == 2 * plain_stats.network_calls
+
+
 def test_block_diffusion_trains_with_flexattention_and_matches_the_dense_mask():
     """BD3-LM's training step on GPU (``train.block_attention`` auto): FlexAttention with the
     compiled BlockMask, loss and gradients those of the dense SDPA mask (bf16 rounding)."""

@@ -16,6 +16,9 @@ autoregressive model is exact (standard error 0). A document is scored as ``unma
 scores a dataset. Requests are scored in groups of equal length (no padding a bidirectional
 model would see); every generator lives on the host, so the numbers depend neither on the
 device nor on the batch. Why, and the variance: docs/downstream.md#how-a-diffusion-model-answers-lm-eval.
+With ``guidance`` w (LLaDA's), a continuation is scored by the same estimator on the guided logits
+cond + w (cond - un), un with the context masked: a score that ranks choices, not a bound on
+log p; two forward passes per call (docs/fast-generation.md#guided-loglikelihood).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -36,7 +39,7 @@ from common.progress import bar as progress_bar
 from evaluation.bounds.estimator import Blocks, replicate_terms, wrap_blocks
 from evaluation.inference import inference_mode
 from model.autoregressive import Autoregressive
-from model.denoiser import DenoiserLike, as_denoiser
+from model.denoiser import Denoiser, DenoiserLike, as_denoiser
 from model.positions import sum_by_row
 from model.process import DiffusionProcess
 from model.spec import Process
@@ -44,8 +47,8 @@ from model.transformer import TransformerConfig
 from pipeline.interchange.export import Exported
 from pipeline.training.engine import activation_memory_bytes
 
-__all__ = ["CPU_TOKENS_PER_BATCH", "Pair", "Score", "ScoringModel", "ScoringSettings", "capacity_rows",
-           "score_continuations", "score_documents"]
+__all__ = ["CPU_TOKENS_PER_BATCH", "GUIDED_SCORES", "ContextGuidance", "Pair", "Score", "ScoringModel",
+           "ScoringSettings", "capacity_rows", "check_guidance", "score_continuations", "score_documents"]
 
 log = logging.getLogger("unmask.lm_eval")
 
@@ -56,6 +59,8 @@ CPU_TOKENS_PER_BATCH = 8192
 GPU_MEMORY_SHARE = 0.5
 # More rows than this gain nothing on any GPU and make a time-conditioned batch's times coarse.
 MAX_BATCH_ROWS = 4096
+# What every record of a guided loglikelihood says of its numbers.
+GUIDED_SCORES = "guided: ranks the choices, not a likelihood bound of the model (two forward passes a call)"
 # The time at which ``is_greedy`` reads the denoiser: where its sampler starts.
 GREEDY_TIME = 1.0
 
@@ -205,24 +210,66 @@ def _group_blocks(rows: list[_Row]) -> Blocks:
     return Blocks(tokens, positions)
 
 
+class ContextGuidance(Denoiser):
+    """A denoiser guided towards the first ``context`` positions of every row (unsupervised
+    classifier-free guidance, LLaDA's loglikelihood): logits cond + w (cond - un), un the same
+    call with those positions masked; LLaDA's un + (w + 1)(cond - un) written so that w = 0 is
+    the denoiser exactly. ``passes`` counts the forward passes, two per call."""
+
+    def __init__(self, denoiser: DenoiserLike, context: int, weight: float, mask_id: int) -> None:
+        self.denoiser, self.context, self.weight, self.mask_id = as_denoiser(denoiser), context, weight, mask_id
+        self.passes = 0
+
+    def logits(self, z_t: Tensor, t: Tensor) -> Tensor:
+        return self._guided(lambda z: self.denoiser.logits(z, t), z_t)
+
+    def logits_at(self, z_t: Tensor, t: Tensor, selected: Tensor) -> Tensor:
+        return self._guided(lambda z: self.denoiser.logits_at(z, t, selected), z_t)
+
+    @property
+    def time_independent(self) -> bool:
+        return self.denoiser.time_independent
+
+    def _guided(self, forward: Callable[[Tensor], Tensor], z: Tensor) -> Tensor:
+        cond = forward(z)
+        masked = z.clone()
+        masked[:, :self.context] = self.mask_id   # [B, L]: the context masked, the continuation as it is
+        self.passes += 2
+        return cond + self.weight * (cond - forward(masked))
+
+
+def check_guidance(model: ScoringModel) -> None:
+    """A ValueError unless ``model`` can be guided towards a context: a diffusion model with a mask
+    (absorbing or learned) that scores a row at once (not block diffusion)."""
+    if model.exact or not hasattr(model.process, "mask_id") or model.block_size > 1:
+        raise ValueError("guidance masks the context in a second pass, which needs a diffusion export with a mask "
+                         "that scores a continuation at once (absorbing or learned; not autoregressive, uniform or "
+                         "block diffusion)")
+
+
 def score_continuations(model: ScoringModel, pairs: Sequence[Pair], settings: ScoringSettings, *,
-                        desc: str = "loglikelihood") -> list[Score]:
-    """log p(continuation | context) of every pair, in order; see the module docstring."""
+                        desc: str = "loglikelihood", guidance: float | None = None) -> list[Score]:
+    """log p(continuation | context) of every pair, in order; see the module docstring. With
+    ``guidance`` w, the guided score (not a bound: module docstring)."""
+    if guidance is not None:
+        check_guidance(model)
     rows = [_fit(context, continuation, model.max_seq_len, model.block_size, model.pad_id)
             for context, continuation in pairs]
     contexts: dict[tuple[int, ...], int] = {}   # each distinct context's key
     keys = [contexts.setdefault(tuple(context), len(contexts)) for context, _ in pairs]
-    groups: dict[int, list[int]] = {}
-    for index, row in enumerate(rows):
-        groups.setdefault(len(row.tokens), []).append(index)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for index, row in enumerate(rows):   # guided: one context length per group, the positions un masks
+        groups.setdefault((len(row.tokens), 0 if guidance is None else row.scored), []).append(index)
     per_request = 1 if model.exact else settings.samples + 1   # + the greedy pass
     scores: list[Score | None] = [None] * len(rows)
     with _scoring_bar(per_request * len(rows), desc) as progress, torch.no_grad(), \
             inference_mode(model.network, model.device):
-        for length, members in sorted(groups.items()):
+        for (length, scored), members in sorted(groups.items()):
             blocks = _group_blocks([rows[i] for i in members])
             draws = _Draws(torch.tensor([keys[i] for i in members]), len(contexts))
-            group = _score_group(model, blocks, settings, draws, progress)
+            scorer = model if guidance is None else replace(
+                model, network=ContextGuidance(model.network, length - scored, guidance, model.process.mask_id))
+            group = _score_group(scorer, blocks, settings, draws, progress)
             for index, score in zip(members, group):
                 scores[index] = Score(score.log_likelihood, score.standard_error, score.replicates,
                                       score.is_greedy, rows[index].dropped)

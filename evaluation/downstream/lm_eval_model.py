@@ -12,8 +12,10 @@ registered (lm-eval 0.4 finds models only in its own registry); ``unmask lm-eval
 (``evaluation.downstream.run``) runs the same harness and adds the report and MLflow. The
 requests are answered by ``evaluation.downstream.likelihoods`` (``loglikelihood``,
 ``loglikelihood_rolling``) and ``evaluation.generation.generate.continue_tokens``
-(``generate_until``: request i of a call is sample i of the seed, whatever the others). A model
-argument it does not know is refused in one line. The arguments and what each request means:
+(``generate_until``: request i of a call is sample i of the seed, whatever the others); with the
+model argument ``guidance`` w, ``loglikelihood`` scores by guided logits (a ranking of the choices,
+not a likelihood bound, docs/fast-generation.md#guided-loglikelihood). A model argument it does
+not know is refused in one line. The arguments and what each request means:
 docs/downstream.md#lm-evals-own-command-line-and-python-api.
 """
 
@@ -21,9 +23,10 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,15 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 
 from common.errors import UserError
 from common.progress import bar as progress_bar
-from evaluation.downstream.likelihoods import Score, ScoringModel, ScoringSettings, score_continuations, score_documents
+from evaluation.downstream.likelihoods import (
+    GUIDED_SCORES,
+    Score,
+    ScoringModel,
+    ScoringSettings,
+    check_guidance,
+    score_continuations,
+    score_documents,
+)
 from evaluation.generation.generate import continue_tokens
 from evaluation.inference import inference_mode, resolve_device
 from model.sampling import PlanError, SamplingPlan, check_budget
@@ -55,7 +66,11 @@ DEFAULT_MAX_GEN_TOKS = 256   # lm-eval's HFLM default
 GREEDY_TOP_P = 1e-9
 DEFAULT_TEMPERATURE = 1.0    # lm-eval's do_sample without a temperature
 MODEL_ARGUMENTS = ("path", "samples", "seed", "batch_size", "max_batch_size", "device", "gen_sampler", "gen_steps",
-                   "gen_grid", "gen_guidance")
+                   "gen_grid", "gen_guidance", "gen_block_len", "gen_whole_sequence", "gen_dual_cache", "guidance")
+# The plan's fields as model arguments.
+GENERATION_ARGUMENTS = {"sampler": "gen_sampler", "steps": "gen_steps", "grid": "gen_grid", "guidance": "gen_guidance",
+                        "block_len": "gen_block_len", "whole_sequence": "gen_whole_sequence",
+                        "dual_cache": "gen_dual_cache"}
 
 
 @dataclass(frozen=True)
@@ -71,18 +86,24 @@ class RequestRecord:
 @dataclass(frozen=True)
 class Generation:
     """How ``generate_until`` samples (the model arguments ``gen_sampler``, ``gen_steps``, ``gen_grid``,
-    ``gen_guidance``: unsupervised classifier-free guidance towards the context, docs/fast-generation.md)."""
+    ``gen_guidance``: unsupervised classifier-free guidance towards the context; ``gen_block_len``,
+    ``gen_whole_sequence``, ``gen_dual_cache``: semi-autoregressive blocks, docs/fast-generation.md)."""
 
     sampler: str = "ancestral"
-    steps: int | None = None       # the budget of a diffusion sample; None: one call per generated token
+    steps: int | None = None       # the budget of a diffusion sample (per block); None: one call per generated token
     grid: str = "uniform"
     guidance: float | None = None
+    block_len: int | None = None
+    whole_sequence: bool = False
+    dual_cache: int | None = None
 
     def plan(self, new_tokens: int, *, top_p: float | None, temperature: float, seed: int) -> SamplingPlan:
         """The plan of one request of ``new_tokens`` tokens."""
-        steps = self.steps if self.steps is not None or self.sampler in UNBUDGETED else new_tokens
+        per_block = new_tokens if self.block_len is None else min(new_tokens, self.block_len)
+        steps = self.steps if self.steps is not None or self.sampler in UNBUDGETED else per_block
         return SamplingPlan(sampler=self.sampler, steps=steps, grid=self.grid, top_p=top_p, temperature=temperature,
-                            seed=seed, guidance=self.guidance)
+                            seed=seed, guidance=self.guidance, block_len=self.block_len,
+                            whole_sequence=self.whole_sequence, dual_cache=self.dual_cache)
 
 
 @register_model(MODEL_NAME)
@@ -92,7 +113,8 @@ class UnmaskLM(TemplateLM):
     def __init__(self, path: str | Path | None = None, samples: int = 16, seed: int = 0, batch_size: int | str = AUTO,
                  max_batch_size: int | None = None, device: str | None = None, gen_sampler: str = "ancestral",
                  gen_steps: int | None = None, gen_grid: str = "uniform", gen_guidance: float | None = None,
-                 **unknown: Any) -> None:
+                 gen_block_len: int | None = None, gen_whole_sequence: bool | str = False,
+                 gen_dual_cache: int | None = None, guidance: float | None = None, **unknown: Any) -> None:
         super().__init__()
         if unknown:
             raise UserError(f"model argument {', '.join(map(repr, unknown))} is not one of the unmask model's: "
@@ -100,12 +122,14 @@ class UnmaskLM(TemplateLM):
         if path is None:
             raise UserError("model argument path is required: path=RUN_OR_EXPORT")
         self.settings = _settings(samples, seed, batch_size, max_batch_size)
-        self.generation = _generation(gen_sampler, gen_steps, gen_grid, gen_guidance)
+        self.generation = _generation(Generation(gen_sampler, gen_steps, gen_grid, gen_guidance, gen_block_len,
+                                                 gen_whole_sequence, gen_dual_cache))
         self._device = _device(device)
         self.export_dir = choose_export(path)  # a run: its latest checkpoint's export
         self.exported: Exported = load_export(self.export_dir)
         _check_sampler(self.exported, self.generation)
         self.model = ScoringModel.of(self.exported, self._device)
+        self.guidance = _guidance(guidance, self.model)   # loglikelihood's, None: the conditional bound
         self.records: list[RequestRecord] = []
         self.truncated_contexts = 0   # requests whose context lost tokens on the left
 
@@ -130,7 +154,7 @@ class UnmaskLM(TemplateLM):
     # ------------------------------------------------------------------ the requests
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """lm-eval's ``loglikelihood``: per request, the conditional ELBO of the continuation given the
-        context, and whether the continuation is the greedy answer."""
+        context (with ``guidance``, the guided score), and whether the continuation is the greedy answer."""
         pairs = [self._encode(*request.args) for request in requests]
         for request, (_, continuation) in zip(requests, pairs):
             if len(continuation) > self.model.max_seq_len:
@@ -138,8 +162,8 @@ class UnmaskLM(TemplateLM):
                                 f"{len(continuation)} tokens exceeds the model's max_seq_len {self.model.max_seq_len} "
                                 f"(it cannot be scored in one row; lm-eval's Hugging Face model refuses it too)")
         scores = self._score_pairs(pairs)
-        self.records += [RequestRecord(request.task_name, "loglikelihood", score)
-                         for request, score in zip(requests, scores)]
+        kind = "loglikelihood" if self.guidance is None else "loglikelihood (guided)"
+        self.records += [RequestRecord(request.task_name, kind, score) for request, score in zip(requests, scores)]
         return [(score.log_likelihood, score.is_greedy) for score in scores]
 
     def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
@@ -163,9 +187,11 @@ class UnmaskLM(TemplateLM):
     def get_model_info(self) -> dict[str, Any]:
         """What lm-eval records under ``config`` in its results."""
         config = self.exported.config
+        guided = ({} if self.guidance is None
+                  else {"unmask_guidance": self.guidance, "unmask_loglikelihood": GUIDED_SCORES})
         return {"unmask_export": str(self.export_dir.resolve()), "unmask_step": config.get("step"),
                 "unmask_objective": config.get("objective"), "unmask_process": self.exported.spec.process,
-                "unmask_samples": self.settings.samples, "unmask_seed": self.settings.seed}
+                "unmask_samples": self.settings.samples, "unmask_seed": self.settings.seed, **guided}
 
     # ------------------------------------------------------------------ helpers
     def _encode(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -178,7 +204,7 @@ class UnmaskLM(TemplateLM):
         return [self.prefix_token_id], continuation_ids
 
     def _score_pairs(self, pairs: list[tuple[list[int], list[int]]]) -> list[Score]:
-        scores = score_continuations(self.model, pairs, self.settings)
+        scores = score_continuations(self.model, pairs, self.settings, guidance=self.guidance)
         truncated = sum(score.context_dropped > 0 for score in scores)
         if truncated:
             log.info("%d of %d requests had their context cut from the left to fit max_seq_len %d",
@@ -253,20 +279,46 @@ def _device(name: str | None) -> torch.device:
     return resolve_device(name)
 
 
-def _generation(sampler: Any, steps: Any, grid: Any, guidance: Any = None) -> Generation:
-    """The generation arguments, checked as a plan checks them (one line naming the argument)."""
-    names = {"sampler": "gen_sampler", "steps": "gen_steps", "grid": "gen_grid", "guidance": "gen_guidance"}
+def _generation(given: Generation) -> Generation:
+    """The generation arguments as lm-eval passes them (numbers, or strings), typed and checked as a
+    plan checks them (one line naming the argument)."""
+    guidance = given.guidance
     if guidance is not None:
         try:
             guidance = float(guidance)
         except ValueError:
             raise UserError(f"model argument gen_guidance must be a number >= 0, got {guidance!r}") from None
-    generation = Generation(sampler, None if steps is None else _integer("gen_steps", steps, 1), grid, guidance)
+    whole = given.whole_sequence
+    if isinstance(whole, str) and whole.strip().lower() in ("true", "false"):
+        whole = whole.strip().lower() == "true"
+    if not isinstance(whole, bool):
+        raise UserError(f"model argument gen_whole_sequence must be true or false, got {whole!r}")
+    optional = {name: None if getattr(given, name) is None else _integer(GENERATION_ARGUMENTS[name],
+                                                                          getattr(given, name), 1)
+                for name in ("steps", "block_len", "dual_cache")}
+    generation = replace(given, guidance=guidance, whole_sequence=whole, **optional)
     try:
         generation.plan(1, top_p=None, temperature=DEFAULT_TEMPERATURE, seed=0)
     except PlanError as err:
-        raise UserError(f"model argument {names.get(err.field, err.field)}: {err}") from None
+        raise UserError(f"model argument {GENERATION_ARGUMENTS.get(err.field, err.field)}: {err}") from None
     return generation
+
+
+def _guidance(value: Any, model: ScoringModel) -> float | None:
+    """The model argument ``guidance`` (lm-eval passes numbers or strings), for ``model``."""
+    if value is None:
+        return None
+    try:
+        weight = float(value)
+    except ValueError:
+        weight = math.nan
+    if not (math.isfinite(weight) and weight >= 0):
+        raise UserError(f"model argument guidance must be a number >= 0, got {value!r}")
+    try:
+        check_guidance(model)
+    except ValueError as err:
+        raise UserError(f"model argument guidance: {err}") from None
+    return weight
 
 
 def _check_sampler(exported: Exported, generation: Generation) -> None:
@@ -283,9 +335,13 @@ def _check_sampler(exported: Exported, generation: Generation) -> None:
                             f"right (ancestral, the default)")
         return
     try:
-        exported.process(validate=False).sampler(sampler)
+        process = exported.process(validate=False)
+        process.sampler(sampler)
     except ValueError as err:
         raise UserError(f"model argument gen_sampler={sampler}: {err}") from None
+    if generation.whole_sequence and (exported.spec.block_size is not None or not hasattr(process, "mask_id")):
+        raise UserError("model argument gen_whole_sequence: the network sees the suffix masked, which needs an "
+                        "absorbing export that is not block diffusion")
 
 
 def _token_distribution(kwargs: dict) -> tuple[float | None, float]:

@@ -38,6 +38,7 @@ import numpy as np
 
 from common.errors import UserError
 from common.provenance import git_commit, package_version
+from evaluation.downstream.likelihoods import GUIDED_SCORES
 from evaluation.downstream.task_yamls import check_task_yamls, task_yaml_paths
 from evaluation.downstream.tasks import TASKS_DIR
 from evaluation.inference import resolve_device
@@ -85,8 +86,12 @@ class DownstreamConfig:
     gen_sampler: str = "ancestral"       # how a diffusion model samples for generate_until (model.sampling)
     gen_steps: int | None = None         # its budget of network calls (None: one per generated token)
     gen_guidance: float | None = None    # unsupervised guidance towards the context (docs/fast-generation.md)
+    gen_block_len: int | None = None     # semi-autoregressive blocks of generation (docs/fast-generation.md)
+    gen_whole_sequence: bool = False     # each block's calls see the whole sequence
+    gen_dual_cache: int | None = None    # with it: the dual cache, refreshed every N calls
     download: bool = False               # let lm-eval fetch datasets from the Hugging Face Hub
     allow_code: bool = False             # run the Python that the user's task YAMLs name (!function)
+    guidance: float | None = None        # loglikelihood by guided logits: a ranking, not a bound (fast-generation.md)
 
     def check(self) -> None:
         """The flags, then the include paths: a UserError naming the flag."""
@@ -101,7 +106,15 @@ class DownstreamConfig:
                   ("--gen-steps", self.gen_steps is None or 1 <= self.gen_steps <= MAX_STEPS,
                    f"must lie in [1, {MAX_STEPS:,}] (model.sampling.MAX_STEPS)"),
                   ("--gen-guidance", self.gen_guidance is None or math.isfinite(self.gen_guidance)
-                   and self.gen_guidance >= 0, "must be a number >= 0")]
+                   and self.gen_guidance >= 0, "must be a number >= 0"),
+                  ("--guidance", self.guidance is None or math.isfinite(self.guidance) and self.guidance >= 0,
+                   "must be a number >= 0"),
+                  ("--gen-block-len", self.gen_block_len is None or self.gen_block_len >= 1, "must be >= 1"),
+                  ("--gen-dual-cache", self.gen_dual_cache is None or self.gen_dual_cache >= 1, "must be >= 1"),
+                  ("--gen-whole-sequence", self.gen_block_len is not None or not self.gen_whole_sequence,
+                   "needs --gen-block-len (blocks that see the whole sequence)"),
+                  ("--gen-dual-cache", self.gen_whole_sequence or self.gen_dual_cache is None,
+                   "needs --gen-whole-sequence (it caches the prefix and the masked suffix)")]
         for flag, ok, requirement in checks:
             if not ok:
                 raise UserError(f"{flag} {requirement}")
@@ -116,7 +129,14 @@ class DownstreamConfig:
         """The ``unmask`` model's arguments (``evaluation.downstream.lm_eval_model``)."""
         return {"samples": self.samples, "seed": self.seed, "batch_size": self.batch_size or AUTO,
                 "device": device, "gen_sampler": self.gen_sampler, "gen_steps": self.gen_steps,
-                **({} if self.gen_guidance is None else {"gen_guidance": self.gen_guidance})}
+                **({} if self.gen_guidance is None else {"gen_guidance": self.gen_guidance}),
+                **({} if self.guidance is None else {"guidance": self.guidance}), **self.block_args()}
+
+    def block_args(self) -> dict[str, Any]:
+        """The generation's block arguments that are set."""
+        values = {"gen_block_len": self.gen_block_len, "gen_whole_sequence": self.gen_whole_sequence,
+                  "gen_dual_cache": self.gen_dual_cache}
+        return {name: value for name, value in values.items() if value is not None and value is not False}
 
 
 @dataclass(frozen=True)
@@ -311,7 +331,8 @@ def _settings(config: DownstreamConfig, device: str) -> dict[str, Any]:
             "seed": config.seed, "batch_size": config.batch_size or AUTO, "device": device,
             "precision": "bf16" if device.startswith("cuda") else "fp32", "gen_sampler": config.gen_sampler,
             "gen_steps": config.gen_steps, **({} if config.gen_guidance is None else {"gen_guidance": config.gen_guidance}),
-            "offline": not config.download, "allow_code": config.allow_code}
+            "offline": not config.download, "allow_code": config.allow_code, **config.block_args(),
+            **({} if config.guidance is None else {"guidance": config.guidance, "loglikelihood": GUIDED_SCORES})}
 
 
 def _check_installed() -> None:

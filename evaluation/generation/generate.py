@@ -251,9 +251,10 @@ def _draw(exported: Exported, plan: SamplingPlan, batches: list[_Batch], objecti
     network = exported.network.to(target).eval()
     block_size = exported.spec.block_size
     # A block diffusion's sampler runs its cache between the blocks' calls: not compiled.
-    # Neither does the prefix cache (model.sampling.window), whose forwards carry it, nor an
-    # autoregressive model's KV cache (one new row per call: little for a compile to gain).
-    cached = block_size is not None or plan.prefix_cache is not None or objective == AUTOREGRESSIVE
+    # Neither do the prefix and dual caches (model.sampling.window), whose forwards carry them, nor
+    # an autoregressive model's KV cache (one new row per call: little for a compile to gain).
+    cached = (block_size is not None or plan.prefix_cache is not None or plan.dual_cache is not None
+              or objective == AUTOREGRESSIVE)
     if not cached and should_compile(plan.compile, target, _network_tokens(plan, batches)):
         network.compile_parts()
     draw = _autoregressive_batch if objective == AUTOREGRESSIVE else _diffusion_batch
@@ -328,6 +329,7 @@ def check_sampling(plan: SamplingPlan, *, objective: str | None, process: str, m
     except ValueError as err:
         raise UserError(f"--sampler {plan.sampler}: {err}") from None
     _check_fast_generation(plan, sampler, block_size)
+    _check_whole_sequence(plan, process, block_size, max_seq_len if seq_len is None else seq_len, max_seq_len)
     if block_size is not None:  # block diffusion: its own blocks, any length (model.sampling.blocks)
         if plan.compile == "on":
             raise UserError(f"--compile on: {BLOCKS_UNCOMPILED}; leave --compile auto or off")
@@ -348,20 +350,37 @@ def check_sampling(plan: SamplingPlan, *, objective: str | None, process: str, m
 
 
 def _check_fast_generation(plan: SamplingPlan, sampler, block_size: int | None) -> None:
-    """--prefix-cache and --guidance where they apply (docs/fast-generation.md)."""
+    """--prefix-cache, --dual-cache and --guidance where they apply (docs/fast-generation.md)."""
     if block_size is not None and plan.prefix_cache is not None:
         raise UserError("--prefix-cache: a block diffusion export caches its finished blocks exactly already; leave "
                         "--prefix-cache out")
     if block_size is not None and plan.guidance is not None:
         raise UserError("--guidance: a block diffusion export holds the prompt in its blocks' KV cache, which an "
                         "unprompted second pass cannot share; leave --guidance out")
-    if plan.prefix_cache is not None and plan.compile == "on":
-        raise UserError("--compile on: the prefix cache runs between the network's calls, uncompiled; leave --compile "
-                        "auto or off")
-    if plan.prefix_cache is not None and sampler is reverse_sample:
-        raise UserError(f"--prefix-cache: the {plan.sampler} sampler of this process asks the network for every "
-                        f"position at every step, the context's too; use it with an absorbing export (or the "
-                        f"confidence sampler), or leave --prefix-cache out")
+    cache = "prefix" if plan.prefix_cache is not None else "dual" if plan.dual_cache is not None else None
+    if cache is not None and plan.compile == "on":
+        raise UserError(f"--compile on: the {cache} cache runs between the network's calls, uncompiled; leave "
+                        f"--compile auto or off")
+    if cache is not None and sampler is reverse_sample:
+        raise UserError(f"--{cache}-cache: the {plan.sampler} sampler of this process asks the network for every "
+                        f"position at every step, the cached ones too; use it with an absorbing export (or the "
+                        f"confidence sampler), or leave --{cache}-cache out")
+
+
+def _check_whole_sequence(plan: SamplingPlan, process: str, block_size: int | None, seq_len: int,
+                          max_seq_len: int) -> None:
+    """--whole-sequence and --dual-cache where they apply (docs/fast-generation.md)."""
+    if not plan.whole_sequence:
+        return
+    if block_size is not None:
+        raise UserError("--whole-sequence: a block diffusion export attends to its finished blocks only, as it was "
+                        "trained; leave --whole-sequence out")
+    if not hasattr(PROCESS_TYPES[process], "mask_id"):
+        raise UserError(f"--whole-sequence shows the network the suffix masked, which only an absorbing export has "
+                        f"(this one is {process}); leave --whole-sequence out")
+    if seq_len > max_seq_len:
+        raise UserError(f"--whole-sequence shows the network all {seq_len} positions, more than its max_seq_len "
+                        f"{max_seq_len}: shorten --seq-len or leave --whole-sequence out")
 
 
 def _check_autoregressive(plan: SamplingPlan, seq_len: int | None, max_seq_len: int, infill: str | None) -> None:

@@ -109,6 +109,18 @@ def _context(window: int | None, block_size: int) -> int | None:
     return (window - block_size) // block_size * block_size
 
 
+def _refuse_window_options(plan: SamplingPlan) -> None:
+    """The options of ``model.sampling.window``, which a block diffusion model does not take."""
+    reasons = {"prefix_cache": "its finished blocks are cached exactly already",
+               "dual_cache": "its finished blocks are cached exactly already, and its blocks never see the suffix",
+               "whole_sequence": "its blocks attend to the finished ones only, as it was trained",
+               "guidance": "the prompt sits in the KV cache of the finished blocks, which a second, unprompted pass "
+                           "would need again"}
+    for name, why in reasons.items():
+        if getattr(plan, name) is not None and getattr(plan, name) is not False:
+            raise ValueError(f"{name}: a block diffusion model does not take it: {why}")
+
+
 @torch.no_grad()
 def draw_blocks(process, sampler: Sampler, network, plan: SamplingPlan, *, num_samples: int, seq_len: int,
                 prompt: Tensor | None = None, generator: Generators = None, window: int | None = None,
@@ -125,12 +137,7 @@ def draw_blocks(process, sampler: Sampler, network, plan: SamplingPlan, *, num_s
     if plan.block_len is not None and plan.block_len != block_size:
         raise ValueError(f"block_len {plan.block_len}: a block diffusion model samples in its own blocks of "
                          f"{block_size} tokens")
-    if plan.prefix_cache is not None or plan.guidance is not None:
-        name = "prefix_cache" if plan.prefix_cache is not None else "guidance"
-        why = ("its finished blocks are cached exactly already" if name == "prefix_cache"
-               else "the prompt sits in the KV cache of the finished blocks, which a second, unprompted pass would need "
-                    "again")
-        raise ValueError(f"{name}: a block diffusion model does not take it: {why}")
+    _refuse_window_options(plan)
     context = _context(window, block_size)
     z = initial_tokens(process, num_samples, seq_len, prompt, device)
     # A last partial block is sampled whole and cut: dropping its last positions marginalizes them.

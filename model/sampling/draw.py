@@ -4,8 +4,9 @@
 starting tokens from the prompt (kept tokens, ``generate_id`` where to generate), one generator
 per sample from ``plan.seed`` unless given, then ``sampler`` over the whole sequence or, with
 ``plan.block_len``, block by block left to right, each block seeing at most ``window``
-positions (MDLM's semi-autoregressive generation). ``plan.prefix_cache`` and ``plan.guidance``
-run the network through ``model.sampling.window``. docs/sampling.md#semi-autoregressive-blocks.
+positions (MDLM's semi-autoregressive generation), or with ``plan.whole_sequence`` the whole
+sequence (LLaDA's). ``plan.whole_sequence``, the caches and ``plan.guidance`` run the network
+through ``model.sampling.window``. docs/sampling.md#semi-autoregressive-blocks.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def _check_window(plan: SamplingPlan, seq_len: int, window: int | None) -> None:
     if window is None:
         return
     check_positive_int("window", window)
+    if plan.whole_sequence and seq_len > window:
+        raise ValueError(f"whole_sequence shows the network all {seq_len} positions, more than its window of "
+                         f"{window}: shorten the sequence or leave whole_sequence out")
     if plan.block_len is None and seq_len > window:
         raise ValueError(f"seq_len {seq_len} exceeds the network's window of {window} positions: "
                          f"generate in blocks (block_len <= {window})")
@@ -73,11 +77,15 @@ def draw(process: SampledProcess, sampler: Sampler, denoiser: DenoiserLike, plan
     if plan.until_eos is not None:
         raise ValueError("until_eos stops a block diffusion model's generation (model.block_size); this model "
                          "samples the whole sequence at once")
+    if plan.whole_sequence and not hasattr(process, "mask_id"):
+        raise ValueError(f"whole_sequence: its network sees the suffix masked, which only the absorbing process "
+                         f"has; this one ({type(process).__name__}) samples without it")
     _check_window(plan, seq_len, window)
     check_budget(plan, seq_len)  # before the time grid is built
     z = initial_tokens(process, num_samples, seq_len, prompt, device)
     generator = sample_generators(plan.seed, range(num_samples)) if generator is None else generator
-    windowed = plan.prefix_cache is not None or plan.guidance is not None
+    windowed = (plan.prefix_cache is not None or plan.dual_cache is not None or plan.guidance is not None
+                or plan.whole_sequence)
     if windowed:   # a caller may pass its own WindowNetwork (one that watches the calls: bench/sampler_quality.py)
         if not isinstance(denoiser, WindowNetwork):
             denoiser = WindowNetwork(as_denoiser(denoiser), plan, num_samples, process.generate_id)
@@ -96,15 +104,18 @@ def draw(process: SampledProcess, sampler: Sampler, denoiser: DenoiserLike, plan
 
 def _in_blocks(process: SampledProcess, sampler: Sampler, plan: SamplingPlan, z: Tensor, generator: Generators,
                network: NetworkCalls, window: int | None, prompt: Tensor) -> Tensor:
-    """Blocks of ``plan.block_len`` left to right, each with the text before it as context;
-    ``prompt`` (bool [B, L]): the kept tokens."""
+    """Blocks of ``plan.block_len`` left to right, each with the text before it as context (and
+    with ``plan.whole_sequence`` the text after it, shown to the network only); ``prompt`` (bool
+    [B, L]): the kept tokens."""
     length = z.shape[1]
     for start in range(0, length, plan.block_len):
         end = min(start + plan.block_len, length)
-        first = 0 if window is None else max(0, end - window)
+        first = 0 if window is None or plan.whole_sequence else max(0, end - window)
         part = z[:, first:end]                      # [B, W]: kept context, then the block
         if bool((part == process.generate_id).any()):
             if isinstance(network, WindowCalls):
-                network.denoiser.start(start - first, prompt[:, first:end])
+                seen = length if plan.whole_sequence else end
+                suffix = z[:, end:] if plan.whole_sequence else None   # [B, S]: masked, or a prompt's kept tokens
+                network.denoiser.start(start - first, prompt[:, first:seen], suffix)
             z[:, first:end] = sampler(process, plan, part.clone(), generator, network)
     return z

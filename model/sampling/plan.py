@@ -6,8 +6,9 @@ network calls per sequence, per block with ``block_len``; None: the sampler's de
 time grid, temperature and nucleus, the seed, the blocks and the sampler's options. It is
 valid by construction: a bad field raises ``PlanError`` (a ValueError) naming it, so a command
 line can name its flag. ``cache``, ``static_shape`` and ``compile`` say how to run, never what
-to draw, except ``prefix_cache`` (an approximation, named in the plan so it is never silent) and
-``guidance`` (a different distribution): docs/fast-generation.md. The budget's limits and their
+to draw, except ``prefix_cache`` and ``dual_cache`` (approximations, named in the plan so they are
+never silent), ``guidance`` (a different distribution) and ``whole_sequence`` (blocks whose network
+sees the masked suffix too): docs/fast-generation.md. The budget's limits and their
 reasons: docs/sampling.md#the-budget.
 """
 
@@ -151,11 +152,14 @@ class SamplingPlan:
     until_eos: int | None = None        # block diffusion: a sample stops after this token id (its EOS)
     prefix_cache: int | None = None     # blocks: the context's keys and values, recomputed every N calls
     guidance: float | None = None       # unsupervised classifier-free guidance weight w (two passes a call)
+    whole_sequence: bool = False        # blocks: every call sees the whole sequence, the masked suffix too
+    dual_cache: int | None = None       # whole_sequence: the prefix's and suffix's keys and values, every N calls
 
     RECORDED: ClassVar[tuple[str, ...]] = ("sampler", "steps", "grid", "top_p", "temperature", "seed",
                                            "block_len", "options", "cache", "static_shape", "compile")
     # Recorded only when set, so that the records of plans without them do not change.
-    RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = ("until_eos", "prefix_cache", "guidance")
+    RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = ("until_eos", "prefix_cache", "guidance", "whole_sequence",
+                                                    "dual_cache")
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
@@ -194,7 +198,7 @@ class SamplingPlan:
         self._resolve_options()
 
     def _check_fast_generation(self) -> None:
-        """``prefix_cache`` and ``guidance`` (docs/fast-generation.md)."""
+        """``prefix_cache``, ``guidance``, ``whole_sequence`` and ``dual_cache`` (docs/fast-generation.md)."""
         if self.prefix_cache is not None:
             if isinstance(self.prefix_cache, bool) or not isinstance(self.prefix_cache, int) or self.prefix_cache < 1:
                 _fail("prefix_cache", f"prefix_cache is the refresh interval in network calls, an integer >= 1, "
@@ -205,13 +209,32 @@ class SamplingPlan:
             if self.static_shape:
                 _fail("prefix_cache", "prefix_cache runs the block's rows alone between refreshes, static_shape every "
                                       "position: leave one of them out")
-        if self.guidance is not None:
-            if not (isinstance(self.guidance, (int, float)) and not isinstance(self.guidance, bool)
-                    and math.isfinite(self.guidance) and self.guidance >= 0):
-                _fail("guidance", f"guidance must be a number >= 0, got {self.guidance!r}")
-            if self.prefix_cache is not None:
-                _fail("guidance", "guidance runs a second pass with the prompt masked, which the prefix cache does "
-                                  "not hold: leave one of guidance and prefix_cache out")
+        if self.guidance is not None and not (isinstance(self.guidance, (int, float))
+                                              and not isinstance(self.guidance, bool)
+                                              and math.isfinite(self.guidance) and self.guidance >= 0):
+            _fail("guidance", f"guidance must be a number >= 0, got {self.guidance!r}")
+        self._check_whole_sequence()
+
+    def _check_whole_sequence(self) -> None:
+        if not isinstance(self.whole_sequence, bool):
+            _fail("whole_sequence", f"whole_sequence is true or false, got {self.whole_sequence!r}")
+        if self.whole_sequence and self.block_len is None:
+            _fail("whole_sequence", "whole_sequence shows semi-autoregressive blocks the whole sequence: it needs "
+                                    "blocks (block_len)")
+        if self.dual_cache is None:
+            return
+        if isinstance(self.dual_cache, bool) or not isinstance(self.dual_cache, int) or self.dual_cache < 1:
+            _fail("dual_cache", f"dual_cache is the refresh interval in network calls, an integer >= 1, "
+                                f"got {self.dual_cache!r}")
+        if not self.whole_sequence:
+            _fail("dual_cache", "dual_cache caches the keys and values of the prefix and of the masked suffix: it "
+                                "needs whole_sequence blocks")
+        if self.prefix_cache is not None:
+            _fail("dual_cache", "dual_cache holds the prefix's keys and values already: leave one of dual_cache and "
+                                "prefix_cache out")
+        if self.static_shape:
+            _fail("dual_cache", "dual_cache runs the block's rows alone between refreshes, static_shape every "
+                                "position: leave one of them out")
 
     def _resolve_options(self) -> None:
         expected = OPTIONS_TYPES.get(self.sampler)
@@ -229,7 +252,8 @@ class SamplingPlan:
         """The plan as a JSON object (``from_dict`` reads it back)."""
         record = {name: getattr(self, name) for name in self.RECORDED}
         record["options"] = dataclasses.asdict(self.options) if self.options is not None else None
-        record.update({name: getattr(self, name) for name in self.RECORDED_WHEN_SET if getattr(self, name) is not None})
+        record.update({name: getattr(self, name) for name in self.RECORDED_WHEN_SET
+                       if getattr(self, name) is not None and getattr(self, name) is not False})
         return record
 
     @classmethod
@@ -266,6 +290,10 @@ class SamplingPlan:
             parts.append(f"until EOS (id {self.until_eos})")
         if self.prefix_cache is not None:
             parts.append(f"prefix cache refreshed every {self.prefix_cache} calls (approximate)")
+        if self.whole_sequence:
+            parts.append("each call sees the whole sequence")
+        if self.dual_cache is not None:
+            parts.append(f"dual cache refreshed every {self.dual_cache} calls (approximate)")
         if self.guidance is not None:
             parts.append(f"guidance {self.guidance:g} (two passes a call)")
         parts.append(f"seed {self.seed}")

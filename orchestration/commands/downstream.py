@@ -65,7 +65,8 @@ def _cmd_lm_eval(args: argparse.Namespace) -> int:
         include_path=tuple(args.include_path or ()), data_dir=args.data_dir, limit=args.limit,
         num_fewshot=args.num_fewshot, samples=args.samples, seed=args.seed, batch_size=args.batch_size,
         gen_sampler=args.gen_sampler, gen_steps=args.gen_steps, gen_guidance=args.gen_guidance, download=args.download,
-        allow_code=args.allow_code)
+        allow_code=args.allow_code, guidance=args.guidance, gen_block_len=args.gen_block_len,
+        gen_whole_sequence=args.gen_whole_sequence, gen_dual_cache=args.gen_dual_cache)
     options = DownstreamOptions(out=Path(args.out) if args.out else None, mlflow_uri=args.mlflow_uri,
                                 device=args.device)
     report = run_downstream(Path(args.path), config, options)
@@ -115,6 +116,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--gen-guidance", type=float, metavar="W",
                         help="unsupervised classifier-free guidance of weight W >= 0 towards the context in "
                              "generation tasks (diffusion; two network calls a step; docs/fast-generation.md)")
+    parser.add_argument("--gen-block-len", type=int, metavar="N",
+                        help="generate in semi-autoregressive blocks of N tokens (diffusion; docs/fast-generation.md)")
+    parser.add_argument("--gen-whole-sequence", action="store_true",
+                        help="with --gen-block-len: every call sees the whole sequence, the masked rest too")
+    parser.add_argument("--gen-dual-cache", type=int, metavar="N",
+                        help="with --gen-whole-sequence: the dual cache, refreshed every N calls (approximate)")
+    parser.add_argument("--guidance", type=float, metavar="W",
+                        help="score loglikelihood requests by guided logits of weight W >= 0 towards the context: "
+                             "a ranking of the choices, not a likelihood bound (two forward passes; "
+                             "docs/fast-generation.md)")
     parser.add_argument("--download", action="store_true",
                         help="let lm-eval download the tasks' datasets from the Hugging Face Hub (default: offline)")
     parser.add_argument("--out", help="report directory (default RUN/report)")

@@ -67,11 +67,13 @@ class SamplingFlags:
     compile: str | None     # None: the command's own --compile (unmask eval's) applies, if it has one
     prefix_cache: str | None = None   # docs/fast-generation.md
     guidance: str | None = None
+    whole_sequence: str | None = None
+    dual_cache: str | None = None
 
 
 SAMPLE_FLAGS = SamplingFlags(steps="--steps", grid="--grid", top_p="--top-p", temperature="--temperature",
                              block_len="--block-len", compile="--compile", prefix_cache="--prefix-cache",
-                             guidance="--guidance")
+                             guidance="--guidance", whole_sequence="--whole-sequence", dual_cache="--dual-cache")
 REPORT_FLAGS = SamplingFlags(steps="--sample-steps", grid="--sample-grid", top_p="--sample-top-p",
                              temperature="--sample-temperature", block_len=None, compile=None)
 
@@ -105,6 +107,14 @@ def add_sampling_arguments(group: argparse._ActionsContainer, flags: SamplingFla
         group.add_argument(flags.guidance, type=float, metavar="W", dest="plan_guidance",
                            help="unsupervised classifier-free guidance of weight W >= 0 with --prompt or --infill: "
                                 "a second pass with the prompt masked, two network calls a step")
+    if flags.whole_sequence is not None:
+        group.add_argument(flags.whole_sequence, action="store_true", default=None, dest="plan_whole_sequence",
+                           help="with --block-len: every network call sees the whole sequence, the finished text, the "
+                                "block and the masked rest (LLaDA's blocks; absorbing exports; docs/fast-generation.md)")
+    if flags.dual_cache is not None:
+        group.add_argument(flags.dual_cache, type=int, metavar="N", dest="plan_dual_cache",
+                           help="with --whole-sequence: cache the keys and values of the text before and after the "
+                                "block, recomputed every N calls (approximate; 1 is exact; docs/fast-generation.md)")
     group.add_argument("--sampler-option", action="append", metavar="KEY=VALUE", dest="plan_options",
                        help="an option of the sampler (repeatable, each key once; see 'sampler options' below)")
 
@@ -114,7 +124,8 @@ def plan_from_args(args: argparse.Namespace, flags: SamplingFlags, seed: int) ->
     names = {"sampler": "--sampler", "steps": flags.steps, "grid": flags.grid, "top_p": flags.top_p,
              "temperature": flags.temperature, "block_len": flags.block_len, "seed": "--seed",
              "options": "--sampler-option", "compile": flags.compile or "--compile",
-             "prefix_cache": flags.prefix_cache, "guidance": flags.guidance}
+             "prefix_cache": flags.prefix_cache, "guidance": flags.guidance,
+             "whole_sequence": flags.whole_sequence, "dual_cache": flags.dual_cache}
     sampler = args.sampler or "ancestral"
     try:
         return SamplingPlan(sampler=sampler, steps=args.plan_steps, grid=args.plan_grid or "uniform",
@@ -123,7 +134,9 @@ def plan_from_args(args: argparse.Namespace, flags: SamplingFlags, seed: int) ->
                             block_len=getattr(args, "plan_block_len", None), compile=getattr(args, "compile", "auto"),
                             options=parse_sampler_options(sampler, args.plan_options or []),
                             prefix_cache=getattr(args, "plan_prefix_cache", None),
-                            guidance=getattr(args, "plan_guidance", None))
+                            guidance=getattr(args, "plan_guidance", None),
+                            whole_sequence=bool(getattr(args, "plan_whole_sequence", None)),
+                            dual_cache=getattr(args, "plan_dual_cache", None))
     except PlanError as err:
         flag = names.get(err.field.split(".")[0]) or "--sampler-option"
         raise UserError(f"{flag}: {err}") from None
@@ -135,7 +148,9 @@ def given_flags(args: argparse.Namespace, flags: SamplingFlags) -> list[str]:
               (flags.top_p, args.plan_top_p), (flags.temperature, args.plan_temperature),
               (flags.block_len, getattr(args, "plan_block_len", None)), ("--sampler-option", args.plan_options),
               (flags.prefix_cache, getattr(args, "plan_prefix_cache", None)),
-              (flags.guidance, getattr(args, "plan_guidance", None)))
+              (flags.guidance, getattr(args, "plan_guidance", None)),
+              (flags.whole_sequence, getattr(args, "plan_whole_sequence", None)),
+              (flags.dual_cache, getattr(args, "plan_dual_cache", None)))
     return [flag for flag, value in values if flag is not None and value is not None]
 
 

@@ -84,3 +84,31 @@ def test_lm_eval_gen_guidance_reaches_the_model_and_a_bad_weight_is_refused(expo
     assert "gen_guidance" not in DownstreamConfig(tasks=("ptb_word_order",)).model_args("cpu")
     err = _error(capsys, "lm-eval", str(exports["diffusion"]), "--tasks", "ptb_word_order", "--gen-guidance", "-1")
     assert "--gen-guidance must be a number >= 0" in err
+
+
+def test_lm_eval_guidance_of_loglikelihood_reaches_the_model_and_the_settings_and_a_bad_weight_is_refused(exports,
+                                                                                                         capsys):
+    from evaluation.downstream.run import DownstreamConfig, _settings
+
+    config = DownstreamConfig(tasks=("ptb_word_order",), guidance=1.0)
+    config.check()
+    assert config.model_args("cpu")["guidance"] == 1.0
+    assert "not a likelihood bound" in _settings(config, "cpu")["loglikelihood"]
+    assert "guidance" not in DownstreamConfig(tasks=("ptb_word_order",)).model_args("cpu")
+    err = _error(capsys, "lm-eval", str(exports["diffusion"]), "--tasks", "ptb_word_order", "--guidance", "-1")
+    assert "--guidance must be a number >= 0" in err
+
+
+def test_lm_eval_generation_blocks_reach_the_model_and_the_settings_and_need_each_other(exports, capsys):
+    from evaluation.downstream.run import DownstreamConfig, _settings
+
+    config = DownstreamConfig(tasks=("ptb_word_order",), gen_block_len=8, gen_whole_sequence=True, gen_dual_cache=2)
+    config.check()
+    blocks = {"gen_block_len": 8, "gen_whole_sequence": True, "gen_dual_cache": 2}
+    assert {name: config.model_args("cpu")[name] for name in blocks} == blocks
+    assert {name: _settings(config, "cpu")[name] for name in blocks} == blocks
+    assert not set(blocks) & set(DownstreamConfig(tasks=("ptb_word_order",)).model_args("cpu"))
+    err = _error(capsys, "lm-eval", str(exports["diffusion"]), "--tasks", "ptb_word_order", "--gen-dual-cache", "2")
+    assert "--gen-dual-cache needs --gen-whole-sequence" in err
+    err = _error(capsys, "lm-eval", str(exports["diffusion"]), "--tasks", "ptb_word_order", "--gen-whole-sequence")
+    assert "--gen-whole-sequence needs --gen-block-len" in err

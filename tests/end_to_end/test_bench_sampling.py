@@ -59,9 +59,9 @@ def test_sampler_quality_bench_prints_rows_and_the_table(tmp_path):
     assert "| first-hitting | 32 | 16.0 |" in proc.stdout and "| autoregressive (the reference) | 16 | 16.0 |" in proc.stdout
 
 
-def test_sampler_quality_bench_measures_fast_generation_and_the_prefix_cache_s_drift(tmp_path):
-    """``--fast``: the prefix cache's KL to the exact distributions is 0 when it refreshes at every
-    call and positive when it does not; each row gives calls, tokens per call, seconds and a perplexity
+def test_sampler_quality_bench_measures_fast_generation_and_the_caches_drift(tmp_path):
+    """``--fast``: the prefix and dual caches' KL to the exact distributions is 0 when they refresh at
+    every call and positive when they do not; each row gives calls, tokens per call, seconds and a perplexity
     inside its interval."""
     text = [f"the quick brown fox {i} jumps over the lazy dog number {i * 7}" for i in range(300)]
     tokenizer = train_sentencepiece(text, tmp_path / "tok", vocab_size=300)
@@ -72,16 +72,19 @@ def test_sampler_quality_bench_measures_fast_generation_and_the_prefix_cache_s_d
                                        objective="autoregressive", max_seq_len=32)
     proc = subprocess.run([sys.executable, "bench/sampler_quality.py", "--diffusion", str(diffusion), "--reference",
                            str(reference), "--num", "2", "--fast", "--plans", "threshold 0",
-                           "first-hitting, blocks of 16, prefix cache 4"], cwd=REPO, env=cli_env(),
+                           "first-hitting, blocks of 16, prefix cache 4", "--drift-plans", "prefix cache 1",
+                           "prefix cache 2", "prefix cache 16", "dual cache 1", "dual cache 16"], cwd=REPO, env=cli_env(),
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines()[1:] if line.startswith("{")]
-    drift = {row["refresh_every"]: row for row in rows if "refresh_every" in row}
-    assert drift[1]["mean_kl_nats"] == 0.0 and drift[16]["mean_kl_nats"] > 0.0
-    assert drift[16]["share_of_stale_predictions"] > drift[2]["share_of_stale_predictions"] > 0
+    drift = {row["cache"]: row for row in rows if "cache" in row}
+    assert drift["prefix cache 1"]["mean_kl_nats"] == 0.0 and drift["prefix cache 16"]["mean_kl_nats"] > 0.0
+    assert drift["prefix cache 16"]["share_of_stale_predictions"] > drift["prefix cache 2"][
+        "share_of_stale_predictions"] > 0
+    assert drift["dual cache 1"]["mean_kl_nats"] == 0.0 and drift["dual cache 16"]["mean_kl_nats"] > 0.0
     threshold, cached = [row for row in rows if "plan" in row]
     assert threshold["network_calls"] == 1 and threshold["tokens_per_call"] == 32   # threshold 0: all at once
     assert cached["network_calls"] == 32                                            # exact first-hitting: one a token
     for row in (threshold, cached):
         assert row["interval"][0] <= row["generative_perplexity"] <= row["interval"][1]
-    assert "| threshold 0 (seed 0) | 1.0 | 32.0 |" in proc.stdout and "refresh every 16: mean KL" in proc.stdout
+    assert "| threshold 0 (seed 0) | 1.0 | 32.0 |" in proc.stdout and "dual cache 16: refresh every 16: mean KL" in proc.stdout

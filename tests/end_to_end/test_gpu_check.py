@@ -19,7 +19,7 @@ from tests.support.paths import GPT2, REPO, TINY
 DRY_RUN_TIMEOUT_S = 1500
 E2E_STEPS = ["e2e-train", "e2e-init-from", "e2e-export", "e2e-export-hf", "e2e-eval", "e2e-sample-ancestral",
              "e2e-sample-first-hitting", "e2e-sample-confidence", "e2e-sample-remdm", "e2e-sample-blocks",
-             "e2e-sample-threshold", "e2e-sample-prefix-cache", "e2e-eval-suite",
+             "e2e-sample-threshold", "e2e-sample-prefix-cache", "e2e-sample-dual-cache", "e2e-eval-suite",
              "e2e-bd3lm-tokenizer", "e2e-import-bd3lm", "e2e-sample-bd3lm", "e2e-lm-eval", "e2e-hf-load",
              "e2e-train-documents", "e2e-eval-documents"]
 ADAPT_STEPS = ["adapt-source", "adapt-prep", "adapt-train", "adapt-export", "adapt-sample", "adapt-bench"]

@@ -8,24 +8,35 @@ the model's own likelihood is -log E_order prod_i q(...), the law of its sampler
 time (it unmasks one position at a time, in a uniformly random order). So the bound is above
 the exact value by a Jensen gap, which vanishes for one token and for exact conditionals.
 A block diffusion model scores continuations by its block factorization; every kind of export
-scores on a (pretend) device as on the host.
+scores on a (pretend) device as on the host. Guided scores (LLaDA's un + (w + 1)(cond - un), un
+with the context masked) are the estimator's on the guided logits: w = 0 is the bound exactly, at
+twice the forward passes.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 from evaluation.bounds.estimator import estimate_bound, wrap_blocks
-from evaluation.downstream.likelihoods import ScoringModel, ScoringSettings, score_continuations, score_documents
+from evaluation.downstream.likelihoods import (
+    ContextGuidance,
+    ScoringModel,
+    ScoringSettings,
+    check_guidance,
+    score_continuations,
+    score_documents,
+)
 from model.absorbing import AbsorbingDiffusion
 from model.block_diffusion import BlockDiffusion
 from model.denoiser import FunctionDenoiser
 from model.schedules import make_schedule
+from model.uniform import UniformDiffusion
 from tests.support.export_fixtures import LINES
 from tests.support.fake_device import DEVICE, on_fake_device
 
@@ -266,3 +277,64 @@ def test_lm_eval_scoring_runs_on_the_device_and_gives_the_scores_of_the_host(exp
             # The same draws; SDPA may pick another kernel for a tensor that is not on the CPU (float32 rounding).
             assert device_score.log_likelihood == pytest.approx(host_score.log_likelihood, rel=SDPA_KERNEL_RTOL)
             assert device_score.is_greedy == host_score.is_greedy
+
+
+# ------------------------------------------------------------------------------ guidance
+def _recording(oracle, inputs: list) -> FunctionDenoiser:
+    """The oracle's conditionals, recording every input."""
+    def logits(z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        inputs.append(z.clone())
+        return oracle.conditional_logits(z)
+
+    return FunctionDenoiser(logits, time_independent=True)
+
+
+def test_guidance_at_weight_zero_is_the_conditional_bound_at_twice_the_passes(oracle, diffusion, sequences):
+    plain_inputs, guided_inputs = [], []
+    model = ScoringModel(diffusion, _recording(oracle, plain_inputs), LENGTH)
+    pairs = _pairs(sequences, 2) + _pairs(sequences, 1)
+    settings = ScoringSettings(samples=4, seed=3)
+    plain = score_continuations(model, pairs, settings)
+    guided = score_continuations(replace(model, network=_recording(oracle, guided_inputs)), pairs, settings,
+                                 guidance=0.0)
+    for ours, theirs in zip(plain, guided):
+        assert np.array_equal(ours.replicates, theirs.replicates) and ours.is_greedy == theirs.is_greedy
+    assert sum(z.shape[0] for z in guided_inputs) == 2 * sum(z.shape[0] for z in plain_inputs)   # rows passed
+
+
+def test_the_unconditional_pass_masks_the_context_and_keeps_the_continuation(oracle, diffusion, sequences):
+    inputs: list[torch.Tensor] = []
+    guided = ContextGuidance(_recording(oracle, inputs), 2, 1.5, diffusion.mask_id)
+    z = sequences.clone()
+    z[:, 3] = diffusion.mask_id
+    guided.logits(z, torch.ones(len(z)))
+    cond, un = inputs
+    assert torch.equal(cond, z) and guided.passes == 2
+    assert bool((un[:, :2] == diffusion.mask_id).all()) and torch.equal(un[:, 2:], z[:, 2:])
+
+
+@pytest.mark.parametrize("weight", [1.0, 3.0])
+def test_a_guided_score_is_the_estimator_on_the_guided_logits(oracle, sequences, weight):
+    """LLaDA's form un + (w + 1)(cond - un), written out, scores as guidance does, and differently
+    from the exact conditionals' bound on the same draws."""
+    def llada(z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        cond = oracle.conditional_logits(z)
+        un = oracle.conditional_logits(torch.cat([torch.full_like(z[:, :3], VOCAB), z[:, 3:]], dim=1))
+        return un + (weight + 1) * (cond - un)
+
+    model = ScoringModel(AbsorbingDiffusion(make_schedule("linear", endpoint_eps=NO_GUARD), VOCAB), oracle, LENGTH)
+    settings = ScoringSettings(samples=4, seed=1)
+    guided = score_continuations(model, _pairs(sequences, 3), settings, guidance=weight)
+    written = score_continuations(replace(model, network=FunctionDenoiser(llada, time_independent=True)),
+                                  _pairs(sequences, 3), settings)
+    np.testing.assert_allclose([s.log_likelihood for s in guided], [s.log_likelihood for s in written], rtol=1e-9)
+    plain = score_continuations(model, _pairs(sequences, 3), settings)   # the same draws: only the logits differ
+    assert not np.allclose([s.log_likelihood for s in guided], [s.log_likelihood for s in plain], rtol=1e-3)
+
+
+def test_guidance_needs_a_model_with_a_mask_that_scores_a_row_at_once(oracle):
+    for process in (UniformDiffusion(make_schedule("linear"), VOCAB), BlockDiffusion(make_schedule("linear"), VOCAB, 2)):
+        with pytest.raises(ValueError, match="^guidance masks the context in a second pass"):
+            check_guidance(ScoringModel(process, oracle, LENGTH))
+        with pytest.raises(ValueError, match="^guidance masks the context"):
+            score_continuations(ScoringModel(process, oracle, LENGTH), [([0], [1])], ScoringSettings(), guidance=1.0)

@@ -117,3 +117,44 @@ def test_generation_takes_guidance_as_a_model_argument(exports):
         UnmaskLM(path=exports["absorbing"], device="cpu", gen_guidance="strong")
     with pytest.raises(UserError, match="model argument gen_guidance: guidance must be a number >= 0"):
         UnmaskLM(path=exports["absorbing"], device="cpu", gen_guidance=-1)
+
+
+def test_loglikelihood_takes_guidance_as_a_model_argument(exports):
+    """``guidance`` scores loglikelihood requests by guided logits: weight 0 scores as no guidance does;
+    the records and lm-eval's model information say a guided score is no likelihood bound; exports
+    it cannot guide and a value that is not a number are refused in one line."""
+    requests = _requests("loglikelihood", [("the company", " said"), ("the company", " the"), ("a", " new")])
+    plain = UnmaskLM(path=exports["absorbing"], samples=4, device="cpu").loglikelihood(requests)
+    model = UnmaskLM(path=exports["absorbing"], samples=4, device="cpu", guidance="0")
+    assert model.guidance == 0.0 and model.loglikelihood(requests) == plain
+    assert {record.kind for record in model.records} == {"loglikelihood (guided)"}
+    assert "not a likelihood bound" in model.get_model_info()["unmask_loglikelihood"]
+    guided = UnmaskLM(path=exports["absorbing"], samples=4, device="cpu", guidance=2.0).loglikelihood(requests)
+    assert [score for score, _ in guided] != [score for score, _ in plain]
+    for name in ("ar", "uniform"):
+        with pytest.raises(UserError, match="^model argument guidance: guidance masks the context in a second pass"):
+            UnmaskLM(path=exports[name], device="cpu", guidance=1.0)
+    with pytest.raises(UserError, match="^model argument guidance must be a number >= 0, got 'strong'"):
+        UnmaskLM(path=exports["absorbing"], device="cpu", guidance="strong")
+
+
+def test_generation_takes_whole_sequence_blocks_and_the_dual_cache_as_model_arguments(exports):
+    """``gen_block_len``, ``gen_whole_sequence`` (lm-eval passes "true") and ``gen_dual_cache``: the
+    dual cache refreshed at every call answers as no cache does; what cannot apply is refused in one line."""
+    request = _requests("generate_until", [("the company", {"max_gen_toks": 12, "do_sample": True})])
+    blocks = {"gen_block_len": 4, "gen_whole_sequence": "true", "gen_sampler": "confidence", "gen_steps": 2}
+    whole = UnmaskLM(path=exports["absorbing"], device="cpu", **blocks)
+    assert whole.generation.whole_sequence is True and whole.generation.plan(12, top_p=None, temperature=1.0,
+                                                                           seed=0).block_len == 4
+    plain = whole.generate_until(request)
+    assert UnmaskLM(path=exports["absorbing"], device="cpu", gen_dual_cache="1", **blocks).generate_until(request) \
+        == plain
+    assert UnmaskLM(path=exports["absorbing"], device="cpu", gen_dual_cache=3, **blocks).generation.dual_cache == 3
+    for arguments, message in (({"gen_whole_sequence": "yes"}, "gen_whole_sequence must be true or false"),
+                               ({"gen_whole_sequence": True}, "gen_whole_sequence: whole_sequence shows"),
+                               ({"gen_dual_cache": 2, "gen_block_len": 4}, "gen_dual_cache: dual_cache caches"),
+                               ({"gen_block_len": 0}, "gen_block_len=0: must be an integer >= 1")):
+        with pytest.raises(UserError, match=f"^model argument {message}"):
+            UnmaskLM(path=exports["absorbing"], device="cpu", **arguments)
+    with pytest.raises(UserError, match="^model argument gen_whole_sequence: the network sees the suffix masked"):
+        UnmaskLM(path=exports["uniform"], device="cpu", gen_block_len=4, gen_whole_sequence=True)

@@ -1,5 +1,6 @@
 """Fast generation through ``unmask sample`` and ``complete()`` (docs/fast-generation.md): threshold
-decoding, the prefix cache of semi-autoregressive blocks and unsupervised guidance on real
+decoding, the prefix cache of semi-autoregressive blocks, whole-sequence blocks and their dual
+cache, and unsupervised guidance on real
 (untrained) exports; the exact settings give the plain samples, the costs are counted, and every
 option that cannot apply is refused in one line naming its flag."""
 
@@ -63,6 +64,24 @@ def test_a_prefix_cache_refreshed_every_call_samples_as_no_cache(exports):
     assert [s.network_calls for s in cached] == [s.network_calls for s in plain]
 
 
+def test_whole_sequence_blocks_and_the_dual_cache_from_the_command_line(exports, tmp_path):
+    """The dual cache refreshed at every call samples as no cache; the plan records both options."""
+    def sample(*flags: str) -> list[dict]:
+        out = tmp_path / f"samples{''.join(flags)}.jsonl"
+        assert unmask_in_process(["sample", str(exports["masked"]), "--num", "2", "--seq-len", "24", "--block-len",
+                                  "8", "--sampler", "threshold", "--prompt", "the cat", "--whole-sequence", *flags,
+                                  "--out", str(out)]) == 0
+        return [json.loads(line) for line in out.read_text().splitlines()]
+    plain, exact, cached = sample(), sample("--dual-cache", "1"), sample("--dual-cache", "3")
+    assert plain[0]["plan"]["whole_sequence"] is True and "dual_cache" not in plain[0]["plan"]
+    assert exact[0]["plan"]["dual_cache"] == 1 and cached[0]["plan"]["dual_cache"] == 3
+    assert [r["tokens"] for r in exact] == [r["tokens"] for r in plain]
+    assert [r["network_calls"] for r in exact] == [r["network_calls"] for r in plain]
+    exported = load_export(exports["masked"])
+    windowed = generate(exported, SamplingPlan(sampler="threshold", block_len=8), num=2, seq_len=24, prompt="the cat")
+    assert _tokens(windowed) != [r["tokens"] for r in plain]   # the suffix changes what the network sees
+
+
 def test_threshold_decoding_from_the_command_line(exports, tmp_path):
     out = tmp_path / "samples.jsonl"
     assert unmask_in_process(["sample", str(exports["masked"]), "--num", "2", "--seq-len", "24", "--sampler",
@@ -88,8 +107,6 @@ def test_threshold_decoding_from_the_command_line(exports, tmp_path):
     ("masked", ["--prefix-cache", "2"], ("--prefix-cache: prefix_cache caches the finished blocks' keys and values: "
                                          "it needs semi-autoregressive blocks")),
     ("masked", ["--block-len", "8", "--prefix-cache", "0"], "--prefix-cache: prefix_cache is the refresh interval"),
-    ("masked", ["--block-len", "8", "--prefix-cache", "2", "--prompt", "a", "--guidance", "1"],
-     "--guidance: guidance runs a second pass with the prompt masked, which the prefix cache does not hold"),
     ("masked", ["--block-len", "8", "--prefix-cache", "2", "--compile", "on"], "--compile on: the prefix cache"),
     ("masked", ["--sampler", "threshold", "--sampler-option", "threshold=2"],
      r"--sampler-option: threshold must lie in \[0, 1\]"),
@@ -101,6 +118,21 @@ def test_threshold_decoding_from_the_command_line(exports, tmp_path):
     ("block", ["--prefix-cache", "2", "--block-len", "8"], "--prefix-cache: a block diffusion export caches"),
     ("block", ["--prompt", "a", "--guidance", "1"], "--guidance: a block diffusion export holds the prompt"),
     ("ar", ["--prompt", "a", "--guidance", "1"], "--guidance needs a diffusion export"),
+    ("masked", ["--whole-sequence"],
+     "--whole-sequence: whole_sequence shows semi-autoregressive blocks the whole sequence: it needs blocks"),
+    ("masked", ["--block-len", "8", "--dual-cache", "2"],
+     "--dual-cache: dual_cache caches the keys and values of the prefix and of the masked suffix: it needs whole_seq"),
+    ("masked", ["--block-len", "8", "--whole-sequence", "--dual-cache", "0"],
+     "--dual-cache: dual_cache is the refresh interval"),
+    ("masked", ["--block-len", "8", "--whole-sequence", "--dual-cache", "2", "--prefix-cache", "2"],
+     "--dual-cache: dual_cache holds the prefix's keys and values already"),
+    ("masked", ["--block-len", "8", "--whole-sequence", "--seq-len", "48"],
+     "--whole-sequence shows the network all 48 positions, more than its max_seq_len 32"),
+    ("masked", ["--block-len", "8", "--whole-sequence", "--dual-cache", "2", "--compile", "on"],
+     "--compile on: the dual cache"),
+    ("uniform", ["--block-len", "8", "--whole-sequence"],
+     "--whole-sequence shows the network the suffix masked, which only an absorbing export has"),
+    ("block", ["--block-len", "8", "--whole-sequence"], "--whole-sequence: a block diffusion export attends"),
 ])
 def test_options_that_cannot_apply_are_refused_in_one_line_naming_the_flag(exports, capsys, kind, argv, message):
     assert unmask_in_process(["sample", str(exports[kind]), "--num", "1", "--seq-len", "16", *argv]) != 0
