@@ -62,7 +62,8 @@ def test_sampler_quality_bench_prints_rows_and_the_table(tmp_path):
 def test_sampler_quality_bench_measures_fast_generation_and_the_prefix_cache_s_drift(tmp_path):
     """``--fast``: the prefix cache's KL to the exact distributions is 0 when it refreshes at every
     call and positive when it does not; each row gives calls, tokens per call, seconds and a perplexity
-    inside its interval."""
+    inside its interval; guided rows continue --prompt at two calls a step; the reference's KV-cached
+    samples are its uncached ones."""
     text = [f"the quick brown fox {i} jumps over the lazy dog number {i * 7}" for i in range(300)]
     tokenizer = train_sentencepiece(text, tmp_path / "tok", vocab_size=300)
     # Two layers: with one, the context's keys and values are its embeddings', which no block changes.
@@ -71,15 +72,23 @@ def test_sampler_quality_bench_measures_fast_generation_and_the_prefix_cache_s_d
     reference = write_untrained_export(tmp_path / "ar" / "export", tokenizer, tmp_path / "tok",
                                        objective="autoregressive", max_seq_len=32)
     proc = subprocess.run([sys.executable, "bench/sampler_quality.py", "--diffusion", str(diffusion), "--reference",
-                           str(reference), "--num", "2", "--fast", "--plans", "threshold 0",
-                           "first-hitting, blocks of 16, prefix cache 4"], cwd=REPO, env=cli_env(),
-                          capture_output=True, text=True, timeout=300, check=False)
+                           str(reference), "--num", "2", "--fast", "--prompt", "the quick", "--plans", "threshold 0",
+                           "first-hitting, blocks of 16, prefix cache 4", "first-hitting after the prompt, guidance 1",
+                           "autoregressive (the reference)", "autoregressive (the reference), KV cache"],
+                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines()[1:] if line.startswith("{")]
     drift = {row["refresh_every"]: row for row in rows if "refresh_every" in row}
     assert drift[1]["mean_kl_nats"] == 0.0 and drift[16]["mean_kl_nats"] > 0.0
     assert drift[16]["share_of_stale_predictions"] > drift[2]["share_of_stale_predictions"] > 0
-    threshold, cached = [row for row in rows if "plan" in row]
+    threshold, cached, guided, uncached_ar, cached_ar = [row for row in rows if "plan" in row]
+    prompt_tokens = len(tokenizer.encode("the quick"))
+    # Guidance: two calls a step, over the positions after the prompt only.
+    assert guided["network_calls"] == 2 * (32 - prompt_tokens) and guided["tokens_per_call"] == 0.5
+    # The KV cache changes the reference's work, not its draws.
+    assert uncached_ar["network_calls"] == cached_ar["network_calls"] == 32
+    assert cached_ar["same_tokens_as_uncached"] == "2/2"
+    assert cached_ar["generative_perplexity"] == uncached_ar["generative_perplexity"]
     assert threshold["network_calls"] == 1 and threshold["tokens_per_call"] == 32   # threshold 0: all at once
     assert cached["network_calls"] == 32                                            # exact first-hitting: one a token
     for row in (threshold, cached):
