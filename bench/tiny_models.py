@@ -12,7 +12,7 @@ floor of a model that ignores its context (what the measurement is worth depends
 BENCHMARKS.md says).
 
     python bench/tiny_models.py --data shards/ --out models/ [--steps 1500] [--layers 2 --width 64 --heads 2]
-        [--seq-len 64] [--batch 32] [--lr 2e-3] [--objectives diffusion autoregressive]
+        [--seq-len 64] [--batch 32] [--lr 2e-3] [--clip 1.0] [--objectives diffusion autoregressive]
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class Recipe:
     steps: int
     batch: int
     lr: float
+    clip: float
 
 
 def _split(data: Path, manifest: Manifest, name: str) -> torch.Tensor:
@@ -98,6 +99,9 @@ def train(objective: str, train_rows: torch.Tensor, vocab: int, recipe: Recipe) 
         loss = _loss(network, train_rows[rows], process)
         optimizer.zero_grad()
         loss.backward()
+        # The bound's 1/t weight makes rare huge per-sequence losses: without clipping they upset AdamW.
+        if recipe.clip:
+            torch.nn.utils.clip_grad_norm_(network.parameters(), recipe.clip)
         optimizer.step()
         schedule.step()
         if step % 250 == 0 or step == recipe.steps - 1:
@@ -124,6 +128,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, help="default: the prep's sequence length")
     parser.add_argument("--batch", type=int, default=32, help="sequences per step")
     parser.add_argument("--lr", type=float, default=2e-3, help="the one-cycle schedule's peak")
+    parser.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping (0: none)")
     parser.add_argument("--objectives", nargs="+", choices=list(EXPORT_NAMES), default=list(EXPORT_NAMES))
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -132,7 +137,7 @@ def main() -> None:
     train_rows, val = (_split(args.data, manifest, name)[:, :seq_len] for name in ("train", "val"))
     tokenizer_dir = args.data / "tokenizer"
     tokenizer = load_tokenizer(tokenizer_dir)
-    recipe = Recipe(args.layers, args.width, args.heads, seq_len, args.steps, args.batch, args.lr)
+    recipe = Recipe(args.layers, args.width, args.heads, seq_len, args.steps, args.batch, args.lr, args.clip)
     split = manifest.splits["val"]
     tokens_per_byte = split.tokens / split.utf8_bytes
     print(json.dumps({"recipe": recipe.__dict__, "train_sequences": len(train_rows), "val_sequences": len(val),
