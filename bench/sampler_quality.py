@@ -20,8 +20,14 @@ cache, and their combinations) the generative perplexity with its 95% interval (
 the samples), the mean unigram entropy, the network calls per sample and the wall-clock seconds
 per sample; then, for each plan of ``DRIFT_PLANS`` (a cache at each refresh interval), the mean
 KL(exact || cached) of the per-token distributions the cache moves, over every call and over the
-calls that read a stale cache (``--drift-plans`` picks them by name). Wall-clock depends on the
-machine's load.
+calls that read a stale cache (``--drift-plans`` picks them by name). With ``--prompt``,
+``GUIDED_PLANS`` continue it at guidance weights 0, 0.5 and 1. Last, the reference's own samples
+as ``unmask sample`` draws them (one call per token against its KV cache), in the same run.
+Wall-clock depends on the machine's load: one thread by default (``--threads``), and only ratios
+within one run compare.
+
+    python bench/sampler_quality.py --diffusion models/mdlm --reference models/ar --fast --num 32 \
+        --batch-size 32 --prompt "ROMEO:"
 """
 
 from __future__ import annotations
@@ -53,15 +59,18 @@ def _threshold(value: float, **plan) -> SamplingPlan:
     return SamplingPlan(sampler="threshold", options=ThresholdOptions(threshold=value), **plan)
 
 
-THRESHOLDS = (0.9, 0.7, 0.5, 0.3)
-# name -> plan: one token per call (exact), then fewer calls by each method, then blocks with the cache.
+THRESHOLDS = (0.9, 0.7, 0.5, 0.3, 0.2, 0.1)
+# name -> plan: one token per call (exact), the budgeted samplers at several budgets, fewer calls by
+# threshold decoding, then blocks with the prefix cache at every refresh interval of the KL table.
 FAST_PLANS = {
     "first-hitting (exact, 1 token/call)": SamplingPlan(sampler="first-hitting"),
-    "confidence, 16 steps": SamplingPlan(sampler="confidence", steps=16),
+    **{f"ancestral, {steps} steps": SamplingPlan(sampler="ancestral", steps=steps) for steps in (1024, 128, 32, 16)},
+    **{f"confidence, {steps} steps": SamplingPlan(sampler="confidence", steps=steps) for steps in (128, 32, 16)},
+    "remdm (cap), 256 steps": SamplingPlan(sampler="remdm", steps=256),
     **{f"threshold {value}": _threshold(value) for value in THRESHOLDS},
     f"first-hitting, blocks of {BLOCK}": SamplingPlan(sampler="first-hitting", block_len=BLOCK),
     **{f"first-hitting, blocks of {BLOCK}, prefix cache {n}": SamplingPlan(sampler="first-hitting", block_len=BLOCK,
-                                                                          prefix_cache=n) for n in (2, 4, 8)},
+                                                                          prefix_cache=n) for n in REFRESH_INTERVALS},
     f"threshold 0.7, blocks of {BLOCK}": _threshold(0.7, block_len=BLOCK),
     f"threshold 0.7, blocks of {BLOCK}, prefix cache 4": _threshold(0.7, block_len=BLOCK, prefix_cache=4),
     f"first-hitting, whole-sequence blocks of {BLOCK}": SamplingPlan(sampler="first-hitting", block_len=BLOCK,
@@ -78,6 +87,11 @@ DRIFT_PLANS = {
     **{f"dual cache {n}": SamplingPlan(sampler="first-hitting", block_len=BLOCK, whole_sequence=True, dual_cache=n)
        for n in REFRESH_INTERVALS},
 }
+# The rows that continue --prompt: first-hitting with unsupervised guidance (w = 0 is the model itself).
+GUIDED_PLANS = {f"first-hitting after the prompt, guidance {w:g}": SamplingPlan(sampler="first-hitting", guidance=w)
+                for w in (0.0, 0.5, 1.0)}
+# The reference's own samples (one call per token against its KV cache), as `unmask sample` draws them.
+REFERENCE_ROW = "autoregressive (the reference)"
 
 
 def _reference_row(reference_path: Path, plan: SamplingPlan, num: int, batch_size: int, reference) -> SweepRow:
@@ -118,25 +132,50 @@ def _interval(samples: list[Sample], quality) -> tuple[float, float, float]:
     return math.exp(ratio), math.exp(ratio - 1.96 * error), math.exp(ratio + 1.96 * error)
 
 
+def _selected_plans(args) -> dict[str, SamplingPlan | None]:
+    """The --fast rows to run, by name: every row (the guided ones with --prompt), or --plans'
+    (None for a reference row)."""
+    known = {**FAST_PLANS, **GUIDED_PLANS, REFERENCE_ROW: None}
+    if args.plans is None:
+        return {name: plan for name, plan in known.items() if args.prompt is not None or name not in GUIDED_PLANS}
+    return {name: known[name] if name in known else _threshold(float(name.split()[-1])) for name in args.plans}
+
+
+def _row(name: str, seed: int, samples: list[Sample], seconds: float, quality, generated: int) -> dict:
+    """A --fast row: ``generated`` tokens per sample (the sequence less the prompt's)."""
+    perplexity, low, high = _interval(samples, quality)
+    calls = sum(s.network_calls for s in samples) / len(samples)
+    return {"plan": name, "seed": seed, "network_calls": calls, "seconds_per_sample": round(seconds, 3),
+            "tokens_per_call": round(generated / calls, 2),
+            "generative_perplexity": round(perplexity, 1), "interval": [round(low, 1), round(high, 1)],
+            "mean_unigram_entropy": round(quality.mean_unigram_entropy, 3)}
+
+
 def _fast_rows(exported: Exported, reference, args) -> list[dict]:
     rows = []
-    plans = FAST_PLANS if args.plans is None else {name: FAST_PLANS.get(name) or _threshold(float(name.split()[-1]))
-                                                   for name in args.plans}
-    for name, plan in plans.items():
+    for name, chosen in _selected_plans(args).items():
         for seed in args.seeds:
-            plan = replace(plan, seed=seed, temperature=args.temperature, top_p=args.top_p)
             start = time.perf_counter()
-            samples = generate(exported, plan, num=args.num, batch_size=args.batch_size, device="cpu")
+            if chosen is None:
+                samples = _reference_samples(args.reference, seed, args)
+            else:
+                plan = replace(chosen, seed=seed, temperature=args.temperature, top_p=args.top_p)
+                samples = generate(exported, plan, num=args.num, batch_size=args.batch_size, device="cpu",
+                                   prompt=args.prompt if plan.guidance is not None else None)
             seconds = (time.perf_counter() - start) / len(samples)
-            quality = score_samples(samples, exported.tokenizer, reference)
-            perplexity, low, high = _interval(samples, quality)
-            calls = sum(s.network_calls for s in samples) / len(samples)
-            rows.append({"plan": name, "seed": seed, "network_calls": calls, "seconds_per_sample": round(seconds, 3),
-                         "tokens_per_call": round((len(samples[0].tokens)) / calls, 2),
-                         "generative_perplexity": round(perplexity, 1), "interval": [round(low, 1), round(high, 1)],
-                         "mean_unigram_entropy": round(quality.mean_unigram_entropy, 3)})
+            prompted = chosen is not None and chosen.guidance is not None
+            generated = len(samples[0].tokens) - (len(exported.tokenizer.encode(args.prompt)) if prompted else 0)
+            rows.append(_row(name, seed, samples, seconds, score_samples(samples, exported.tokenizer, reference),
+                             generated))
             print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def _reference_samples(path: Path, seed: int, args) -> list[Sample]:
+    """The reference's own samples, left to right at temperature 1 (one call per token)."""
+    exported = load_export(resolve_export(path))
+    plan = SamplingPlan(sampler="ancestral", steps=1, seed=seed, temperature=args.temperature, top_p=args.top_p)
+    return generate(exported, plan, num=args.num, batch_size=args.batch_size, device="cpu")
 
 
 class _Drift(WindowNetwork):
@@ -202,14 +241,19 @@ def main() -> None:
     parser.add_argument("--no-drift", action="store_true", help="with --fast: skip the caches' KL")
     parser.add_argument("--drift-plans", nargs="+", choices=list(DRIFT_PLANS),
                         help="with --fast: these rows of DRIFT_PLANS only (default: every row)")
+    parser.add_argument("--prompt", help="with --fast: the text the guided rows continue (default: no guided rows)")
+    parser.add_argument("--threads", type=int, default=1, help="torch's CPU threads (1: times comparable on a "
+                                                                "shared machine)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     exported = load_export(resolve_export(args.diffusion))
     reference = load_reference(args.reference)
     print(json.dumps({"diffusion": str(args.diffusion), "reference": str(args.reference), "num": args.num,
                       "seeds": args.seeds, "seq_len": exported.network.config.max_seq_len,
                       "samplers": list(args.samplers or sweep_samplers(exported)), "top_p": args.top_p,
-                      "temperature": args.temperature, "torch": torch.__version__,
+                      "temperature": args.temperature, "prompt": args.prompt, "threads": args.threads,
+                      "torch": torch.__version__,
                       "machine": platform.processor() or platform.machine()}), flush=True)
     if args.fast:
         drift = [] if args.no_drift else _cache_drift(exported, args)

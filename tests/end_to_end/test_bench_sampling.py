@@ -61,8 +61,8 @@ def test_sampler_quality_bench_prints_rows_and_the_table(tmp_path):
 
 def test_sampler_quality_bench_measures_fast_generation_and_the_caches_drift(tmp_path):
     """``--fast``: the prefix and dual caches' KL to the exact distributions is 0 when they refresh at
-    every call and positive when they do not; each row gives calls, tokens per call, seconds and a perplexity
-    inside its interval."""
+    every call and positive when they do not; each row gives calls, tokens per call, seconds and a
+    perplexity inside its interval; guided rows continue --prompt at two calls a step."""
     text = [f"the quick brown fox {i} jumps over the lazy dog number {i * 7}" for i in range(300)]
     tokenizer = train_sentencepiece(text, tmp_path / "tok", vocab_size=300)
     # Two layers: with one, the context's keys and values are its embeddings', which no block changes.
@@ -71,10 +71,11 @@ def test_sampler_quality_bench_measures_fast_generation_and_the_caches_drift(tmp
     reference = write_untrained_export(tmp_path / "ar" / "export", tokenizer, tmp_path / "tok",
                                        objective="autoregressive", max_seq_len=32)
     proc = subprocess.run([sys.executable, "bench/sampler_quality.py", "--diffusion", str(diffusion), "--reference",
-                           str(reference), "--num", "2", "--fast", "--plans", "threshold 0",
-                           "first-hitting, blocks of 16, prefix cache 4", "--drift-plans", "prefix cache 1",
-                           "prefix cache 2", "prefix cache 16", "dual cache 1", "dual cache 16"], cwd=REPO, env=cli_env(),
-                          capture_output=True, text=True, timeout=300, check=False)
+                           str(reference), "--num", "2", "--fast", "--prompt", "the quick", "--plans", "threshold 0",
+                           "first-hitting, blocks of 16, prefix cache 4", "first-hitting after the prompt, guidance 1",
+                           "autoregressive (the reference)", "--drift-plans", "prefix cache 1", "prefix cache 2",
+                           "prefix cache 16", "dual cache 1", "dual cache 16"],
+                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines()[1:] if line.startswith("{")]
     drift = {row["cache"]: row for row in rows if "cache" in row}
@@ -82,7 +83,11 @@ def test_sampler_quality_bench_measures_fast_generation_and_the_caches_drift(tmp
     assert drift["prefix cache 16"]["share_of_stale_predictions"] > drift["prefix cache 2"][
         "share_of_stale_predictions"] > 0
     assert drift["dual cache 1"]["mean_kl_nats"] == 0.0 and drift["dual cache 16"]["mean_kl_nats"] > 0.0
-    threshold, cached = [row for row in rows if "plan" in row]
+    threshold, cached, guided, autoregressive = [row for row in rows if "plan" in row]
+    prompt_tokens = len(tokenizer.encode("the quick"))
+    # Guidance: two calls a step, over the positions after the prompt only.
+    assert guided["network_calls"] == 2 * (32 - prompt_tokens) and guided["tokens_per_call"] == 0.5
+    assert autoregressive["network_calls"] == 32 and autoregressive["tokens_per_call"] == 1
     assert threshold["network_calls"] == 1 and threshold["tokens_per_call"] == 32   # threshold 0: all at once
     assert cached["network_calls"] == 32                                            # exact first-hitting: one a token
     for row in (threshold, cached):
