@@ -194,6 +194,17 @@ if wanted e2e; then
     --sampler threshold --sampler-option threshold=0.9 --prompt "The" --guidance 1 --device "$device"
   step e2e-sample-prefix-cache "$limit_e2e_command" "${unmask[@]}" sample "$run" --num 2 \
     --seq-len $(( context + context / 4 )) --block-len $(( context / 4 )) --steps 8 --prefix-cache 4 --device "$device"
+  # Self-distillation (docs/fast-generation.md#self-distillation): two rounds of `unmask distill` from that run
+  # (teacher 8 -> 4 steps, student 2), its tokens/s in logs/e2e-distill.json; the student exported and sampled.
+  step e2e-distill "$limit_e2e_train" "${unmask[@]}" distill "$run" --config "$config" --data "$data" \
+    --run-dir "$scratch/e2e-distill" --no-progress --logging.mlflow false --train.global_batch_size "$e2e_batch" \
+    --distill.start_steps 8 --distill.end_steps 2 --distill.round_steps $(( (e2e_every + 1) / 2 )) \
+    --logging.every 1 --eval.every 0 --checkpoint.every 1000
+  train_json "$scratch/e2e-distill" > "$logs/e2e-distill.json"
+  cat "$logs/e2e-distill.json"
+  step e2e-export-distilled "$limit_e2e_command" "${unmask[@]}" export "$scratch/e2e-distill"
+  step e2e-sample-distilled "$limit_e2e_command" "${unmask[@]}" sample "$scratch/e2e-distill" --num 2 \
+    --seq-len "$sample_len" --steps 2 --device "$device"
   # The papers' zero-shot table under BD3-LM's protocol (BOS chunk EOS blocks, the BOS never
   # scored): the suite's sets under --eval-data (the others named as missing), on the device.
   step e2e-eval-suite "$limit_e2e_eval" "${unmask[@]}" eval "$run" --suite zero-shot --data-dir "$eval_data" \

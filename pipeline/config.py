@@ -314,8 +314,12 @@ def distillation_config(config: Config, *, max_steps_given: bool) -> Config:
     """``config`` as ``unmask distill`` runs it: distillation on, and ``train.max_steps`` its rounds'
     steps unless the command line gave it (then the checks hold it to them)."""
     distill = replace(config.distill, enabled=True)
-    train = config.train if max_steps_given else replace(config.train, max_steps=distill.rounds * distill.round_steps)
-    return replace(config, distill=distill, train=train).validate()
+    steps = distill.rounds * distill.round_steps
+    if max_steps_given and config.train.max_steps != steps:
+        raise UserError(f"config field train.max_steps = {config.train.max_steps}: a distillation is {distill.rounds} "
+                        f"rounds of distill.round_steps = {distill.round_steps}: set {steps}, or leave it to "
+                        f"unmask distill")
+    return replace(config, distill=distill, train=replace(config.train, max_steps=steps)).validate()
 
 
 def _field_value(config: Config, dotted: str) -> Any:
@@ -414,7 +418,6 @@ def _distill_checks(c: Config) -> list[tuple[str, bool, str]]:
     """``distill``'s fields, and what self-distillation refuses (docs/fast-generation.md#self-distillation)."""
     d, m = c.distill, c.model
     off = not d.enabled
-    rounds = d.rounds if _halves_to(d.start_steps, d.end_steps) else 0
     return [
         ("distill.start_steps", d.start_steps >= 2, "must be >= 2 (the first teacher's sampling steps)"),
         ("distill.end_steps", _halves_to(d.start_steps, d.end_steps),
@@ -434,9 +437,6 @@ def _distill_checks(c: Config) -> list[tuple[str, bool, str]]:
         ("model.block_size", off or m.block_size is None,
          ("self-distillation is built for whole-sequence (MDLM) models: block diffusion samples block by "
          "block with the clean blocks in context, which its two-step targets do not follow; set null")),
-        ("train.max_steps", off or rounds == 0 or c.train.max_steps == rounds * d.round_steps,
-         (f"a distillation is {rounds} rounds of distill.round_steps = {d.round_steps}: set "
-         f"{rounds * d.round_steps} (unmask distill sets it when the flag is not given)")),
     ]
 
 

@@ -4,6 +4,8 @@ its targets against direct formulas, the refusals, and real distillation runs of
 
 from __future__ import annotations
 
+import json
+import math
 import signal
 from dataclasses import replace
 from pathlib import Path
@@ -204,3 +206,14 @@ def test_a_run_stopped_mid_round_resumes_to_the_same_losses_bit_for_bit(student,
     assert set(stopped.losses()) == set(range(1, 9))  # stopped in round 1 (steps 7 to 12), its teacher on disk
     resumed = run_train(tmp_path / "run", tinyshakespeare_shards, config, command=("distill", str(teacher)))
     assert resumed.losses() == student.losses()  # floats compared exactly
+
+
+def test_the_student_samples_and_evaluates_through_the_command_line(student, tinyshakespeare_shards, tmp_path):
+    sampled = run_unmask(["sample", str(student.run_dir), "--num", "2", "--steps", "1", "--seq-len", "32"])
+    assert sampled.returncode == 0 and sampled.stdout.count("(network calls: 1)") == 2, sampled.stderr[-3000:]
+    evaluated = run_unmask(["eval", str(student.run_dir), "--datasets", "val", "--shards", str(tinyshakespeare_shards),
+                            "--out", str(tmp_path / "report"), "--max-documents", "8", "--samples", "2",
+                            "--batch-size", "8"])
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    results = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert math.isfinite(results["datasets"]["val"]["perplexity_bound"])
