@@ -103,10 +103,18 @@ def _interval(samples: list[Sample], quality) -> tuple[float, float, float]:
     return math.exp(ratio), math.exp(ratio - 1.96 * error), math.exp(ratio + 1.96 * error)
 
 
+def _plan_named(name: str) -> SamplingPlan:
+    """A row of ``FAST_PLANS``, or 'threshold X', or 'ancestral N' (N steps on the uniform grid: a
+    distilled student's plan, docs/fast-generation.md#self-distillation)."""
+    kind, _, value = name.rpartition(" ")
+    if name in FAST_PLANS:
+        return FAST_PLANS[name]
+    return SamplingPlan(steps=int(value)) if kind == "ancestral" else _threshold(float(value))
+
+
 def _fast_rows(exported: Exported, reference, args) -> list[dict]:
     rows = []
-    plans = FAST_PLANS if args.plans is None else {name: FAST_PLANS.get(name) or _threshold(float(name.split()[-1]))
-                                                   for name in args.plans}
+    plans = FAST_PLANS if args.plans is None else {name: _plan_named(name) for name in args.plans}
     for name, plan in plans.items():
         for seed in args.seeds:
             plan = replace(plan, seed=seed, temperature=args.temperature, top_p=args.top_p)
@@ -183,7 +191,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--fast", action="store_true", help="measure fast generation (module docstring)")
     parser.add_argument("--plans", nargs="+", help="with --fast: these rows of FAST_PLANS only, or 'threshold X' "
-                                                   "for any X (default: every row)")
+                                                   "for any X, or 'ancestral N' for N steps (default: every row)")
     parser.add_argument("--no-drift", action="store_true", help="with --fast: skip the prefix cache's KL")
     args = parser.parse_args()
     torch.manual_seed(0)

@@ -72,16 +72,17 @@ def test_sampler_quality_bench_measures_fast_generation_and_the_prefix_cache_s_d
                                        objective="autoregressive", max_seq_len=32)
     proc = subprocess.run([sys.executable, "bench/sampler_quality.py", "--diffusion", str(diffusion), "--reference",
                            str(reference), "--num", "2", "--fast", "--plans", "threshold 0",
-                           "first-hitting, blocks of 16, prefix cache 4"], cwd=REPO, env=cli_env(),
+                           "first-hitting, blocks of 16, prefix cache 4", "ancestral 4"], cwd=REPO, env=cli_env(),
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines()[1:] if line.startswith("{")]
     drift = {row["refresh_every"]: row for row in rows if "refresh_every" in row}
     assert drift[1]["mean_kl_nats"] == 0.0 and drift[16]["mean_kl_nats"] > 0.0
     assert drift[16]["share_of_stale_predictions"] > drift[2]["share_of_stale_predictions"] > 0
-    threshold, cached = [row for row in rows if "plan" in row]
+    threshold, cached, ancestral = [row for row in rows if "plan" in row]
     assert threshold["network_calls"] == 1 and threshold["tokens_per_call"] == 32   # threshold 0: all at once
     assert cached["network_calls"] == 32                                            # exact first-hitting: one a token
-    for row in (threshold, cached):
+    assert ancestral["plan"] == "ancestral 4" and ancestral["network_calls"] <= 4   # a distilled student's plan
+    for row in (threshold, cached, ancestral):
         assert row["interval"][0] <= row["generative_perplexity"] <= row["interval"][1]
     assert "| threshold 0 (seed 0) | 1.0 | 32.0 |" in proc.stdout and "refresh every 16: mean KL" in proc.stdout
