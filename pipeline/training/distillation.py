@@ -185,8 +185,9 @@ class Distillation:
         """The student's EMA weights become the teacher's, kept in the run directory (rank 0)."""
         student = self.engine.module
         with evaluating(self.engine, self.ema), _gathered(student):
-            for (name, mine), theirs in zip(self.network.named_parameters(), student.parameters()):
-                mine.copy_(theirs.data.view(mine.shape))
+            theirs = dict(student.named_parameters())
+            for name, mine in self.network.named_parameters():
+                mine.copy_(theirs[name].data.view(mine.shape))
         if self.is_main:
             path = teacher_file(self.run_dir, round_)
             path.parent.mkdir(exist_ok=True)
