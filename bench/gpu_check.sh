@@ -8,13 +8,15 @@
 #                `medium` run (train.json: tokens/s, MFU, peak memory) with validation and one
 #                checkpoint, a new run from its weights (--init-from), `unmask export` in both
 #                formats, `unmask eval --quick` with samples, `unmask eval --suite zero-shot` under the
-#                bd3lm protocol, `unmask sample` once per sampler and
-#                once in blocks, an imported BD3-LM fixture sampled, `unmask lm-eval --limit` on the local PTB task, transformers loading the HF export on the device, and
+#                bd3lm protocol, `unmask sample` once per sampler, in blocks (with the prefix cache;
+#                whole-sequence with the dual cache), two rounds of `unmask distill` (its tokens/s in
+#                logs/e2e-distill.json) with the student exported and sampled, an imported BD3-LM fixture sampled, `unmask lm-eval --limit` on the local PTB task, transformers loading the HF export on the device, and
 #                the short run again with model.document_mask (FlexAttention) and its `unmask eval --quick`; each
 #                command is its own line of steps.jsonl (e2e-train, e2e-export, ...)
 #   2. inference bench/train_gpu.py's inference rows (bench.jsonl): evaluation as before and
 #                now with its FLOP utilization, sampling 64 x 1024 from all-mask by cached
-#                ancestral and first-hitting (eager and compiled), lm-eval requests/s
+#                ancestral and first-hitting (eager and compiled), in blocks without and with the
+#                prefix cache, and the AR network of the same shape with its KV cache; lm-eval requests/s
 #   3. tests     tests/test_gpu.py (bf16, attention kernels, NCCL, compile, padded vocabulary,
 #                host syncs, every inference path on the device)
 #      adapt     adapting GPT-2 medium (docs/adapting.md): a GPT-2 of the preset's shape with random
@@ -197,6 +199,17 @@ if wanted e2e; then
   # Whole-sequence blocks (each call sees the masked suffix) with the dual cache refreshed every 4 calls.
   step e2e-sample-dual-cache "$limit_e2e_command" "${unmask[@]}" sample "$run" --num 2 --seq-len "$context" \
     --block-len $(( context / 4 )) --steps 8 --whole-sequence --dual-cache 4 --device "$device"
+  # Self-distillation (docs/fast-generation.md#self-distillation): two rounds of `unmask distill` from that run
+  # (teacher 8 -> 4 steps, student 2), its tokens/s in logs/e2e-distill.json; the student exported and sampled.
+  step e2e-distill "$limit_e2e_train" "${unmask[@]}" distill "$run" --config "$config" --data "$data" \
+    --run-dir "$scratch/e2e-distill" --no-progress --logging.mlflow false --train.global_batch_size "$e2e_batch" \
+    --distill.start_steps 8 --distill.end_steps 2 --distill.round_steps $(( (e2e_every + 1) / 2 )) \
+    --logging.every 1 --eval.every 0 --checkpoint.every 1000
+  train_json "$scratch/e2e-distill" > "$logs/e2e-distill.json"
+  cat "$logs/e2e-distill.json"
+  step e2e-export-distilled "$limit_e2e_command" "${unmask[@]}" export "$scratch/e2e-distill"
+  step e2e-sample-distilled "$limit_e2e_command" "${unmask[@]}" sample "$scratch/e2e-distill" --num 2 \
+    --seq-len "$sample_len" --steps 2 --device "$device"
   # The papers' zero-shot table under BD3-LM's protocol (BOS chunk EOS blocks, the BOS never
   # scored): the suite's sets under --eval-data (the others named as missing), on the device.
   step e2e-eval-suite "$limit_e2e_eval" "${unmask[@]}" eval "$run" --suite zero-shot --data-dir "$eval_data" \

@@ -138,7 +138,14 @@ def _selected_plans(args) -> dict[str, SamplingPlan | None]:
     known = {**FAST_PLANS, **GUIDED_PLANS, REFERENCE_ROW: None}
     if args.plans is None:
         return {name: plan for name, plan in known.items() if args.prompt is not None or name not in GUIDED_PLANS}
-    return {name: known[name] if name in known else _threshold(float(name.split()[-1])) for name in args.plans}
+    return {name: known[name] if name in known else _plan_named(name) for name in args.plans}
+
+
+def _plan_named(name: str) -> SamplingPlan:
+    """'threshold X', or 'ancestral N' (N steps on the uniform grid: a distilled student's plan,
+    docs/fast-generation.md#self-distillation)."""
+    kind, _, value = name.rpartition(" ")
+    return SamplingPlan(steps=int(value)) if kind == "ancestral" else _threshold(float(value))
 
 
 def _row(name: str, seed: int, samples: list[Sample], seconds: float, quality, generated: int) -> dict:
@@ -237,7 +244,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--fast", action="store_true", help="measure fast generation (module docstring)")
     parser.add_argument("--plans", nargs="+", help="with --fast: these rows of FAST_PLANS only, or 'threshold X' "
-                                                   "for any X (default: every row)")
+                                                   "for any X, or 'ancestral N' for N steps (default: every row)")
     parser.add_argument("--no-drift", action="store_true", help="with --fast: skip the caches' KL")
     parser.add_argument("--drift-plans", nargs="+", choices=list(DRIFT_PLANS),
                         help="with --fast: these rows of DRIFT_PLANS only (default: every row)")

@@ -15,7 +15,19 @@ from typing import NoReturn
 import orchestration.interruption  # noqa: F401  first: from here on a signal ends a command in one line
 from common.errors import UserError
 from common.provenance import package_version
-from orchestration.commands import config, data, downstream, evaluate, importing, jobs, run, sample, sweep, train
+from orchestration.commands import (
+    config,
+    data,
+    distill,
+    downstream,
+    evaluate,
+    importing,
+    jobs,
+    run,
+    sample,
+    sweep,
+    train,
+)
 from orchestration.exit_codes import USER_ERROR
 from orchestration.interruption import Terminated, command_of, exit_status, handled_signals, stop_line
 from pipeline.training.hooks import TrainHooks
@@ -33,6 +45,7 @@ examples:
   unmask prep --input corpus/ --out shards/ --seq-len 1024 --tokenizer tok/ --workers 4
   unmask train --config configs/tiny.yaml --data shards/ --run-dir runs/tiny
   unmask export runs/tiny
+  unmask distill runs/tiny --config distill.yaml --data shards/ --run-dir runs/tiny-sdtt
   unmask import mdlm mdlm-owt/ --tokenizer ../shared/data/gpt2-bpe --out mdlm-export/
   unmask eval runs/tiny --datasets ptb,wikitext2,lambada,lm1b --data-dir ../shared/data
   unmask lm-eval runs/tiny --tasks lambada_openai_local,ptb_word_order --data-dir ../shared/data
@@ -68,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  unmask version --all", formatter_class=argparse.RawDescriptionHelpFormatter)
     version.add_argument("--all", action="store_true", help="also print Python and dependency versions")
     version.set_defaults(handler=_cmd_version)
-    for group in (data, train, importing, run, evaluate, downstream, sample, jobs, config, sweep):
+    for group in (data, train, distill, importing, run, evaluate, downstream, sample, jobs, config, sweep):
         group.register(commands)
     return parser
 

@@ -36,12 +36,14 @@ __all__ = [
     "CheckpointSection",
     "Config",
     "DataSection",
+    "DistillSection",
     "EvalSection",
     "LoggingSection",
     "ModelSection",
     "OptimSection",
     "TrainSection",
     "config_differences",
+    "distillation_config",
     "load_config",
     "parse_overrides",
     "yaml_problem",
@@ -231,6 +233,47 @@ class LoggingSection:
 
 
 @dataclass(frozen=True)
+class DistillSection:
+    """Self-distillation through time (``unmask distill``, docs/fast-generation.md#self-distillation).
+
+    Round k's teacher samples in ``start_steps / 2^k`` steps and its student learns to do one
+    step for the teacher's two; ``log2(start_steps / end_steps)`` rounds of ``round_steps``
+    optimizer steps each make the run (``train.max_steps``).
+    """
+
+    enabled: bool = False                       # set by `unmask distill`; `unmask train` refuses it
+    start_steps: int = 1024                     # the first teacher's sampling steps
+    end_steps: int = 8                          # the last student's sampling steps
+    round_steps: int = 500                      # optimizer steps per round
+    # How the student's x0 distribution is compared with the teacher's two-step targets, per
+    # masked position: reverse_kl KL(student || teacher) (SDTT's best), forward_kl, mse (on the
+    # log-probabilities), tvd (total variation).
+    divergence: Literal["reverse_kl", "forward_kl", "mse", "tvd"] = "reverse_kl"
+    # true: each round's student (its EMA weights) becomes the next round's teacher (SDTT);
+    # false: the first teacher teaches every round.
+    refresh_teacher: bool = True
+
+    @property
+    def rounds(self) -> int:
+        return max(1, round(math.log2(self.start_steps / self.end_steps)))
+
+    def round_of(self, step: int) -> int:
+        """The round that optimizer step ``step`` (0-based: the step about to run) belongs to."""
+        return min(step // self.round_steps, self.rounds - 1)
+
+    def teacher_steps(self, round_: int) -> int:
+        """The sampling steps of round ``round_``'s teacher; its student's are half."""
+        return self.start_steps >> round_
+
+    def student_record(self, step: int) -> dict[str, Any]:
+        """What an export of the student at optimizer step ``step`` records of its distillation."""
+        round_ = self.round_of(max(step - 1, 0))
+        return {"steps": self.teacher_steps(round_) // 2, "round": round_ + 1, "rounds": self.rounds,
+                "round_complete": step == (round_ + 1) * self.round_steps, "start_steps": self.start_steps,
+                "divergence": self.divergence, "refresh_teacher": self.refresh_teacher}
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration of a run: one typed section per component."""
     model: ModelSection = field(default_factory=ModelSection)
@@ -241,6 +284,7 @@ class Config:
     eval: EvalSection = field(default_factory=EvalSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
+    distill: DistillSection = field(default_factory=DistillSection)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain JSON-able values (tuples as lists), section by section."""
@@ -264,6 +308,18 @@ class Config:
             learned = " (model.process = learned)" if self.model.process == "learned" else ""
             raise UserError(f"config field model.schedule / model.schedule_args{learned}: {err}") from None
         return self
+
+
+def distillation_config(config: Config, *, max_steps_given: bool) -> Config:
+    """``config`` as ``unmask distill`` runs it: distillation on, and ``train.max_steps`` its rounds'
+    steps unless the command line gave it (then the checks hold it to them)."""
+    distill = replace(config.distill, enabled=True)
+    steps = distill.rounds * distill.round_steps
+    if max_steps_given and config.train.max_steps != steps:
+        raise UserError(f"config field train.max_steps = {config.train.max_steps}: a distillation is {distill.rounds} "
+                        f"rounds of distill.round_steps = {distill.round_steps}: set {steps}, or leave it to "
+                        f"unmask distill")
+    return replace(config, distill=distill, train=replace(config.train, max_steps=steps)).validate()
 
 
 def _field_value(config: Config, dotted: str) -> Any:
@@ -349,6 +405,38 @@ def _checks(c: Config) -> list[tuple[str, bool, str]]:
         ("logging.every", c.logging.every >= 1, positive),
         ("logging.system_metrics_interval", c.logging.system_metrics_interval >= 0,
          "must be >= 0 (seconds; 0: no system metrics)"),
+        *_distill_checks(c),
+    ]
+
+
+def _halves_to(start: int, end: int) -> bool:
+    """Whether ``end`` is ``start`` halved at least once: start = end * 2^k, k >= 1."""
+    return 1 <= end < start and start % end == 0 and (start // end) & (start // end - 1) == 0
+
+
+def _distill_checks(c: Config) -> list[tuple[str, bool, str]]:
+    """``distill``'s fields, and what self-distillation refuses (docs/fast-generation.md#self-distillation)."""
+    d, m = c.distill, c.model
+    off = not d.enabled
+    return [
+        ("distill.start_steps", d.start_steps >= 2, "must be >= 2 (the first teacher's sampling steps)"),
+        ("distill.end_steps", _halves_to(d.start_steps, d.end_steps),
+         (f"must be distill.start_steps = {d.start_steps} halved one or more times (each round halves the steps), "
+         f"e.g. {max(1, d.start_steps // 128)}")),
+        ("distill.round_steps", d.round_steps >= 1, "must be >= 1"),
+        ("model.objective", off or m.objective == "diffusion",
+         "self-distillation trains a diffusion student; the autoregressive baseline has no sampling steps to halve"),
+        ("model.process", off or m.process != "uniform",
+         ("self-distillation supports the absorbing process only: SDTT's two-step targets rest on a revealed "
+         "token staying fixed, and Duo's DCD distils the uniform process through its Gaussian counterpart, "
+         "which unmask's uniform process has no counterpart of; distil an absorbing model")),
+        ("model.process", off or m.process != "learned",
+         ("self-distillation supports the absorbing process only: under the learned schedule a masked "
+         "position's chance to be revealed depends on its (unknown) token, so the teacher's step is not "
+         "the reveal-then-draw that SDTT's targets are built from; distil an absorbing model")),
+        ("model.block_size", off or m.block_size is None,
+         ("self-distillation is built for whole-sequence (MDLM) models: block diffusion samples block by "
+         "block with the clean blocks in context, which its two-step targets do not follow; set null")),
     ]
 
 

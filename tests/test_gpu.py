@@ -480,6 +480,55 @@ def test_init_from_weights_loaded_on_the_host_give_the_sources_loss_on_the_devic
     torch.testing.assert_close(_loss(target, x0, bf16=True), _loss(source, x0, bf16=True), rtol=BF16_LOSS_RTOL, atol=0)
 
 
+def test_the_distillation_loss_under_bf16_is_the_fp32_one_when_the_teachers_steps_reveal_nothing():
+    """The distillation loss on the device (pipeline.training.distillation): the student's
+    prediction against the teacher's two steps, with generators on the GPU. Steps of 0 reveal
+    nothing, so the targets are the teacher's bf16 logits at z_t and the loss against another
+    student is the fp32 one within bf16 rounding."""
+    from pipeline.training.distillation import distillation_loss
+
+    teacher, x0 = _network(), _batch()
+    torch.manual_seed(3)
+    student = Transformer(teacher.config).cuda()
+    process = AbsorbingDiffusion(make_schedule("linear"), VOCAB, validate=False)
+    t = torch.linspace(0.05, 0.95, BATCH, dtype=torch.float64)
+    losses = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        generators = [torch.Generator(device="cuda").manual_seed(row) for row in range(BATCH)]
+        with torch.no_grad():
+            losses[dtype] = distillation_loss(student.to(dtype), teacher.to(dtype), process, x0, t, 0.0, generators,
+                                              "reverse_kl").sum() / x0.numel()
+    assert losses[torch.float32] > 0
+    torch.testing.assert_close(losses[torch.bfloat16], losses[torch.float32], rtol=5e-2, atol=0)
+
+
+def test_unmask_distill_trains_on_the_gpu_in_bf16_with_a_bf16_teacher_and_its_student_samples(
+        tmp_path, tinyshakespeare_shards):
+    """`unmask distill` on the device: the run's bf16, the teacher kept in it, finite divergences,
+    then the student exported and sampled at the steps it was distilled for."""
+    import json
+
+    from safetensors import safe_open
+
+    from tests.support.cli_runner import run_unmask
+    from tests.support.train_helpers import run_train, write_config
+
+    teacher = run_train(tmp_path / "teacher", tinyshakespeare_shards,
+                        write_config(tmp_path / "teacher.yaml", {"logging": {"mlflow": False}})).run_dir
+    config = write_config(tmp_path / "distill.yaml", {"logging": {"mlflow": False}, "eval": {"every": 2},
+                                                      "distill": {"start_steps": 8, "end_steps": 2, "round_steps": 2}})
+    student = run_train(tmp_path / "student", tinyshakespeare_shards, config, command=("distill", str(teacher)))
+    assert "bf16" in student.output and len(student.losses()) == 4
+    assert all(math.isfinite(loss) for loss in student.losses().values())
+    with safe_open(str(tmp_path / "student" / "distill" / "teacher-round-1.safetensors"), "pt") as kept:
+        assert kept.get_tensor(kept.keys()[0]).dtype == torch.bfloat16
+    assert run_unmask(["export", str(student.run_dir)]).returncode == 0
+    assert json.loads((student.run_dir / "export" / "config.json").read_text())["distilled"]["steps"] == 2
+    sampled = run_unmask(["sample", str(student.run_dir), "--num", "2", "--steps", "2", "--seq-len", "32",
+                          "--device", "cuda"])
+    assert sampled.returncode == 0 and sampled.stdout.count("----- sample") == 2, sampled.stderr[-3000:]
+
+
 # ------------------------------------------------------------------ every inference path on the GPU
 GPU_PLANS = {"ancestral": SamplingPlan(steps=16), "ancestral-static": SamplingPlan(steps=16, static_shape=True),
              "first-hitting": SamplingPlan(sampler="first-hitting"),

@@ -13,7 +13,7 @@ from common.logs import configure_logging
 from common.outputs import check_output_dir
 from data_prep.shards.storage import cache_root, is_remote, read_manifest
 from orchestration.exit_codes import OK, PREEMPTED, USER_ERROR
-from pipeline.config import Config, config_yaml, load_config, parse_overrides
+from pipeline.config import Config, config_yaml, distillation_config, load_config, parse_overrides
 from pipeline.run_dir.layout import RUN_KIND, training_data
 from pipeline.training.init_from import InitFrom, init_inputs
 
@@ -59,7 +59,13 @@ def _train_config(args: argparse.Namespace) -> Config:
         overrides["logging.mlflow_uri"] = args.mlflow_uri
     if args.no_progress:
         overrides["logging.progress"] = "false"
-    return load_config(args.config, overrides)
+    config = load_config(args.config, overrides)
+    if args.command == "distill":
+        return distillation_config(config, max_steps_given="train.max_steps" in overrides)
+    if config.distill.enabled:
+        raise UserError("config field distill.enabled = true: `unmask distill TEACHER` starts a distillation (and "
+                        "sets it); remove it from the config of `unmask train`")
+    return config
 
 
 def _check_paths(args: argparse.Namespace, config: Config) -> None:
@@ -99,7 +105,8 @@ def _checked_config(args: argparse.Namespace) -> Config:
     return config
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
+def train_command(args: argparse.Namespace) -> int:
+    """``unmask train`` (and ``unmask distill``, whose arguments are train's and a teacher)."""
     try:
         config = _checked_config(args)
     except UserError:
@@ -186,7 +193,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="print the resolved config (YAML) and exit; `unmask config fields` explains each field")
     train.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # deepspeed launcher
     add_launcher_arguments(train)
-    train.set_defaults(handler=_cmd_train, accepts_overrides=True)
+    train.set_defaults(handler=train_command, accepts_overrides=True)
 
     export = commands.add_parser(
         "export", help="write RUN/export/: model.safetensors (EMA), config.json, tokenizer",

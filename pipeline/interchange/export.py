@@ -49,7 +49,7 @@ from data_prep.tokenizer.sentencepiece_model import SP_MODEL_FILE
 from model.spec import ModelSpec, Process, build_network, build_process, build_trainable
 from model.trainable import NETWORK_PREFIX, split_state
 from model.transformer import Transformer, TransformerConfig, unpadded_state
-from pipeline.config import ModelSection
+from pipeline.config import DistillSection, ModelSection
 from pipeline.interchange.hf_export import HF_EXPORT_KIND, write_hf_export
 from pipeline.run_dir.checkpoint import (
     STATE_FILE,
@@ -304,7 +304,13 @@ def _export_config(spec: ModelSpec, state: CheckpointMeta, checkpoint: Path, wei
             "checkpoint_sha256": checkpoint_sha256(checkpoint),
             "tokenizer_sha256": state.tokenizer_sha256, "data_sha256": state.data_sha256,
             "config_sha256": state.config_sha256,
-            **({"init_from": state.init_from} if state.init_from else {})}
+            **({"init_from": state.init_from} if state.init_from else {}), **_distilled(state)}
+
+
+def _distilled(state: CheckpointMeta) -> dict:
+    """A distilled student's record (``unmask distill``): the sampling steps it was distilled for."""
+    distill = state.config.get("distill", {})
+    return {"distilled": DistillSection(**distill).student_record(state.step)} if distill.get("enabled") else {}
 
 
 def resolve_export(path: str | Path) -> Path:

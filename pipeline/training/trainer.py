@@ -37,6 +37,7 @@ from pipeline.run_dir.resume import NOTHING_KEPT, check_resumable, checkpoint_to
 from pipeline.tracking.run_records import RunRecords
 from pipeline.training.attention import attention_kernel
 from pipeline.training.build import TrainingParts, build_parts
+from pipeline.training.distillation import distillation_of
 from pipeline.training.hooks import TrainHooks
 from pipeline.training.init_from import InitFrom, InitRecord, init_inputs, starting_point
 from pipeline.training.mask_rate_search import interval_variances, least_variance
@@ -115,7 +116,8 @@ class Trainer:
                                              on_committed=self._committed, on_file_written=hooks.on_checkpoint_file)
         self.records = RunRecords(run_dir, self.dist.is_main)
         self.state = TrainState(loader=parts.train_loader.state_dict())
-        self.objective = parts.objective(self.config.train.block_mask_rate)
+        self.objective = (distillation_of(parts, run_dir) if self.config.distill.enabled  # unmask distill
+                          else parts.objective(self.config.train.block_mask_rate))
 
     def start(self, resume: str, allow_config_change: bool) -> None:
         """Continue the run's newest intact checkpoint, if any (``pipeline.run_dir.resume``), then

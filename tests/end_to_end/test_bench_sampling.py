@@ -73,7 +73,7 @@ def test_sampler_quality_bench_measures_fast_generation_and_the_caches_drift(tmp
     proc = subprocess.run([sys.executable, "bench/sampler_quality.py", "--diffusion", str(diffusion), "--reference",
                            str(reference), "--num", "2", "--fast", "--prompt", "the quick", "--plans", "threshold 0",
                            "first-hitting, blocks of 16, prefix cache 4", "first-hitting after the prompt, guidance 1",
-                           "autoregressive (the reference)", "--drift-plans", "prefix cache 1", "prefix cache 2",
+                           "autoregressive (the reference)", "ancestral 4", "--drift-plans", "prefix cache 1", "prefix cache 2",
                            "prefix cache 16", "dual cache 1", "dual cache 16"],
                           cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -83,13 +83,14 @@ def test_sampler_quality_bench_measures_fast_generation_and_the_caches_drift(tmp
     assert drift["prefix cache 16"]["share_of_stale_predictions"] > drift["prefix cache 2"][
         "share_of_stale_predictions"] > 0
     assert drift["dual cache 1"]["mean_kl_nats"] == 0.0 and drift["dual cache 16"]["mean_kl_nats"] > 0.0
-    threshold, cached, guided, autoregressive = [row for row in rows if "plan" in row]
+    threshold, cached, guided, autoregressive, ancestral = [row for row in rows if "plan" in row]
     prompt_tokens = len(tokenizer.encode("the quick"))
     # Guidance: two calls a step, over the positions after the prompt only.
     assert guided["network_calls"] == 2 * (32 - prompt_tokens) and guided["tokens_per_call"] == 0.5
     assert autoregressive["network_calls"] == 32 and autoregressive["tokens_per_call"] == 1
     assert threshold["network_calls"] == 1 and threshold["tokens_per_call"] == 32   # threshold 0: all at once
     assert cached["network_calls"] == 32                                            # exact first-hitting: one a token
-    for row in (threshold, cached):
+    assert ancestral["plan"] == "ancestral 4" and ancestral["network_calls"] <= 4   # a distilled student's plan
+    for row in (threshold, cached, ancestral):
         assert row["interval"][0] <= row["generative_perplexity"] <= row["interval"][1]
     assert "| threshold 0 (seed 0) | 1.0 | 32.0 |" in proc.stdout and "dual cache 16: refresh every 16: mean KL" in proc.stdout

@@ -19,7 +19,8 @@ from tests.support.paths import GPT2, REPO, TINY
 DRY_RUN_TIMEOUT_S = 1500
 E2E_STEPS = ["e2e-train", "e2e-init-from", "e2e-export", "e2e-export-hf", "e2e-eval", "e2e-sample-ancestral",
              "e2e-sample-first-hitting", "e2e-sample-confidence", "e2e-sample-remdm", "e2e-sample-blocks",
-             "e2e-sample-threshold", "e2e-sample-prefix-cache", "e2e-sample-dual-cache", "e2e-eval-suite",
+             "e2e-sample-threshold", "e2e-sample-prefix-cache", "e2e-sample-dual-cache", "e2e-distill",
+             "e2e-export-distilled", "e2e-sample-distilled", "e2e-eval-suite",
              "e2e-bd3lm-tokenizer", "e2e-import-bd3lm", "e2e-sample-bd3lm", "e2e-lm-eval", "e2e-hf-load",
              "e2e-train-documents", "e2e-eval-documents"]
 ADAPT_STEPS = ["adapt-source", "adapt-prep", "adapt-train", "adapt-export", "adapt-sample", "adapt-bench"]
@@ -62,6 +63,9 @@ def test_the_gpu_check_dry_runs_on_cpu_and_writes_every_result(tmp_path, tinysha
     assert "micro-batch 16 (auto) x 1 accumulation" in logs["train.log"]
     assert "step 1 validation" in logs["e2e-train.log"] and "checkpoint" in logs["e2e-train.log"]
     assert "optimizer state fresh, EMA from these weights" in logs["e2e-init-from.log"]
+    assert "distillation: 2 round(s) of 1 steps" in logs["e2e-distill.log"] and "----- sample 2 " in logs[
+        "e2e-sample-distilled.log"]
+    assert json.loads(logs["e2e-distill.json"])["step"] == 2
     assert "samples: mean unigram entropy" in logs["e2e-eval.log"]
     assert "protocol: bd3lm" in logs["e2e-eval-suite.log"] and "arxiv: not scored (test split)" in logs["e2e-eval-suite.log"]
     assert "ptb_word_order: acc" in logs["e2e-lm-eval.log"]

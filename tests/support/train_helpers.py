@@ -99,11 +99,13 @@ class Run:
 
 
 def run_train(run_dir: Path, data: Path, config: Path, *, world_size: int = 1, extra: list[str] = (),
-              env: dict[str, str] | None = None, check: bool = True, log_batches: bool = False) -> Run:
+              env: dict[str, str] | None = None, check: bool = True, log_batches: bool = False,
+              command: tuple[str, ...] = ("train",)) -> Run:
     """Train to completion in a subprocess; with ``log_batches`` every micro-batch's sequences
-    are logged in the run directory (``tests.support.batch_log``)."""
+    are logged in the run directory (``tests.support.batch_log``). ``command``: the subcommand
+    and its positional arguments (``("distill", TEACHER)``)."""
     args = ["--config", str(config), "--data", str(data), "--run-dir", str(run_dir), *extra]
-    proc = run_unmask(["train", *args], world_size=world_size, env=env, timeout=RUN_TIMEOUT_S,
+    proc = run_unmask([*command, *args], world_size=world_size, env=env, timeout=RUN_TIMEOUT_S,
                       log_batches=log_batches)
     run = Run(proc.returncode, proc.stdout + proc.stderr, run_dir)
     if check and proc.returncode != 0:
@@ -126,12 +128,12 @@ def _signal_tree(pid: int, stop: signal.Signals) -> None:
 
 def run_until_stall(run_dir: Path, data: Path, config: Path, stall_after: int, *, world_size: int = 1,
                     stop: signal.Signals = signal.SIGKILL, extra: list[str] = (),
-                    env: dict[str, str] | None = None) -> Run:
+                    env: dict[str, str] | None = None, command: tuple[str, ...] = ("train",)) -> Run:
     """Train until the stall hook fires after ``stall_after`` steps, then send ``stop`` to the
     whole process group (SIGKILL: a crash; SIGTERM: a preemption) and wait for the end (``env``:
     ``tests.support.stall.IN_WRITE_ENV`` stalls in the write of checkpoint ``stall_after`` instead)."""
     args = ["--config", str(config), "--data", str(data), "--run-dir", str(run_dir), *extra]
-    proc = start_unmask(["train", *args], world_size=world_size, stall_after=stall_after, start_new_session=True,
+    proc = start_unmask([*command, *args], world_size=world_size, stall_after=stall_after, start_new_session=True,
                         env=env)
     lines = []
     try:
