@@ -58,7 +58,8 @@ cached ancestral and by first-hitting with a budget of --sample-steps calls (100
 check passes 32: the utilization of a call does not depend on how many there are), eager and,
 on a GPU, with the blocks compiled: sequences/s, tokens/s, seconds per call, utilization; then
 eager, fast generation's rows at the same budget (semi-autoregressive blocks without and with
-the prefix cache) and the autoregressive network of the same shape with its KV cache. At 64 x 1024
+the prefix cache, whole-sequence blocks without and with the dual cache) and the autoregressive
+network of the same shape with its KV cache. At 64 x 1024
 tokens a call is ~0.1 s of GPU work, so launch overhead (what CUDA graphs would save) is
 small; the host's per-call reads are the syncs the samplers' docstrings name. lm-eval:
 --lm-eval-requests loglikelihood requests scored as `unmask lm-eval` does, requests/s.
@@ -164,7 +165,8 @@ SAMPLE_STEPS = 1000             # the manual's and the papers' sampling budget
 SAMPLE_BATCH = 64               # sequences sampled together: a batch that fills a GPU
 SAMPLERS_MEASURED = ("ancestral", "first-hitting")   # cached ancestral and (exact when steps >= seq_len) first-hitting
 # Fast generation's rows (docs/fast-generation.md), eager: semi-autoregressive blocks of an eighth of the
-# sequence with the same budget, without and with the prefix cache refreshed every PREFIX_REFRESH calls;
+# sequence with the same budget, without and with the prefix cache refreshed every PREFIX_REFRESH calls,
+# and whole-sequence blocks without and with the dual cache (refreshed as often);
 # and the autoregressive network of the same shape with its KV cache, one call per token. Threshold
 # decoding's pace is a trained model's confidence (bench/sampler_quality.py), so it has no row here.
 BLOCKS_PER_SEQUENCE = 8
@@ -471,11 +473,12 @@ def measure_sampling(network: TransformerConfig, num_samples: int, plan: Samplin
     elapsed = time.perf_counter() - start
     generated = num_samples * network.max_seq_len
     return {"bench": "sample", "sampler": plan.sampler, "block_len": plan.block_len, "prefix_cache": plan.prefix_cache,
-            "compiled": compiled, "seq_len": network.max_seq_len, "vocab_size": network.vocab_size,
+            "whole_sequence": plan.whole_sequence, "dual_cache": plan.dual_cache, "compiled": compiled,
+            "seq_len": network.max_seq_len, "vocab_size": network.vocab_size,
             "device": device.type, "num_samples": num_samples, "steps": plan.steps, "tokens_per_s": generated / elapsed,
             "seconds": elapsed, "sequences_per_s": num_samples / elapsed, "network_calls": stats.network_calls,
             "rows_evaluated": stats.rows_evaluated, "seconds_per_call": elapsed / stats.network_calls,
-            # In blocks a call reads the text before its block, not the whole sequence: no figure.
+            # In blocks a call's rows vary (the text before its block, a cache's rows): no figure.
             "utilization": None if plan.block_len is not None else _utilization(
                 network, stats.rows_evaluated * network.max_seq_len, generated, elapsed, peak)}
 
@@ -513,10 +516,12 @@ def measure_autoregressive_sampling(network: TransformerConfig, num_samples: int
 
 def fast_generation_plans(steps: int, seq_len: int) -> list[SamplingPlan]:
     """The eager rows of fast generation: blocks with ``steps`` calls in all, without and with the
-    prefix cache."""
+    prefix cache, then whole-sequence blocks without and with the dual cache."""
     block_len = max(1, seq_len // BLOCKS_PER_SEQUENCE)
     blocks = SamplingPlan(sampler="first-hitting", steps=max(1, steps * block_len // seq_len), block_len=block_len)
-    return [blocks, dataclasses.replace(blocks, prefix_cache=PREFIX_REFRESH)]
+    whole = dataclasses.replace(blocks, whole_sequence=True)
+    return [blocks, dataclasses.replace(blocks, prefix_cache=PREFIX_REFRESH),
+            whole, dataclasses.replace(whole, dual_cache=PREFIX_REFRESH)]
 
 
 def measure_lm_eval(network: TransformerConfig, requests: int, device: torch.device) -> dict:

@@ -55,15 +55,18 @@ def test_gpu_bench_smoke_runs_on_cpu_and_reports_every_field(tmp_path):
         assert evaluation["estimate_tokens_per_s_per_sample"] > 0 and evaluation["seq_len"] == 32
     samples = [row for row in rows if row["bench"] == "sample"]
     # No compile on CPU; then fast generation's rows: blocks of 4 tokens with the same budget (125
-    # calls per block), without and with the prefix cache, and the autoregressive network's KV cache.
-    assert [(row["sampler"], row.get("block_len"), row.get("prefix_cache"), row["compiled"], row["steps"])
-            for row in samples] == [("ancestral", None, None, False, 1000), ("first-hitting", None, None, False, 1000),
-                                    ("first-hitting", 4, None, False, 125), ("first-hitting", 4, 4, False, 125),
-                                    ("autoregressive", None, None, False, 32)]
+    # calls per block) without and with the prefix cache, whole-sequence without and with the dual
+    # cache, and the autoregressive network's KV cache.
+    assert [(row["sampler"], row.get("block_len"), row.get("prefix_cache"), row.get("whole_sequence"),
+             row.get("dual_cache"), row["compiled"], row["steps"]) for row in samples] == [
+        ("ancestral", None, None, False, None, False, 1000), ("first-hitting", None, None, False, None, False, 1000),
+        ("first-hitting", 4, None, False, None, False, 125), ("first-hitting", 4, 4, False, None, False, 125),
+        ("first-hitting", 4, None, True, None, False, 125), ("first-hitting", 4, None, True, 4, False, 125),
+        ("autoregressive", None, None, None, None, False, 32)]
     for sample in samples:
         assert sample["sequences_per_s"] > 0 and sample["tokens_per_s"] > 0
         assert sample["rows_evaluated"] <= 2 * 32  # at most one evaluation per generated token
         assert sample["utilization"] is None      # no peak on CPU
-    assert [sample["network_calls"] for sample in samples[1:]] == [32] * 4   # one call per token
+    assert [sample["network_calls"] for sample in samples[1:]] == [32] * 6   # one call per token
     (lm_eval,) = [row for row in rows if row["bench"] == "lm-eval"]
     assert lm_eval["requests"] == 4 and lm_eval["requests_per_s"] > 0

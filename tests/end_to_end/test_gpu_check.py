@@ -92,9 +92,11 @@ def test_the_gpu_check_dry_runs_on_cpu_and_writes_every_result(tmp_path, tinysha
     assert [row["tuned"] for row in evaluated] == [False, True]
     assert all(0 < row["utilization"] < row["utilization_2n_4ldt"] for row in evaluated)   # the head on half the rows
     sampled = [row for row in rows if row["bench"] == "sample"]
-    assert [(row["sampler"], row.get("prefix_cache"), row["compiled"]) for row in sampled] == [
-        ("ancestral", None, False), ("first-hitting", None, False), ("first-hitting", None, False),
-        ("first-hitting", 4, False), ("autoregressive", None, False)]   # then blocks, the prefix cache, AR's KV cache
+    # Then blocks, the prefix cache, whole-sequence blocks, the dual cache and AR's KV cache.
+    assert [(row["sampler"], row.get("prefix_cache"), row.get("dual_cache"), row["compiled"]) for row in sampled] == [
+        ("ancestral", None, None, False), ("first-hitting", None, None, False), ("first-hitting", None, None, False),
+        ("first-hitting", 4, None, False), ("first-hitting", None, None, False), ("first-hitting", None, 4, False),
+        ("autoregressive", None, None, False)]
     for row in sampled:   # the budget is per block in blocks, whose calls read less than the sequence: no utilization
         blocks = row["seq_len"] // row["block_len"] if row.get("block_len") else 1
         assert row["network_calls"] <= row["steps"] * blocks and row["tokens_per_s"] > 0, row
