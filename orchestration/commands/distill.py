@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from orchestration.commands.train import RAW, add_launcher_arguments, train_command
+from orchestration.commands.train import RAW, add_run_arguments, train_command
 
 DISTILL_EPILOG = """\
 The config is a training config (configs/tiny.yaml, ...) with a distill: section; the network is
@@ -44,14 +44,5 @@ def register(commands: argparse._SubParsersAction) -> None:
     distill.add_argument("--config", help="YAML training config with a distill: section")
     distill.add_argument("--data", help="shard directory or its URI (overrides data.path): the teacher's data")
     distill.add_argument("--run-dir", help="the student's run: checkpoints, teachers, metrics, export")
-    distill.add_argument("--resume", choices=["auto", "never"], default="auto",
-                         help="auto: continue from the latest checkpoint if any (default); never: refuse "
-                              "a run dir that has checkpoints")
-    distill.add_argument("--allow-config-change", action="store_true",
-                         help="resume even though the config or data differ from the checkpoint's")
-    distill.add_argument("--mlflow-uri", help="MLflow tracking URI (as unmask train)")
-    distill.add_argument("--no-progress", action="store_true", help="no progress bar")
-    distill.add_argument("--print-config", action="store_true", help="print the resolved config (YAML) and exit")
-    distill.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # deepspeed launcher
-    add_launcher_arguments(distill)
+    add_run_arguments(distill)
     distill.set_defaults(handler=_cmd_distill, accepts_overrides=True)

@@ -109,8 +109,9 @@ def add_sampling_arguments(group: argparse._ActionsContainer, flags: SamplingFla
                                 "a second pass with the prompt masked, two network calls a step")
     if flags.whole_sequence is not None:
         group.add_argument(flags.whole_sequence, action="store_true", default=None, dest="plan_whole_sequence",
-                           help="with --block-len: every network call sees the whole sequence, the finished text, the "
-                                "block and the masked rest (LLaDA's blocks; absorbing exports; docs/fast-generation.md)")
+                           help="with --block-len: every network call sees the whole sequence, the finished text, "
+                                "the block and the masked rest (LLaDA's blocks; absorbing exports; "
+                                "docs/fast-generation.md)")
     if flags.dual_cache is not None:
         group.add_argument(flags.dual_cache, type=int, metavar="N", dest="plan_dual_cache",
                            help="with --whole-sequence: cache the keys and values of the text before and after the "

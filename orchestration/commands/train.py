@@ -180,19 +180,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--config", help="YAML config (configs/tiny.yaml, small.yaml, medium.yaml)")
     train.add_argument("--data", help="shard directory or its URI, s3://bucket/prefix (overrides data.path)")
     train.add_argument("--run-dir", help="checkpoints, metrics, export (required to train)")
-    train.add_argument("--resume", choices=["auto", "never"], default="auto",
-                       help="auto: continue from the latest checkpoint if any (default); never: refuse "
-                            "a run dir that has checkpoints")
-    train.add_argument("--allow-config-change", action="store_true",
-                       help="resume even though the config or data differ from the checkpoint's")
     add_init_arguments(train)
-    train.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
-                                              "the shared store ~/.unmask/mlflow)")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
-    train.add_argument("--print-config", action="store_true",
-                       help="print the resolved config (YAML) and exit; `unmask config fields` explains each field")
-    train.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # deepspeed launcher
-    add_launcher_arguments(train)
+    add_run_arguments(train)
     train.set_defaults(handler=train_command, accepts_overrides=True)
 
     export = commands.add_parser(
@@ -210,6 +199,22 @@ def register(commands: argparse._SubParsersAction) -> None:
     export.add_argument("--out", help="output directory, new or empty or an earlier export of the format, replaced "
                                       "whole (default: RUN/export, RUN/export-hf with --format hf)")
     export.set_defaults(handler=_cmd_export)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """A training run's resume, tracking, output and launcher arguments (``train`` and ``distill``)."""
+    parser.add_argument("--resume", choices=["auto", "never"], default="auto",
+                        help="auto: continue from the latest checkpoint if any (default); never: refuse "
+                             "a run dir that has checkpoints")
+    parser.add_argument("--allow-config-change", action="store_true",
+                        help="resume even though the config or data differ from the checkpoint's")
+    parser.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                                             "the shared store ~/.unmask/mlflow)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config (YAML) and exit; `unmask config fields` explains each field")
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # deepspeed launcher
+    add_launcher_arguments(parser)
 
 
 def add_init_arguments(parser: argparse.ArgumentParser) -> None:
