@@ -375,16 +375,27 @@ def _downstream_blocks(downstream: DownstreamResults | None, step: int | None) -
                     for task, record in downstream.tasks.items() for key, (value, error) in record.values().items())
     likelihoods = tuple(_downstream_likelihood_row(task, record, exact) for task, record in downstream.tasks.items()
                         if record.requests)
-    fewshot = settings.get("num_fewshot")
-    meaning = (
-        "The model's log-likelihoods are exact (autoregressive): these are the numbers lm-eval gives any "
-        "causal model." if exact else
-        f"Each log-likelihood is a Monte Carlo lower bound: the conditional ELBO of the continuation with the "
-        f"context kept visible, from {settings.get('samples')} time samples per request (seed "
-        f"{settings.get('seed')}). Accuracies compare these bounds and perplexities are upper bounds; the acc of "
-        f"LAMBADA-style tasks uses is_greedy, approximated by the argmax of one prediction at the all-masked "
-        f"continuation (evaluation.downstream.likelihoods). The ± of a metric is lm-eval's, over documents; the "
-        f"Monte Carlo error of the bounds is in the second table (of the task's mean, and the median request's own).")
+    fewshot, guidance = settings.get("num_fewshot"), settings.get("guidance")
+    if exact:
+        meaning = ("The model's log-likelihoods are exact (autoregressive): these are the numbers lm-eval gives "
+                   "any causal model.")
+    elif guidance is not None:  # a different distribution (docs/fast-generation.md): never read as a bound
+        meaning = (f"Each score is guided (unsupervised classifier-free guidance, weight {guidance:g}): the "
+                   f"continuation's Monte Carlo ELBO under the guided logits, the unconditional pass with the "
+                   f"context masked, from {settings.get('samples')} time samples per request (seed "
+                   f"{settings.get('seed')}), at two forward passes a call. It ranks the choices, and accuracies "
+                   f"compare these scores; it is not a likelihood bound of the model, nor are the perplexities. "
+                   f"The ± of a metric is lm-eval's, over documents; the Monte Carlo error of the scores is in "
+                   f"the second table.")
+    else:
+        meaning = (
+            f"Each log-likelihood is a Monte Carlo lower bound: the conditional ELBO of the continuation with the "
+            f"context kept visible, from {settings.get('samples')} time samples per request (seed "
+            f"{settings.get('seed')}). Accuracies compare these bounds and perplexities are upper bounds; the acc of "
+            f"LAMBADA-style tasks uses is_greedy, approximated by the argmax of one prediction at the all-masked "
+            f"continuation (evaluation.downstream.likelihoods). The ± of a metric is lm-eval's, over documents; "
+            f"the Monte Carlo error of the bounds is in the second table (of the task's mean, and the median "
+            f"request's own).")
     blocks: list[Block] = [
         Heading(2, "Downstream tasks"),
         paragraph(f"lm-evaluation-harness {downstream.lm_eval_version} on the export at step "
@@ -394,7 +405,9 @@ def _downstream_blocks(downstream: DownstreamResults | None, step: int | None) -
                   f"few-shot examples: {'each task' + chr(39) + 's own' if fewshot is None else fewshot}."),
         Table(("task", "metric", "value", "± (documents)", "documents"), metrics), paragraph(meaning)]
     if likelihoods:
-        blocks.append(Table(("task", "requests", "mean log-likelihood per request (nats)", "± Monte Carlo",
+        mean = ("mean log-likelihood per request (nats)" if guidance is None else
+                "mean guided score per request (nats; not a bound)")
+        blocks.append(Table(("task", "requests", mean, "± Monte Carlo",
                              "median request's ±", "contexts cut to fit"), likelihoods))
     if step != downstream.model.step:
         blocks.append(paragraph(f"These tasks scored the export at step {_count(downstream.model.step)}; the "

@@ -236,6 +236,17 @@ def test_the_downstream_section_sits_beside_the_bounds(tmp_path):
     assert "lambada_openai" in files.html.read_text()
 
 
+
+def test_guided_downstream_scores_are_reported_as_a_ranking_never_as_bounds(tmp_path):
+    downstream = make_downstream()
+    downstream["settings"]["guidance"] = 0.5
+    markdown = write_report(make_results(), tmp_path, downstream=DownstreamResults.from_json(downstream)).markdown
+    text = markdown.read_text()
+    assert "guidance, weight 0.5" in text and "it is not a likelihood bound of the model" in text
+    assert "mean guided score per request (nats; not a bound)" in text
+    assert "Monte Carlo lower bound" not in text and "mean log-likelihood per request" not in text
+
+
 def test_downstream_tasks_alone_make_a_report_without_results_json(tmp_path):
     files = write_report(None, tmp_path, downstream=DownstreamResults.from_json(make_downstream("autoregressive")))
     markdown = files.markdown.read_text()
